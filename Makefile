@@ -1,0 +1,36 @@
+# The two commands a new user needs:  `make demo`  and  `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch==2.13.0 resolves to the CPU wheel on CPU-only machines of this project;
+# on a GPU machine install the CUDA build of your choice first and it is kept.
+TORCH ?= torch==2.13.0
+
+.PHONY: install demo test lint typecheck clean
+
+$(BIN)/stallfree: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[engine,server,ray,dev]"
+	touch $@
+
+install: $(BIN)/stallfree
+
+demo: install
+	$(BIN)/stallfree explain
+	$(BIN)/stallfree explain --plot out/explain
+	@echo "figures written to out/explain/"
+
+lint: install
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+typecheck: install
+	$(BIN)/mypy
+
+test: lint typecheck
+	$(BIN)/pytest -n 2 --dist loadgroup
+
+clean:
+	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache

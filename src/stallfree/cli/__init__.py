@@ -1,0 +1,59 @@
+"""The ``stallfree`` command line: the only place argv becomes config objects.
+
+Each subcommand lives in its own module under ``stallfree.cli`` exposing
+``register(subparsers)``; the module imports nothing heavy at import time
+(torch, the server) so ``stallfree explain`` stays light. Any
+:class:`UsageError` or ``ValueError`` raised by a handler becomes one line on
+stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from stallfree import __version__
+from stallfree.cli.common import UsageError
+
+# Subcommand modules, in the order ``stallfree --help`` lists them. A module
+# that does not exist yet is skipped, so commands land one at a time.
+COMMAND_MODULES = ("explain", "specs", "simulate", "tune", "generate", "serve", "bench")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stallfree",
+        description="LLM serving without stalls: explain, simulate, run and tune stall-free batching.",
+    )
+    parser.add_argument("--version", action="version", version=f"stallfree {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"stallfree.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"stallfree.cli.{name}":
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except (UsageError, ValueError, FileNotFoundError) as exc:
+        print(f"stallfree {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"stallfree {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""What the scheduler decides for one step, and what the executor reports back.
+
+Invariants of a :class:`StepPlan` (checked by :meth:`StepPlan.validate`):
+each request appears at most once; every chunk runs at least one token;
+a chunk never runs past the tokens whose ids are known; the plan's
+``num_tokens`` is the sum of its chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+_EMPTY_BLOCKS: Mapping[str, tuple[int, ...]] = MappingProxyType({})
+_NO_TOKENS: Mapping[str, int] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledChunk:
+    """``num_tokens`` tokens of one request, starting after ``num_computed_tokens``.
+
+    ``num_known_tokens`` is how many of the request's tokens have ids
+    (prompt + generated so far). A chunk that reaches it produces a logit and
+    so a new token: the last prompt chunk, every decode, every recompute end.
+    """
+
+    request_id: str
+    num_computed_tokens: int
+    num_tokens: int
+    num_known_tokens: int
+
+    @property
+    def context_len(self) -> int:
+        """Tokens in the KV cache once this chunk has run."""
+        return self.num_computed_tokens + self.num_tokens
+
+    @property
+    def samples(self) -> bool:
+        return self.num_computed_tokens + self.num_tokens == self.num_known_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        """One token that extends an already-computed sequence."""
+        return (
+            self.num_tokens == 1
+            and self.num_known_tokens - self.num_computed_tokens == 1
+            and self.num_computed_tokens > 0
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """One step: the chunks to run, plus the KV-block bookkeeping executors mirror.
+
+    ``new_block_ids`` maps a request to the blocks appended to its block table
+    this step; ``freed_request_ids`` lists requests whose blocks were released
+    (finished last step, aborted, or preempted now) so executors drop their
+    tables; ``preempted_request_ids`` is the subset preempted by this plan.
+    """
+
+    chunks: tuple[ScheduledChunk, ...]
+    new_block_ids: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: _EMPTY_BLOCKS)
+    preempted_request_ids: tuple[str, ...] = ()
+    freed_request_ids: tuple[str, ...] = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(1 for c in self.chunks if c.is_decode)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks if not c.is_decode)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` if the plan breaks an invariant of the module docstring."""
+        seen: set[str] = set()
+        for c in self.chunks:
+            if c.request_id in seen:
+                raise ValueError(f"request {c.request_id} scheduled twice in one step")
+            seen.add(c.request_id)
+            if c.num_tokens <= 0:
+                raise ValueError(f"request {c.request_id}: chunk of {c.num_tokens} tokens")
+            if c.context_len > c.num_known_tokens:
+                raise ValueError(f"request {c.request_id}: chunk runs past its known tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What an executor did with a plan.
+
+    ``duration_s`` is simulated (cost model) or measured (wall clock).
+    ``sampled_token_ids`` has one entry per sampling chunk when the executor
+    samples real tokens (empty for the simulator). ``stopped_request_ids`` are
+    requests the executor ended on EOS / stop tokens / stop strings.
+    """
+
+    duration_s: float
+    sampled_token_ids: Mapping[str, int] = field(default_factory=lambda: _NO_TOKENS)
+    stopped_request_ids: frozenset[str] = frozenset()

@@ -1,0 +1,173 @@
+"""Scheduling policies: what runs in a step. The extension point of the core.
+
+A policy implements :meth:`Policy.schedule`, which reads the queues through a
+:class:`~stallfree.core.scheduler.StepContext` and calls its two actions:
+``schedule_running(seq, n, preempt=...)`` and ``admit(n)``. The context keeps
+KV blocks, sequence limits and preemption right, so a new policy is one small
+class registered in :data:`POLICIES`; the scheduler loop never changes.
+
+- ``chunked`` — stall-free batching (Sarathi-Serve): every decoding request
+  gets its token, then prompts part-way through prefill, then new prompts,
+  chunked to fill the step's token budget.
+- ``prefill-first`` — vLLM's old default: waiting prompts run whole, batched
+  up to ``max_num_batched_tokens``, in a step of their own; decodes pause.
+- ``decode-first`` — request-level batching: prompts are admitted only when
+  nothing is running, so new prompts wait for the batch to drain.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, ClassVar
+
+from stallfree.core.request import Request
+
+if TYPE_CHECKING:
+    from stallfree.core.scheduler import SchedulerConfig, StepContext
+
+
+class Policy(abc.ABC):
+    name: ClassVar[str]
+
+    def check_config(self, config: SchedulerConfig) -> None:  # noqa: B027 - optional hook
+        """Raise ``ValueError`` if this policy cannot work under ``config``."""
+
+    def rejection_reason(self, request: Request) -> str | None:
+        """Why ``request`` can never run under this policy (None: it can)."""
+        return None
+
+    @abc.abstractmethod
+    def schedule(self, ctx: StepContext) -> None:
+        """Fill one step through ``ctx``."""
+
+    @staticmethod
+    def _decode_all(ctx: StepContext) -> None:
+        """Give every running request its next token, finishing any prefill whole."""
+        for seq in ctx.running:
+            if ctx.is_running(seq):
+                ctx.schedule_running(seq, seq.num_uncomputed_tokens, preempt=True)
+
+    @staticmethod
+    def _admit_whole(ctx: StepContext, max_num_batched_tokens: int | None) -> int:
+        """Admit waiting prompts whole, first-come-first-served, up to the token cap.
+
+        The first prompt is admitted even if it alone exceeds the cap, so a
+        long prompt is never stuck. Returns how many were admitted.
+        """
+        admitted = 0
+        while ctx.waiting:
+            need = ctx.waiting[0].num_uncomputed_tokens
+            cap = max_num_batched_tokens
+            if admitted and cap is not None and ctx.num_scheduled_tokens + need > cap:
+                break
+            if ctx.admit(need) != need:
+                break
+            admitted += 1
+        return admitted
+
+
+class ChunkedPolicy(Policy):
+    """Stall-free batching under a per-step token budget.
+
+    Give exactly one of ``token_budget`` (total tokens per step, decodes
+    included: Sarathi-Serve's and vLLM's ``max_num_batched_tokens``) or
+    ``chunk_tokens`` (prompt tokens per step on top of the decodes: the seed's view).
+    """
+
+    name = "chunked"
+
+    def __init__(self, token_budget: int | None = None, chunk_tokens: int | None = None) -> None:
+        if (token_budget is None) == (chunk_tokens is None):
+            raise ValueError("chunked policy: give exactly one of token_budget or chunk_tokens")
+        for label, value in (("token_budget", token_budget), ("chunk_tokens", chunk_tokens)):
+            if value is not None and value <= 0:
+                raise ValueError(f"chunked policy: {label} must be positive, got {value}")
+        self.token_budget = token_budget
+        self.chunk_tokens = chunk_tokens
+
+    def check_config(self, config: SchedulerConfig) -> None:
+        if self.token_budget is not None and self.token_budget < config.max_num_seqs:
+            raise ValueError(
+                f"token budget {self.token_budget} is smaller than max_num_seqs {config.max_num_seqs}: "
+                "every running request needs its decode token each step; raise the budget or lower max_num_seqs"
+            )
+
+    def schedule(self, ctx: StepContext) -> None:
+        # 1. Every decoding request gets exactly one token: the stall-free property.
+        for seq in ctx.running:
+            if seq.is_decoding and ctx.is_running(seq):
+                ctx.schedule_running(seq, 1, preempt=True)
+        if self.chunk_tokens is not None:
+            budget = self.chunk_tokens
+        else:
+            assert self.token_budget is not None  # one of the two is set (checked in __init__)
+            budget = self.token_budget - ctx.num_scheduled_tokens
+        # 2. Prompts already part-way through prefill (and recomputes) continue.
+        for seq in ctx.running:
+            if budget <= 0:
+                return
+            if not seq.is_decoding and ctx.is_running(seq) and not ctx.is_scheduled(seq):
+                budget -= ctx.schedule_running(seq, budget, preempt=False)
+        # 3. New prompts, first-come-first-served, each chunked to what is left.
+        while budget > 0 and ctx.waiting:
+            admitted = ctx.admit(budget)
+            if admitted == 0:
+                return
+            budget -= admitted
+
+
+class PrefillFirstPolicy(Policy):
+    """Waiting prompts first, whole, in their own step; then one decode step for all."""
+
+    name = "prefill-first"
+
+    def __init__(self, max_num_batched_tokens: int | None = None) -> None:
+        if max_num_batched_tokens is not None and max_num_batched_tokens <= 0:
+            raise ValueError(f"max_num_batched_tokens must be positive, got {max_num_batched_tokens}")
+        self.max_num_batched_tokens = max_num_batched_tokens
+
+    def schedule(self, ctx: StepContext) -> None:
+        if ctx.waiting and self._admit_whole(ctx, self.max_num_batched_tokens):
+            return
+        self._decode_all(ctx)
+
+
+class DecodeFirstPolicy(Policy):
+    """Request-level batching: decode while anything runs; admit prompts only when idle."""
+
+    name = "decode-first"
+
+    def __init__(self, max_num_batched_tokens: int | None = None) -> None:
+        if max_num_batched_tokens is not None and max_num_batched_tokens <= 0:
+            raise ValueError(f"max_num_batched_tokens must be positive, got {max_num_batched_tokens}")
+        self.max_num_batched_tokens = max_num_batched_tokens
+
+    def schedule(self, ctx: StepContext) -> None:
+        if ctx.num_running:
+            self._decode_all(ctx)
+        else:
+            self._admit_whole(ctx, self.max_num_batched_tokens)
+
+
+POLICIES: dict[str, type[Policy]] = {
+    p.name: p for p in (ChunkedPolicy, PrefillFirstPolicy, DecodeFirstPolicy)
+}
+
+
+def make_policy(name: str, *, token_budget: int | None = None, chunk_tokens: int | None = None) -> Policy:
+    """Build a policy by name; ``token_budget`` is the per-step token cap for every policy.
+
+    For ``chunked`` exactly one of ``token_budget`` / ``chunk_tokens`` is needed
+    (default: ``token_budget=512``); for the whole-prompt policies it caps how many
+    prompt tokens one step batches (``None``: no cap).
+    """
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; choose from: {', '.join(POLICIES)}")
+    if name == ChunkedPolicy.name:
+        if token_budget is None and chunk_tokens is None:
+            token_budget = 512
+        return ChunkedPolicy(token_budget=token_budget, chunk_tokens=chunk_tokens)
+    if chunk_tokens is not None:
+        raise ValueError(f"--chunk-tokens applies to the chunked policy only, not {name}")
+    cls = PrefillFirstPolicy if name == PrefillFirstPolicy.name else DecodeFirstPolicy
+    return cls(max_num_batched_tokens=token_budget)

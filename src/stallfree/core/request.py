@@ -1,0 +1,64 @@
+"""Requests as the scheduler sees them: immutable descriptions, no token ids.
+
+A :class:`Request` says how long its prompt is and how many tokens it may
+generate. Progress (tokens computed, blocks held) lives inside the scheduler,
+never on the request, so one request object can be replayed through several
+schedulers. :class:`SamplingParams` travels beside it for executors that
+sample real tokens; the scheduler only reads ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(enum.Enum):
+    """Why a request left the scheduler (values match OpenAI's ``finish_reason``)."""
+
+    LENGTH = "length"  # generated max_tokens
+    STOP = "stop"  # the executor saw EOS, a stop token or a stop string
+    ABORT = "abort"  # the client went away or the caller aborted it
+    REJECTED = "rejected"  # can never run under this configuration (see reason)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens; vLLM's names. ``temperature == 0`` is greedy."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0  # 0: no top-k cut
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be positive, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One generation request: ``num_prompt_tokens`` in, up to ``max_tokens`` out."""
+
+    request_id: str
+    num_prompt_tokens: int
+    max_tokens: int
+    arrival_time_s: float = 0.0
+    sampling: SamplingParams | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.num_prompt_tokens <= 0:
+            raise ValueError(f"request {self.request_id}: num_prompt_tokens must be positive")
+        if self.max_tokens <= 0:
+            raise ValueError(f"request {self.request_id}: max_tokens must be positive")

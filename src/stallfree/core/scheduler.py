@@ -1,0 +1,323 @@
+"""The pure scheduler: requests in, one immutable :class:`StepPlan` per step out.
+
+It never reads a clock, sleeps or does I/O. Drivers call :meth:`Scheduler.schedule`,
+hand the plan to an executor, and give the executor's :class:`StepResult` back
+through :meth:`Scheduler.update_from_output`. *What* runs in a step is decided by
+a :class:`~stallfree.core.policy.Policy` through the small API of
+:class:`StepContext`; the scheduler owns the bookkeeping (queues, KV blocks,
+preemption, finishing) so every policy keeps the same invariants:
+
+- a request is in exactly one of waiting / running / gone;
+- a running request holds exactly the KV blocks for its computed tokens
+  (plus those scheduled this step); a waiting one holds none;
+- a plan never schedules a request twice and never exceeds its known tokens.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from stallfree.core.block_manager import BlockManager
+from stallfree.core.plan import ScheduledChunk, StepPlan, StepResult
+from stallfree.core.request import FinishReason, Request
+
+if TYPE_CHECKING:
+    from stallfree.core.policy import Policy
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Limits that hold whatever the policy (vLLM's names)."""
+
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs <= 0:
+            raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """KV memory: ``num_blocks`` blocks of ``block_size`` tokens (``None``: unbounded).
+
+    ``watermark`` is the fraction of blocks kept free when admitting new
+    prompts, so running requests can grow a little before anyone is preempted.
+    """
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {self.num_blocks}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+
+
+class Sequence:
+    """A request's progress inside the scheduler (internal; policies read it)."""
+
+    __slots__ = ("num_computed_tokens", "num_output_tokens", "request")
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.num_computed_tokens = 0
+        self.num_output_tokens = 0
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_known_tokens(self) -> int:
+        return self.request.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.request.num_prompt_tokens + self.num_output_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """Past its prompt (and any recompute): exactly one token left to run."""
+        return self.num_output_tokens > 0 and self.num_uncomputed_tokens == 1
+
+
+@dataclass(frozen=True, slots=True)
+class StepEvents:
+    """What a step changed, for drivers that timestamp tokens."""
+
+    new_token_request_ids: tuple[str, ...]
+    finished: tuple[tuple[str, FinishReason], ...]
+
+
+class StepContext:
+    """The API a policy uses to build one step; it enforces KV and seq limits.
+
+    ``running`` is a snapshot in admission order (oldest first); requests it
+    preempts are skipped by :meth:`is_running`.
+    """
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._s = scheduler
+        self.running: tuple[Sequence, ...] = tuple(scheduler._running)
+        self._scheduled: dict[str, int] = {}
+        self._chunks: list[ScheduledChunk] = []
+        self._new_blocks: dict[str, tuple[int, ...]] = {}
+        self._preempted: list[str] = []
+        self.num_scheduled_tokens = 0
+
+    # -- queries ----------------------------------------------------------------
+    @property
+    def waiting(self) -> deque[Sequence]:
+        return self._s._waiting
+
+    def is_running(self, seq: Sequence) -> bool:
+        return seq.request_id in self._s._running_by_id
+
+    def is_scheduled(self, seq: Sequence) -> bool:
+        return seq.request_id in self._scheduled
+
+    @property
+    def num_running(self) -> int:
+        return len(self._s._running)
+
+    # -- actions ----------------------------------------------------------------
+    def schedule_running(self, seq: Sequence, num_tokens: int, *, preempt: bool) -> int:
+        """Schedule up to ``num_tokens`` tokens of running ``seq``; return how many.
+
+        Short of KV blocks, ``preempt=True`` preempts the newest unscheduled
+        running request until the blocks fit (possibly ``seq`` itself: then 0);
+        ``preempt=False`` shrinks the chunk to what the free blocks hold.
+        """
+        s = self._s
+        bm = s.block_manager
+        rid = seq.request_id
+        num_tokens = min(num_tokens, seq.num_uncomputed_tokens)
+        if num_tokens <= 0 or rid in self._scheduled:
+            return 0
+        target = seq.num_computed_tokens + num_tokens
+        need = bm.num_new_blocks(rid, target)
+        if preempt:
+            while not bm.can_allocate(need):
+                victim = s._running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    return 0
+        elif not bm.can_allocate(need):
+            free = bm.num_free_blocks or 0
+            held_tokens = (len(bm.block_table(rid)) + free) * bm.block_size
+            num_tokens = held_tokens - seq.num_computed_tokens
+            if num_tokens <= 0:
+                return 0
+            target = seq.num_computed_tokens + num_tokens
+        self._add(seq, num_tokens, bm.allocate(rid, target))
+        return num_tokens
+
+    def admit(self, num_tokens: int) -> int:
+        """Move the head of the waiting queue to running with a first chunk.
+
+        Admits only if a sequence slot is free and the chunk's blocks fit
+        above the watermark; returns the tokens scheduled (0: not admitted).
+        """
+        s = self._s
+        if not s._waiting or len(s._running) >= s.config.max_num_seqs:
+            return 0
+        seq = s._waiting[0]
+        num_tokens = min(num_tokens, seq.num_uncomputed_tokens)
+        if num_tokens <= 0:
+            return 0
+        bm = s.block_manager
+        target = seq.num_computed_tokens + num_tokens
+        if not bm.can_allocate(bm.num_new_blocks(seq.request_id, target), reserve=s._watermark_blocks):
+            return 0
+        s._waiting.popleft()
+        s._running.append(seq)
+        s._running_by_id[seq.request_id] = seq
+        self._add(seq, num_tokens, bm.allocate(seq.request_id, target))
+        return num_tokens
+
+    # -- internals --------------------------------------------------------------
+    def _add(self, seq: Sequence, num_tokens: int, new_blocks: tuple[int, ...]) -> None:
+        rid = seq.request_id
+        self._scheduled[rid] = num_tokens
+        self.num_scheduled_tokens += num_tokens
+        self._chunks.append(ScheduledChunk(rid, seq.num_computed_tokens, num_tokens, seq.num_known_tokens))
+        if new_blocks:
+            self._new_blocks[rid] = new_blocks
+
+    def _preempt(self, victim: Sequence) -> None:
+        s = self._s
+        s._running.pop()
+        del s._running_by_id[victim.request_id]
+        s.block_manager.free(victim.request_id)
+        victim.num_computed_tokens = 0
+        s._waiting.appendleft(victim)
+        s.num_preemptions += 1
+        self._preempted.append(victim.request_id)
+
+    def build(self, freed: tuple[str, ...]) -> StepPlan:
+        return StepPlan(
+            chunks=tuple(self._chunks),
+            new_block_ids=self._new_blocks,
+            preempted_request_ids=tuple(self._preempted),
+            freed_request_ids=freed + tuple(self._preempted),
+        )
+
+
+class Scheduler:
+    """Owns the queues and KV blocks; asks its policy what each step runs."""
+
+    def __init__(self, config: SchedulerConfig, cache: CacheConfig, policy: Policy) -> None:
+        policy.check_config(config)
+        self.config = config
+        self.cache_config = cache
+        self.policy = policy
+        self.block_manager = BlockManager(cache.block_size, cache.num_blocks)
+        self._watermark_blocks = int(cache.watermark * cache.num_blocks) if cache.num_blocks else 0
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []
+        self._running_by_id: dict[str, Sequence] = {}
+        self._known_ids: set[str] = set()
+        self._freed: list[str] = []
+        self.num_preemptions = 0
+        self.num_rejected = 0
+
+    # -- requests ---------------------------------------------------------------
+    def add_request(self, request: Request) -> str | None:
+        """Queue ``request``; return why it can never run (it is then dropped), else None."""
+        if request.request_id in self._known_ids:
+            raise ValueError(f"request id {request.request_id!r} is already in the scheduler")
+        reason = self._rejection_reason(request)
+        if reason is not None:
+            self.num_rejected += 1
+            return reason
+        self._known_ids.add(request.request_id)
+        self._waiting.append(Sequence(request))
+        return None
+
+    def _rejection_reason(self, request: Request) -> str | None:
+        total = request.num_prompt_tokens + request.max_tokens
+        limit = self.config.max_model_len
+        if limit is not None and total > limit:
+            return f"prompt ({request.num_prompt_tokens}) + max_tokens ({request.max_tokens}) exceeds max_model_len ({limit})"
+        bm = self.block_manager
+        if bm.num_blocks is not None and bm.blocks_for(total) > bm.num_blocks - self._watermark_blocks:
+            return (
+                f"prompt + max_tokens ({total} tokens) needs {bm.blocks_for(total)} KV blocks; "
+                f"the cache has {bm.num_blocks - self._watermark_blocks} usable"
+            )
+        return self.policy.rejection_reason(request)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Drop a waiting or running request and free its blocks; False if unknown."""
+        if request_id not in self._known_ids:
+            return False
+        self._known_ids.discard(request_id)
+        if self._running_by_id.pop(request_id, None) is not None:
+            self._running = [s for s in self._running if s.request_id != request_id]
+            self.block_manager.free(request_id)
+            self._freed.append(request_id)
+        else:
+            self._waiting = deque(s for s in self._waiting if s.request_id != request_id)
+        return True
+
+    # -- state ------------------------------------------------------------------
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def running(self) -> Iterator[Sequence]:
+        return iter(self._running)
+
+    # -- the step -----------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        ctx = StepContext(self)
+        self.policy.schedule(ctx)
+        plan = ctx.build(tuple(self._freed))
+        self._freed.clear()
+        return plan
+
+    def update_from_output(self, plan: StepPlan, result: StepResult) -> StepEvents:
+        """Advance the scheduled requests; finish those at max_tokens or stopped."""
+        new_tokens: list[str] = []
+        finished: list[tuple[str, FinishReason]] = []
+        stopped = result.stopped_request_ids
+        running = self._running_by_id
+        for chunk in plan.chunks:
+            rid = chunk.request_id
+            seq = running.get(rid)
+            if seq is None:  # aborted between schedule() and now
+                continue
+            seq.num_computed_tokens += chunk.num_tokens
+            if chunk.num_computed_tokens + chunk.num_tokens != chunk.num_known_tokens:
+                continue
+            seq.num_output_tokens += 1
+            new_tokens.append(rid)
+            if rid in stopped:
+                finished.append((rid, FinishReason.STOP))
+            elif seq.num_output_tokens >= seq.request.max_tokens:
+                finished.append((rid, FinishReason.LENGTH))
+        if finished:
+            for rid, _ in finished:
+                del running[rid]
+                self._known_ids.discard(rid)
+                self.block_manager.free(rid)
+                self._freed.append(rid)
+            self._running = [s for s in self._running if s.request_id in running]
+        return StepEvents(tuple(new_tokens), tuple(finished))
