@@ -4,7 +4,21 @@ Presets and user files both go through the same validating constructors, so a ba
 clear ``ValueError`` wherever it comes from.
 """
 
+from stallfree.specs.hardware import (
+    HARDWARE_PRESETS,
+    HardwareSpec,
+    hardware_spec_from_dict,
+    load_hardware_spec,
+)
 from stallfree.specs.model import ModelSpec, load_model_spec
 from stallfree.specs.model_presets import MODEL_PRESETS
 
-__all__ = ["MODEL_PRESETS", "ModelSpec", "load_model_spec"]
+__all__ = [
+    "HARDWARE_PRESETS",
+    "MODEL_PRESETS",
+    "HardwareSpec",
+    "ModelSpec",
+    "hardware_spec_from_dict",
+    "load_hardware_spec",
+    "load_model_spec",
+]

@@ -1,0 +1,260 @@
+"""Roofline cost model: how long a :class:`StepPlan` takes on a model/hardware/TP setup.
+
+Owns :class:`CostModelConfig`, :class:`StepCost` and :class:`CostModel`. Imports specs and
+``core.plan`` only (numpy for the vectorised decode path), never torch.
+
+Step time = max(compute, memory) + all-reduce time + ``overhead_s``, per GPU, with two kinds:
+
+``seed``  the seed explainer's arithmetic, exactly: FLOPs = 2 x ``num_params`` x tokens,
+          bytes = all weights once per step. No attention, no KV cache, no communication.
+``full``  linear FLOPs = 2 x ``num_non_embedding_params`` x tokens, plus the LM head
+          (2 x vocab x hidden) for each chunk that samples; attention FLOPs of every chunk
+          over its earlier context and, causally, over itself (QK^T and AV: 4 x heads x
+          head_dim per query-key pair per layer); bytes = non-embedding weights + the LM head
+          when the step samples (the embedding is a row gather, not a stream) + the KV cache
+          read for every chunk's earlier context + the KV written for its new tokens. Tensor
+          parallelism splits FLOPs and bytes over ``tp`` GPUs (KV heads are replicated when
+          ``num_kv_heads < tp``) and adds two ring all-reduces per layer of the step's
+          activations (tokens x hidden x dtype bytes).
+
+A plan's cost depends on four sums over its chunks (tokens, sampling chunks, query-key pairs,
+earlier-context tokens), so every entry point reduces to :meth:`CostModel._duration`; an
+empty plan costs nothing. Invariant: :meth:`decode_stretch_durations` equals
+:meth:`step_time_s` on the equivalent plans.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from stallfree.core.plan import StepPlan
+from stallfree.specs.hardware import HardwareSpec
+from stallfree.specs.model import ModelSpec
+
+CostModelKind = Literal["seed", "full"]
+COST_MODEL_KINDS: tuple[CostModelKind, ...] = ("seed", "full")
+
+
+@dataclass(frozen=True, slots=True)
+class CostModelConfig:
+    """What the roofline is computed for. ``dtype_bytes`` applies to weights, KV and activations.
+
+    ``tp`` must divide ``num_attention_heads``; it must also divide ``num_kv_heads``, or, when
+    there are fewer KV heads than GPUs, be a multiple of them (each KV head is then replicated
+    on ``tp / num_kv_heads`` GPUs, as vLLM does).
+    """
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    tp: int = 1
+    dtype_bytes: int = 2
+    kind: CostModelKind = "seed"
+    overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        heads, kv_heads = self.model.num_attention_heads, self.model.num_kv_heads
+        if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
+            raise ValueError(f"tp must be a positive integer, got {self.tp!r}")
+        if heads % self.tp:
+            raise ValueError(f"tp={self.tp} does not divide {self.model.name}'s {heads} attention heads")
+        if (kv_heads % self.tp if kv_heads >= self.tp else self.tp % kv_heads) != 0:
+            raise ValueError(
+                f"tp={self.tp} neither divides nor is a multiple of {self.model.name}'s {kv_heads} KV heads"
+            )
+        if self.dtype_bytes not in (1, 2, 4):
+            raise ValueError(f"dtype_bytes must be 1, 2 or 4, got {self.dtype_bytes!r}")
+        if self.kind not in COST_MODEL_KINDS:
+            raise ValueError(
+                f"cost model kind must be one of {', '.join(COST_MODEL_KINDS)}, got {self.kind!r}"
+            )
+        if not (math.isfinite(self.overhead_s) and self.overhead_s >= 0):
+            raise ValueError(f"overhead_s must be >= 0, got {self.overhead_s!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """One step's roofline. ``flops`` and ``bytes_moved`` are totals over all ``tp`` GPUs."""
+
+    flops: float
+    bytes_moved: float
+    compute_s: float
+    memory_s: float
+    comm_s: float
+    duration_s: float
+
+
+_EMPTY_STEP = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+class CostModel:
+    """Step durations for one :class:`CostModelConfig`; stateless after construction."""
+
+    def __init__(self, config: CostModelConfig) -> None:
+        self.config = config
+        model, hw, tp, dtype_bytes = config.model, config.hardware, config.tp, config.dtype_bytes
+        self._peak_flops_per_s = hw.peak_flops_per_s * tp
+        self._bandwidth_bytes_per_s = hw.mem_bandwidth_bytes_per_s * tp
+        self._overhead_s = config.overhead_s
+        self._is_seed = config.kind == "seed"
+        if self._is_seed:
+            self._flops_per_token = 2.0 * model.num_params
+            self._flops_per_sample = 0.0
+            self._flops_per_key = 0.0
+            self._weight_bytes = float(model.weight_bytes(dtype_bytes))
+            self._lm_head_bytes = 0.0
+            self._kv_bytes_per_token = 0.0
+            self._comm_s_per_token = 0.0
+            self._comm_s_per_step = 0.0
+            return
+        self._flops_per_token = 2.0 * model.num_non_embedding_params
+        self._flops_per_sample = 2.0 * model.lm_head_params
+        # One query-key pair: a head_dim dot product for QK^T and a head_dim axpy for AV, 2 FLOPs
+        # per multiply-add, in every head of every layer.
+        self._flops_per_key = 4.0 * model.num_attention_heads * model.head_dim * model.num_layers
+        self._weight_bytes = float(model.num_non_embedding_params * dtype_bytes)
+        self._lm_head_bytes = float(model.lm_head_params * dtype_bytes)
+        # Summed over GPUs: a replicated KV head is read and written on each GPU holding it.
+        kv_replicas = tp / min(tp, model.num_kv_heads)
+        self._kv_bytes_per_token = model.kv_bytes_per_token(dtype_bytes) * kv_replicas
+        if tp == 1:
+            self._comm_s_per_token = 0.0
+            self._comm_s_per_step = 0.0
+        else:
+            # Ring all-reduce: each GPU sends and receives 2 (tp - 1) / tp of the buffer. Two per
+            # layer: after the attention output projection and after the MLP down projection.
+            num_all_reduces = 2 * model.num_layers
+            ring_factor = 2.0 * (tp - 1) / tp
+            bytes_per_token = model.hidden_size * dtype_bytes
+            self._comm_s_per_token = (
+                num_all_reduces * ring_factor * bytes_per_token / hw.interconnect_bandwidth_bytes_per_s
+            )
+            self._comm_s_per_step = num_all_reduces * hw.interconnect_latency_s
+
+    # -- plans ------------------------------------------------------------------------------
+
+    def step_cost(self, plan: StepPlan) -> StepCost:
+        """The full breakdown of one step (allocates; the simulator's hot path uses step_time_s)."""
+        num_tokens, num_samples, num_keys, num_context = self._sums(plan)
+        if num_tokens == 0:
+            return _EMPTY_STEP
+        flops, bytes_moved = self._flops_bytes(num_tokens, num_samples, num_keys, num_context)
+        compute_s = flops / self._peak_flops_per_s
+        memory_s = bytes_moved / self._bandwidth_bytes_per_s
+        comm_s = self._comm_s(num_tokens)
+        return StepCost(
+            flops=flops,
+            bytes_moved=bytes_moved,
+            compute_s=compute_s,
+            memory_s=memory_s,
+            comm_s=comm_s,
+            duration_s=max(compute_s, memory_s) + comm_s + self._overhead_s,
+        )
+
+    def step_time_s(self, plan: StepPlan) -> float:
+        num_tokens, num_samples, num_keys, num_context = self._sums(plan)
+        if num_tokens == 0:
+            return 0.0
+        return self._duration(num_tokens, num_samples, num_keys, num_context)
+
+    # -- helpers for explain / tune ---------------------------------------------------------
+
+    def ridge_tokens(self) -> float:
+        """Tokens per step at which linear-layer compute time equals the weight-read time.
+
+        Below it a step is bound by reading the weights, so extra tokens ride along almost free.
+        Attention, KV traffic and the LM head are left out: the ridge is a property of the weights.
+        """
+        weight_read_s = self._weight_bytes / self._bandwidth_bytes_per_s
+        compute_per_token_s = self._flops_per_token / self._peak_flops_per_s
+        return weight_read_s / compute_per_token_s
+
+    def decode_step_s(self, num_seqs: int, context_len: int) -> float:
+        """One decode step of ``num_seqs`` sequences, each with ``context_len`` tokens cached."""
+        if num_seqs <= 0 or context_len < 0:
+            raise ValueError(f"need num_seqs > 0 and context_len >= 0, got {num_seqs}, {context_len}")
+        return self._duration(num_seqs, num_seqs, num_seqs * (context_len + 1), num_seqs * context_len)
+
+    def prefill_time_s(self, num_tokens: int) -> float:
+        """A prompt of ``num_tokens`` run alone, whole, in one step (it samples its first token)."""
+        if num_tokens <= 0:
+            raise ValueError(f"num_tokens must be positive, got {num_tokens}")
+        return self._duration(num_tokens, 1, num_tokens * (num_tokens + 1) // 2, 0)
+
+    def decode_stretch_durations(
+        self, num_seqs: int, total_context: int, num_steps: int
+    ) -> npt.NDArray[np.float64]:
+        """Durations of ``num_steps`` decode-only steps of ``num_seqs`` sequences.
+
+        ``total_context`` is the sequences' summed cached tokens before the first step; each step
+        adds one token per sequence. Equal to :meth:`step_time_s` on those plans, element by element
+        (same operations in the same order).
+        """
+        if num_seqs <= 0 or total_context < 0 or num_steps < 0:
+            raise ValueError(
+                f"need num_seqs > 0, total_context >= 0, num_steps >= 0; got {num_seqs}, {total_context}, {num_steps}"
+            )
+        num_context = total_context + num_seqs * np.arange(num_steps, dtype=np.int64)
+        num_keys = num_context + num_seqs
+        fixed_flops = self._flops_per_token * num_seqs + self._flops_per_sample * num_seqs
+        flops = fixed_flops + self._flops_per_key * num_keys
+        fixed_bytes = self._weight_bytes + self._lm_head_bytes
+        bytes_moved = fixed_bytes + self._kv_bytes_per_token * (num_context + num_seqs)
+        compute_s = flops / self._peak_flops_per_s
+        memory_s = bytes_moved / self._bandwidth_bytes_per_s
+        durations: npt.NDArray[np.float64] = np.maximum(compute_s, memory_s) + self._comm_s(num_seqs)
+        return durations + self._overhead_s
+
+    def kv_capacity_tokens(self, mem_utilization: float = 0.9) -> int:
+        """KV-cache tokens that fit per replica once the weights are loaded (0 if they do not fit).
+
+        Uses the real stored weights (``num_params``) and KV size whatever the cost-model kind.
+        """
+        if not 0 < mem_utilization <= 1:
+            raise ValueError(f"mem_utilization must be in (0, 1], got {mem_utilization}")
+        model, tp, dtype_bytes = self.config.model, self.config.tp, self.config.dtype_bytes
+        usable_bytes = self.config.hardware.mem_capacity_bytes * mem_utilization * tp
+        free_bytes = usable_bytes - model.weight_bytes(dtype_bytes)
+        kv_bytes_per_token = model.kv_bytes_per_token(dtype_bytes) * tp / min(tp, model.num_kv_heads)
+        return max(0, int(free_bytes // kv_bytes_per_token))
+
+    # -- arithmetic -------------------------------------------------------------------------
+
+    def _sums(self, plan: StepPlan) -> tuple[int, int, int, int]:
+        """(tokens, sampling chunks, query-key pairs, earlier-context tokens) over the plan."""
+        num_tokens = num_samples = num_keys = num_context = 0
+        if self._is_seed:
+            for chunk in plan.chunks:
+                num_tokens += chunk.num_tokens
+            return num_tokens, 0, 0, 0
+        for chunk in plan.chunks:
+            n, before = chunk.num_tokens, chunk.num_computed_tokens
+            num_tokens += n
+            num_context += before
+            # Token i of the chunk attends to the `before` earlier tokens and to i + 1 of its own.
+            num_keys += n * before + n * (n + 1) // 2
+            if before + n == chunk.num_known_tokens:
+                num_samples += 1
+        return num_tokens, num_samples, num_keys, num_context
+
+    def _flops_bytes(
+        self, num_tokens: int, num_samples: int, num_keys: int, num_context: int
+    ) -> tuple[float, float]:
+        flops = self._flops_per_token * num_tokens + self._flops_per_sample * num_samples
+        flops = flops + self._flops_per_key * num_keys
+        fixed_bytes = self._weight_bytes + (self._lm_head_bytes if num_samples else 0.0)
+        bytes_moved = fixed_bytes + self._kv_bytes_per_token * (num_context + num_tokens)
+        return flops, bytes_moved
+
+    def _comm_s(self, num_tokens: int) -> float:
+        return self._comm_s_per_token * num_tokens + self._comm_s_per_step
+
+    def _duration(self, num_tokens: int, num_samples: int, num_keys: int, num_context: int) -> float:
+        flops, bytes_moved = self._flops_bytes(num_tokens, num_samples, num_keys, num_context)
+        compute_s = flops / self._peak_flops_per_s
+        memory_s = bytes_moved / self._bandwidth_bytes_per_s
+        return max(compute_s, memory_s) + self._comm_s(num_tokens) + self._overhead_s
