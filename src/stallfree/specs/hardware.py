@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-_GIB = 2**30
+_GIB = float(2**30)
 _TB = 1e12
 _GB = 1e9
 

@@ -1,0 +1,223 @@
+"""``stallfree specs``: list the model and hardware presets, or print a pair's derived figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+from stallfree.cli.common import positive_int
+
+if TYPE_CHECKING:
+    from stallfree.sim.cost_model import CostModel
+    from stallfree.specs import HardwareSpec, ModelSpec
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+DECODE_STREAMS = (1, 16, 64)
+MEM_UTILIZATION = 0.9
+
+_DESCRIPTION = """\
+Without options: list the model and hardware presets.
+With --model and/or --hardware: print what follows from them. For a model: parameter
+count, weight bytes and KV-cache bytes per token. For a pair: also the KV-cache capacity
+in tokens at 90% memory utilisation after the weights, decode step times for 1/16/64
+streams, prefill throughput, and the ridge point (tokens per step at which compute time
+equals the weight-read time), from the roofline cost model.
+"""
+
+_EPILOG = """\
+examples:
+  stallfree specs
+  stallfree specs --model llama-3-70b --hardware a100-40gb --tp 4
+  stallfree specs --model path/to/config.json --hardware my-gpu.json --json
+hardware JSON fields: name, peak_flops_per_s, mem_bandwidth_bytes_per_s, mem_capacity_bytes,
+  interconnect_bandwidth_bytes_per_s, interconnect_latency_s (optional)
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "specs",
+        help="list model/hardware presets, or show a pair's derived figures",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", help="preset name, a config.json, or a folder holding one")
+    parser.add_argument("--hardware", help="preset name or a hardware JSON file")
+    parser.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel GPUs (default 1)")
+    parser.add_argument(
+        "--dtype", choices=sorted(DTYPE_BYTES), default="bf16", help="weight/KV dtype (default bf16)"
+    )
+    parser.add_argument(
+        "--cost-model",
+        choices=("seed", "full"),
+        default="seed",
+        help="seed: weights-only roofline; full: adds attention, KV traffic, LM head, TP all-reduce (default seed)",
+    )
+    parser.add_argument(
+        "--context-tokens",
+        type=positive_int,
+        default=2048,
+        help="cached tokens per decoding stream, for --cost-model full (default 2048)",
+    )
+    parser.add_argument(
+        "--prompt-tokens",
+        type=positive_int,
+        default=16384,
+        help="prompt length for the prefill throughput figure (default 16384)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stallfree.specs import HARDWARE_PRESETS, MODEL_PRESETS, load_hardware_spec, load_model_spec
+
+    if args.model is None and args.hardware is None:
+        models = [load_model_spec(name) for name in MODEL_PRESETS]
+        hardware = list(HARDWARE_PRESETS.values())
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "models": [_model_figures(m, 2) for m in models],
+                        "hardware": [_hardware_dict(h) for h in hardware],
+                    },
+                    indent=2,
+                )
+            )
+        else:
+            print(_presets_table(models, hardware))
+        return 0
+
+    report: dict[str, Any] = {"dtype": args.dtype}
+    dtype_bytes = DTYPE_BYTES[args.dtype]
+    model = load_model_spec(args.model) if args.model is not None else None
+    hw = load_hardware_spec(args.hardware) if args.hardware is not None else None
+    if model is not None:
+        report["model"] = _model_figures(model, dtype_bytes)
+    if hw is not None:
+        report["hardware"] = _hardware_dict(hw)
+    if model is not None and hw is not None:
+        from stallfree.sim.cost_model import CostModel, CostModelConfig
+
+        config = CostModelConfig(model, hw, tp=args.tp, dtype_bytes=dtype_bytes, kind=args.cost_model)
+        report["roofline"] = _roofline_figures(CostModel(config), args.context_tokens, args.prompt_tokens)
+    print(json.dumps(report, indent=2) if args.json else _report_text(report))
+    return 0
+
+
+def _model_figures(model: ModelSpec, dtype_bytes: int) -> dict[str, Any]:
+    return {
+        "name": model.name,
+        "architecture": model.architecture,
+        "num_params": model.num_params,
+        "num_non_embedding_params": model.num_non_embedding_params,
+        "num_layers": model.num_layers,
+        "hidden_size": model.hidden_size,
+        "num_attention_heads": model.num_attention_heads,
+        "num_kv_heads": model.num_kv_heads,
+        "head_dim": model.head_dim,
+        "intermediate_size": model.intermediate_size,
+        "vocab_size": model.vocab_size,
+        "max_position_embeddings": model.max_position_embeddings,
+        "weight_bytes": model.weight_bytes(dtype_bytes),
+        "kv_bytes_per_token": model.kv_bytes_per_token(dtype_bytes),
+    }
+
+
+def _hardware_dict(hw: HardwareSpec) -> dict[str, Any]:
+    return {
+        "name": hw.name,
+        "peak_flops_per_s": hw.peak_flops_per_s,
+        "mem_bandwidth_bytes_per_s": hw.mem_bandwidth_bytes_per_s,
+        "mem_capacity_bytes": hw.mem_capacity_bytes,
+        "interconnect_bandwidth_bytes_per_s": hw.interconnect_bandwidth_bytes_per_s,
+        "interconnect_latency_s": hw.interconnect_latency_s,
+    }
+
+
+def _roofline_figures(cost_model: CostModel, context_tokens: int, prompt_tokens: int) -> dict[str, Any]:
+    config = cost_model.config
+    prefill_s = cost_model.prefill_time_s(prompt_tokens)
+    return {
+        "tp": config.tp,
+        "cost_model": config.kind,
+        "mem_utilization": MEM_UTILIZATION,
+        "kv_capacity_tokens": cost_model.kv_capacity_tokens(MEM_UTILIZATION),
+        "context_tokens": context_tokens,
+        "decode_step_s": {str(n): cost_model.decode_step_s(n, context_tokens) for n in DECODE_STREAMS},
+        "prompt_tokens": prompt_tokens,
+        "prefill_s": prefill_s,
+        "prefill_tokens_per_s": prompt_tokens / prefill_s,
+        "ridge_tokens": cost_model.ridge_tokens(),
+    }
+
+
+def _presets_table(models: list[ModelSpec], hardware: list[HardwareSpec]) -> str:
+    lines = [
+        "Model presets (bf16):",
+        f"  {'name':<16}{'architecture':<20}{'params':>9}{'layers':>8}{'hidden':>8}{'heads/kv':>10}{'context':>9}{'KV/token':>11}",
+    ]
+    for m in models:
+        lines.append(
+            f"  {m.name:<16}{m.architecture:<20}{m.num_params / 1e9:>8.2f}B{m.num_layers:>8}{m.hidden_size:>8}"
+            f"{f'{m.num_attention_heads}/{m.num_kv_heads}':>10}{m.max_position_embeddings:>9}"
+            f"{_kib(m.kv_bytes_per_token(2)):>11}"
+        )
+    lines += [
+        "",
+        "Hardware presets (per GPU, dense bf16):",
+        f"  {'name':<12}{'TFLOP/s':>9}{'TB/s':>7}{'memory':>10}{'link GB/s':>11}",
+    ]
+    for h in hardware:
+        lines.append(
+            f"  {h.name:<12}{h.peak_flops_per_s / 1e12:>9.0f}{h.mem_bandwidth_bytes_per_s / 1e12:>7.3f}"
+            f"{h.mem_capacity_bytes / 2**30:>7.0f}GiB{h.interconnect_bandwidth_bytes_per_s / 1e9:>11.0f}"
+        )
+    lines += ["", "Details: stallfree specs --model NAME --hardware NAME [--tp N]"]
+    return "\n".join(lines)
+
+
+def _report_text(report: dict[str, Any]) -> str:
+    lines = []
+    model, hw, roof = report.get("model"), report.get("hardware"), report.get("roofline")
+    if model is not None:
+        lines += [
+            f"model       {model['name']} ({model['architecture']})",
+            f"  params               {model['num_params'] / 1e9:.2f} B"
+            f" ({model['num_non_embedding_params'] / 1e9:.2f} B non-embedding)",
+            f"  layers x hidden      {model['num_layers']} x {model['hidden_size']},"
+            f" {model['num_attention_heads']} heads / {model['num_kv_heads']} KV heads of {model['head_dim']}",
+            f"  weights ({report['dtype']})       {model['weight_bytes'] / 1e9:.1f} GB",
+            f"  KV cache per token   {_kib(model['kv_bytes_per_token'])}",
+        ]
+    if hw is not None:
+        lines += [
+            f"hardware    {hw['name']}",
+            f"  peak compute         {hw['peak_flops_per_s'] / 1e12:.0f} TFLOP/s",
+            f"  memory               {hw['mem_capacity_bytes'] / 2**30:.0f} GiB at"
+            f" {hw['mem_bandwidth_bytes_per_s'] / 1e12:.3f} TB/s",
+            f"  interconnect         {hw['interconnect_bandwidth_bytes_per_s'] / 1e9:.0f} GB/s per direction",
+        ]
+    if roof is not None:
+        capacity = roof["kv_capacity_tokens"]
+        capacity_text = f"{capacity:,} tokens" if capacity else "none: the weights do not fit"
+        lines += [
+            f"roofline    tp={roof['tp']}, cost model {roof['cost_model']}",
+            f"  KV capacity          {capacity_text} (at {roof['mem_utilization']:.0%} memory)",
+        ]
+        context = f", {roof['context_tokens']} cached tokens each" if roof["cost_model"] == "full" else ""
+        for streams, step_s in roof["decode_step_s"].items():
+            lines.append(f"  decode step x{streams:<4}    {step_s * 1e3:.1f} ms{context}")
+        lines += [
+            f"  prefill              {roof['prefill_tokens_per_s']:,.0f} tokens/s"
+            f" ({roof['prompt_tokens']:,}-token prompt alone: {roof['prefill_s']:.2f} s)",
+            f"  ridge                {roof['ridge_tokens']:.0f} tokens per step",
+        ]
+    return "\n".join(lines)
+
+
+def _kib(num_bytes: int) -> str:
+    return f"{num_bytes / 1024:g} KiB"
