@@ -13,6 +13,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from stallfree import __version__
 from stallfree.cli.common import UsageError
@@ -22,8 +23,15 @@ from stallfree.cli.common import UsageError
 COMMAND_MODULES = ("explain", "specs", "simulate", "tune", "generate", "serve", "bench")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments: one line on stderr and exit code 2 (no usage dump)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="stallfree",
         description="LLM serving without stalls: explain, simulate, run and tune stall-free batching.",
     )

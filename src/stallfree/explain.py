@@ -1,0 +1,204 @@
+"""The seed's scenario on one clock: N streams decoding, one long prompt arrives.
+
+Both policies see the same arrival: the streams are prefilled (warm-up, cut
+from the result), run ``lead_steps`` decode steps, then the prompt arrives at
+a step boundary. The run ends ``tail_steps`` steps after the prompt's first
+token. Step durations come from a :class:`Backend`: the roofline cost model
+here, the real engine's measured steps with ``--engine torch``. Gaps are the
+other streams' inter-token times from the arrival's previous token onwards.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from stallfree.core import CacheConfig, Policy, Request, Scheduler, SchedulerConfig, make_policy
+from stallfree.core.plan import StepPlan, StepResult
+from stallfree.sim.simulator import StepRecord, Timeline, simulate_timeline
+
+PROMPT_ID = "prompt"
+DEFAULT_SWEEP = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+class Backend(Protocol):
+    """Where step durations come from (cost model, or a real engine)."""
+
+    def new_executor(self) -> Callable[[StepPlan], StepResult]:
+        """A fresh executor for one run (a real engine resets its KV cache)."""
+        ...
+
+    def decode_step_s(self, num_seqs: int, context_len: int) -> float: ...
+
+    def prefill_time_s(self, num_tokens: int) -> float: ...
+
+    def ridge_tokens(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    prompt_tokens: int = 16384
+    decoders: int = 16
+    context_tokens: int = 1024
+    chunk_tokens: int = 256
+    lead_steps: int = 4
+    tail_steps: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_tokens", "decoders", "context_tokens", "chunk_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.lead_steps < 1 or self.tail_steps < 0:
+            raise ValueError("lead_steps must be >= 1 and tail_steps >= 0")
+
+    @property
+    def decoder_max_tokens(self) -> int:
+        # Every step after the arrival moves the prompt by >= 1 token, so the streams
+        # can never run out before the run ends.
+        return (
+            self.prompt_tokens + self.lead_steps + self.tail_steps + self.decoders * self.context_tokens + 8
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRun:
+    """One policy's run, times relative to the moment every stream is decoding."""
+
+    policy: str
+    steps: tuple[StepRecord, ...]
+    token_times_s: dict[str, tuple[float, ...]]
+    arrival_s: float
+    first_token_s: float
+    gaps_s: tuple[float, ...]
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def max_gap_s(self) -> float:
+        return max(self.gaps_s)
+
+    @property
+    def median_gap_s(self) -> float:
+        return statistics.median(self.gaps_s)
+
+    def prompt_chunk_steps(self) -> list[StepRecord]:
+        """The steps that carried a chunk of the prompt, in order."""
+        return [s for s in self.steps if any(rid == PROMPT_ID for rid, _ in s.tokens_by_request)]
+
+
+def run_scenario(scenario: Scenario, policy: Policy, backend: Backend) -> PolicyRun:
+    """Warm up the streams, let the prompt arrive, stop ``tail_steps`` after its first token."""
+    sched = Scheduler(SchedulerConfig(max_num_seqs=scenario.decoders + 1), CacheConfig(), policy)
+    executor = backend.new_executor()
+    streams = [
+        Request(f"s{i}", scenario.context_tokens, scenario.decoder_max_tokens)
+        for i in range(scenario.decoders)
+    ]
+    ids = [r.request_id for r in streams]
+    tl = simulate_timeline(sched, executor, streams, stop=lambda t: all(i in t.token_times_s for i in ids))
+    origin_s, warmup_steps = tl.end_s, len(tl.steps)
+    tl = simulate_timeline(
+        sched,
+        executor,
+        [],
+        start_s=origin_s,
+        timeline=tl,
+        stop=lambda t: len(t.steps) - warmup_steps >= scenario.lead_steps,
+    )
+    arrival_s = tl.end_s
+    prompt = Request(PROMPT_ID, scenario.prompt_tokens, 1, arrival_time_s=arrival_s)
+
+    def done(t: Timeline) -> bool:
+        first = t.token_times_s.get(PROMPT_ID)
+        return first is not None and sum(1 for s in t.steps if s.start_s >= first[0]) >= scenario.tail_steps
+
+    tl = simulate_timeline(sched, executor, [prompt], start_s=arrival_s, timeline=tl, stop=done)
+    steps = tuple(
+        StepRecord(
+            s.start_s - origin_s, s.duration_s, s.num_decode_tokens, s.num_prefill_tokens, s.tokens_by_request
+        )
+        for s in tl.steps[warmup_steps:]
+    )
+    times = {rid: tuple(t - origin_s for t in ts if t > origin_s) for rid, ts in tl.token_times_s.items()}
+    gaps = tuple(b - a for rid in ids for a, b in itertools.pairwise(times[rid]))
+    return PolicyRun(policy.name, steps, times, arrival_s - origin_s, times[PROMPT_ID][0], gaps)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    chunk_tokens: int
+    max_gap_s: float
+    ttft_s: float
+    ttft_vs_alone: float
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Everything ``stallfree explain`` prints, plots and emits as JSON."""
+
+    scenario: dict[str, Any]
+    ridge_tokens: float
+    decode_step_s: float
+    prefill_alone_s: float
+    runs: dict[str, PolicyRun]
+    sweep: tuple[SweepPoint, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        chunked = self.runs["chunked"].prompt_chunk_steps()
+        return {
+            "scenario": self.scenario,
+            "ridge_tokens": self.ridge_tokens,
+            "decode_step_s": self.decode_step_s,
+            "prefill_alone_s": self.prefill_alone_s,
+            "policies": {
+                name: {
+                    "max_gap_s": run.max_gap_s,
+                    "median_gap_s": run.median_gap_s,
+                    "ttft_s": run.ttft_s,
+                    "ttft_vs_alone": run.ttft_s / self.prefill_alone_s,
+                }
+                for name, run in self.runs.items()
+            },
+            "prompt_chunks": {
+                "num_steps": len(chunked),
+                "first_step_s": chunked[0].duration_s,
+                "last_step_s": chunked[-1].duration_s,
+                "max_step_s": max(s.duration_s for s in chunked),
+                "last_vs_first": chunked[-1].duration_s / chunked[0].duration_s,
+            },
+            "sweep": [asdict(p) for p in self.sweep],
+        }
+
+
+def explain(
+    scenario: Scenario,
+    backend: Backend,
+    sweep_chunks: Sequence[int] = DEFAULT_SWEEP,
+    scenario_echo: dict[str, Any] | None = None,
+) -> Explanation:
+    """Run both policies and the chunk sweep on ``backend``."""
+    alone = backend.prefill_time_s(scenario.prompt_tokens)
+    runs = {
+        "prefill-first": run_scenario(scenario, make_policy("prefill-first"), backend),
+        "chunked": run_scenario(
+            scenario, make_policy("chunked", chunk_tokens=scenario.chunk_tokens), backend
+        ),
+    }
+    sweep = []
+    for chunk in sweep_chunks:
+        run = run_scenario(scenario, make_policy("chunked", chunk_tokens=chunk), backend)
+        sweep.append(SweepPoint(chunk, run.max_gap_s, run.ttft_s, run.ttft_s / alone))
+    echo = {**asdict(scenario), **(scenario_echo or {})}
+    return Explanation(
+        scenario=echo,
+        ridge_tokens=backend.ridge_tokens(),
+        decode_step_s=backend.decode_step_s(scenario.decoders, scenario.context_tokens),
+        prefill_alone_s=alone,
+        runs=runs,
+        sweep=tuple(sweep),
+    )

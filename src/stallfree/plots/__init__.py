@@ -1,0 +1,1 @@
+"""Figures (matplotlib, Agg backend): timelines, sweeps, distributions."""

@@ -1,0 +1,181 @@
+"""Figures for ``stallfree explain``: the two-row timeline and the chunk-size sweep.
+
+The timeline puts both policies on one time axis. Each step is a box; its
+orange part is the share of the step's tokens that are prompt tokens, blue the
+decode tokens. Under each row, one line per stream with a tick per token, so
+a stall is a blank stretch across every line.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.patches import Patch, Rectangle
+
+from stallfree.explain import PROMPT_ID, Explanation, PolicyRun
+
+DECODE_COLOR = "#4C78A8"
+PROMPT_COLOR = "#F58518"
+TICK_COLOR = "#333333"
+
+
+def plot_explanation(result: Explanation, out_dir: str | Path) -> list[Path]:
+    """Write ``timeline`` and ``sweep`` figures as PNG and SVG; return the paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    for name, fig in (("timeline", _timeline(result)), ("sweep", _sweep(result))):
+        for ext in ("png", "svg"):
+            path = out / f"{name}.{ext}"
+            fig.savefig(path, dpi=150, bbox_inches="tight")
+            paths.append(path)
+        plt.close(fig)
+    return paths
+
+
+def _timeline(result: Explanation) -> Figure:
+    runs = [result.runs["prefill-first"], result.runs["chunked"]]
+    end_s = max(r.steps[-1].end_s for r in runs)
+    fig, axes = plt.subplots(2, 1, figsize=(12, 6.5), sharex=True)
+    sc = result.scenario
+    for ax, run in zip(axes, runs, strict=True):
+        title = (
+            "prefill-first"
+            if run.policy == "prefill-first"
+            else f"chunked ({sc['chunk_tokens']}-token chunks)"
+        )
+        _draw_run(ax, run, title, end_s)
+    axes[-1].set_xlabel("time since every stream was decoding (s)")
+    fig.suptitle(
+        f"A {sc['prompt_tokens']:,}-token prompt arrives while {sc['decoders']} streams decode — "
+        f"{sc['model']} on {sc['tp']} x {sc['hardware']}",
+        fontsize=12,
+    )
+    fig.legend(
+        handles=[
+            Patch(color=DECODE_COLOR, label="decode tokens in the step"),
+            Patch(color=PROMPT_COLOR, label="prompt tokens in the step"),
+        ],
+        loc="lower center",
+        ncol=2,
+        frameon=False,
+        bbox_to_anchor=(0.5, -0.02),
+    )
+    fig.tight_layout(rect=(0, 0.04, 1, 0.96))
+    return fig
+
+
+def _draw_run(ax: Axes, run: PolicyRun, title: str, end_s: float) -> None:
+    streams = sorted((rid for rid in run.token_times_s if rid != PROMPT_ID), key=lambda r: int(r[1:]))
+    n = len(streams)
+    box_y, box_h = n + 1.0, 3.0
+    for step in run.steps:
+        total = step.num_decode_tokens + step.num_prefill_tokens
+        prompt_share = step.num_prefill_tokens / total if total else 0.0
+        ax.add_patch(
+            Rectangle(
+                (step.start_s, box_y), step.duration_s, box_h * (1 - prompt_share), color=DECODE_COLOR, lw=0
+            )
+        )
+        if prompt_share:
+            ax.add_patch(
+                Rectangle(
+                    (step.start_s, box_y + box_h * (1 - prompt_share)),
+                    step.duration_s,
+                    box_h * prompt_share,
+                    color=PROMPT_COLOR,
+                    lw=0,
+                )
+            )
+        ax.add_patch(Rectangle((step.start_s, box_y), step.duration_s, box_h, fill=False, ec="white", lw=0.4))
+    for row, rid in enumerate(streams):
+        times = run.token_times_s[rid]
+        ax.hlines(row, 0, end_s, color="#dddddd", lw=0.6)
+        ax.vlines(times, row - 0.35, row + 0.35, color=TICK_COLOR, lw=0.6)
+    ax.axvline(run.arrival_s, color="black", ls="--", lw=1)
+    ax.annotate(
+        "prompt arrives",
+        (run.arrival_s, box_y + box_h + 0.3),
+        fontsize=8,
+        ha="left",
+        xytext=(3, 0),
+        textcoords="offset points",
+    )
+    ax.axvline(run.first_token_s, color=PROMPT_COLOR, ls=":", lw=1.2)
+    ax.annotate(
+        f"prompt's first token (TTFT {run.ttft_s:.2f} s)",
+        (run.first_token_s, box_y + box_h + 0.3),
+        fontsize=8,
+        ha="right",
+        xytext=(-3, 0),
+        textcoords="offset points",
+    )
+    gap_start, gap = _longest_gap(run, streams)
+    ax.annotate(
+        "",
+        xy=(gap_start + gap, -1.2),
+        xytext=(gap_start, -1.2),
+        arrowprops={"arrowstyle": "<->", "color": "crimson", "lw": 1.2},
+    )
+    label = f"longest gap {gap * 1e3:,.0f} ms"
+    if gap > 0.1 * end_s:
+        ax.text(gap_start + gap / 2, -2.6, label, color="crimson", ha="center", fontsize=9)
+    else:
+        ax.text(gap_start + gap, -1.6, "  " + label, color="crimson", ha="left", fontsize=9)
+    ax.set_xlim(0, end_s)
+    ax.set_ylim(-3.4, box_y + box_h + 1.5)
+    ax.set_yticks([box_y + box_h / 2, (n - 1) / 2])
+    ax.set_yticklabels(["steps", f"{n} streams\n(a tick per token)"])
+    ax.set_title(title, loc="left", fontsize=11)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def _longest_gap(run: PolicyRun, streams: list[str]) -> tuple[float, float]:
+    best = (0.0, 0.0)
+    for rid in streams:
+        times = run.token_times_s[rid]
+        for a, b in itertools.pairwise(times):
+            if b - a > best[1]:
+                best = (a, b - a)
+    return best
+
+
+def _sweep(result: Explanation) -> Figure:
+    chunks = [p.chunk_tokens for p in result.sweep]
+    fig, (gap_ax, ttft_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
+    gap_ax.plot(chunks, [p.max_gap_s * 1e3 for p in result.sweep], "o-", color=DECODE_COLOR)
+    gap_ax.axhline(result.decode_step_s * 1e3, color="grey", ls=":", lw=1)
+    gap_ax.annotate("decode step", (chunks[0], result.decode_step_s * 1e3), fontsize=8, va="bottom")
+    gap_ax.set_ylabel("other streams' longest gap (ms)")
+    gap_ax.set_title("the stall grows once chunks pass the ridge", loc="left", fontsize=11)
+    gap_ax.set_yscale("log")
+    ttft_ax.plot(chunks, [p.ttft_vs_alone for p in result.sweep], "o-", color=PROMPT_COLOR)
+    ttft_ax.axhline(1.0, color="grey", ls=":", lw=1)
+    ttft_ax.set_ylabel("prompt TTFT / prefill alone")
+    ttft_ax.set_title("below the ridge the prompt crawls", loc="left", fontsize=11)
+    ttft_ax.set_yscale("log")
+    for ax in (gap_ax, ttft_ax):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(chunks)
+        ax.set_xticklabels([f"{c:,}" for c in chunks], rotation=45)
+        ax.set_xlabel("prompt tokens per step (chunk)")
+        ax.axvline(result.ridge_tokens, color="black", ls="--", lw=1)
+        ax.annotate(
+            f"ridge ≈ {result.ridge_tokens:,.0f}",
+            (result.ridge_tokens, 0.95),
+            xycoords=("data", "axes fraction"),
+            fontsize=8,
+            xytext=(4, 0),
+            textcoords="offset points",
+        )
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,96 @@
+"""`stallfree explain` end to end: the seed's figures are the acceptance test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stallfree.cli import main
+
+
+def explain_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:  # type: ignore[type-arg]
+    assert main(["explain", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_defaults_reproduce_the_seed(capsys: pytest.CaptureFixture[str]) -> None:
+    out = explain_json(capsys)
+    assert out["scenario"]["model"] == "llama-3-70b" and out["scenario"]["tp"] == 4
+    assert out["decode_step_s"] == pytest.approx(0.023, rel=0.05)  # "about 23 milliseconds"
+    assert out["ridge_tokens"] == pytest.approx(200, rel=0.05)  # "roughly two hundred tokens"
+    assert out["prefill_alone_s"] == pytest.approx(1.84, rel=0.02)  # 16K at ~9,000 tokens/s
+    pf, ch = out["policies"]["prefill-first"], out["policies"]["chunked"]
+    assert pf["max_gap_s"] == pytest.approx(1.84, rel=0.03)  # "1.84 s of silence"
+    assert pf["median_gap_s"] == pytest.approx(out["decode_step_s"], rel=1e-6)
+    assert ch["max_gap_s"] == pytest.approx(0.030, rel=0.05)  # "30 milliseconds"
+    assert ch["ttft_vs_alone"] == pytest.approx(1.06, abs=0.01)  # "six percent later"
+    assert pf["ttft_vs_alone"] == pytest.approx(1.0)
+
+
+def test_64k_prompt_stalls_about_seven_seconds(capsys: pytest.CaptureFixture[str]) -> None:
+    out = explain_json(capsys, "--prompt-tokens", "65536", "--sweep", "256")
+    assert out["prefill_alone_s"] == pytest.approx(7.0, rel=0.07)
+    assert out["policies"]["prefill-first"]["max_gap_s"] > 7.0
+
+
+def test_sweep_shows_both_halves_of_the_trade(capsys: pytest.CaptureFixture[str]) -> None:
+    out = explain_json(capsys)
+    sweep = {row["chunk_tokens"]: row for row in out["sweep"]}
+    ridge = out["ridge_tokens"]
+    below = [r for c, r in sweep.items() if c < ridge]
+    above = [r for c, r in sweep.items() if c > 2 * ridge]
+    # Below the ridge the chunk rides free (gap == decode step) but the prompt crawls.
+    assert all(r["max_gap_s"] == pytest.approx(out["decode_step_s"]) for r in below)
+    assert sweep[16]["ttft_vs_alone"] > 10
+    # Above it every chunk makes the step compute-bound: the gap grows with the chunk.
+    gaps = [r["max_gap_s"] for r in above]
+    assert gaps == sorted(gaps) and gaps[-1] > 20 * out["decode_step_s"]
+
+
+def test_full_cost_model_charges_later_chunks_more(capsys: pytest.CaptureFixture[str]) -> None:
+    seed = explain_json(capsys, "--sweep", "256")
+    full = explain_json(capsys, "--cost-model", "full", "--sweep", "256")
+    assert seed["prompt_chunks"]["last_vs_first"] == pytest.approx(1.0)
+    assert full["prompt_chunks"]["last_vs_first"] > 1.1
+    assert full["prefill_alone_s"] > seed["prefill_alone_s"]
+
+
+def test_table_and_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "--plot", str(tmp_path), "--sweep", "64,256,1024"]) == 0
+    text = capsys.readouterr().out
+    assert "prefill-first" in text and "chunked (256-token chunks)" in text and "<- ridge" in text
+    for name in ("timeline.png", "timeline.svg", "sweep.png", "sweep.svg"):
+        assert (tmp_path / name).stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "gpt-9"], "unknown model"),
+        (["--hardware", "tpu"], "a100-40gb"),
+        (["--tp", "3"], "does not divide"),
+        (["--chunk-tokens", "0"], "must be positive"),
+        (["--prompt-tokens", "-5"], "must be positive"),
+        (["--model", "/nonexistent/config.json"], "config"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = main(["explain", *args])
+    except SystemExit as exc:  # argument-type errors exit from the parser itself
+        code = exc.code  # type: ignore[assignment]
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and message in err
+    assert "Traceback" not in err
+
+
+def test_non_decoder_config_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"], "hidden_size": 768}))
+    assert main(["explain", "--model", str(cfg)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
