@@ -1,0 +1,102 @@
+"""Text in and out of :mod:`stallfree.metrics`: goodput SLO strings and per-request CSV files.
+
+SLOs use ``vllm bench serve --goodput`` syntax: ``METRIC:MILLISECONDS`` pairs for ``ttft``,
+``tpot`` and ``e2el``. The CSV has one row per :class:`~stallfree.metrics.RequestRecord`, its
+columns the record's fields in order; an unknown time (None) is an empty cell. Writing then
+reading gives back equal records (floats are written with ``repr``, which round-trips).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import astuple, fields
+from pathlib import Path
+
+from stallfree.metrics import GOODPUT_METRICS, RequestRecord
+
+RECORD_COLUMNS: tuple[str, ...] = tuple(field.name for field in fields(RequestRecord))
+
+
+def parse_goodput(slos: str | Iterable[str]) -> dict[str, float]:
+    """``"ttft:200 tpot:50"`` (or a list of such strings) -> ``{"ttft": 200.0, "tpot": 50.0}`` in ms."""
+    texts = [slos] if isinstance(slos, str) else list(slos)
+    pairs = [pair for text in texts for pair in text.replace(",", " ").split()]
+    if not pairs:
+        raise ValueError("no goodput SLO given; expected METRIC:MILLISECONDS pairs such as ttft:200 tpot:50")
+    parsed: dict[str, float] = {}
+    for pair in pairs:
+        name, sep, number = pair.partition(":")
+        try:
+            slo_ms = float(number) if sep else math.nan
+        except ValueError:
+            slo_ms = math.nan
+        if math.isnan(slo_ms):
+            raise ValueError(f"bad goodput SLO {pair!r}; expected METRIC:MILLISECONDS such as ttft:200")
+        if name not in GOODPUT_METRICS:
+            raise ValueError(
+                f"unknown goodput metric {name!r} in {pair!r}; choose from {', '.join(GOODPUT_METRICS)}"
+            )
+        if not 0 <= slo_ms < math.inf:
+            raise ValueError(f"goodput SLO for {name} must be a finite number of ms >= 0, got {number}")
+        if name in parsed:
+            raise ValueError(f"goodput SLO for {name} given twice")
+        parsed[name] = slo_ms
+    return parsed
+
+
+def write_records_csv(records: Iterable[RequestRecord], path: str | os.PathLike[str]) -> int:
+    """Write records to ``path`` (parent folders are created); returns how many were written."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with target.open("w", newline="", encoding="utf-8") as out:
+        writer = csv.writer(out)
+        writer.writerow(RECORD_COLUMNS)
+        for record in records:
+            writer.writerow(
+                [
+                    "" if value is None else repr(value) if isinstance(value, float) else value
+                    for value in astuple(record)
+                ]
+            )
+            count += 1
+    return count
+
+
+def _optional_float(text: str) -> float | None:
+    return float(text) if text else None
+
+
+_CONVERTERS: dict[str, Callable[[str], object]] = {
+    "request_id": str,
+    "arrival_s": float,
+    "first_scheduled_s": _optional_float,
+    "first_token_s": _optional_float,
+    "finish_s": float,
+    "num_prompt_tokens": int,
+    "num_output_tokens": int,
+    "max_itl_s": float,
+    "num_preemptions": int,
+    "finish_reason": str,
+}
+
+
+def read_records_csv(path: str | os.PathLike[str]) -> list[RequestRecord]:
+    """Records written by :func:`write_records_csv`; ValueError names missing columns or bad lines."""
+    source = Path(path)
+    with source.open(newline="", encoding="utf-8") as text:
+        reader = csv.DictReader(text)
+        missing = [name for name in RECORD_COLUMNS if name not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{source}: missing column(s) {', '.join(missing)}")
+        records = []
+        for row in reader:
+            try:
+                values = {name: _CONVERTERS[name](row[name]) for name in RECORD_COLUMNS}
+                records.append(RequestRecord(**values))  # type: ignore[arg-type]
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"{source}, line {reader.line_num}: {error}") from None
+    return records
