@@ -152,6 +152,9 @@ def test_to_hf_config_is_read_by_transformers() -> None:
         (TINY_LLAMA | {"hidden_act": "gelu"}, "hidden_act"),
         (TINY_LLAMA | {"intermediate_size": 0}, "intermediate_size"),
         (TINY_LLAMA | {"model_type": "qwen2"}, "does not match"),
+        (TINY_LLAMA | {"eos_token_id": "</s>"}, "eos_token_id"),
+        (TINY_LLAMA | {"rope_theta": "big"}, "rope_theta"),
+        (TINY_LLAMA | {"hidden_size": "64"}, "hidden_size"),
         (
             TINY_LLAMA
             | {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 64},

@@ -113,9 +113,14 @@ class ModelSpec:
             )
         heads = config["num_attention_heads"]
         hidden = config["hidden_size"]
-        head_dim = config.get("head_dim") or (hidden // heads if _is_positive_int(heads) else 0)
-        eos = config.get("eos_token_id")
-        eos_ids = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+        divisible = _is_positive_int(hidden) and _is_positive_int(heads)
+        head_dim = config.get("head_dim") or (hidden // heads if divisible else 0)
+        bos, eos = config.get("bos_token_id"), config.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else () if eos is None else (eos,)
+        if not all(_is_token_id(t) for t in eos_ids) or not (bos is None or _is_token_id(bos)):
+            raise ValueError(
+                f"model {name}: bos_token_id/eos_token_id must be token ids, got {bos!r}/{eos!r}"
+            )
         return cls(
             name=name,
             hidden_size=hidden,
@@ -126,12 +131,12 @@ class ModelSpec:
             intermediate_size=config["intermediate_size"],
             vocab_size=config["vocab_size"],
             max_position_embeddings=config.get("max_position_embeddings", 2048),
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(config.get("rope_theta", 10000.0)),
+            rms_norm_eps=_number(config, "rms_norm_eps", 1e-6, name),
+            rope_theta=_number(config, "rope_theta", 10000.0, name),
             rope_scaling=_hashable_rope_scaling(config.get("rope_scaling"), name),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=architecture == "Qwen2ForCausalLM",
-            bos_token_id=config.get("bos_token_id"),
+            bos_token_id=bos,
             eos_token_ids=eos_ids,
             architecture=architecture,
         )
@@ -234,7 +239,9 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
     if not looks_like_path:
         raise ValueError(f"unknown model {name_or_path!r}; presets: {', '.join(MODEL_PRESETS)}")
     if not path.is_file():
-        raise ValueError(f"model config not found: {path}")
+        raise ValueError(
+            f"model config not found: {path} (stallfree downloads nothing: give a local config.json)"
+        )
     try:
         config = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -248,8 +255,23 @@ def _is_positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _number(config: Mapping[str, Any], key: str, default: float, name: str) -> float:
+    value = config.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"model {name}: {key}={value!r} is not a number")
+    return float(value)
+
+
 def _architecture(config: Mapping[str, Any], name: str) -> str:
     archs = config.get("architectures") or []
+    if isinstance(archs, str):
+        archs = [archs]
     model_type = config.get("model_type")
     if archs:
         arch = archs[0]
