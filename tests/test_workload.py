@@ -222,6 +222,9 @@ def test_options_build_the_documented_workloads() -> None:
         WorkloadOptions(arrival="gamma", qps=2, burstiness=0.5, prompt_tokens=64, output_tokens=8)
     )
     assert built == Workload(gamma(2, 0.5), FixedLengths(64, 8))
+    # A command line's default burstiness of 1 is fine with poisson (it is gamma with burstiness 1).
+    poisson_default = WorkloadOptions(arrival="poisson", qps=4, burstiness=1.0, lengths="sharegpt")
+    assert workload_from_options(poisson_default).arrivals == poisson(4)
     assert parse_lengths("uniform:10-20,1-5") == UniformLengths(10, 20, 1, 5)
     assert parse_lengths("lognormal:1000,100,0.5") == LognormalLengths(1000, 100, 0.5)
     assert parse_lengths("fixed:3,4") == FixedLengths(3, 4)

@@ -3,16 +3,17 @@
 SLOs use ``vllm bench serve --goodput`` syntax: ``METRIC:MILLISECONDS`` pairs for ``ttft``,
 ``tpot`` and ``e2el``. The CSV has one row per :class:`~stallfree.metrics.RequestRecord`, its
 columns the record's fields in order; an unknown time (None) is an empty cell. Writing then
-reading gives back equal records (floats are written with ``repr``, which round-trips).
+reading gives back equal records (the csv module writes floats with ``repr``, which round-trips).
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import operator
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import astuple, fields
+from dataclasses import fields
 from pathlib import Path
 
 from stallfree.metrics import GOODPUT_METRICS, RequestRecord
@@ -51,17 +52,13 @@ def write_records_csv(records: Iterable[RequestRecord], path: str | os.PathLike[
     """Write records to ``path`` (parent folders are created); returns how many were written."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    row_of = operator.attrgetter(*RECORD_COLUMNS)
     count = 0
     with target.open("w", newline="", encoding="utf-8") as out:
         writer = csv.writer(out)
         writer.writerow(RECORD_COLUMNS)
         for record in records:
-            writer.writerow(
-                [
-                    "" if value is None else repr(value) if isinstance(value, float) else value
-                    for value in astuple(record)
-                ]
-            )
+            writer.writerow(row_of(record))  # csv writes None as "" and floats with repr
             count += 1
     return count
 

@@ -212,7 +212,7 @@ class WorkloadArrays:
 
 def sample(workload: Workload, num_requests: int | None = None, seed: int = 0) -> WorkloadArrays:
     """Draw ``num_requests`` rows (None: every row a trace read in order allows)."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
     limit = workload.max_num_requests()
     if num_requests is None:
@@ -278,8 +278,8 @@ def workload_from_options(options: WorkloadOptions) -> Workload:
 
 
 def _arrivals_from_options(arrival: str, options: WorkloadOptions) -> Arrivals:
-    if options.burstiness is not None and arrival != "gamma":
-        raise ValueError("burstiness applies only to the gamma workload")
+    if options.burstiness not in (None, 1.0) and arrival != "gamma":
+        raise ValueError("burstiness applies only to the gamma workload (poisson is burstiness 1)")
     if options.trace is not None and arrival != "trace":
         raise ValueError(
             f"a trace replays arrival times, which the {arrival} workload does not; use lengths=TRACE"
