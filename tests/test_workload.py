@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -262,3 +264,14 @@ def test_num_requests_required_without_an_ordered_trace() -> None:
         generate(Workload(poisson(1.0), FixedLengths(1, 1)))
     with pytest.raises(ValueError, match="num_requests must be positive"):
         generate(Workload(poisson(1.0), FixedLengths(1, 1)), 0)
+
+
+def test_shared_modules_stay_light() -> None:
+    """workload and metrics are imported by the benchmark client: no torch, sim or engine."""
+    code = (
+        "import sys, stallfree.workload, stallfree.metrics, stallfree.metrics_io; "
+        "heavy = [m for m in sys.modules if m == 'torch' or m.startswith(('stallfree.sim', 'stallfree.engine'))]; "
+        "print(heavy)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
