@@ -92,7 +92,7 @@ class ItlAccumulator:
         self._counts = array("q")
 
     def add(self, value_s: float, count: int = 1) -> None:
-        """``count`` gaps of ``value_s`` each (count 0 is allowed and ignored)."""
+        """``count`` gaps of ``value_s`` each (an entry with count 0 is kept but weighs nothing)."""
         if not 0 <= value_s < math.inf:
             raise ValueError(f"an inter-token latency must be finite and >= 0 s, got {value_s}")
         if count < 0:
