@@ -1,0 +1,14 @@
+"""The PyTorch engine: a Llama-family model run step by step by the shared core scheduler.
+
+Public API (vLLM's names): :class:`LLM` for offline batches, :class:`LLMEngine` for
+step-by-step driving (servers, the measured explainer), :class:`RequestOutput`, and the
+core's :class:`SamplingParams`. This package imports torch; nothing outside it may.
+"""
+
+from stallfree.core import SamplingParams
+from stallfree.engine.engine import LLMEngine, StepRecord
+from stallfree.engine.llm import LLM
+from stallfree.engine.random_models import RANDOM_PRESETS
+from stallfree.engine.requests import RequestOutput
+
+__all__ = ["LLM", "RANDOM_PRESETS", "LLMEngine", "RequestOutput", "SamplingParams", "StepRecord"]

@@ -1,0 +1,227 @@
+"""``LLMEngine``: the core scheduler driven on the wall clock by the PyTorch model runner.
+
+Each :meth:`LLMEngine.step` is one :func:`stallfree.core.run_step`: the scheduler plans,
+:meth:`LLMEngine._execute` (the executor) runs the model, samples, detects stops and
+reports the measured ``duration_s``; the scheduler then counts tokens and finishes
+requests. The engine owns the clock, the token ids and the text; the scheduler owns
+queues and KV blocks. ``last_step`` exposes the latest plan / result / events, so a
+driver (the measured explainer, a server) can timestamp every step.
+
+Bad input (unknown model, prompt longer than the context, max_tokens <= 0, a request the
+KV cache can never hold) raises one-line ``ValueError`` before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from stallfree.core import (
+    CacheConfig,
+    Policy,
+    Request,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    StepEvents,
+    StepPlan,
+    StepResult,
+    make_policy,
+    run_step,
+)
+from stallfree.engine.kv_cache import KVCache, kv_bytes_per_block
+from stallfree.engine.requests import RequestOutput, RequestState
+from stallfree.engine.runner import ModelRunner
+from stallfree.engine.sampler import sample
+from stallfree.engine.weights import load_model
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Share of free memory the KV cache takes by default: the CPU is shared with everything else.
+_DEFAULT_KV_FRACTION = {"cpu": 0.05, "cuda": 0.8}
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    plan: StepPlan
+    result: StepResult
+    events: StepEvents
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto``: bf16 on CUDA and on CPUs with AVX-512 (fast bf16 matmuls), else fp32."""
+    if name == "auto":
+        fast_bf16 = device.type == "cuda" or torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX")
+        return torch.bfloat16 if fast_bf16 else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose from: auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+class LLMEngine:
+    """Add requests, call :meth:`step` until :meth:`has_unfinished_requests` is False."""
+
+    def __init__(
+        self,
+        model: str = "random:small",
+        *,
+        dtype: str = "auto",
+        device: str | None = None,
+        policy: str | Policy = "chunked",
+        token_budget: int | None = None,
+        chunk_tokens: int | None = None,
+        max_num_seqs: int = 256,
+        max_model_len: int | None = None,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        kv_cache_memory_fraction: float | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = resolve_dtype(dtype, self.device)
+        if isinstance(policy, str):
+            policy = make_policy(policy, token_budget=token_budget, chunk_tokens=chunk_tokens)
+        self.model, self.tokenizer = load_model(model, self.dtype, self.device, seed)
+        spec = self.model.spec
+        self.max_model_len = max_model_len or spec.max_position_embeddings
+        if self.max_model_len > spec.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} exceeds the model's context of {spec.max_position_embeddings}"
+            )
+        budget = getattr(policy, "token_budget", None)
+        if budget is not None:  # every running request needs its decode token inside the budget
+            max_num_seqs = min(max_num_seqs, budget)
+        if num_blocks is None:
+            num_blocks = self._default_num_blocks(block_size, max_num_seqs, kv_cache_memory_fraction)
+        self.runner = ModelRunner(self.model, KVCache(spec, num_blocks, block_size, self.dtype, self.device))
+        self.scheduler = Scheduler(
+            SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=self.max_model_len),
+            CacheConfig(block_size=block_size, num_blocks=num_blocks),
+            policy,
+        )
+        self.last_step: StepRecord | None = None
+        self._requests: dict[str, RequestState] = {}
+        self._rng = random.Random(seed)
+        self._ids = itertools.count()
+        self._start_s = time.perf_counter()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str | None = None,
+        prompt: str | None = None,
+        sampling_params: SamplingParams | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
+    ) -> str:
+        """Queue a prompt (text or token ids); return its id. ValueError if it can never run."""
+        params = sampling_params or SamplingParams()
+        if (prompt is None) == (prompt_token_ids is None):
+            raise ValueError("give exactly one of prompt or prompt_token_ids")
+        ids = self.tokenizer.encode(prompt) if prompt is not None else list(prompt_token_ids or ())
+        vocab = self.model.spec.vocab_size
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if any(not 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens; the model's context is {self.max_model_len} (including generated tokens)"
+            )
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self._requests:
+            raise ValueError(f"request id {rid!r} is already in use")
+        request = Request(rid, len(ids), params.max_tokens, time.perf_counter() - self._start_s, params)
+        reason = self.scheduler.add_request(request)
+        if reason is not None:
+            raise ValueError(f"request {rid} rejected: {reason}")
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        eos = self.model.spec.eos_token_ids
+        self._requests[rid] = RequestState(rid, prompt, ids, params, generator, eos)
+        return rid
+
+    def abort_request(self, request_id: str) -> None:
+        """Drop a request; its KV blocks are released at the next step."""
+        self.scheduler.abort_request(request_id)
+        self._requests.pop(request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return self.scheduler.num_running + self.scheduler.num_waiting
+
+    # -- the step ---------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step; outputs of the requests that got a token (finished ones last time)."""
+        out = run_step(self.scheduler, self._execute)
+        if out is None:
+            return []
+        plan, result, events = out
+        self.last_step = StepRecord(plan, result, events)
+        finish = dict(events.finished)
+        outputs = []
+        for rid in events.new_token_request_ids:
+            state = self._requests[rid]
+            state.update_text(self.tokenizer)
+            reason = finish.get(rid)
+            outputs.append(state.snapshot(None if reason is None else reason.value))
+            if reason is not None:
+                del self._requests[rid]
+        return outputs
+
+    def _execute(self, plan: StepPlan) -> StepResult:
+        """The executor: forward, sample, stop checks; ``duration_s`` is wall time."""
+        start = time.perf_counter()
+        token_ids = {c.request_id: self._requests[c.request_id].token_ids for c in plan.chunks}
+        rids, logits = self.runner.execute(plan, token_ids)
+        states = [self._requests[rid] for rid in rids]
+        picks = sample(logits, [s.params for s in states], [s.generator for s in states])
+        stopped = frozenset(
+            s.request_id
+            for s, pick in zip(states, picks, strict=True)
+            if s.append(pick.token_id, pick.logprob, self.tokenizer)
+        )
+        sampled = {rid: pick.token_id for rid, pick in zip(rids, picks, strict=True)}
+        return StepResult(time.perf_counter() - start, sampled, stopped)
+
+    # -- sizing -----------------------------------------------------------------------------
+
+    def _default_num_blocks(self, block_size: int, max_num_seqs: int, fraction: float | None) -> int:
+        """Blocks that fit in a share of free memory, capped at what max_num_seqs full contexts need."""
+        if fraction is None:
+            fraction = _DEFAULT_KV_FRACTION.get(self.device.type, 0.5)
+        if not 0 < fraction <= 1:
+            raise ValueError(f"kv_cache_memory_fraction must be in (0, 1], got {fraction}")
+        per_block = kv_bytes_per_block(self.model.spec, block_size, self.dtype)
+        num_blocks = int(fraction * _free_memory_bytes(self.device)) // per_block
+        needed = max_num_seqs * -(-self.max_model_len // block_size)
+        blocks_per_seq = -(-self.max_model_len // block_size)
+        if num_blocks < blocks_per_seq:
+            raise ValueError(
+                f"the KV cache fits only {num_blocks} blocks of {block_size} tokens, fewer than one "
+                f"{self.max_model_len}-token sequence needs; lower max_model_len or pass num_blocks"
+            )
+        return min(num_blocks, needed)
+
+
+def _free_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as meminfo:  # noqa: PTH123 - a Linux pseudo-file
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))

@@ -1,0 +1,169 @@
+"""The Llama-family decoder (Llama 2/3/3.1, Mistral, Qwen2) over a ragged, paged batch.
+
+One class, :class:`LlamaModel`, built from a :class:`~stallfree.specs.ModelSpec`. Its
+forward takes every token of every scheduled chunk flattened into one tensor, so each
+linear layer is ONE matmul over the whole step; attention is delegated to
+:func:`stallfree.engine.attention.paged_attention`, which reads each sequence's own KV
+context from the paged cache. Logits are computed only for the rows that sample.
+
+Parameters use our own names (q/k/v and gate/up fused, so a step runs one matmul for
+each pair); :mod:`stallfree.engine.weights` maps them to and from Hugging Face's names.
+Invariants: parameters are created uninitialised (a loader or
+:func:`init_random_weights` fills them), all in one dtype; RoPE angles are always
+computed in fp32, as Hugging Face does, then applied in the model dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stallfree.engine.attention import AttentionMetadata, paged_attention
+from stallfree.engine.kv_cache import KVCache
+from stallfree.specs import ModelSpec
+
+
+def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
+    """Inverse frequencies (fp32, ``head_dim / 2``) with the config's RoPE scaling applied."""
+    # fp32 throughout, exactly as the reference computes it, so angles match bit for bit.
+    exponents = torch.arange(0, spec.head_dim, 2, dtype=torch.int64).float() / spec.head_dim
+    inv_freq = 1.0 / (spec.rope_theta**exponents)
+    scaling = spec.rope_scaling_dict()
+    rope_type = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
+    if rope_type in (None, "default"):
+        return inv_freq
+    assert scaling is not None
+    factor = float(scaling["factor"])
+    if rope_type == "linear":
+        return inv_freq / factor
+    if rope_type == "llama3":
+        # Llama 3.1: keep high frequencies, divide low ones by `factor`, blend in between.
+        low = float(scaling["low_freq_factor"])
+        high = float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        smooth = ((old_len / wavelen - low) / (high - low)).clamp(0.0, 1.0)
+        scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        return scaled
+    raise ValueError(f"model {spec.name}: rope scaling type {rope_type!r} is not supported")
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ([T, H, D]) by per-token angles; HF's half-split (not interleaved) layout."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in fp32 like the reference implementation, then scale in the model dtype.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _param(*shape: int, dtype: torch.dtype, device: torch.device | str | None) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device | str | None) -> None:
+        super().__init__()
+        h, q, kv = spec.hidden_size, spec.q_size, spec.kv_size
+        self.input_layernorm = _param(h, dtype=dtype, device=device)
+        self.qkv_proj = _param(q + 2 * kv, h, dtype=dtype, device=device)
+        self.qkv_bias = _param(q + 2 * kv, dtype=dtype, device=device) if spec.attention_bias else None
+        self.o_proj = _param(h, q, dtype=dtype, device=device)
+        self.post_attention_layernorm = _param(h, dtype=dtype, device=device)
+        self.gate_up_proj = _param(2 * spec.intermediate_size, h, dtype=dtype, device=device)
+        self.down_proj = _param(h, spec.intermediate_size, dtype=dtype, device=device)
+
+
+class LlamaModel(nn.Module):
+    """Weights + forward of one decoder; no sampling, no scheduling, no cache ownership."""
+
+    def __init__(
+        self, spec: ModelSpec, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+    ) -> None:
+        super().__init__()
+        self.spec = spec
+        self.dtype = dtype
+        self.embed_tokens = _param(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(DecoderLayer(spec, dtype, device) for _ in range(spec.num_layers))
+        self.norm = _param(spec.hidden_size, dtype=dtype, device=device)
+        self.lm_head = (
+            None
+            if spec.tie_word_embeddings
+            else _param(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
+        )
+        self.register_buffer("inv_freq", rope_inv_freq(spec).to(device), persistent=False)
+        self.inv_freq: torch.Tensor
+        self.scale = 1.0 / math.sqrt(spec.head_dim)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.device
+
+    def decoder_layers(self) -> list[DecoderLayer]:
+        return [cast(DecoderLayer, layer) for layer in self.layers]
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens if self.lm_head is None else self.lm_head
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: KVCache,
+        attn: AttentionMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits (fp32, ``[len(logits_indices), vocab]``) for the rows that sample.
+
+        ``input_ids`` and ``positions`` are ``[T]``: all tokens of the step, chunk after
+        chunk in the order ``attn`` describes. K/V of every token are written to the
+        cache at ``attn.slot_mapping`` before attention reads them.
+        """
+        spec = self.spec
+        num_tokens = input_ids.shape[0]
+        q_size, kv_size, head_dim = spec.q_size, spec.kv_size, spec.head_dim
+        angles = positions.float()[:, None] * self.inv_freq[None, :]
+        cos = angles.cos().to(self.dtype)[:, None, :]
+        sin = angles.sin().to(self.dtype)[:, None, :]
+        hidden = F.embedding(input_ids, self.embed_tokens)
+        for index, layer in enumerate(self.decoder_layers()):
+            x = rms_norm(hidden, layer.input_layernorm, spec.rms_norm_eps)
+            qkv = F.linear(x, layer.qkv_proj, layer.qkv_bias)
+            q, k, v = torch.split(qkv, [q_size, kv_size, kv_size], dim=-1)
+            q = apply_rope(q.view(num_tokens, -1, head_dim), cos, sin)
+            k = apply_rope(k.view(num_tokens, -1, head_dim), cos, sin)
+            v = v.view(num_tokens, -1, head_dim)
+            out = paged_attention(q, k, v, kv_cache.layer(index), attn, self.scale)
+            hidden = hidden + F.linear(out, layer.o_proj)
+            x = rms_norm(hidden, layer.post_attention_layernorm, spec.rms_norm_eps)
+            gate, up = F.linear(x, layer.gate_up_proj).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, layer.down_proj)
+        last = rms_norm(hidden[logits_indices], self.norm, spec.rms_norm_eps)
+        return F.linear(last, self.lm_head_weight()).float()
+
+
+def init_random_weights(model: LlamaModel, seed: int) -> None:
+    """Seeded random weights: normal(0, 1/sqrt(fan_in)) matrices, unit norm weights.
+
+    The std keeps activations O(1) through the layers, so random models give peaked,
+    seed-determined logits (greedy decoding is well defined, not a coin toss of near ties).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        if param.dim() == 1:
+            if name.endswith("bias"):
+                values = torch.randn(param.shape, generator=generator) * 0.02
+            else:
+                values = torch.ones(param.shape)
+        else:
+            values = torch.randn(param.shape, generator=generator) / math.sqrt(param.shape[1])
+        param.data.copy_(values.to(param.dtype))

@@ -1,0 +1,50 @@
+"""The model runner: a step plan in, logits for the sampling rows out.
+
+It mirrors the scheduler's block tables (appending ``plan.new_block_ids``, dropping
+``plan.freed_request_ids`` first, since a preempted request may be re-admitted in the
+same plan with fresh blocks), builds the flat batch and runs one forward. It owns the KV
+cache but no request state: token ids come from the caller each step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from stallfree.core import StepPlan
+from stallfree.engine.batch import build_inputs
+from stallfree.engine.kv_cache import KVCache
+from stallfree.engine.model import LlamaModel
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, kv_cache: KVCache) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_tables: dict[str, list[int]] = {}
+        spec = model.spec
+        self._group = spec.num_attention_heads // spec.num_kv_heads
+
+    def execute(
+        self, plan: StepPlan, token_ids: Mapping[str, Sequence[int]]
+    ) -> tuple[tuple[str, ...], torch.Tensor]:
+        """Run ``plan``; return the sampling request ids and their fp32 logits, row for row."""
+        for rid in plan.freed_request_ids:
+            self.block_tables.pop(rid, None)
+        for rid, blocks in plan.new_block_ids.items():
+            self.block_tables.setdefault(rid, []).extend(blocks)
+        if not plan.chunks:
+            return (), torch.empty(0, self.model.spec.vocab_size)
+        inputs = build_inputs(
+            plan.chunks,
+            token_ids,
+            self.block_tables,
+            self.kv_cache.block_size,
+            self._group,
+            self.model.device,
+        )
+        logits = self.model(
+            inputs.input_ids, inputs.positions, self.kv_cache, inputs.attn, inputs.logits_indices
+        )
+        return inputs.sample_request_ids, logits

@@ -1,0 +1,58 @@
+"""Pick one token per sampling row: greedy, temperature, top-k, top-p, seeded per request.
+
+Each request brings its own ``torch.Generator``, so what it samples depends only on its
+seed and its own logits, never on which other requests share the step. Logprobs are of
+the chosen token under the model's raw distribution (before temperature / top-k / top-p),
+as vLLM reports them by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from stallfree.core import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    token_id: int
+    logprob: float | None = None
+
+
+def sample(
+    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
+) -> list[SampledToken]:
+    """``logits`` is fp32 ``[rows, vocab]``; row ``i`` follows ``params[i]`` with ``generators[i]``."""
+    if not params:
+        return []
+    chosen = logits.argmax(dim=-1)
+    for row, p in enumerate(params):
+        if p.temperature > 0:
+            chosen[row] = _sample_row(logits[row], p, generators[row])
+    token_ids = chosen.tolist()
+    wants_logprobs = [row for row, p in enumerate(params) if p.logprobs]
+    logprobs: dict[int, float] = {}
+    if wants_logprobs:
+        rows = torch.tensor(wants_logprobs, device=logits.device)
+        picked = torch.log_softmax(logits[rows], dim=-1).gather(1, chosen[rows, None]).squeeze(1)
+        logprobs = dict(zip(wants_logprobs, picked.tolist(), strict=True))
+    return [SampledToken(tok, logprobs.get(row)) for row, tok in enumerate(token_ids)]
+
+
+def _sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+    scaled = logits / p.temperature
+    if 0 < p.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, p.top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_logits, order = torch.sort(scaled, descending=True)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        # Drop a token once the tokens ranked above it already cover top_p (the first always stays).
+        drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= p.top_p
+        drop = torch.empty_like(drop_sorted).scatter_(0, order, drop_sorted)
+        scaled = scaled.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(0)

@@ -1,0 +1,162 @@
+"""The engine's model matches Hugging Face transformers on the same saved checkpoint.
+
+Every variant is saved with ``save_pretrained`` and loaded back both by transformers and
+by our loader. Our logits come from the runner fed ragged steps: random chunk splits of
+several sequences interleaved (prefill, chunked prefill, decodes of uneven lengths, mixed
+steps), with KV blocks drawn from a shuffled pool so block tables are non-contiguous.
+Each chunk's last-token logits must equal transformers' logits at that position of the
+full sequence (teacher forcing). Tolerance: max |difference| <= 1e-4 in fp32 (logits are
+O(1-10)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from stallfree.core import ScheduledChunk, StepPlan  # noqa: E402
+from stallfree.engine.kv_cache import KVCache  # noqa: E402
+from stallfree.engine.model import LlamaModel  # noqa: E402
+from stallfree.engine.random_models import random_spec  # noqa: E402
+from stallfree.engine.runner import ModelRunner  # noqa: E402
+from stallfree.engine.tokenizer import random_tokenizer  # noqa: E402
+from stallfree.engine.weights import build_random_model, load_model, save_pretrained  # noqa: E402
+
+ATOL = 1e-4
+TINY = random_spec("tiny")
+VARIANTS = {
+    "llama-gqa-untied": TINY,
+    "qwen2-bias-tied": dataclasses.replace(
+        TINY, architecture="Qwen2ForCausalLM", attention_bias=True, tie_word_embeddings=True
+    ),
+    "llama3-rope-mha": dataclasses.replace(
+        TINY,
+        num_kv_heads=TINY.num_attention_heads,
+        rope_theta=500000.0,
+        rope_scaling=(
+            ("factor", 8.0),
+            ("high_freq_factor", 4.0),
+            ("low_freq_factor", 1.0),
+            ("original_max_position_embeddings", 64),
+            ("rope_type", "llama3"),
+        ),
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    spec = VARIANTS[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    save_pretrained(
+        build_random_model(spec, torch.float32, "cpu", seed=7), random_tokenizer(spec.vocab_size), folder
+    )
+    return folder
+
+
+def hf_model(folder: Path) -> torch.nn.Module:
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    return model.eval()
+
+
+def hf_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def teacher_forced_logits(
+    model: LlamaModel, seqs: dict[str, list[int]], rng: random.Random, block_size: int = 4
+) -> dict[tuple[str, int], torch.Tensor]:
+    """Run random ragged steps over ``seqs``; logits keyed by (request, position)."""
+    spec = model.spec
+    total_blocks = sum(-(-len(s) // block_size) for s in seqs.values())
+    pool = list(range(total_blocks + 5))
+    rng.shuffle(pool)
+    runner = ModelRunner(model, KVCache(spec, len(pool), block_size, torch.float32))
+    computed = dict.fromkeys(seqs, 0)
+    held = dict.fromkeys(seqs, 0)
+    out: dict[tuple[str, int], torch.Tensor] = {}
+    while any(computed[r] < len(s) for r, s in seqs.items()):
+        active = [r for r in seqs if computed[r] < len(seqs[r])]
+        chosen = rng.sample(active, rng.randint(1, len(active)))
+        chunks, new_blocks = [], {}
+        for rid in chosen:
+            start = computed[rid]
+            left = len(seqs[rid]) - start
+            # Long chunks early (prefill), mostly single tokens later (decodes).
+            n = rng.randint(1, left) if start == 0 or rng.random() < 0.3 else 1
+            chunks.append(ScheduledChunk(rid, start, n, start + n))
+            need = -(-(start + n) // block_size) - held[rid]
+            if need:
+                new_blocks[rid] = tuple(pool.pop() for _ in range(need))
+                held[rid] += need
+            computed[rid] = start + n
+        rids, logits = runner.execute(StepPlan(tuple(chunks), new_blocks), seqs)
+        for rid, row in zip(rids, logits, strict=True):
+            out[(rid, computed[rid] - 1)] = row
+    return out
+
+
+def test_ragged_paged_steps_match_transformers(checkpoint: Path) -> None:
+    ours, _ = load_model(str(checkpoint), torch.float32, "cpu")
+    ref = hf_model(checkpoint)
+    rng = random.Random(0)
+    vocab = ours.spec.vocab_size
+    seqs = {f"r{i}": [rng.randrange(vocab) for _ in range(rng.randint(2, 70))] for i in range(6)}
+    got = teacher_forced_logits(ours, seqs, rng)
+    assert {pos for (_, pos) in got}  # every step produced logits
+    for rid, ids in seqs.items():
+        expected = hf_logits(ref, ids)
+        positions = sorted(pos for (r, pos) in got if r == rid)
+        assert positions[-1] == len(ids) - 1
+        for pos in positions:
+            diff = (got[(rid, pos)] - expected[pos]).abs().max().item()
+            assert diff <= ATOL, f"{rid} position {pos}: max |logit diff| {diff}"
+
+
+def test_whole_prompt_logits_match_transformers(checkpoint: Path) -> None:
+    ours, tokenizer = load_model(str(checkpoint), torch.float32, "cpu")
+    ids = tokenizer.encode("the quick brown fox jumps over the lazy dog " * 3)
+    runner = ModelRunner(ours, KVCache(ours.spec, 16, 16, torch.float32))
+    chunk = ScheduledChunk("a", 0, len(ids), len(ids))
+    _, logits = runner.execute(StepPlan((chunk,), {"a": tuple(range(-(-len(ids) // 16)))}), {"a": ids})
+    expected = hf_logits(hf_model(checkpoint), ids)[-1]
+    assert (logits[0] - expected).abs().max().item() <= ATOL
+    assert logits[0].argmax().item() == expected.argmax().item()
+
+
+def test_bf16_model_runs_close_to_fp32(tmp_path: Path) -> None:
+    fp32 = build_random_model(TINY, torch.float32, "cpu", seed=3)
+    bf16 = build_random_model(TINY, torch.bfloat16, "cpu", seed=3)
+    ids = list(range(3, 40))
+    results = []
+    for model in (fp32, bf16):
+        runner = ModelRunner(model, KVCache(TINY, 4, 16, model.dtype))
+        _, logits = runner.execute(
+            StepPlan((ScheduledChunk("a", 0, len(ids), len(ids)),), {"a": (0, 1, 2)}), {"a": ids}
+        )
+        results.append(logits[0])
+    assert results[1].dtype == torch.float32  # logits are always returned in fp32
+    assert torch.corrcoef(torch.stack(results))[0, 1].item() > 0.99
+
+
+def test_saved_checkpoint_is_a_plain_hf_folder(checkpoint: Path) -> None:
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert config["architectures"][0] in ("LlamaForCausalLM", "Qwen2ForCausalLM")
+    assert sorted(p.name for p in checkpoint.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    _, ours = load_model(str(checkpoint), torch.float32, "cpu")
+    text = "Hello kalo mefi, 42!"
+    assert hf_tokenizer(text)["input_ids"] == ours.encode(text)
