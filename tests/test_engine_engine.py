@@ -1,0 +1,243 @@
+"""LLMEngine / LLM end to end on a tiny fp32 model, scheduled by the real core scheduler.
+
+Greedy tokens are checked against a plain transformers greedy loop on the same saved
+checkpoint, under schedules that force chunked prefill, mixed steps and preemption.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from stallfree.core import SamplingParams  # noqa: E402
+from stallfree.engine import LLM, LLMEngine  # noqa: E402
+from stallfree.engine.random_models import random_spec  # noqa: E402
+from stallfree.engine.tokenizer import random_tokenizer  # noqa: E402
+from stallfree.engine.weights import build_random_model, save_pretrained  # noqa: E402
+
+PROMPTS = ["Hello there", "kalo mefi tu ba " * 6, "a", "the quick brown fox jumps over"]
+MAX_TOKENS = 12
+GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    spec = random_spec("tiny")
+    folder = tmp_path_factory.mktemp("tiny")
+    save_pretrained(
+        build_random_model(spec, torch.float32, "cpu", seed=11), random_tokenizer(spec.vocab_size), folder
+    )
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(checkpoint: Path) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt (full re-forward per token, no cache)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    tokenizer = random_tokenizer(random_spec("tiny").vocab_size)
+    outputs = []
+    for prompt in PROMPTS:
+        ids = tokenizer.encode(prompt)
+        generated: list[int] = []
+        with torch.no_grad():
+            for _ in range(MAX_TOKENS):
+                logits = model(torch.tensor([ids + generated])).logits[0, -1]
+                generated.append(int(logits.argmax()))
+        outputs.append(generated)
+    return outputs
+
+
+def engine(checkpoint: Path, **kwargs: object) -> LLM:
+    options: dict[str, object] = {"dtype": "float32", "device": "cpu", "block_size": 4, "num_blocks": 256}
+    options.update(kwargs)
+    return LLM(str(checkpoint), **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        {"policy": "chunked", "token_budget": 7},  # chunked prefill + mixed steps
+        {"policy": "prefill-first"},
+        {"policy": "decode-first"},
+    ],
+    ids=["chunked-7", "prefill-first", "decode-first"],
+)
+def test_greedy_matches_transformers(
+    checkpoint: Path, hf_greedy: list[list[int]], schedule: dict[str, object]
+) -> None:
+    llm = engine(checkpoint, **schedule)
+    outputs = llm.generate(PROMPTS, GREEDY)
+    assert [list(o.token_ids) for o in outputs] == hf_greedy
+    assert all(o.finish_reason == "length" for o in outputs)
+    assert llm.engine.scheduler.block_manager.num_used_blocks == 0
+
+
+def test_preempted_requests_recompute_the_same_tokens(checkpoint: Path, hf_greedy: list[list[int]]) -> None:
+    # 4 requests of up to ~40 tokens need ~40 blocks of 4 at the end: 14 blocks force preemption.
+    llm = engine(checkpoint, num_blocks=14, policy="chunked", token_budget=16)
+    outputs = llm.generate(PROMPTS, GREEDY)
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert [list(o.token_ids) for o in outputs] == hf_greedy
+
+
+def test_streaming_outputs_add_up(checkpoint: Path) -> None:
+    eng = LLMEngine(
+        str(checkpoint), dtype="float32", block_size=4, num_blocks=64, policy="chunked", token_budget=8
+    )
+    rid = eng.add_request(prompt="Hello there", sampling_params=GREEDY)
+    pieces, ids, final = [], [], None
+    steps = 0
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            pieces.append(out.new_text)
+            ids.extend(out.new_token_ids)
+            final = out
+        steps += 1
+        assert eng.last_step is not None and eng.last_step.result.duration_s > 0
+    assert final is not None and final.request_id == rid and final.finished
+    assert "".join(pieces) == final.text
+    assert tuple(ids) == final.token_ids and len(ids) == MAX_TOKENS
+    assert final.text == eng.tokenizer.decode(final.token_ids)
+
+
+def test_same_seed_same_text_regardless_of_batch(checkpoint: Path) -> None:
+    params = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, top_k=50, seed=1234)
+    alone = engine(checkpoint).generate(["Hello there"], params)[0]
+    batched = engine(checkpoint).generate(["Hello there", "other prompt", "Hello there"], params)
+    assert batched[0].token_ids == alone.token_ids == batched[2].token_ids
+    other = engine(checkpoint).generate(
+        ["Hello there"], SamplingParams(max_tokens=10, temperature=1.0, seed=99)
+    )[0]
+    assert other.token_ids != alone.token_ids
+
+
+def test_unseeded_requests_follow_the_engine_seed(checkpoint: Path) -> None:
+    params = SamplingParams(max_tokens=8, temperature=1.0)
+    first = [o.token_ids for o in engine(checkpoint, seed=5).generate(PROMPTS, params)]
+    again = [o.token_ids for o in engine(checkpoint, seed=5).generate(PROMPTS, params)]
+    assert first == again
+
+
+def test_stop_token_ids_and_stop_strings(checkpoint: Path, hf_greedy: list[list[int]]) -> None:
+    llm = engine(checkpoint)
+    greedy = hf_greedy[0]
+    stop_id = greedy[4]
+    out = llm.generate(
+        ["Hello there"], SamplingParams(max_tokens=MAX_TOKENS, temperature=0, stop_token_ids=(stop_id,))
+    )[0]
+    assert out.finish_reason == "stop"
+    assert list(out.token_ids) == greedy[: greedy.index(stop_id) + 1]
+
+    full_text = llm.engine.tokenizer.decode(greedy)
+    stop = full_text[len(full_text) // 2 : len(full_text) // 2 + 2]
+    out = llm.generate(["Hello there"], SamplingParams(max_tokens=MAX_TOKENS, temperature=0, stop=(stop,)))[0]
+    assert out.finish_reason == "stop"
+    assert out.text == full_text[: full_text.index(stop)]
+
+
+def test_eos_stops_unless_ignored(checkpoint: Path, hf_greedy: list[list[int]]) -> None:
+    # Rewrite the checkpoint's EOS to a token greedy decoding emits, then expect a STOP there.
+    greedy = hf_greedy[3]
+    config = json.loads((checkpoint / "config.json").read_text())
+    folder = checkpoint.parent / "eos-variant"
+    folder.mkdir(exist_ok=True)
+    for item in checkpoint.iterdir():
+        (folder / item.name).write_bytes(item.read_bytes())
+    (folder / "config.json").write_text(json.dumps(config | {"eos_token_id": greedy[2]}))
+    llm = engine(folder)
+    stopped = llm.generate([PROMPTS[3]], SamplingParams(max_tokens=MAX_TOKENS, temperature=0))[0]
+    assert (
+        stopped.finish_reason == "stop" and list(stopped.token_ids) == greedy[: greedy.index(greedy[2]) + 1]
+    )
+    ignored = llm.generate([PROMPTS[3]], GREEDY)[0]
+    assert list(ignored.token_ids) == greedy
+
+
+def test_logprobs_are_of_the_chosen_tokens(checkpoint: Path) -> None:
+    out = engine(checkpoint).generate(["Hello"], SamplingParams(max_tokens=5, temperature=0, logprobs=True))[
+        0
+    ]
+    assert out.logprobs is not None and len(out.logprobs) == 5
+    assert all(lp <= 0 for lp in out.logprobs)
+
+
+def test_token_id_prompts(checkpoint: Path, hf_greedy: list[list[int]]) -> None:
+    llm = engine(checkpoint)
+    ids = llm.engine.tokenizer.encode(PROMPTS[0])
+    out = llm.generate([ids], GREEDY)[0]
+    assert list(out.prompt_token_ids) == ids and list(out.token_ids) == hf_greedy[0] and out.prompt is None
+
+
+def test_bad_requests_raise_and_leave_nothing_allocated(checkpoint: Path) -> None:
+    llm = engine(checkpoint, max_model_len=64)
+    eng = llm.engine
+    with pytest.raises(ValueError, match="context"):
+        eng.add_request(prompt_token_ids=[5] * 64)
+    with pytest.raises(ValueError, match="max_model_len"):
+        eng.add_request(prompt_token_ids=[5] * 10, sampling_params=SamplingParams(max_tokens=60))
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    with pytest.raises(ValueError, match="empty"):
+        eng.add_request(prompt_token_ids=[])
+    with pytest.raises(ValueError, match="token ids"):
+        eng.add_request(prompt_token_ids=[10**6])
+    with pytest.raises(ValueError, match="context"):  # a bad prompt in a batch aborts the good ones
+        llm.generate(["ok", "x " * 200], GREEDY)
+    assert not eng.has_unfinished_requests()
+    assert eng.scheduler.block_manager.num_used_blocks == 0
+    assert llm.generate(["ok"], SamplingParams(max_tokens=3))[0].finish_reason == "length"
+
+
+def test_abort_frees_blocks(checkpoint: Path) -> None:
+    eng = engine(checkpoint).engine
+    rid = eng.add_request(prompt="Hello there", sampling_params=GREEDY)
+    eng.step()
+    assert eng.scheduler.block_manager.num_used_blocks > 0
+    eng.abort_request(rid)
+    assert not eng.has_unfinished_requests()
+    assert eng.scheduler.block_manager.num_used_blocks == 0
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda d: (d / "config.json").unlink(), "no config.json"),
+        (
+            lambda d: (d / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]})),
+            "GPT2LMHeadModel",
+        ),
+        (lambda d: (d / "model.safetensors").unlink(), "no model.safetensors"),
+    ],
+    ids=["no-config", "unsupported-architecture", "no-weights"],
+)
+def test_bad_model_folders(checkpoint: Path, tmp_path: Path, setup: object, message: str) -> None:
+    for item in checkpoint.iterdir():
+        (tmp_path / item.name).write_bytes(item.read_bytes())
+    setup(tmp_path)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=message):
+        LLMEngine(str(tmp_path), dtype="float32", num_blocks=8)
+
+
+def test_sharded_checkpoint_loads_and_missing_shard_is_named(checkpoint: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(checkpoint / "model.safetensors"))
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, shard_names in shards.items():
+        save_file({n: tensors[n] for n in shard_names}, str(tmp_path / shard), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {n: s for s, ns in shards.items() for n in ns}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((checkpoint / name).read_bytes())
+    sharded = LLM(str(tmp_path), dtype="float32", num_blocks=64).generate(["Hello there"], GREEDY)[0]
+    single = engine(checkpoint).generate(["Hello there"], GREEDY)[0]
+    assert sharded.token_ids == single.token_ids
+    (tmp_path / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(ValueError, match="model-00002-of-00002"):
+        LLMEngine(str(tmp_path), dtype="float32", num_blocks=8)
