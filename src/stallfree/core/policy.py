@@ -18,12 +18,27 @@ class registered in :data:`POLICIES`; the scheduler loop never changes.
 from __future__ import annotations
 
 import abc
+import enum
 from typing import TYPE_CHECKING, ClassVar
 
+from stallfree.core.plan import StepPlan
 from stallfree.core.request import Request
 
 if TYPE_CHECKING:
     from stallfree.core.scheduler import SchedulerConfig, StepContext
+
+
+class Steadiness(enum.Enum):
+    """Whether the next step repeats a plan when nothing but time changes (the simulator's fast path).
+
+    *Repeats* means: the same requests, the same chunk sizes, each chunk starting where the
+    previous one ended. The scheduler itself checks the rest (no request finishes, no prompt
+    chunk reaches its last token, KV blocks suffice; see :meth:`Scheduler.steady_run`).
+    """
+
+    NONE = "none"  # the next plan may differ: schedule it
+    UNTIL_ARRIVAL = "until-arrival"  # repeats until a request arrives
+    IGNORES_ARRIVALS = "ignores-arrivals"  # repeats even if requests arrive (they only queue)
 
 
 class Policy(abc.ABC):
@@ -39,6 +54,19 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def schedule(self, ctx: StepContext) -> None:
         """Fill one step through ``ctx``."""
+
+    def steadiness(self, plan: StepPlan, num_running: int) -> Steadiness:
+        """Whether the next step repeats ``plan`` (see :class:`Steadiness`).
+
+        Only a speed-up: the default, ``NONE``, is always correct. ``num_running`` counts the
+        running requests after ``plan`` was built.
+        """
+        return Steadiness.NONE
+
+    @staticmethod
+    def _decodes_everything(plan: StepPlan, num_running: int) -> bool:
+        """Every running request decodes one token in ``plan``, and nothing else runs."""
+        return len(plan.chunks) == num_running and all(c.is_decode for c in plan.chunks)
 
     @staticmethod
     def _decode_all(ctx: StepContext) -> None:
@@ -115,6 +143,23 @@ class ChunkedPolicy(Policy):
                 return
             budget -= admitted
 
+    def steadiness(self, plan: StepPlan, num_running: int) -> Steadiness:
+        # Only decodes: a waiting head not admitted now stays out (slots and free blocks only
+        # shrink while nothing finishes), but a new arrival may fit.
+        if self._decodes_everything(plan, num_running):
+            return Steadiness.UNTIL_ARRIVAL
+        # Decodes plus one prompt chunk that used up the budget: the same prompt gets the same
+        # leftover next step (the scheduler checks it does not reach its last token); arrivals
+        # find no budget left and only queue.
+        prompt_chunks = [c for c in plan.chunks if not c.is_decode]
+        if len(prompt_chunks) != 1:
+            return Steadiness.NONE
+        if self.chunk_tokens is not None:
+            full = prompt_chunks[0].num_tokens == self.chunk_tokens
+        else:
+            full = plan.num_tokens == self.token_budget
+        return Steadiness.IGNORES_ARRIVALS if full else Steadiness.NONE
+
 
 class PrefillFirstPolicy(Policy):
     """Waiting prompts first, whole, in their own step; then one decode step for all."""
@@ -130,6 +175,11 @@ class PrefillFirstPolicy(Policy):
         if ctx.waiting and self._admit_whole(ctx, self.max_num_batched_tokens):
             return
         self._decode_all(ctx)
+
+    def steadiness(self, plan: StepPlan, num_running: int) -> Steadiness:
+        # A decode step means the waiting head did not fit; it keeps not fitting until
+        # something finishes, but a new arrival may fit.
+        return Steadiness.UNTIL_ARRIVAL if self._decodes_everything(plan, num_running) else Steadiness.NONE
 
 
 class DecodeFirstPolicy(Policy):
@@ -147,6 +197,12 @@ class DecodeFirstPolicy(Policy):
             self._decode_all(ctx)
         else:
             self._admit_whole(ctx, self.max_num_batched_tokens)
+
+    def steadiness(self, plan: StepPlan, num_running: int) -> Steadiness:
+        # Prompts wait while anything runs, so arrivals change nothing until a request finishes.
+        if self._decodes_everything(plan, num_running):
+            return Steadiness.IGNORES_ARRIVALS
+        return Steadiness.NONE
 
 
 POLICIES: dict[str, type[Policy]] = {

@@ -18,14 +18,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from stallfree.core.block_manager import BlockManager
 from stallfree.core.plan import ScheduledChunk, StepPlan, StepResult
+from stallfree.core.policy import Policy, Steadiness
 from stallfree.core.request import FinishReason, Request
-
-if TYPE_CHECKING:
-    from stallfree.core.policy import Policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,10 +311,95 @@ class Scheduler:
             elif seq.num_output_tokens >= seq.request.max_tokens:
                 finished.append((rid, FinishReason.LENGTH))
         if finished:
-            for rid, _ in finished:
-                del running[rid]
-                self._known_ids.discard(rid)
-                self.block_manager.free(rid)
-                self._freed.append(rid)
-            self._running = [s for s in self._running if s.request_id in running]
+            self._finish(finished)
+        return StepEvents(tuple(new_tokens), tuple(finished))
+
+    def _finish(self, finished: list[tuple[str, FinishReason]]) -> None:
+        running = self._running_by_id
+        for rid, _ in finished:
+            del running[rid]
+            self._known_ids.discard(rid)
+            self.block_manager.free(rid)
+            self._freed.append(rid)
+        self._running = [s for s in self._running if s.request_id in running]
+
+    # -- steady runs (the simulator's fast path) ------------------------------------------
+    def steady_run(self, plan: StepPlan) -> tuple[int, bool]:
+        """How many steps in a row ``plan`` runs, this one included, if nothing arrives.
+
+        Call it right after :meth:`schedule` returned ``plan``. The count stops at the step in
+        which a request finishes, before any prompt chunk would reach its last token, and
+        before the running requests would need more KV blocks than are free. The flag says
+        whether an arrival would end the run sooner (then the driver cuts it at the first step
+        that starts at or after the arrival). Returns ``(1, False)`` when the policy says the
+        plan does not repeat (:meth:`Policy.steadiness`).
+        """
+        steadiness = self.policy.steadiness(plan, len(self._running))
+        if steadiness is Steadiness.NONE or plan.preempted_request_ids:
+            return 1, False
+        running = self._running_by_id
+        num_steps = 1 << 62
+        for chunk in plan.chunks:
+            seq = running[chunk.request_id]
+            if chunk.is_decode:
+                num_steps = min(num_steps, seq.request.max_tokens - seq.num_output_tokens)
+            else:
+                # Steps 1..k run without reaching the last token: u - k * c >= 1.
+                num_steps = min(num_steps, (seq.num_uncomputed_tokens - 1) // chunk.num_tokens)
+        if num_steps > 1 and self.block_manager.num_blocks is not None:
+            num_steps = self._steps_within_free_blocks(plan, num_steps)
+        return max(num_steps, 1), steadiness is Steadiness.UNTIL_ARRIVAL
+
+    def _steps_within_free_blocks(self, plan: StepPlan, num_steps: int) -> int:
+        """The largest k <= num_steps whose steps 2..k find their new blocks free."""
+        bm = self.block_manager
+        free = bm.num_free_blocks or 0
+        bs = bm.block_size
+
+        def extra_blocks(k: int) -> int:
+            return sum(
+                -(-(c.num_computed_tokens + k * c.num_tokens) // bs)
+                + ((c.num_computed_tokens + c.num_tokens) // -bs)
+                for c in plan.chunks
+            )
+
+        # ceil((a + k c) / bs) - ceil((a + c) / bs) <= ceil((k - 1) c / bs): usually enough.
+        if sum(-(-(num_steps - 1) * c.num_tokens // bs) for c in plan.chunks) <= free:
+            return num_steps
+        low, high = 1, num_steps  # extra_blocks(1) == 0 <= free; find the largest k that fits
+        while low < high:
+            mid = (low + high + 1) // 2
+            if extra_blocks(mid) <= free:
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
+    def update_steady(self, plan: StepPlan, num_steps: int) -> StepEvents:
+        """Apply ``num_steps`` runs of ``plan`` at once, as that many :meth:`update_from_output`
+        calls (with the plans :meth:`schedule` would have made in between) would.
+
+        ``num_steps`` must not exceed :meth:`steady_run`'s count. The blocks of steps 2.. are
+        allocated here, not announced in a plan: for drivers whose executor keeps no block
+        tables (the simulator). ``new_token_request_ids`` lists each decode once; it got one
+        token per step.
+        """
+        if num_steps == 1:
+            return self.update_from_output(plan, StepResult(0.0))
+        new_tokens: list[str] = []
+        finished: list[tuple[str, FinishReason]] = []
+        running = self._running_by_id
+        bm = self.block_manager
+        for chunk in plan.chunks:
+            rid = chunk.request_id
+            seq = running[rid]
+            seq.num_computed_tokens = chunk.num_computed_tokens + num_steps * chunk.num_tokens
+            bm.allocate(rid, seq.num_computed_tokens)
+            if chunk.is_decode:
+                seq.num_output_tokens += num_steps
+                new_tokens.append(rid)
+                if seq.num_output_tokens >= seq.request.max_tokens:
+                    finished.append((rid, FinishReason.LENGTH))
+        if finished:
+            self._finish(finished)
         return StepEvents(tuple(new_tokens), tuple(finished))

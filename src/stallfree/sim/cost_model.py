@@ -209,6 +209,29 @@ class CostModel:
         durations: npt.NDArray[np.float64] = np.maximum(compute_s, memory_s) + self._comm_s(num_seqs)
         return durations + self._overhead_s
 
+    def steady_durations(self, plan: StepPlan, num_steps: int) -> npt.NDArray[np.float64]:
+        """Durations of ``num_steps`` steps that repeat ``plan``, each chunk starting where it ended
+        the step before (a scheduler's steady run). Element ``j`` equals :meth:`step_time_s` of the
+        plan shifted by ``j`` steps, exactly (same operations in the same order).
+        """
+        if num_steps < 0:
+            raise ValueError(f"num_steps must be >= 0, got {num_steps}")
+        num_tokens, num_samples, num_keys, num_context = self._sums(plan)
+        if num_tokens == 0:
+            return np.zeros(num_steps)
+        steps = np.arange(num_steps, dtype=np.int64)
+        # Shifting a chunk of n tokens by n adds n * n query-key pairs and n earlier tokens.
+        keys = num_keys + (0 if self._is_seed else sum(c.num_tokens**2 for c in plan.chunks)) * steps
+        context = num_context + (0 if self._is_seed else num_tokens) * steps
+        flops = self._flops_per_token * num_tokens + self._flops_per_sample * num_samples
+        flops_per_step = flops + self._flops_per_key * keys
+        fixed_bytes = self._weight_bytes + (self._lm_head_bytes if num_samples else 0.0)
+        bytes_moved = fixed_bytes + self._kv_bytes_per_token * (context + num_tokens)
+        compute_s = flops_per_step / self._peak_flops_per_s
+        memory_s = bytes_moved / self._bandwidth_bytes_per_s
+        durations: npt.NDArray[np.float64] = np.maximum(compute_s, memory_s) + self._comm_s(num_tokens)
+        return durations + self._overhead_s
+
     def kv_capacity_tokens(self, mem_utilization: float = 0.9) -> int:
         """KV-cache tokens that fit per replica once the weights are loaded (0 if they do not fit).
 

@@ -1,0 +1,302 @@
+"""Continuous traffic on a simulated clock, fast: the driver behind ``stallfree simulate``.
+
+Requests arrive over time, the shared :class:`~stallfree.core.Scheduler` plans each step, a
+cost model prices it, and the clock moves. Unlike :mod:`stallfree.sim.simulator` (every token
+time kept, for single scenarios) this driver keeps aggregates that stay in flat memory: one
+:class:`~stallfree.metrics.RequestRecord` per finished request, inter-token latencies as
+weighted samples (one entry per step: the gap and how many streams saw it), and state only for
+requests still in flight.
+
+Fast path: most steps repeat the previous one (the same decodes, one prompt chunk of the same
+size), differing only in context length. :meth:`Scheduler.steady_run` says how many steps a plan
+runs in a row before something other than time changes (a request finishes, a prompt reaches
+its last chunk, KV blocks run short, or, for some plans, a request arrives); the driver prices
+them all at once with :meth:`CostModel.steady_durations` and applies them with
+:meth:`Scheduler.update_steady`. Invariant: ``fast=True`` gives the same records and ITL samples
+as ``fast=False`` (one :meth:`Scheduler.schedule` per step); the clock is summed step by step in
+the same order, so the times are equal bit for bit.
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from stallfree.core import Request, Scheduler, StepPlan, StepResult
+from stallfree.metrics import ItlAccumulator, RequestRecord
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class StepCostModel(Protocol):
+    """What the driver needs from a cost model (:class:`~stallfree.sim.cost_model.CostModel`)."""
+
+    def step_time_s(self, plan: StepPlan) -> float: ...
+
+    def steady_durations(self, plan: StepPlan, num_steps: int) -> FloatArray: ...
+
+
+@dataclass(slots=True)
+class StepTrace:
+    """Per-run columns: one row per scheduled plan, which ran ``num_steps`` times in a row.
+
+    ``num_decode_tokens`` / ``num_prefill_tokens`` are per step; ``num_running``,
+    ``num_waiting`` and ``kv_blocks_used`` are read after the last step of the row.
+    """
+
+    start_s: array[float] = field(default_factory=lambda: array("d"))
+    end_s: array[float] = field(default_factory=lambda: array("d"))
+    num_steps: array[int] = field(default_factory=lambda: array("q"))
+    num_decode_tokens: array[int] = field(default_factory=lambda: array("q"))
+    num_prefill_tokens: array[int] = field(default_factory=lambda: array("q"))
+    num_running: array[int] = field(default_factory=lambda: array("q"))
+    num_waiting: array[int] = field(default_factory=lambda: array("q"))
+    kv_blocks_used: array[int] = field(default_factory=lambda: array("q"))
+
+    def __len__(self) -> int:
+        return len(self.start_s)
+
+
+@dataclass(slots=True)
+class TrafficRun:
+    """What :func:`run_traffic` measured. ``records`` are in finishing order, rejected ones first
+    at their arrival; ``rejected_reasons`` counts rejections by reason (numbers replaced by N)."""
+
+    records: list[RequestRecord]
+    itl: ItlAccumulator
+    duration_s: float
+    num_steps: int
+    num_plans: int
+    num_preemptions: int
+    rejected_reasons: dict[str, int]
+    steps: StepTrace | None
+
+
+class _Live:
+    """A request in flight, as the metrics need it."""
+
+    __slots__ = (
+        "arrival_s",
+        "first_scheduled_s",
+        "first_token_s",
+        "last_token_s",
+        "max_itl_s",
+        "num_output_tokens",
+        "num_preemptions",
+        "num_prompt_tokens",
+    )
+
+    def __init__(self, request: Request) -> None:
+        self.arrival_s = request.arrival_time_s
+        self.num_prompt_tokens = request.num_prompt_tokens
+        self.first_scheduled_s: float | None = None
+        self.first_token_s: float | None = None
+        self.last_token_s = 0.0
+        self.max_itl_s = 0.0
+        self.num_output_tokens = 0
+        self.num_preemptions = 0
+
+
+_NUMBER = re.compile(r"\d+(\.\d+)?")
+
+
+def run_traffic(
+    scheduler: Scheduler,
+    cost_model: StepCostModel,
+    requests: Iterable[Request],
+    *,
+    fast: bool = True,
+    keep_steps: bool = False,
+) -> TrafficRun:
+    """Run ``requests`` (ordered by ``arrival_time_s``) through ``scheduler`` until all are done.
+
+    The clock starts at 0. Requests the scheduler rejects become records with finish reason
+    ``rejected``. ``keep_steps`` keeps a :class:`StepTrace` (for figures and Perfetto traces).
+    """
+    pending = iter(requests)
+    upcoming = next(pending, None)
+    live: dict[str, _Live] = {}
+    records: list[RequestRecord] = []
+    rejected: dict[str, int] = {}
+    itl = ItlAccumulator()
+    trace = StepTrace() if keep_steps else None
+    clock = 0.0
+    num_steps = num_plans = num_preemptions = 0
+    last_arrival_s = 0.0
+    while True:
+        while upcoming is not None and upcoming.arrival_time_s <= clock:
+            if upcoming.arrival_time_s < last_arrival_s:
+                raise ValueError(f"request {upcoming.request_id} arrives before the one before it")
+            last_arrival_s = upcoming.arrival_time_s
+            reason = scheduler.add_request(upcoming)
+            if reason is None:
+                live[upcoming.request_id] = _Live(upcoming)
+            else:
+                records.append(_rejected_record(upcoming))
+                key = _NUMBER.sub("N", reason)
+                rejected[key] = rejected.get(key, 0) + 1
+            upcoming = next(pending, None)
+        plan = scheduler.schedule()
+        if not plan.chunks:
+            if upcoming is None:
+                if scheduler.has_unfinished_requests():  # pragma: no cover - a scheduler bug
+                    raise RuntimeError("the scheduler has requests but plans nothing")
+                break
+            clock = max(clock, upcoming.arrival_time_s)
+            continue
+        for rid in plan.preempted_request_ids:
+            live[rid].num_preemptions += 1
+            num_preemptions += 1
+        start = clock
+        steps, until_arrival = scheduler.steady_run(plan) if fast else (1, False)
+        if steps == 1:
+            ends: FloatArray | None = None
+            clock = start + cost_model.step_time_s(plan)
+            events = (
+                scheduler.update_steady(plan, 1)
+                if fast
+                else scheduler.update_from_output(plan, StepResult(clock - start))
+            )
+            first_end = clock
+        else:
+            next_arrival_s = upcoming.arrival_time_s if until_arrival and upcoming is not None else None
+            ends = _steady_ends(cost_model, plan, start, steps, next_arrival_s)
+            steps = len(ends)
+            first_end = float(ends[0])
+            clock = float(ends[-1])
+            events = scheduler.update_steady(plan, steps)
+        num_steps += steps
+        num_plans += 1
+        _record_tokens(plan, live, itl, start, first_end, ends)
+        for rid, finish_reason in events.finished:
+            records.append(_finished_record(rid, live.pop(rid), clock, finish_reason.value))
+        if trace is not None:
+            _trace_row(trace, scheduler, plan, start, clock, steps)
+    return TrafficRun(
+        records=records,
+        itl=itl,
+        duration_s=clock,
+        num_steps=num_steps,
+        num_plans=num_plans,
+        num_preemptions=num_preemptions,
+        rejected_reasons=rejected,
+        steps=trace,
+    )
+
+
+def _steady_ends(
+    cost_model: StepCostModel, plan: StepPlan, start: float, steps: int, next_arrival_s: float | None
+) -> FloatArray:
+    """End times of the steady run's steps, summed one by one from ``start`` like the slow path,
+    cut before the first step that would start at or after ``next_arrival_s``."""
+    wanted = steps
+    if next_arrival_s is not None:
+        # Durations never shrink along a steady run (contexts only grow), so the first one
+        # bounds how many steps fit before the arrival; price only those (plus a margin).
+        first_s = cost_model.step_time_s(plan)
+        wanted = min(steps, int((next_arrival_s - start) / first_s) + 2)
+    while True:
+        durations = cost_model.steady_durations(plan, wanted)
+        ends: FloatArray = np.cumsum(np.concatenate(([start], durations)))[1:]
+        if next_arrival_s is None:
+            return ends
+        # Step j >= 2 starts at ends[j - 2]; it runs only if it starts before the arrival.
+        num = 1 + int(np.searchsorted(ends[:-1], next_arrival_s, side="left"))
+        if num < wanted or wanted == steps:
+            return ends[:num]
+        wanted = min(steps, 2 * wanted)  # float rounding beat the margin: price more
+
+
+def _record_tokens(
+    plan: StepPlan,
+    live: dict[str, _Live],
+    itl: ItlAccumulator,
+    start: float,
+    first_end: float,
+    ends: FloatArray | None,
+) -> None:
+    """Timestamp the tokens of one plan run once (``ends`` None) or ``len(ends)`` times."""
+    num_continuous = 0  # streams whose previous token came at the end of the previous step
+    samplers: list[_Live] = []
+    for chunk in plan.chunks:
+        state = live[chunk.request_id]
+        if state.first_scheduled_s is None:
+            state.first_scheduled_s = start
+        if chunk.num_computed_tokens + chunk.num_tokens != chunk.num_known_tokens:
+            continue  # a prompt chunk short of the last token: no token yet
+        samplers.append(state)
+        if state.num_output_tokens == 0:
+            state.first_token_s = first_end
+        elif state.last_token_s == start:
+            num_continuous += 1
+            if first_end - start > state.max_itl_s:
+                state.max_itl_s = first_end - start
+        else:
+            gap_s = first_end - state.last_token_s
+            itl.add(gap_s)
+            if gap_s > state.max_itl_s:
+                state.max_itl_s = gap_s
+        state.num_output_tokens += 1
+        state.last_token_s = first_end
+    if num_continuous:
+        itl.add(first_end - start, num_continuous)
+    if ends is None or len(ends) == 1 or not samplers:
+        return
+    # Steps 2..k of a steady run: every sampler is a decode that got a token the step before.
+    gaps_s = np.diff(ends)
+    itl.add_many(gaps_s, len(samplers))
+    longest_s = float(gaps_s.max())
+    last_s = float(ends[-1])
+    more = len(gaps_s)
+    for state in samplers:
+        state.num_output_tokens += more
+        state.last_token_s = last_s
+        if longest_s > state.max_itl_s:
+            state.max_itl_s = longest_s
+
+
+def _finished_record(request_id: str, state: _Live, finish_s: float, reason: str) -> RequestRecord:
+    return RequestRecord(
+        request_id=request_id,
+        arrival_s=state.arrival_s,
+        first_scheduled_s=state.first_scheduled_s,
+        first_token_s=state.first_token_s,
+        finish_s=finish_s,
+        num_prompt_tokens=state.num_prompt_tokens,
+        num_output_tokens=state.num_output_tokens,
+        max_itl_s=state.max_itl_s,
+        num_preemptions=state.num_preemptions,
+        finish_reason=reason,
+    )
+
+
+def _rejected_record(request: Request) -> RequestRecord:
+    return RequestRecord(
+        request_id=request.request_id,
+        arrival_s=request.arrival_time_s,
+        first_token_s=None,
+        finish_s=request.arrival_time_s,
+        num_prompt_tokens=request.num_prompt_tokens,
+        num_output_tokens=0,
+        finish_reason="rejected",
+    )
+
+
+def _trace_row(
+    trace: StepTrace, scheduler: Scheduler, plan: StepPlan, start: float, end: float, steps: int
+) -> None:
+    num_decode = plan.num_decode_tokens
+    trace.start_s.append(start)
+    trace.end_s.append(end)
+    trace.num_steps.append(steps)
+    trace.num_decode_tokens.append(num_decode)
+    trace.num_prefill_tokens.append(plan.num_tokens - num_decode)
+    trace.num_running.append(scheduler.num_running)
+    trace.num_waiting.append(scheduler.num_waiting)
+    trace.kv_blocks_used.append(scheduler.block_manager.num_used_blocks)
