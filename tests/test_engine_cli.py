@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
-
 from stallfree.cli import main
 
 TINY = ["--model", "random:tiny", "--dtype", "float32", "--num-blocks", "64"]

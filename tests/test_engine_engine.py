@@ -10,15 +10,14 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+import transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from stallfree.core import SamplingParams  # noqa: E402
-from stallfree.engine import LLM, LLMEngine  # noqa: E402
-from stallfree.engine.random_models import random_spec  # noqa: E402
-from stallfree.engine.tokenizer import random_tokenizer  # noqa: E402
-from stallfree.engine.weights import build_random_model, save_pretrained  # noqa: E402
+from stallfree.core import SamplingParams
+from stallfree.engine import LLM, LLMEngine
+from stallfree.engine.random_models import random_spec
+from stallfree.engine.tokenizer import random_tokenizer
+from stallfree.engine.weights import build_random_model, save_pretrained
 
 PROMPTS = ["Hello there", "kalo mefi tu ba " * 6, "a", "the quick brown fox jumps over"]
 MAX_TOKENS = 12
@@ -55,7 +54,7 @@ def hf_greedy(checkpoint: Path) -> list[list[int]]:
 def engine(checkpoint: Path, **kwargs: object) -> LLM:
     options: dict[str, object] = {"dtype": "float32", "device": "cpu", "block_size": 4, "num_blocks": 256}
     options.update(kwargs)
-    return LLM(str(checkpoint), **options)  # type: ignore[arg-type]
+    return LLM(str(checkpoint), **options)
 
 
 @pytest.mark.parametrize(
@@ -90,7 +89,9 @@ def test_streaming_outputs_add_up(checkpoint: Path) -> None:
         str(checkpoint), dtype="float32", block_size=4, num_blocks=64, policy="chunked", token_budget=8
     )
     rid = eng.add_request(prompt="Hello there", sampling_params=GREEDY)
-    pieces, ids, final = [], [], None
+    pieces: list[str] = []
+    ids: list[int] = []
+    final = None
     steps = 0
     while eng.has_unfinished_requests():
         for out in eng.step():

@@ -17,17 +17,16 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
+import transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from stallfree.core import ScheduledChunk, StepPlan  # noqa: E402
-from stallfree.engine.kv_cache import KVCache  # noqa: E402
-from stallfree.engine.model import LlamaModel  # noqa: E402
-from stallfree.engine.random_models import random_spec  # noqa: E402
-from stallfree.engine.runner import ModelRunner  # noqa: E402
-from stallfree.engine.tokenizer import random_tokenizer  # noqa: E402
-from stallfree.engine.weights import build_random_model, load_model, save_pretrained  # noqa: E402
+from stallfree.core import ScheduledChunk, StepPlan
+from stallfree.engine.kv_cache import KVCache
+from stallfree.engine.model import LlamaModel
+from stallfree.engine.random_models import random_spec
+from stallfree.engine.runner import ModelRunner
+from stallfree.engine.tokenizer import random_tokenizer
+from stallfree.engine.weights import build_random_model, load_model, save_pretrained
 
 ATOL = 1e-4
 TINY = random_spec("tiny")

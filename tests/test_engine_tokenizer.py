@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from stallfree.core import SamplingParams  # noqa: E402
-from stallfree.engine.sampler import sample  # noqa: E402
-from stallfree.engine.tokenizer import (  # noqa: E402
+from stallfree.core import SamplingParams
+from stallfree.engine.sampler import sample
+from stallfree.engine.tokenizer import (
     RANDOM_BOS_ID,
     detokenize_incrementally,
     random_tokenizer,
