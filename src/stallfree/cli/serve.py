@@ -1,0 +1,99 @@
+"""``stallfree serve``: the engine behind an OpenAI-compatible HTTP API."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from stallfree.cli.common import positive_int
+from stallfree.core import POLICIES
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)",
+        description=(
+            "Load a model into the PyTorch engine and serve /v1/completions, /v1/chat/completions (streaming "
+            "or not), /v1/models, /health and Prometheus /metrics. One engine thread steps the shared "
+            "scheduler; a client that disconnects mid-stream frees its KV blocks at once."
+        ),
+    )
+    p.add_argument(
+        "--model", default="random:small", help="random:<preset> or a HF model folder (default %(default)s)"
+    )
+    p.add_argument("--served-model-name", help="the name clients ask for (default: --model)")
+    p.add_argument(
+        "--policy", choices=POLICIES, default="chunked", help="scheduling policy (default %(default)s)"
+    )
+    p.add_argument("--token-budget", type=positive_int, help="tokens per step (chunked default 512)")
+    p.add_argument(
+        "--chunk-tokens", type=positive_int, help="chunked: prompt tokens per step instead of a budget"
+    )
+    p.add_argument(
+        "--max-num-seqs",
+        type=positive_int,
+        default=256,
+        help="running requests at most (default %(default)s)",
+    )
+    p.add_argument("--max-model-len", type=positive_int, help="context length (default: the model's)")
+    p.add_argument(
+        "--num-blocks", type=positive_int, help="KV-cache blocks (default: sized from free memory)"
+    )
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default %(default)s)")
+    p.add_argument("--device", help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--seed", type=int, default=0, help="seed of random weights and unseeded sampling")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default %(default)s: this machine only)"
+    )
+    p.add_argument("--port", type=int, default=8000, help="port (default %(default)s; 0 picks a free one)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 routes")
+    p.add_argument(
+        "--max-waiting-requests",
+        type=positive_int,
+        default=256,
+        help="requests waiting for a first token before new ones get 429 (default %(default)s)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=("critical", "error", "warning", "info", "debug"),
+        help="uvicorn logs",
+    )
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stallfree.server.runner import bind, build_server, serve
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"port must be in 0..65535, got {args.port}")
+    sock = bind(args.host, args.port)  # before loading the model: a busy port fails fast
+    try:
+        app = build_server(
+            args.model,
+            served_model_name=args.served_model_name,
+            api_key=args.api_key,
+            max_waiting_requests=args.max_waiting_requests,
+            dtype=args.dtype,
+            device=args.device,
+            policy=args.policy,
+            token_budget=args.token_budget,
+            chunk_tokens=args.chunk_tokens,
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len,
+            num_blocks=args.num_blocks,
+            seed=args.seed,
+        )
+        host, port = sock.getsockname()[:2]
+        engine = app.state.engine_thread.engine
+        print(
+            f"stallfree serve: {args.served_model_name or args.model} ({args.policy}, context {engine.max_model_len}, "
+            f"{engine.scheduler.block_manager.num_blocks} KV blocks) on http://{host}:{port}",
+            file=sys.stderr,
+            flush=True,
+        )
+        serve(app, sock, args.log_level)
+    finally:
+        sock.close()
+    return 0

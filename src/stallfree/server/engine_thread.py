@@ -1,0 +1,301 @@
+"""One thread steps the engine; asyncio handlers talk to it through a thread-safe inbox.
+
+Invariants:
+
+- only the engine thread touches the :class:`~stallfree.engine.engine.LLMEngine` (and so the
+  scheduler and its KV blocks); handlers put :class:`_Add` / :class:`_Abort` commands in the
+  inbox, which the thread applies between steps, so an abort frees KV blocks before the next step;
+- each request's :class:`RequestStream` is fed on the event loop: one
+  ``loop.call_soon_threadsafe`` per step carries every output of that step;
+- every stream from :meth:`EngineThread.add` is handed back through :meth:`EngineThread.release`,
+  which aborts it if it has not finished (a client that went away);
+- a request the engine refuses fails alone (:class:`RequestRejected`); an exception from a step
+  kills the thread: every stream then fails with :class:`EngineDeadError`, new requests fail at
+  once, and :attr:`EngineThread.dead_reason` says why (``/health`` answers 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import queue
+import threading
+import time
+import traceback
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from stallfree.core import SamplingParams
+
+if TYPE_CHECKING:
+    from stallfree.engine.engine import LLMEngine
+    from stallfree.engine.requests import RequestOutput
+    from stallfree.server.metrics import ServerMetrics
+
+# How long an engine that has requests but cannot schedule any waits for a command.
+_STALLED_WAIT_S = 0.01
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped; no request can be served."""
+
+
+class RequestRejected(ValueError):
+    """The engine refused the request (it can never run under this configuration)."""
+
+
+class OverloadedError(RuntimeError):
+    """Too many requests are waiting for their first token."""
+
+
+class RequestStream:
+    """Outputs of one request, read by one handler on the event loop."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.accepted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.finished = False
+        self.has_output = False
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    def _put(self, item: RequestOutput | BaseException) -> None:
+        if isinstance(item, BaseException) and not self.accepted.done():
+            self.accepted.set_exception(item)
+        self._queue.put_nowait(item)
+
+    def _accept(self) -> None:
+        if not self.accepted.done():
+            self.accepted.set_result(None)
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        while not self.finished:
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                self.finished = True
+                raise item
+            self.finished = item.finished
+            self.has_output = True
+            yield item
+
+
+@dataclass(frozen=True, slots=True)
+class _Add:
+    stream: RequestStream
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    arrival_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Stop:
+    pass
+
+
+_Command = _Add | _Abort | _Stop
+
+
+class EngineThread:
+    """Owns the engine's thread. :meth:`add` / :meth:`release` are called on the event loop."""
+
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics, *, max_waiting_requests: int = 256) -> None:
+        if max_waiting_requests <= 0:
+            raise ValueError(f"max_waiting_requests must be positive, got {max_waiting_requests}")
+        self.engine = engine
+        self.metrics = metrics
+        self.max_waiting_requests = max_waiting_requests
+        self.dead_reason: str | None = None
+        # Held while checking health and queueing, and while dying: no request slips in unanswered.
+        self._lock = threading.Lock()
+        self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count()
+        # Event loop only: streams without a first token yet (what overload is measured by).
+        self._waiting: set[str] = set()
+        # Engine thread only.
+        self._streams: dict[str, RequestStream] = {}
+        self._arrival_s: dict[str, float] = {}
+        self._last_token_s: dict[str, float] = {}
+        self._num_preemptions_seen = 0
+
+    # -- lifecycle (event loop) ------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="stallfree-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._thread is not None:
+            self._inbox.put(_Stop())
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.dead_reason is None and self._thread is not None and self._thread.is_alive()
+
+    # -- requests (event loop) -------------------------------------------------------------
+
+    async def add(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> RequestStream:
+        """Queue a request and wait until the engine holds it; then iterate the stream.
+
+        Raises :class:`EngineDeadError`, :class:`OverloadedError` or :class:`RequestRejected`.
+        """
+        if len(self._waiting) >= self.max_waiting_requests:
+            raise OverloadedError(f"{len(self._waiting)} requests are already waiting for a first token")
+        stream = RequestStream(f"cmpl-{next(self._ids)}-{time.monotonic_ns():x}")
+        with self._lock:
+            if not self.is_healthy:
+                raise EngineDeadError(self.dead_reason or "the engine is not running")
+            self._inbox.put(_Add(stream, tuple(prompt_token_ids), params, time.perf_counter()))
+        self._waiting.add(stream.request_id)
+        try:
+            await stream.accepted
+        except BaseException:
+            self.release(stream)
+            raise
+        return stream
+
+    def release(self, stream: RequestStream) -> None:
+        """The handler is done with ``stream``: abort it if the engine is still running it."""
+        self._waiting.discard(stream.request_id)
+        if not stream.finished:
+            stream.finished = True
+            self._inbox.put(_Abort(stream.request_id))
+
+    def got_first_output(self, stream: RequestStream) -> None:
+        self._waiting.discard(stream.request_id)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    # -- the engine thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        stalled = False
+        try:
+            while True:
+                deliveries: list[Callable[[], None]] = []
+                busy = self.engine.has_unfinished_requests()
+                wait_s = (_STALLED_WAIT_S if stalled else 0.0) if busy else None
+                for command in self._take_commands(wait_s):
+                    if isinstance(command, _Stop):
+                        self._die("the server is shutting down")
+                        return
+                    if isinstance(command, _Abort):
+                        self._abort(command.request_id)
+                    else:
+                        self._add(command, deliveries)
+                stalled = False
+                if self.engine.has_unfinished_requests():
+                    before = self.engine.last_step
+                    self._after_step(self.engine.step(), deliveries)
+                    stalled = self.engine.last_step is before  # nothing could be scheduled
+                self._update_gauges()
+                self._deliver(deliveries)
+        except Exception as exc:
+            traceback.print_exc()
+            self._die(f"engine thread died: {type(exc).__name__}: {exc}")
+
+    def _die(self, reason: str) -> None:
+        """Fail every request the engine holds or has not read yet; refuse new ones."""
+        with self._lock:
+            self.dead_reason = reason
+            streams = list(self._streams.values())
+            streams += [c.stream for c in self._take_commands(0.0) if isinstance(c, _Add)]
+        self._streams.clear()
+        error = EngineDeadError(reason)
+        self._deliver([functools.partial(stream._put, error) for stream in streams])
+
+    def _take_commands(self, wait_s: float | None) -> list[_Command]:
+        """Every queued command; first waits up to ``wait_s`` for one (None: until one comes)."""
+        commands: list[_Command] = []
+        try:
+            if wait_s is None:
+                commands.append(self._inbox.get())
+            elif wait_s > 0:
+                commands.append(self._inbox.get(timeout=wait_s))
+            while True:
+                commands.append(self._inbox.get_nowait())
+        except queue.Empty:
+            pass
+        return commands
+
+    def _add(self, command: _Add, deliveries: list[Callable[[], None]]) -> None:
+        stream = command.stream
+        try:
+            self.engine.add_request(
+                stream.request_id,
+                prompt_token_ids=list(command.prompt_token_ids),
+                sampling_params=command.params,
+            )
+        except Exception as exc:  # a bad request fails alone; the engine keeps going
+            deliveries.append(functools.partial(stream._put, RequestRejected(str(exc))))
+            return
+        self._streams[stream.request_id] = stream
+        self._arrival_s[stream.request_id] = command.arrival_s
+        deliveries.append(stream._accept)
+
+    def _abort(self, request_id: str) -> None:
+        if self._streams.pop(request_id, None) is None:
+            return  # finished (or refused) already
+        self.engine.abort_request(request_id)
+        self.metrics.request_finished("abort")
+        self._forget(request_id)
+
+    def _after_step(self, outputs: list[RequestOutput], deliveries: list[Callable[[], None]]) -> None:
+        now_s = time.perf_counter()
+        for out in outputs:
+            rid = out.request_id
+            stream = self._streams.get(rid)
+            if stream is None:
+                continue
+            last_s = self._last_token_s.get(rid)
+            if last_s is None:
+                self.metrics.first_token(now_s - self._arrival_s[rid], len(out.prompt_token_ids))
+            else:
+                self.metrics.next_token(now_s - last_s)
+            self._last_token_s[rid] = now_s
+            self.metrics.generation_tokens.inc(len(out.new_token_ids))
+            deliveries.append(functools.partial(stream._put, out))
+            if out.finished:
+                self.metrics.request_finished(out.finish_reason or "stop")
+                del self._streams[rid]
+                self._forget(rid)
+
+    def _forget(self, request_id: str) -> None:
+        self._last_token_s.pop(request_id, None)
+        self._arrival_s.pop(request_id, None)
+
+    def _update_gauges(self) -> None:
+        scheduler = self.engine.scheduler
+        new_preemptions = scheduler.num_preemptions - self._num_preemptions_seen
+        self._num_preemptions_seen = scheduler.num_preemptions
+        self.metrics.update_engine(
+            num_running=scheduler.num_running,
+            num_waiting=scheduler.num_waiting,
+            num_used_blocks=scheduler.block_manager.num_used_blocks,
+            num_blocks=scheduler.block_manager.num_blocks,
+            new_preemptions=new_preemptions,
+        )
+
+    def _deliver(self, deliveries: list[Callable[[], None]]) -> None:
+        if not deliveries or self._loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # a closed loop: the server is shutting down
+            self._loop.call_soon_threadsafe(_run_all, deliveries)
+
+
+def _run_all(callbacks: list[Callable[[], None]]) -> None:
+    for callback in callbacks:
+        callback()

@@ -1,0 +1,182 @@
+"""The OpenAI wire format: pydantic request models, response and chunk bodies, error bodies.
+
+Request models accept OpenAI's fields plus the vLLM extras ``top_k`` and ``ignore_eos``; other
+fields are ignored, as vLLM does. Floats must be finite (``NaN`` or ``Infinity`` in a body is a
+400, never a sampler crash). Everything here is pure: no engine, no I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from stallfree.core import SamplingParams
+
+# Temperatures below this are greedy: dividing logits by ~0 overflows to inf (vLLM does the same).
+GREEDY_TEMPERATURE = 1e-5
+_MAX_SEED = 2**63 - 1
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Body):
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    n: int = Field(default=1, ge=1)
+    seed: int | None = Field(default=None, ge=0, le=_MAX_SEED)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0 if self.temperature < GREEDY_TEMPERATURE else self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop=tuple(s for s in stop if s),
+            ignore_eos=self.ignore_eos,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions``: one prompt (text or token ids); ``max_tokens`` defaults to 16."""
+
+    prompt: str | list[str] | list[int]
+    logprobs: int | None = None
+    echo: bool = False
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: str
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions``; ``max_tokens`` defaults to the rest of the context."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+
+
+class ServerError(Exception):
+    """An error answered as an OpenAI error body with ``status_code``."""
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+def error_body(status_code: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
+    kind = _ERROR_TYPES.get(status_code, "server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": status_code}}
+
+
+def usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": num_prompt_tokens,
+        "completion_tokens": num_output_tokens,
+        "total_tokens": num_prompt_tokens + num_output_tokens,
+    }
+
+
+def completion_body(
+    request_id: str, model: str, text: str, finish_reason: str | None, usage_: dict[str, int] | None
+) -> dict[str, Any]:
+    """A ``text_completion`` object: the whole answer, or one streamed chunk of it."""
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+        "usage": usage_,
+    }
+
+
+def chat_body(
+    request_id: str, model: str, text: str, finish_reason: str | None, usage_: dict[str, int]
+) -> dict[str, Any]:
+    message = {"role": "assistant", "content": text}
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
+        "usage": usage_,
+    }
+
+
+def chat_chunk(
+    request_id: str, model: str, delta: dict[str, str], finish_reason: str | None
+) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
+def usage_chunk(request_id: str, model: str, chat: bool, usage_: dict[str, int]) -> dict[str, Any]:
+    """The last chunk when ``stream_options.include_usage``: no choices, only usage."""
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return {
+        "id": request_id,
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+        "usage": usage_,
+    }

@@ -1,0 +1,99 @@
+"""Build a server from engine options, bind its socket, and run it (blocking or in a thread).
+
+The socket is bound before uvicorn starts, so a port in use is one clear ``ValueError`` and
+port 0 gives a free port whose number the caller can read (tests and benchmarks use that).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from stallfree.server.app import ServerConfig, build_app
+from stallfree.server.engine_thread import EngineThread
+from stallfree.server.metrics import ServerMetrics
+
+
+def build_server(
+    model: str = "random:small",
+    *,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    max_waiting_requests: int = 256,
+    **engine_kwargs: Any,
+) -> FastAPI:
+    """Load the engine (ValueError on bad options) and wrap it in the app; ``app.state.engine_thread``."""
+    from stallfree.engine.engine import LLMEngine
+
+    engine = LLMEngine(model, **engine_kwargs)
+    name = served_model_name or model
+    thread = EngineThread(engine, ServerMetrics(name), max_waiting_requests=max_waiting_requests)
+    return build_app(thread, ServerConfig(served_model_name=name, api_key=api_key))
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``; ValueError (one line) if it cannot be had."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ValueError(f"cannot resolve host {host!r}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def _uvicorn_server(app: FastAPI, log_level: str) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5, lifespan="on"
+    )
+    return uvicorn.Server(config)
+
+
+def serve(app: FastAPI, sock: socket.socket, log_level: str = "info") -> None:
+    """Serve until interrupted (Ctrl-C / SIGTERM)."""
+    _uvicorn_server(app, log_level).run(sockets=[sock])
+
+
+class ServerThread:
+    """Serve ``app`` on 127.0.0.1 (a free port unless given) in a background thread.
+
+    ``with ServerThread(app) as server: httpx.get(server.base_url + "/health")``
+    """
+
+    def __init__(
+        self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+    ) -> None:
+        self.app = app
+        self._sock = bind(host, port)
+        bound_host, bound_port = self._sock.getsockname()[:2]
+        self.base_url = f"http://{bound_host}:{bound_port}"
+        self._server = _uvicorn_server(app, log_level)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    def __enter__(self) -> ServerThread:
+        self._thread.start()
+        deadline_s = time.monotonic() + 60
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline_s:
+                raise RuntimeError("the server thread did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(30)
+        self._sock.close()
