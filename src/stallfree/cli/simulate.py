@@ -1,0 +1,326 @@
+"""``stallfree simulate``: continuous traffic through one or more policies, side by side."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stallfree.cli.common import UsageError, positive_int
+
+if TYPE_CHECKING:
+    from stallfree.sim import SimulationResult
+
+_DESCRIPTION = """\
+Simulate a serving replica under continuous traffic: requests arrive (Poisson, gamma, all at
+once, or replayed from a trace), the stall-free scheduler (or a baseline policy) plans each
+step under a token budget and the KV-cache memory, and a roofline cost model prices each step.
+Several policies (--policy a,b,c) run the same requests and print one table side by side.
+Metrics follow `vllm bench serve`: TTFT, TPOT, ITL, E2EL (mean/median/std/p90/p99, ms), plus
+the longest inter-token gap, scheduling delay, preemptions, rejections and goodput.
+KV capacity = GPU memory x TP x --gpu-memory-utilization - weights - an activation reserve.
+The default cost model is `full`: it charges attention over each chunk's earlier context and
+the KV-cache reads, which long contexts make significant; `seed` is the weights-only roofline.
+"""
+
+_EPILOG = """\
+examples:
+  stallfree simulate                                   # 1,000 arXiv-length requests at QPS 2
+  stallfree simulate --policy prefill-first,decode-first,chunked --qps 4 --lengths sharegpt
+  stallfree simulate --trace splitwise-conv --num-requests 5000 --model llama-3-70b \\
+      --hardware h100-sxm --tp 4 --json
+  stallfree simulate --workload gamma --qps 3 --burstiness 0.5 --lengths lognormal:2000,200 \\
+      --goodput ttft:500 tpot:50 --requests-out out/requests.csv --trace-out out/steps.json --plot out/
+lengths: a trace path or name (sharegpt, arxiv, bwb, splitwise-conv, splitwise-code),
+  fixed:P,O  uniform:PMIN-PMAX,OMIN-OMAX  lognormal:PMEDIAN,OMEDIAN[,SIGMA]
+"""
+
+DEFAULT_QPS = 2.0
+DEFAULT_LENGTHS = "arxiv"
+DEFAULT_NUM_REQUESTS = 1000
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="continuous traffic through the scheduler on a roofline clock: TTFT/TPOT/ITL by policy",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = p.add_argument_group("model and hardware")
+    g.add_argument("--model", default="llama-3-8b", help="preset or HF config.json (default %(default)s)")
+    g.add_argument("--hardware", default="a100-80gb", help="preset or hardware JSON (default %(default)s)")
+    g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel GPUs (default %(default)s)")
+    g.add_argument(
+        "--cost-model",
+        choices=("seed", "full"),
+        default="full",
+        help="full: weights + attention FLOPs + KV-cache reads/writes + LM head + TP all-reduce; "
+        "seed: weights only (default %(default)s)",
+    )
+    g = p.add_argument_group("scheduler")
+    g.add_argument(
+        "--policy",
+        default="chunked",
+        help="policy or comma list: chunked, prefill-first, decode-first (default %(default)s)",
+    )
+    g.add_argument(
+        "--token-budget", type=int, help="chunked: tokens per step, decodes included (default 512)"
+    )
+    g.add_argument("--chunk-tokens", type=int, help="chunked: prompt tokens per step on top of the decodes")
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="prefill-first/decode-first: prompt tokens batched whole in one step (default max-model-len)",
+    )
+    g.add_argument("--max-num-seqs", type=int, default=256, help="running requests at most (default 256)")
+    g.add_argument("--max-model-len", type=int, help="prompt + output limit (default: the model's context)")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="fraction of GPU memory for weights, activations and KV cache (default 0.9)",
+    )
+    g = p.add_argument_group("workload")
+    g.add_argument(
+        "--workload",
+        choices=("poisson", "gamma", "all-at-once", "trace"),
+        help="arrival process (default: trace if --trace, else poisson)",
+    )
+    g.add_argument(
+        "--qps", type=float, help=f"requests per second for poisson/gamma (default {DEFAULT_QPS:g})"
+    )
+    g.add_argument("--burstiness", type=float, help="gamma shape: 1 Poisson, < 1 burstier")
+    g.add_argument(
+        "--lengths", help=f"length distribution or trace (default {DEFAULT_LENGTHS} unless --trace)"
+    )
+    g.add_argument("--trace", help="replay this trace's arrival times (and its lengths unless --lengths)")
+    g.add_argument(
+        "--num-requests",
+        type=int,
+        help=f"requests to simulate (default {DEFAULT_NUM_REQUESTS:,}; a replayed trace: all its rows)",
+    )
+    g.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    g = p.add_argument_group("output")
+    g.add_argument(
+        "--goodput",
+        nargs="+",
+        metavar="METRIC:MS",
+        help="SLOs such as ttft:500 tpot:50 (as vllm bench serve)",
+    )
+    g.add_argument("--json", action="store_true", help="print the summary as JSON (an object per policy)")
+    g.add_argument(
+        "--requests-out", metavar="CSV", help="per-request records (one file per policy if several)"
+    )
+    g.add_argument("--trace-out", metavar="JSON", help="per-step Chrome trace, open in ui.perfetto.dev")
+    g.add_argument(
+        "--plot", metavar="DIR", help="write ITL/TTFT CDFs, batch composition and KV usage figures"
+    )
+    g.add_argument(
+        "--step-by-step",
+        action="store_true",
+        help="schedule every step (slow reference; results equal the default fast path)",
+    )
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stallfree.metrics_io import parse_goodput, write_records_csv
+    from stallfree.sim import simulate
+    from stallfree.workload import sample
+
+    policies = _policies(args.policy)
+    workload, num_requests = _workload(args)
+    goodput = parse_goodput(args.goodput) if args.goodput else None
+    requests = sample(workload, num_requests, args.seed)
+    keep_steps = bool(args.trace_out or args.plot)
+    results: list[SimulationResult] = []
+    for policy in policies:
+        started = time.perf_counter()
+        result = simulate(
+            requests,
+            model=args.model,
+            hardware=args.hardware,
+            tp=args.tp,
+            cost_model=args.cost_model,
+            policy=policy,
+            token_budget=args.token_budget,
+            chunk_tokens=args.chunk_tokens,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len,
+            block_size=args.block_size,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            goodput=goodput,
+            keep_steps=keep_steps,
+            fast=not args.step_by_step,
+        )
+        result.summary["sim_wall_s"] = time.perf_counter() - started
+        results.append(result)
+    outputs: list[str] = []
+    if args.requests_out:
+        for result in results:
+            path = _per_policy_path(args.requests_out, result.policy, len(results))
+            write_records_csv(result.records, path)
+            outputs.append(str(path))
+    if args.trace_out:
+        from stallfree.sim.perfetto import write_chrome_trace
+
+        write_chrome_trace(((r.policy, r.steps) for r in results if r.steps is not None), args.trace_out)
+        outputs.append(args.trace_out)
+    if args.plot:
+        from stallfree.plots.traffic import plot_traffic
+
+        outputs += [str(path) for path in plot_traffic(results, args.plot)]
+    scenario = _scenario(args, workload, len(requests), results[0])
+    if args.json:
+        body: dict[str, Any] = {"scenario": scenario}
+        if len(results) == 1:
+            body.update(results[0].summary)
+        else:
+            body["policies"] = {r.policy: r.summary for r in results}
+        if outputs:
+            body["outputs"] = outputs
+        print(json.dumps(body, indent=2))
+    else:
+        print(format_table(scenario, [r.summary for r in results], outputs))
+    return 0
+
+
+def _policies(text: str) -> list[str]:
+    from stallfree.core import POLICIES
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in POLICIES]
+    if unknown or not names:
+        raise UsageError(f"unknown policy {', '.join(unknown) or text!r}; choose from: {', '.join(POLICIES)}")
+    if len(set(names)) != len(names):
+        raise UsageError(f"policy listed twice in {text!r}")
+    return names
+
+
+def _workload(args: argparse.Namespace) -> tuple[Any, int | None]:
+    from stallfree.workload import WorkloadOptions, workload_from_options
+
+    arrival = args.workload or ("trace" if args.trace else "poisson")
+    qps = args.qps
+    if qps is None and arrival in ("poisson", "gamma"):
+        qps = DEFAULT_QPS
+    lengths = args.lengths
+    if lengths is None and args.trace is None:
+        lengths = DEFAULT_LENGTHS
+    workload = workload_from_options(
+        WorkloadOptions(
+            arrival=arrival, qps=qps, burstiness=args.burstiness, trace=args.trace, lengths=lengths
+        )
+    )
+    num_requests = args.num_requests
+    if num_requests is not None and num_requests <= 0:
+        raise UsageError(f"--num-requests must be positive, got {num_requests}")
+    if num_requests is None and workload.max_num_requests() is None:
+        num_requests = DEFAULT_NUM_REQUESTS
+    return workload, num_requests
+
+
+def _per_policy_path(path: str, policy: str, num_policies: int) -> Path:
+    target = Path(path)
+    return target if num_policies == 1 else target.with_name(f"{target.stem}.{policy}{target.suffix}")
+
+
+def _scenario(
+    args: argparse.Namespace, workload: Any, num_requests: int, first: SimulationResult
+) -> dict[str, Any]:
+    kv = first.kv
+    return {
+        "model": args.model,
+        "hardware": args.hardware,
+        "tp": args.tp,
+        "cost_model": args.cost_model,
+        "num_requests": num_requests,
+        "workload": _describe(workload),
+        "seed": args.seed,
+        "token_budget": args.token_budget if args.chunk_tokens is None else None,
+        "chunk_tokens": args.chunk_tokens,
+        "max_num_seqs": args.max_num_seqs,
+        "block_size": kv.block_size,
+        "num_kv_blocks": kv.num_blocks,
+        "kv_cache_gib": kv.kv_bytes / 2**30,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+    }
+
+
+def _describe(workload: Any) -> str:
+    from stallfree.workload import AllAtOnce, GammaArrivals, ReplayArrivals
+
+    arrivals, lengths = workload.arrivals, workload.lengths
+    if isinstance(arrivals, GammaArrivals):
+        when = (
+            f"poisson at {arrivals.qps:g} QPS"
+            if arrivals.burstiness == 1
+            else (f"gamma at {arrivals.qps:g} QPS, burstiness {arrivals.burstiness:g}")
+        )
+    elif isinstance(arrivals, AllAtOnce):
+        when = "all at once"
+    elif isinstance(arrivals, ReplayArrivals):
+        when = f"arrivals replayed from {arrivals.trace}"
+    else:  # pragma: no cover - a new arrival process
+        when = repr(arrivals)
+    kind = type(lengths).__name__.removesuffix("Lengths").lower()
+    return f"{when}; lengths {kind}({', '.join(str(v) for v in dataclasses.astuple(lengths))})"
+
+
+_ROWS: tuple[tuple[str, str, str], ...] = (
+    # (label, summary key, format)
+    ("completed", "completed", "{:,}"),
+    ("rejected", "rejected", "{:,}"),
+    ("duration (s)", "duration", "{:,.1f}"),
+    ("requests/s", "request_throughput", "{:.3f}"),
+    ("output tokens/s", "output_throughput", "{:,.1f}"),
+    ("goodput (req/s)", "request_goodput", "{:.3f}"),
+    ("TTFT mean (ms)", "mean_ttft_ms", "{:,.1f}"),
+    ("TTFT p99 (ms)", "p99_ttft_ms", "{:,.1f}"),
+    ("TPOT mean (ms)", "mean_tpot_ms", "{:,.2f}"),
+    ("TPOT p99 (ms)", "p99_tpot_ms", "{:,.2f}"),
+    ("ITL median (ms)", "median_itl_ms", "{:,.2f}"),
+    ("ITL p99 (ms)", "p99_itl_ms", "{:,.2f}"),
+    ("ITL max (ms)", "max_itl_ms", "{:,.1f}"),
+    ("E2EL p99 (ms)", "p99_e2el_ms", "{:,.0f}"),
+    ("sched. delay mean (ms)", "mean_scheduling_delay_ms", "{:,.1f}"),
+    ("sched. delay p99 (ms)", "p99_scheduling_delay_ms", "{:,.1f}"),
+    ("preemptions", "num_preemptions", "{:,}"),
+    ("steps", "num_steps", "{:,}"),
+    ("simulation wall (s)", "sim_wall_s", "{:.2f}"),
+)
+
+
+def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outputs: list[str]) -> str:
+    """Policies as columns, metrics as rows."""
+    sc = scenario
+    budget = (
+        f"chunk {sc['chunk_tokens']}" if sc["chunk_tokens"] else f"token budget {sc['token_budget'] or 512}"
+    )
+    lines = [
+        f"{sc['model']} on {sc['tp']} x {sc['hardware']} (cost model: {sc['cost_model']}); chunked {budget}, "
+        f"max {sc['max_num_seqs']} seqs",
+        f"KV cache: {sc['num_kv_blocks']:,} blocks of {sc['block_size']} tokens ({sc['kv_cache_gib']:.1f} GiB "
+        f"at utilisation {sc['gpu_memory_utilization']:g})",
+        f"{sc['num_requests']:,} requests: {sc['workload']}, seed {sc['seed']}",
+        "",
+        f"  {'':<24}" + "".join(f"{s['policy']:>16}" for s in summaries),
+    ]
+    for label, key, fmt in _ROWS:
+        if key == "request_goodput" and summaries[0].get(key) is None:
+            continue
+        cells = [s.get(key) for s in summaries]
+        lines.append(f"  {label:<24}" + "".join(f"{'-' if c is None else fmt.format(c):>16}" for c in cells))
+    for s in summaries:
+        for reason, count in s["rejected_reasons"].items():
+            lines.append(f"  {s['policy']}: rejected {count:,} x {reason}")
+    if outputs:
+        lines += ["", "  wrote: " + ", ".join(outputs)]
+    return "\n".join(lines)

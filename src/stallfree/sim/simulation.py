@@ -1,0 +1,125 @@
+"""The Python API of ``stallfree simulate``: names and numbers in, a :class:`SimulationResult` out.
+
+:func:`simulate` builds what the command line builds (model and hardware specs, a cost model,
+KV capacity from memory, a scheduler with one policy) and runs a workload through
+:func:`~stallfree.sim.traffic.run_traffic`. Every argument mirrors a command-line option.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stallfree.core import CacheConfig, Request, Scheduler, SchedulerConfig, make_policy
+from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
+from stallfree.sim.cost_model import CostModel, CostModelConfig, CostModelKind
+from stallfree.sim.memory import KvMemory, kv_memory
+from stallfree.sim.traffic import StepTrace, run_traffic
+from stallfree.specs import HardwareSpec, ModelSpec, load_hardware_spec, load_model_spec
+from stallfree.workload import Workload, WorkloadArrays, sample
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationResult:
+    """One policy's run. ``summary`` has vLLM's benchmark keys plus ours (see :func:`simulate`)."""
+
+    policy: str
+    summary: dict[str, Any]
+    records: list[RequestRecord]
+    itl: ItlAccumulator
+    kv: KvMemory
+    steps: StepTrace | None
+
+
+def simulate(
+    workload: Workload | WorkloadArrays | Iterable[Request],
+    *,
+    model: str | ModelSpec = "llama-3-8b",
+    hardware: str | HardwareSpec = "a100-80gb",
+    tp: int = 1,
+    cost_model: CostModelKind = "full",
+    policy: str = "chunked",
+    token_budget: int | None = None,
+    chunk_tokens: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int = 256,
+    max_model_len: int | None = None,
+    block_size: int = 16,
+    gpu_memory_utilization: float = 0.9,
+    num_requests: int | None = None,
+    seed: int = 0,
+    goodput: Mapping[str, float] | None = None,
+    keep_steps: bool = False,
+    fast: bool = True,
+) -> SimulationResult:
+    """Simulate ``workload`` served by ``policy`` on ``tp`` x ``hardware`` running ``model``.
+
+    ``workload``: a :class:`~stallfree.workload.Workload` (sampled with ``num_requests`` and
+    ``seed``), sampled :class:`~stallfree.workload.WorkloadArrays`, or requests ordered by arrival.
+    ``token_budget`` / ``chunk_tokens`` set the chunked policy's step size (default: a 512-token
+    budget); ``max_num_batched_tokens`` caps the tokens prefill-first and decode-first batch in
+    one step (default ``max_model_len``, as vLLM without chunked prefill). ``max_model_len``
+    defaults to the model's ``max_position_embeddings``. ``goodput`` maps ``ttft`` / ``tpot`` /
+    ``e2el`` to SLOs in ms. ``fast=False`` schedules every step (the reference the fast path equals).
+
+    The summary holds :func:`stallfree.metrics.summarize`'s keys plus ``policy``, ``num_steps``,
+    ``num_kv_blocks``, ``kv_block_size`` and ``rejected_reasons`` (reason -> count).
+    """
+    model_spec = load_model_spec(model) if isinstance(model, str) else model
+    hardware_spec = load_hardware_spec(hardware) if isinstance(hardware, str) else hardware
+    costs = CostModel(CostModelConfig(model_spec, hardware_spec, tp=tp, kind=cost_model))
+    model_len = model_spec.max_position_embeddings if max_model_len is None else max_model_len
+    if policy == "chunked":
+        scheduler_policy = make_policy(policy, token_budget=token_budget, chunk_tokens=chunk_tokens)
+        step_tokens = _chunked_step_tokens(token_budget, chunk_tokens, max_num_seqs)
+    else:
+        batched = model_len if max_num_batched_tokens is None else max_num_batched_tokens
+        scheduler_policy = make_policy(policy, token_budget=batched)
+        step_tokens = max(batched, model_len)  # the first prompt of a step runs whole even past the cap
+    kv = kv_memory(
+        model_spec,
+        hardware_spec,
+        tp=tp,
+        gpu_memory_utilization=gpu_memory_utilization,
+        block_size=block_size,
+        max_num_batched_tokens=step_tokens,
+        max_num_seqs=max_num_seqs,
+    )
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=model_len),
+        CacheConfig(block_size=block_size, num_blocks=kv.num_blocks),
+        scheduler_policy,
+    )
+    run = run_traffic(
+        scheduler, costs, _requests(workload, num_requests, seed), fast=fast, keep_steps=keep_steps
+    )
+    if not run.duration_s > 0:
+        reasons = "; ".join(f"{count} x {reason}" for reason, count in run.rejected_reasons.items())
+        raise ValueError(f"no request could run: {reasons or 'the workload is empty'}")
+    summary: dict[str, Any] = {
+        "policy": policy,
+        **summarize(run.records, run.itl, run.duration_s, goodput),
+        "num_steps": run.num_steps,
+        "num_kv_blocks": kv.num_blocks,
+        "kv_block_size": block_size,
+        "rejected_reasons": run.rejected_reasons,
+    }
+    return SimulationResult(policy, summary, run.records, run.itl, kv, run.steps)
+
+
+def _chunked_step_tokens(token_budget: int | None, chunk_tokens: int | None, max_num_seqs: int) -> int:
+    """The most tokens one chunked step can hold (decodes ride on top of ``chunk_tokens``)."""
+    if chunk_tokens is not None:
+        return chunk_tokens + max_num_seqs
+    return 512 if token_budget is None else token_budget
+
+
+def _requests(
+    workload: Workload | WorkloadArrays | Iterable[Request], num_requests: int | None, seed: int
+) -> Iterable[Request]:
+    if isinstance(workload, Workload):
+        return sample(workload, num_requests, seed).iter_requests()
+    if isinstance(workload, WorkloadArrays):
+        return workload.iter_requests()
+    return sorted(workload, key=lambda r: r.arrival_time_s)
