@@ -1,0 +1,332 @@
+"""``stallfree tune`` (capacity per budget, best budget, launch flags) and ``stallfree sweep``
+(a YAML grid of trials to a tidy CSV, resumable). Heavy imports happen inside the handlers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from stallfree.cli.common import UsageError, int_list, positive_float, positive_int
+
+if TYPE_CHECKING:
+    from stallfree.tune.backends import Backend
+
+STRICT_TBT_MULTIPLE = 5  # Sarathi-Serve's strict P99 TBT SLO: 5 x a decode step without prefill
+STRICT_TBT_BATCH, STRICT_TBT_CONTEXT = 32, 4096
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from stallfree.tune.slo import SLO_FLAGS  # light: no numpy
+
+    p = sub.add_parser(
+        "tune",
+        help="capacity (max QPS under latency SLOs) per policy and token budget; the best budget",
+        description=(
+            "For each policy and token budget, binary-search the highest QPS at which a seeded simulation "
+            "meets every SLO (Sarathi-Serve's capacity); report the capacity curve, the best budget and the "
+            "matching vLLM / SGLang flags. Trials run in a local process pool or as Ray tasks."
+        ),
+    )
+    _add_deployment_args(p)
+    p.add_argument(
+        "--policy",
+        default="chunked,prefill-first",
+        help="comma-separated policies (default %(default)s)",
+    )
+    p.add_argument(
+        "--budgets",
+        default="auto",
+        metavar="auto|N1,N2,...",
+        help="token budgets (--max-num-batched-tokens); auto: powers of two 128..8192 and 1, 2, 4 x the "
+        "roofline ridge, rounded to multiples of 64 (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-num-seqs",
+        type=positive_int,
+        default=256,
+        help="running sequences at most; each budget uses min(this, budget) (default %(default)s)",
+    )
+    for name, flag in SLO_FLAGS.items():
+        default = 2.0 if name == "sched_delay_p50_s" else None
+        extra = {
+            "tbt_p99_ms": f" (default: strict, {STRICT_TBT_MULTIPLE} x the roofline decode step of "
+            f"{STRICT_TBT_BATCH} sequences at {STRICT_TBT_CONTEXT} tokens of context, as Sarathi-Serve)",
+            "sched_delay_p50_s": " (default 2, as Sarathi-Serve)",
+        }.get(name, "")
+        p.add_argument(
+            f"--slo-{name.replace('_', '-')}",
+            dest=f"slo_{name}",
+            type=positive_float,
+            default=default,
+            metavar=flag.unit.upper(),
+            help=f"SLO on {flag.label} ({flag.metric}){extra}",
+        )
+    p.add_argument(
+        "--precision",
+        type=positive_float,
+        default=0.05,
+        help="relative precision of each capacity (default %(default)s: within 5%%)",
+    )
+    p.add_argument(
+        "--qps-start",
+        type=positive_float,
+        default=None,
+        help="QPS of each search's first trial (default: half the roofline throughput at the budget)",
+    )
+    _add_run_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object (every trial included)")
+    p.add_argument("--plot", metavar="DIR", help="write capacity-vs-budget and P99-TBT-vs-QPS figures to DIR")
+    p.set_defaults(handler=run_tune)
+
+    s = sub.add_parser(
+        "sweep",
+        help="run a YAML grid (models x hardware x TP x policies x budgets x QPS or capacity) to CSV",
+        description=(
+            "Run every trial of a YAML grid and write a tidy CSV of them (trials.csv, one row appended per "
+            "trial) plus capacity.csv for capacity searches. Rerunning with the same --out resumes: trials "
+            "already in trials.csv are not run again."
+        ),
+    )
+    s.add_argument("grid", help="the YAML grid file")
+    s.add_argument(
+        "--out", required=True, metavar="DIR", help="output directory (created; resumed if present)"
+    )
+    _add_run_args(s)
+    s.set_defaults(handler=run_sweep)
+
+
+def _add_deployment_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="mistral-7b", help="preset or HF config.json (default %(default)s)")
+    p.add_argument("--hardware", default="a100-80gb", help="preset or hardware JSON (default %(default)s)")
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel GPUs (default %(default)s)")
+    p.add_argument(
+        "--cost-model",
+        choices=("seed", "full"),
+        default="full",
+        help="roofline kind (default %(default)s: attention, KV traffic, LM head, TP all-reduce)",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=positive_float,
+        default=0.9,
+        help="share of GPU memory for weights + KV cache, as vLLM (default %(default)s)",
+    )
+    p.add_argument(
+        "--lengths",
+        default="sharegpt",
+        help="request lengths: a trace name or path, fixed:P,O, uniform:..., lognormal:... (default %(default)s)",
+    )
+    p.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson", help="arrival process")
+    p.add_argument("--burstiness", type=positive_float, default=1.0, help="gamma shape (default 1: Poisson)")
+    p.add_argument(
+        "--num-requests",
+        type=positive_int,
+        default=2000,
+        help="requests per trial (default %(default)s: the P99 TTFT rests on its top 20)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="workload seed, the same for every trial (default 0)")
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend",
+        choices=("local", "ray"),
+        default="local",
+        help="local process pool (default) or Ray tasks",
+    )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        help="local pool size, or CPUs of a local Ray (default: the number of cores)",
+    )
+    p.add_argument(
+        "--address", help="Ray cluster address (auto, HOST:PORT, ray://HOST:PORT); default: a local Ray"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _backend(args: argparse.Namespace) -> Backend:
+    from stallfree.tune.backends import make_backend
+    from stallfree.tune.trial import run_trial
+
+    if args.address is not None and args.backend != "ray":
+        raise UsageError("--address applies to --backend ray only")
+    workers = args.workers or os.cpu_count() or 1
+    return make_backend(args.backend, run_trial, workers=workers, address=args.address)
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    return not args.no_progress and sys.stderr.isatty()
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from stallfree.tune.candidates import budget_candidates
+    from stallfree.tune.capacity import TuneConfig, tune
+    from stallfree.tune.slo import SLO_FLAGS, Slos
+    from stallfree.tune.trial import TrialSpec, decode_step_ms, ridge_tokens
+
+    policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
+    base = TrialSpec(
+        model=args.model,
+        hardware=args.hardware,
+        tp=args.tp,
+        lengths=args.lengths,
+        arrival=args.arrival,
+        burstiness=args.burstiness,
+        num_requests=args.num_requests,
+        seed=args.seed,
+        cost_model=args.cost_model,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
+    ridge = ridge_tokens(args.model, args.hardware, args.tp, args.cost_model)
+    budgets = budget_candidates(ridge) if args.budgets == "auto" else tuple(_int_list(args.budgets))
+    limits = {
+        name: getattr(args, f"slo_{name}") for name in SLO_FLAGS if getattr(args, f"slo_{name}") is not None
+    }
+    notes = {}
+    if "tbt_p99_ms" not in limits:
+        step_ms = decode_step_ms(args.model, args.hardware, args.tp, STRICT_TBT_BATCH, STRICT_TBT_CONTEXT)
+        limits = {"tbt_p99_ms": round(STRICT_TBT_MULTIPLE * step_ms, 1), **limits}
+        notes["tbt_p99_ms"] = (
+            f"strict: {STRICT_TBT_MULTIPLE} x a {STRICT_TBT_BATCH}-sequence decode step at "
+            f"{STRICT_TBT_CONTEXT:,} tokens of context ({step_ms:.1f} ms)"
+        )
+    if args.precision >= 1:
+        raise UsageError(f"--precision must be below 1, got {args.precision}")
+    config = TuneConfig(
+        base=base,
+        policies=policies,
+        budgets=budgets,
+        slos=Slos.from_mapping(limits),
+        max_num_seqs=args.max_num_seqs,
+        precision=args.precision,
+        qps_start=args.qps_start,
+    )
+    started = time.perf_counter()
+    with _backend(args) as backend:
+        result = tune(config, backend, progress=_progress(args))
+        workers = backend.workers
+    out = result.to_json()
+    out["ridge_tokens"] = ridge
+    out["slo_notes"] = notes
+    out["wall_s"] = time.perf_counter() - started
+    out["backend"] = {"name": args.backend, "workers": workers}
+    if args.plot:
+        from stallfree.plots.tune import plot_tune
+
+        out["figures"] = [str(path) for path in plot_tune(out, args.plot)]
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(format_tune(out))
+    met = any(entry["best_budget"] is not None for entry in out["policies"].values())
+    return 0 if met else 1
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = int_list(text)
+    except argparse.ArgumentTypeError as error:
+        raise UsageError(f"--budgets: {error}") from None
+    if not values:
+        raise UsageError("--budgets: give auto or a comma-separated list of token counts")
+    return values
+
+
+def _qps(qps: float) -> str:
+    return f"{qps:,.0f}" if qps >= 100 else f"{qps:.3g}"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(seconds, 60)
+    return f"{int(minutes)}m{secs:04.1f}s" if minutes else f"{secs:.1f}s"
+
+
+def format_tune(out: dict[str, Any]) -> str:
+    """The human-readable report of a tune JSON object."""
+    from stallfree.tune.slo import SLO_FLAGS
+
+    wl = out["workload"]
+    slo_text = ", ".join(
+        f"{SLO_FLAGS[name].label} <= {limit:g} {SLO_FLAGS[name].unit}"
+        + (f" [{out['slo_notes'][name]}]" if name in out["slo_notes"] else "")
+        for name, limit in out["slos"].items()
+    )
+    gaps = min(
+        (t["metrics"]["total_output_tokens"] - t["metrics"]["completed"] for t in out["trials"]), default=0
+    )
+    lines = [
+        f"{out['model']} on {out['tp']} x {out['hardware']} (roofline, cost model {out['cost_model']}; "
+        f"ridge ~{out['ridge_tokens']:,.0f} tokens)",
+        f"workload: {wl['lengths']} lengths, {wl['arrival']} arrivals; each trial {wl['num_requests']:,} requests, "
+        f"seed {wl['seed']} (P99 TBT over >= {gaps:,} gaps)",
+        f"SLOs: {slo_text}",
+        f"capacity = highest QPS meeting every SLO, binary search to within {out['precision']:.0%}; "
+        f"{len(out['trials'])} trials in {_duration(out['wall_s'])} on {out['backend']['workers']} "
+        f"{out['backend']['name']} worker(s)",
+        "",
+        f"  {'policy':<16}{'budget':>8}{'max seqs':>10}{'capacity (QPS)':>16}{'trials':>8}",
+    ]
+    for policy, entry in out["policies"].items():
+        for point in entry["curve"]:
+            mark = " *" if point["token_budget"] == entry["best_budget"] else ""
+            cap = ("at least " if point["hit_qps_max"] else "") + _qps(point["capacity_qps"])
+            lines.append(
+                f"  {policy:<16}{point['token_budget']:>8,}{point['max_num_seqs']:>10}{cap:>16}{point['num_trials']:>8}{mark}"
+            )
+    lines += ["", "best budget per policy (* above):"]
+    for policy, entry in out["policies"].items():
+        if entry["best_budget"] is not None:
+            lines.append(f"  {policy:<16}budget {entry['best_budget']:,}: {_qps(entry['capacity_qps'])} QPS")
+            continue
+        lines.append(f"  {policy:<16}no budget meets the SLOs at any QPS tried")
+        closest = entry.get("closest")
+        if closest:
+            lines.append(f"  {'':<16}closest: {_describe_trial(closest, out['slos'])}")
+    caps = {p: e["capacity_qps"] for p, e in out["policies"].items()}
+    if caps.get("chunked") and caps.get("prefill-first"):
+        lines.append(
+            f"  chunked holds {caps['chunked'] / caps['prefill-first']:.2f}x the capacity of prefill-first"
+        )
+    commands = out["policies"].get("chunked", {}).get("commands")
+    if commands:
+        lines += [
+            "",
+            "launch flags (chunked, best budget):",
+            f"  {commands['vllm']}",
+            f"  {commands['sglang']}",
+        ]
+    for path in out.get("figures", []):
+        if path.endswith(".png"):
+            lines.append(f"figure: {path}")
+    return "\n".join(lines)
+
+
+def _describe_trial(trial: dict[str, Any], slos: dict[str, float]) -> str:
+    from stallfree.tune.slo import Slo
+
+    parts = [Slo(name, limit).describe(trial["metrics"]) for name, limit in slos.items()]
+    return f"budget {trial['token_budget']:,} at {_qps(trial['qps'])} QPS: " + "; ".join(parts)
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from stallfree.tune.grid import load_grid
+    from stallfree.tune.sweep import run_sweep_grid
+
+    grid = load_grid(args.grid)
+    started = time.perf_counter()
+    with _backend(args) as backend:
+        summary = run_sweep_grid(grid, args.out, backend, progress=_progress(args))
+    print(
+        f"{summary.num_trials} trials ({summary.num_resumed} resumed from {summary.trials_path}, "
+        f"{summary.num_trials - summary.num_resumed} run) in {_duration(time.perf_counter() - started)}"
+    )
+    print(f"trials:   {summary.trials_path}")
+    if summary.capacity_path is not None:
+        print(f"capacity: {summary.capacity_path}")
+    return 0

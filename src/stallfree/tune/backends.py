@@ -1,0 +1,163 @@
+"""Where trials run: in this process, in a local process pool, or as Ray tasks.
+
+Every backend takes a trial function (``TrialSpec -> summary``; module-level, so it pickles)
+and offers two calls: :meth:`Backend.submit` a spec under an integer ticket, and
+:meth:`Backend.next_result` to block until some submitted trial is done. The caller decides
+what to submit next from the results, so adaptive searches keep every worker busy. Backends
+never reorder or reseed anything: a trial's result depends on its spec alone, so every backend
+gives the same results for the same specs (only completion order differs).
+"""
+
+from __future__ import annotations
+
+import abc
+import concurrent.futures as cf
+import multiprocessing
+import socket
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from stallfree.metrics import Summary
+from stallfree.tune.trial import TrialSpec
+
+TrialFn = Callable[[TrialSpec], Summary]
+BACKENDS = ("local", "ray")
+
+
+class Backend(abc.ABC):
+    """Runs trials; use as a context manager so workers are always shut down."""
+
+    workers: int = 1
+
+    @abc.abstractmethod
+    def submit(self, ticket: int, spec: TrialSpec) -> None: ...
+
+    @abc.abstractmethod
+    def next_result(self) -> tuple[int, Summary]:
+        """Block until a submitted trial finishes; its ticket and summary."""
+
+    def close(self) -> None:  # noqa: B027 - nothing to release by default
+        """Release workers."""
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SerialBackend(Backend):
+    """Runs each trial in this process, first submitted first, when a result is asked for."""
+
+    def __init__(self, trial_fn: TrialFn) -> None:
+        self._trial_fn = trial_fn
+        self._queue: deque[tuple[int, TrialSpec]] = deque()
+
+    def submit(self, ticket: int, spec: TrialSpec) -> None:
+        self._queue.append((ticket, spec))
+
+    def next_result(self) -> tuple[int, Summary]:
+        ticket, spec = self._queue.popleft()
+        return ticket, self._trial_fn(spec)
+
+
+class PoolBackend(Backend):
+    """A local process pool of ``workers`` processes (spawned: no state leaks from the parent)."""
+
+    def __init__(self, trial_fn: TrialFn, workers: int) -> None:
+        if workers <= 0:
+            raise ValueError(f"workers must be positive, got {workers}")
+        self.workers = workers
+        self._trial_fn = trial_fn
+        self._pool = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        self._futures: dict[cf.Future[Summary], int] = {}
+
+    def submit(self, ticket: int, spec: TrialSpec) -> None:
+        self._futures[self._pool.submit(self._trial_fn, spec)] = ticket
+
+    def next_result(self) -> tuple[int, Summary]:
+        done, _ = cf.wait(self._futures, return_when=cf.FIRST_COMPLETED)
+        future = min(done, key=self._futures.__getitem__)  # lowest ticket: a stable order
+        return self._futures.pop(future), future.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class RayBackend(Backend):
+    """Trials as Ray tasks: on the cluster at ``address``, or on a local Ray started here.
+
+    ``address`` is what ``ray.init`` takes (``auto``, ``HOST:PORT``, ``ray://HOST:PORT``); a
+    ``HOST:PORT`` that does not accept a TCP connection within ``connect_timeout_s`` fails at
+    once rather than after Ray's own retries.
+    """
+
+    def __init__(
+        self,
+        trial_fn: TrialFn,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise ValueError("the ray backend needs Ray: pip install 'stallfree[ray]'") from None
+        if address not in (None, "auto", "local"):
+            check_address(address, connect_timeout_s)
+        self._ray: Any = ray
+        self._started_here = not ray.is_initialized()
+        if self._started_here:
+            try:
+                if address is None:
+                    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+                else:
+                    ray.init(address=address, log_to_driver=False)
+            except (ConnectionError, RuntimeError) as error:
+                first_line = (
+                    str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                )
+                raise ValueError(f"cannot reach a Ray cluster at {address}: {first_line}") from None
+        self.workers = max(1, int(self._ray.cluster_resources().get("CPU", 1)))
+        self._remote = ray.remote(num_cpus=1)(trial_fn)
+        self._refs: dict[Any, int] = {}
+
+    def submit(self, ticket: int, spec: TrialSpec) -> None:
+        self._refs[self._remote.remote(spec)] = ticket
+
+    def next_result(self) -> tuple[int, Summary]:
+        ready, _ = self._ray.wait(list(self._refs), num_returns=1)
+        ref = ready[0]
+        result: Summary = self._ray.get(ref)
+        return self._refs.pop(ref), result
+
+    def close(self) -> None:
+        for ref in self._refs:
+            self._ray.cancel(ref, force=True)
+        self._refs.clear()
+        if self._started_here:
+            self._ray.shutdown()
+
+
+def check_address(address: str, timeout_s: float) -> None:
+    """Raise a one-line ``ValueError`` unless ``[ray://]HOST:PORT`` accepts a TCP connection."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"bad Ray address {address!r}; expected auto, HOST:PORT or ray://HOST:PORT")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as error:
+        raise ValueError(f"no Ray cluster answers at {address} ({error.strerror or error})") from None
+
+
+def make_backend(name: str, trial_fn: TrialFn, *, workers: int, address: str | None = None) -> Backend:
+    """``local`` (a pool of ``workers``, or this process when ``workers`` is 1) or ``ray``."""
+    if name == "local":
+        if address is not None:
+            raise ValueError("--address applies to the ray backend only")
+        return SerialBackend(trial_fn) if workers == 1 else PoolBackend(trial_fn, workers)
+    if name == "ray":
+        return RayBackend(trial_fn, address, num_cpus=workers)
+    raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")

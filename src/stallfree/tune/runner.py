@@ -1,0 +1,138 @@
+"""Drive many probes (capacity searches, fixed-QPS trials) over one backend.
+
+A :class:`Job` pairs a base :class:`TrialSpec` with a probe that proposes QPS values. The runner
+keeps one trial per unfinished job in flight, so independent searches fill the workers while
+each search stays sequential. Trials whose key is in ``done`` (a resumed sweep) are answered
+from there without running. Invariant: the records returned are sorted by (job, trial order),
+and depend on the specs and the trial function only, never on the backend or timing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from stallfree.metrics import Summary
+from stallfree.tune.backends import Backend
+from stallfree.tune.slo import Slos
+from stallfree.tune.trial import TrialSpec
+
+
+class Probe(Protocol):
+    def next_qps(self) -> float | None: ...
+    def record(self, qps: float, passed: bool) -> None: ...
+    def trials_left_estimate(self) -> int: ...
+
+
+class FixedQps:
+    """A probe that runs one given QPS once."""
+
+    def __init__(self, qps: float) -> None:
+        self.qps = qps
+        self._done = False
+
+    def next_qps(self) -> float | None:
+        return None if self._done else self.qps
+
+    def record(self, qps: float, passed: bool) -> None:
+        self._done = True
+
+    def trials_left_estimate(self) -> int:
+        return 0 if self._done else 1
+
+
+@dataclass(slots=True)
+class Job:
+    base: TrialSpec  # its qps is replaced by the probe's
+    probe: Probe
+
+
+@dataclass(frozen=True, slots=True)
+class TrialRecord:
+    """One finished trial. ``passed`` is None when no SLOs were given; ``resumed``: its result
+    came from ``done`` or an identical earlier trial rather than a simulation of its own."""
+
+    job: int
+    index: int
+    spec: TrialSpec
+    metrics: Summary
+    passed: bool | None
+    violations: tuple[str, ...]
+    resumed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policy": self.spec.policy,
+            "token_budget": self.spec.token_budget,
+            "max_num_seqs": self.spec.max_num_seqs,
+            "qps": self.spec.qps,
+            "passed": self.passed,
+            "violations": list(self.violations),
+            "key": self.spec.key(),
+            "metrics": dict(self.metrics),
+        }
+
+
+def run_jobs(
+    jobs: Sequence[Job],
+    backend: Backend,
+    slos: Slos | None,
+    *,
+    done: Mapping[str, Summary] | None = None,
+    on_trial: Callable[[TrialRecord], None] | None = None,
+    progress: bool = False,
+    desc: str = "trials",
+) -> list[TrialRecord]:
+    """Run every job's probe to the end; ``on_trial`` sees each newly simulated trial.
+
+    ``done`` maps trial keys to summaries already known (a resumed sweep): those never run.
+    """
+    from tqdm import tqdm
+
+    known = dict(done or {})  # grows with this run's results: a repeated spec runs once
+    records: list[TrialRecord] = []
+    counts = [0] * len(jobs)
+    in_flight: dict[int, tuple[int, TrialSpec]] = {}
+    tickets = itertools.count()
+    bar = tqdm(total=0, unit="trial", desc=desc, disable=not progress, file=sys.stderr, dynamic_ncols=True)
+
+    def finish(j: int, spec: TrialSpec, metrics: Summary, resumed: bool) -> None:
+        violations = slos.violations(metrics) if slos is not None else ()
+        passed = None if slos is None else not violations
+        jobs[j].probe.record(spec.qps, bool(passed))
+        record = TrialRecord(j, counts[j], spec, metrics, passed, violations, resumed)
+        counts[j] += 1
+        records.append(record)
+        known[spec.key()] = metrics
+        if on_trial is not None and not resumed:
+            on_trial(record)
+        bar.total = bar.n + 1 + sum(job.probe.trials_left_estimate() for job in jobs)
+        bar.update(1)  # after the total: tqdm's ETA uses both
+
+    def advance(j: int) -> None:
+        while (qps := jobs[j].probe.next_qps()) is not None:
+            spec = jobs[j].base.at_qps(qps)
+            cached = known.get(spec.key())
+            if cached is None:
+                ticket = next(tickets)
+                in_flight[ticket] = (j, spec)
+                backend.submit(ticket, spec)
+                return
+            finish(j, spec, cached, resumed=True)
+
+    try:
+        for j in range(len(jobs)):
+            advance(j)
+        bar.total = bar.n + sum(job.probe.trials_left_estimate() for job in jobs)
+        bar.refresh()
+        while in_flight:
+            ticket, metrics = backend.next_result()
+            j, spec = in_flight.pop(ticket)
+            finish(j, spec, metrics, resumed=False)
+            advance(j)
+    finally:
+        bar.close()
+    return sorted(records, key=lambda r: (r.job, r.index))

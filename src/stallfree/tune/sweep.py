@@ -1,0 +1,219 @@
+"""``stallfree sweep``: every trial of a :class:`~stallfree.tune.grid.Grid`, to tidy CSV, resumable.
+
+Output directory layout:
+
+- ``trials.csv``: one row per trial (spec fields, ``passed`` against the grid's SLOs, every
+  summary metric, and ``key``), appended and flushed as each trial finishes, so an interrupted
+  sweep loses at most the trials in flight;
+- ``capacity.csv``: one row per (model, hardware, tp, policy, budget) capacity search, written
+  when the sweep ends, with ``best`` marking each (model, hardware, tp, policy)'s best budget.
+
+Resume: rows already in ``trials.csv`` are read back by ``key`` and never run again; a search
+replays them and continues where it stopped (searches are deterministic given their trials).
+A torn last line (killed mid-write) is cut off. Parquet is not written: CSV needs no extra
+dependency, and ``pandas.read_csv`` loads it as easily.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from stallfree.metrics import Summary
+from stallfree.tune.backends import Backend
+from stallfree.tune.candidates import budget_candidates
+from stallfree.tune.capacity import QPS_RANGE_FACTOR
+from stallfree.tune.grid import Grid
+from stallfree.tune.runner import FixedQps, Job, TrialRecord, run_jobs
+from stallfree.tune.search import CapacitySearch, SearchConfig
+from stallfree.tune.trial import TrialSpec, check_spec, estimate_qps, ridge_tokens
+
+SPEC_COLUMNS = tuple(f.name for f in dataclasses.fields(TrialSpec))
+CAPACITY_COLUMNS = (
+    "model",
+    "hardware",
+    "tp",
+    "policy",
+    "token_budget",
+    "max_num_seqs",
+    "capacity_qps",
+    "hit_qps_max",
+    "num_trials",
+    "best",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSummary:
+    num_trials: int
+    num_resumed: int
+    trials_path: Path
+    capacity_path: Path | None
+
+
+def grid_jobs(grid: Grid) -> tuple[list[Job], list[tuple[TrialSpec, CapacitySearch]]]:
+    """Every fixed-QPS trial and capacity search of the grid (each base spec checked first)."""
+    jobs: list[Job] = []
+    searches: list[tuple[TrialSpec, CapacitySearch]] = []
+    for model in grid.models:
+        for hardware in grid.hardware:
+            for tp in grid.tp:
+                budgets = (
+                    sorted(grid.budgets)
+                    if grid.budgets
+                    else budget_candidates(ridge_tokens(model, hardware, tp, grid.cost_model))
+                )
+                for policy in grid.policies:
+                    for budget in budgets:
+                        base = TrialSpec(
+                            model=model,
+                            hardware=hardware,
+                            tp=tp,
+                            policy=policy,
+                            token_budget=budget,
+                            max_num_seqs=min(grid.max_num_seqs, budget),
+                            lengths=grid.lengths,
+                            arrival=grid.arrival,
+                            burstiness=grid.burstiness,
+                            num_requests=grid.num_requests,
+                            seed=grid.seed,
+                            cost_model=grid.cost_model,
+                            gpu_memory_utilization=grid.gpu_memory_utilization,
+                        )
+                        check_spec(base)
+                        jobs.extend(Job(base, FixedQps(qps)) for qps in grid.qps)
+                        if grid.capacity is not None:
+                            start = grid.capacity.qps_start or estimate_qps(base)
+                            search = CapacitySearch(
+                                SearchConfig(
+                                    qps_start=start,
+                                    precision=grid.capacity.precision,
+                                    qps_min=start / QPS_RANGE_FACTOR,
+                                    qps_max=start * QPS_RANGE_FACTOR,
+                                )
+                            )
+                            searches.append((base, search))
+                            jobs.append(Job(base, search))
+    return jobs, searches
+
+
+def run_sweep_grid(
+    grid: Grid, out_dir: str | Path, backend: Backend, *, progress: bool = False
+) -> SweepSummary:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    trials_path = out / "trials.csv"
+    jobs, searches = grid_jobs(grid)
+    done = read_trials(trials_path)
+    slos = grid.capacity.slos if grid.capacity is not None else None
+    with TrialWriter(trials_path) as writer:
+        records = run_jobs(
+            jobs, backend, slos, done=done, on_trial=writer.write, progress=progress, desc="sweep"
+        )
+    capacity_path = None
+    if searches:
+        capacity_path = out / "capacity.csv"
+        write_capacity(capacity_path, searches)
+    return SweepSummary(len(records), sum(r.resumed for r in records), trials_path, capacity_path)
+
+
+class TrialWriter:
+    """Appends trial rows to a CSV, header first when the file is new; flushes every row."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: IO[str] | None = None
+        self._writer: csv.DictWriter[str] | None = None
+
+    def write(self, record: TrialRecord) -> None:
+        row: dict[str, object] = {name: getattr(record.spec, name) for name in SPEC_COLUMNS}
+        row["passed"] = record.passed
+        row.update(record.metrics)
+        row["key"] = record.spec.key()
+        if self._writer is None:
+            fresh = not self.path.exists() or self.path.stat().st_size == 0
+            columns = _header(self.path) if not fresh else [*SPEC_COLUMNS, "passed", *record.metrics, "key"]
+            self._file = self.path.open("a", newline="")
+            self._writer = csv.DictWriter(self._file, fieldnames=columns, extrasaction="ignore")
+            if fresh:
+                self._writer.writeheader()
+        assert self._file is not None  # opened together with the writer
+        self._writer.writerow({k: "" if v is None else v for k, v in row.items()})
+        self._file.flush()
+
+    def __enter__(self) -> TrialWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+def read_trials(path: Path) -> dict[str, Summary]:
+    """Metrics of the trials already in ``path`` by key (empty when there is no file)."""
+    if not path.exists():
+        return {}
+    _cut_torn_line(path)
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames is None:
+            return {}
+        missing = [c for c in (*SPEC_COLUMNS, "key") if c not in reader.fieldnames]
+        if missing:
+            raise ValueError(f"{path} is not a stallfree trials file (missing columns: {', '.join(missing)})")
+        metric_columns = [c for c in reader.fieldnames if c not in (*SPEC_COLUMNS, "passed", "key")]
+        return {row["key"]: {c: _number(row[c]) for c in metric_columns} for row in reader}
+
+
+def write_capacity(path: Path, searches: list[tuple[TrialSpec, CapacitySearch]]) -> None:
+    best: dict[tuple[str, str, int, str], float] = {}
+    for spec, search in searches:
+        group = (spec.model, spec.hardware, spec.tp, spec.policy)
+        best[group] = max(best.get(group, 0.0), search.capacity_qps)
+    claimed: set[tuple[str, str, int, str]] = set()
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(CAPACITY_COLUMNS)
+        for spec, search in searches:
+            group = (spec.model, spec.hardware, spec.tp, spec.policy)
+            # The smallest budget reaching the group's best capacity is the best (as stallfree tune).
+            is_best = search.capacity_qps > 0 and search.capacity_qps == best[group] and group not in claimed
+            if is_best:
+                claimed.add(group)
+            writer.writerow(
+                [
+                    spec.model,
+                    spec.hardware,
+                    spec.tp,
+                    spec.policy,
+                    spec.token_budget,
+                    spec.max_num_seqs,
+                    search.capacity_qps,
+                    search.hit_qps_max,
+                    search.num_trials,
+                    is_best,
+                ]
+            )
+
+
+def _header(path: Path) -> list[str]:
+    with path.open(newline="") as f:
+        return next(csv.reader(f))
+
+
+def _cut_torn_line(path: Path) -> None:
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
+def _number(text: str | None) -> float | int | None:
+    if text is None or text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)

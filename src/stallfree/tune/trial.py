@@ -1,0 +1,170 @@
+"""One trial: a seeded simulation of one deployment at one QPS, described by a :class:`TrialSpec`.
+
+A spec is a frozen value of strings and numbers (specs are named by preset or path), so it
+pickles to worker processes and Ray tasks unchanged, and its :meth:`~TrialSpec.key` names the
+trial in a resumable sweep. :func:`run_trial` is the trial function the backends run: spec in,
+vLLM-keyed summary out, nothing else. The same spec gives the same summary in any process.
+
+Workloads use common random numbers across QPS: the seed fixes the request lengths and the
+shape of the arrival gaps, and the QPS only rescales the gaps, so a capacity search compares
+the same requests arriving faster or slower.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+
+from stallfree.core import CacheConfig, Policy, Scheduler, SchedulerConfig, StepResult, make_policy
+from stallfree.metrics import ItlAccumulator, Summary, record_from_token_times, summarize
+from stallfree.sim.cost_model import COST_MODEL_KINDS, CostModel, CostModelConfig
+from stallfree.sim.simulator import simulate_timeline
+from stallfree.specs import load_hardware_spec, load_model_spec
+from stallfree.workload import Workload, gamma, parse_lengths, sample
+
+ARRIVALS = ("poisson", "gamma")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrialSpec:
+    """Everything that decides a trial's result. ``token_budget`` is vLLM's
+    ``--max-num-batched-tokens`` (SGLang's ``--chunked-prefill-size``) for every policy."""
+
+    model: str
+    hardware: str
+    tp: int = 1
+    policy: str = "chunked"
+    token_budget: int = 512
+    max_num_seqs: int = 256
+    qps: float = 1.0
+    lengths: str = "sharegpt"
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    num_requests: int = 1000
+    seed: int = 0
+    cost_model: str = "full"
+    gpu_memory_utilization: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"unknown arrival {self.arrival!r}; choose from {', '.join(ARRIVALS)}")
+        for label, value in (("qps", self.qps), ("burstiness", self.burstiness)):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{label} must be a positive number, got {value}")
+        for label, count in (
+            ("tp", self.tp),
+            ("token_budget", self.token_budget),
+            ("max_num_seqs", self.max_num_seqs),
+            ("num_requests", self.num_requests),
+        ):
+            if count <= 0:
+                raise ValueError(f"{label} must be positive, got {count}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+
+    def key(self) -> str:
+        """A stable 16-hex-digit name of this trial (same fields, same key, in any process)."""
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+    def at_qps(self, qps: float) -> TrialSpec:
+        return dataclasses.replace(self, qps=qps)
+
+
+def check_spec(spec: TrialSpec) -> None:
+    """Fail now, in one clear ``ValueError``, on what would fail in every worker."""
+    _cost_model(spec.model, spec.hardware, spec.tp, spec.cost_model)
+    _workload(spec)
+    Scheduler(
+        SchedulerConfig(max_num_seqs=spec.max_num_seqs),
+        CacheConfig(num_blocks=_num_blocks(spec)),
+        _policy(spec),
+    )
+
+
+def run_trial(spec: TrialSpec) -> Summary:
+    """Simulate ``spec`` and return its summary (keys as ``stallfree.metrics.summarize``)."""
+    cost = _cost_model(spec.model, spec.hardware, spec.tp, spec.cost_model)
+    arrays = sample(_workload(spec), spec.num_requests, spec.seed)
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_seqs=spec.max_num_seqs),
+        CacheConfig(num_blocks=_num_blocks(spec)),
+        _policy(spec),
+    )
+    timeline = simulate_timeline(
+        scheduler, lambda plan: StepResult(duration_s=cost.step_time_s(plan)), arrays.iter_requests()
+    )
+    first_scheduled_s: dict[str, float] = {}
+    for step in timeline.steps:
+        for rid, _ in step.tokens_by_request:
+            first_scheduled_s.setdefault(rid, step.start_s)
+    itl = ItlAccumulator()
+    records = []
+    for index, (arrival_s, prompt) in enumerate(
+        zip(arrays.arrival_time_s.tolist(), arrays.num_prompt_tokens.tolist(), strict=True)
+    ):
+        name = str(index)
+        records.append(
+            record_from_token_times(
+                request_id=name,
+                arrival_s=arrival_s,
+                token_times_s=timeline.token_times_s.get(name, []),
+                num_prompt_tokens=prompt,
+                itl=itl,
+                finish_reason="rejected" if name in timeline.rejected else "length",
+                first_scheduled_s=first_scheduled_s.get(name),
+            )
+        )
+    return summarize(records, itl, max(timeline.end_s, 1e-9))
+
+
+def estimate_qps(spec: TrialSpec) -> float:
+    """A rough QPS to start a capacity search at: half of what the budget could push through.
+
+    A step full of ``token_budget`` tokens moves ``token_budget / step time`` tokens per second
+    and a request needs its prompt plus output tokens; latency SLOs cut capacity below that.
+    """
+    cost = _cost_model(spec.model, spec.hardware, spec.tp, spec.cost_model)
+    arrays = sample(_workload(spec), min(spec.num_requests, 1000), spec.seed)
+    tokens_per_request = float(arrays.num_prompt_tokens.mean() + arrays.max_tokens.mean())
+    tokens_per_s = spec.token_budget / cost.prefill_time_s(spec.token_budget)
+    return 0.5 * tokens_per_s / tokens_per_request
+
+
+def ridge_tokens(model: str, hardware: str, tp: int, cost_model: str = "full") -> float:
+    return _cost_model(model, hardware, tp, cost_model).ridge_tokens()
+
+
+def decode_step_ms(model: str, hardware: str, tp: int, num_seqs: int, context_len: int) -> float:
+    """One decode step with no prompt in it (the yardstick of Sarathi-Serve's TBT SLOs)."""
+    return _cost_model(model, hardware, tp, "full").decode_step_s(num_seqs, context_len) * 1000
+
+
+@functools.lru_cache(maxsize=16)
+def _cost_model(model: str, hardware: str, tp: int, kind: str) -> CostModel:
+    for known in COST_MODEL_KINDS:
+        if kind == known:
+            return CostModel(
+                CostModelConfig(load_model_spec(model), load_hardware_spec(hardware), tp=tp, kind=known)
+            )
+    raise ValueError(f"unknown cost model {kind!r}; choose from {', '.join(COST_MODEL_KINDS)}")
+
+
+def _num_blocks(spec: TrialSpec, block_size: int = 16) -> int:
+    cost = _cost_model(spec.model, spec.hardware, spec.tp, spec.cost_model)
+    num_blocks = cost.kv_capacity_tokens(spec.gpu_memory_utilization) // block_size
+    if num_blocks <= 0:
+        raise ValueError(f"{spec.model} leaves no room for a KV cache on {spec.tp} x {spec.hardware}")
+    return int(num_blocks)
+
+
+def _policy(spec: TrialSpec) -> Policy:
+    return make_policy(spec.policy, token_budget=spec.token_budget)
+
+
+def _workload(spec: TrialSpec) -> Workload:
+    return Workload(arrivals=gamma(spec.qps, spec.burstiness), lengths=parse_lengths(spec.lengths))
