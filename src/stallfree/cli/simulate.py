@@ -198,7 +198,8 @@ def _policies(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in POLICIES]
     if unknown or not names:
-        raise UsageError(f"unknown policy {', '.join(unknown) or text!r}; choose from: {', '.join(POLICIES)}")
+        named = ", ".join(repr(name) for name in unknown) if unknown else repr(text)
+        raise UsageError(f"unknown policy {named}; choose from: {', '.join(POLICIES)}")
     if len(set(names)) != len(names):
         raise UsageError(f"policy listed twice in {text!r}")
     return names

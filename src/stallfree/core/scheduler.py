@@ -341,7 +341,11 @@ class Scheduler:
         num_steps = 1 << 62
         for chunk in plan.chunks:
             seq = running[chunk.request_id]
-            if chunk.is_decode:
+            if chunk.samples:
+                # Only decodes may sample in a steady run; a one-token last prompt chunk looks
+                # like a decode in the plan but makes the request decode from the next step on.
+                if chunk.num_tokens != 1 or seq.num_output_tokens == 0:
+                    return 1, False
                 num_steps = min(num_steps, seq.request.max_tokens - seq.num_output_tokens)
             else:
                 # Steps 1..k run without reaching the last token: u - k * c >= 1.
@@ -395,7 +399,7 @@ class Scheduler:
             seq = running[rid]
             seq.num_computed_tokens = chunk.num_computed_tokens + num_steps * chunk.num_tokens
             bm.allocate(rid, seq.num_computed_tokens)
-            if chunk.is_decode:
+            if chunk.samples:
                 seq.num_output_tokens += num_steps
                 new_tokens.append(rid)
                 if seq.num_output_tokens >= seq.request.max_tokens:

@@ -65,8 +65,8 @@ class StepTrace:
 
 @dataclass(slots=True)
 class TrafficRun:
-    """What :func:`run_traffic` measured. ``records`` are in finishing order, rejected ones first
-    at their arrival; ``rejected_reasons`` counts rejections by reason (numbers replaced by N)."""
+    """What :func:`run_traffic` measured. ``records`` are in arrival order (one per request,
+    rejected ones included); ``rejected_reasons`` counts rejections by reason (numbers replaced by N)."""
 
     records: list[RequestRecord]
     itl: ItlAccumulator
@@ -82,6 +82,7 @@ class _Live:
     """A request in flight, as the metrics need it."""
 
     __slots__ = (
+        "arrival_index",
         "arrival_s",
         "first_scheduled_s",
         "first_token_s",
@@ -92,7 +93,8 @@ class _Live:
         "num_prompt_tokens",
     )
 
-    def __init__(self, request: Request) -> None:
+    def __init__(self, request: Request, arrival_index: int) -> None:
+        self.arrival_index = arrival_index
         self.arrival_s = request.arrival_time_s
         self.num_prompt_tokens = request.num_prompt_tokens
         self.first_scheduled_s: float | None = None
@@ -123,6 +125,8 @@ def run_traffic(
     upcoming = next(pending, None)
     live: dict[str, _Live] = {}
     records: list[RequestRecord] = []
+    arrival_order = array("q")  # records[i] is the arrival_order[i]-th request to arrive
+    num_arrived = 0
     rejected: dict[str, int] = {}
     itl = ItlAccumulator()
     trace = StepTrace() if keep_steps else None
@@ -136,11 +140,13 @@ def run_traffic(
             last_arrival_s = upcoming.arrival_time_s
             reason = scheduler.add_request(upcoming)
             if reason is None:
-                live[upcoming.request_id] = _Live(upcoming)
+                live[upcoming.request_id] = _Live(upcoming, num_arrived)
             else:
                 records.append(_rejected_record(upcoming))
+                arrival_order.append(num_arrived)
                 key = _NUMBER.sub("N", reason)
                 rejected[key] = rejected.get(key, 0) + 1
+            num_arrived += 1
             upcoming = next(pending, None)
         plan = scheduler.schedule()
         if not plan.chunks:
@@ -175,11 +181,14 @@ def run_traffic(
         num_plans += 1
         _record_tokens(plan, live, itl, start, first_end, ends)
         for rid, finish_reason in events.finished:
-            records.append(_finished_record(rid, live.pop(rid), clock, finish_reason.value))
+            state = live.pop(rid)
+            records.append(_finished_record(rid, state, clock, finish_reason.value))
+            arrival_order.append(state.arrival_index)
         if trace is not None:
             _trace_row(trace, scheduler, plan, start, clock, steps)
+    in_arrival_order = np.argsort(np.frombuffer(arrival_order, dtype=np.int64), kind="stable")
     return TrafficRun(
-        records=records,
+        records=[records[i] for i in in_arrival_order.tolist()],
         itl=itl,
         duration_s=clock,
         num_steps=num_steps,

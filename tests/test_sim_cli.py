@@ -1,0 +1,127 @@
+"""``stallfree simulate`` on the command line: tables, JSON, output files, one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from stallfree.cli import main
+
+SMALL = ["--num-requests", "40", "--qps", "4"]
+
+
+def test_policies_side_by_side_in_one_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", *SMALL, "--policy", "prefill-first,decode-first,chunked"]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "chunked" in line and "prefill-first" in line)
+    assert header.split() == ["prefill-first", "decode-first", "chunked"]
+    assert "ITL p99 (ms)" in out and "llama-3-8b on 1 x a100-80gb (cost model: full)" in out
+
+
+def test_json_has_vllm_keys_per_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(
+            [
+                "simulate",
+                *SMALL,
+                "--policy",
+                "chunked,prefill-first",
+                "--json",
+                "--goodput",
+                "ttft:500",
+                "tpot:50",
+            ]
+        )
+        == 0
+    )
+    body = json.loads(capsys.readouterr().out)
+    assert set(body["policies"]) == {"chunked", "prefill-first"}
+    for summary in body["policies"].values():
+        for key in (
+            "completed",
+            "duration",
+            "request_throughput",
+            "output_throughput",
+            "total_token_throughput",
+        ):
+            assert key in summary
+        for metric in ("ttft", "tpot", "itl", "e2el"):
+            for stat in ("mean", "median", "std", "p90", "p99"):
+                assert f"{stat}_{metric}_ms" in summary
+        assert summary["completed"] == 40 and summary["request_goodput"] is not None
+        assert {"max_itl_ms", "num_preemptions", "rejected", "mean_scheduling_delay_ms"} <= summary.keys()
+    assert body["scenario"]["num_requests"] == 40
+
+
+def test_single_policy_json_is_flat(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", *SMALL, "--json", "--cost-model", "seed"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["policy"] == "chunked" and body["scenario"]["cost_model"] == "seed"
+
+
+def test_replaying_a_trace_with_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,3000,20\n0.1,50,30\n0.2,1500,10\n")
+    requests, steps, plots = tmp_path / "req.csv", tmp_path / "steps.json", tmp_path / "fig"
+    args = [
+        "simulate",
+        "--trace",
+        str(trace),
+        "--policy",
+        "chunked,prefill-first",
+        "--requests-out",
+        str(requests),
+    ]
+    assert main([*args, "--trace-out", str(steps), "--plot", str(plots)]) == 0
+    assert "3 requests: arrivals replayed from" in capsys.readouterr().out
+    with (tmp_path / "req.chunked.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["num_prompt_tokens"] for r in rows] == ["3000", "50", "1500"]
+    assert (tmp_path / "req.prefill-first.csv").exists()
+    events = json.loads(steps.read_text())["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in slices} == {1, 2}
+    assert all(e["dur"] > 0 for e in slices)
+    names = {p.name for p in plots.iterdir()}
+    for figure in ("itl_cdf", "ttft_cdf", "batch_composition", "kv_usage"):
+        assert {f"{figure}.png", f"{figure}.svg"} <= names
+
+
+def error_line(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert main(["simulate", *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_missing_trace_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "trace file not found: nowhere.csv" in error_line(capsys, "--trace", "nowhere.csv")
+
+
+def test_trace_with_wrong_columns_names_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrived_at,prompt,num_decode_tokens\n0,1,1\n")
+    assert "missing column(s) num_prefill_tokens" in error_line(capsys, "--trace", str(bad))
+
+
+@pytest.mark.parametrize("qps", ["0", "-2"])
+def test_qps_must_be_positive(qps: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "qps must be a positive number" in error_line(capsys, "--qps", qps)
+
+
+def test_budget_smaller_than_the_running_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "smaller than max_num_seqs 64" in error_line(
+        capsys, "--token-budget", "32", "--max-num-seqs", "64"
+    )
+
+
+def test_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    err = error_line(capsys, "--policy", "chunked,fifo")
+    assert "unknown policy 'fifo'; choose from: chunked, prefill-first, decode-first" in err
+
+
+def test_model_that_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "does not fit" in error_line(capsys, "--model", "llama-3-70b", "--hardware", "a100-40gb")

@@ -1,0 +1,84 @@
+"""``stallfree.sim.simulate`` end to end: policies on long-prompt traffic, memory pressure, seeds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stallfree.core import Request
+from stallfree.sim import simulate
+from stallfree.workload import FixedLengths, TraceLengths, Workload, poisson
+
+ARXIV = Workload(poisson(2.0), TraceLengths("arxiv"))  # prompts of ~2,600 tokens, outputs ~290
+
+
+def test_chunked_has_a_far_lower_p99_itl_than_prefill_first_at_equal_throughput() -> None:
+    runs = {p: simulate(ARXIV, policy=p, num_requests=300).summary for p in ("chunked", "prefill-first")}
+    chunked, prefill_first = runs["chunked"], runs["prefill-first"]
+    assert chunked["completed"] == prefill_first["completed"] == 300
+    assert chunked["request_throughput"] == pytest.approx(prefill_first["request_throughput"], rel=0.02)
+    assert chunked["output_throughput"] == pytest.approx(prefill_first["output_throughput"], rel=0.02)
+    # Prefill-first stops every stream for each whole prompt; chunked caps a step at 512 tokens.
+    assert chunked["p99_itl_ms"] * 3 < prefill_first["p99_itl_ms"]
+    assert chunked["max_itl_ms"] * 10 < prefill_first["max_itl_ms"]
+
+
+def test_decode_first_starves_new_prompts() -> None:
+    chunked = simulate(ARXIV, policy="chunked", num_requests=200).summary
+    decode_first = simulate(ARXIV, policy="decode-first", num_requests=200).summary
+    assert decode_first["mean_ttft_ms"] > 10 * chunked["mean_ttft_ms"]
+    assert decode_first["max_itl_ms"] <= chunked["max_itl_ms"]  # nothing ever interrupts its decodes
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a.keys() == b.keys()
+    for key, value in a.items():
+        expected = b[key]
+        assert value == (pytest.approx(expected, rel=1e-12) if isinstance(expected, float) else expected), key
+
+
+def test_memory_pressure_preempts_and_the_fast_path_still_equals_the_slow_one() -> None:
+    """A quarter of the GPU leaves room for ~19K tokens of KV: a few long prompts fill it."""
+    kw: dict[str, Any] = {"policy": "chunked", "num_requests": 120, "gpu_memory_utilization": 0.22}
+    heavy = Workload(poisson(4.0), TraceLengths("arxiv"))
+    fast = simulate(heavy, **kw)
+    slow = simulate(heavy, fast=False, **kw)
+    assert fast.summary["num_preemptions"] > 0
+    assert fast.summary["completed"] == 120
+    assert fast.records == slow.records
+    _same(fast.summary, slow.summary)
+
+
+def test_requests_that_can_never_fit_are_rejected_and_counted() -> None:
+    """Llama-3-8B's context is 8,192 tokens: a 9,000-token prompt can never run."""
+    reqs = [
+        Request("0", 100, 10),
+        Request("1", 9000, 10, 0.1),
+        Request("2", 8000, 500, 0.2),
+        Request("3", 10, 5, 0.3),
+    ]
+    s = simulate(reqs).summary
+    assert (s["completed"], s["rejected"]) == (2, 2)
+    assert list(s["rejected_reasons"].values()) == [2]
+    assert "exceeds max_model_len (N)" in next(iter(s["rejected_reasons"]))
+    with pytest.raises(ValueError, match="no request could run: 1 x prompt"):
+        simulate(Workload(poisson(1.0), FixedLengths(9000, 10)), num_requests=1)
+
+
+def test_same_seed_same_result_other_seed_other_result() -> None:
+    a = simulate(ARXIV, num_requests=100, seed=3)
+    b = simulate(ARXIV, num_requests=100, seed=3)
+    c = simulate(ARXIV, num_requests=100, seed=4)
+    assert a.records == b.records and a.summary == b.summary
+    assert a.records != c.records
+
+
+def test_goodput_and_steps() -> None:
+    result = simulate(ARXIV, num_requests=100, goodput={"ttft": 1e9, "tpot": 1e9}, keep_steps=True)
+    s = result.summary
+    assert s["request_goodput"] == pytest.approx(s["request_throughput"])
+    assert result.steps is not None
+    assert sum(result.steps.num_steps) == s["num_steps"]
+    assert result.steps.end_s[-1] == s["duration"]
+    assert max(result.steps.kv_blocks_used) <= s["num_kv_blocks"]
