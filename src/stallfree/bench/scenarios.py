@@ -1,0 +1,253 @@
+"""Benchmark scenarios against a live endpoint; each returns a :class:`BenchRun`.
+
+- :func:`run_workload`: requests from a :class:`~stallfree.workload.WorkloadArrays` (Poisson,
+  gamma or replayed arrivals; lengths from a trace or a distribution), each sent at its arrival
+  time, so a slow server cannot slow the arrivals down (an open loop, as ``vllm bench serve``).
+- :func:`run_long_prompt`: the seed's experiment. N streams decode; once each has
+  ``warmup_chunks`` chunks, one long prompt arrives; after its first token and ``tail_chunks``
+  more chunks per stream the client hangs up on the streams. Reports the streams' longest and
+  median gap and the prompt's TTFT (and, first, its TTFT alone on an idle server).
+
+Records go through :func:`stallfree.metrics.record_from_token_times`, one token time per
+streamed chunk, so a run is scored by the same code as a simulated one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+
+from stallfree.bench.client import Endpoint, StreamResult, stream_completion
+from stallfree.bench.prompts import PromptSizer
+from stallfree.metrics import ItlAccumulator, RequestRecord, record_from_token_times
+from stallfree.workload import WorkloadArrays
+
+
+@dataclass(slots=True)
+class BenchRun:
+    """What a scenario measured; ``extra`` holds scenario-specific numbers (ms unless named)."""
+
+    records: list[RequestRecord]
+    itl: ItlAccumulator
+    duration_s: float
+    results: list[StreamResult]
+    requested_prompt_tokens: list[int]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def per_request(self) -> dict[str, list[Any]]:
+        """vLLM's per-request arrays (seconds), plus our requested lengths and errors."""
+        return {
+            "input_lens": [r.num_prompt_tokens for r in self.records],
+            "output_lens": [r.num_output_tokens for r in self.records],
+            "ttfts": [
+                None if r.first_token_s is None else r.first_token_s - r.arrival_s for r in self.records
+            ],
+            "itls": [np.diff(res.chunk_times_s).tolist() for res in self.results],
+            "requested_input_lens": self.requested_prompt_tokens,
+            "errors": [res.error or "" for res in self.results],
+        }
+
+
+def _record(
+    request_id: str, result: StreamResult, start_s: float, requested_prompt: int, itl: ItlAccumulator
+) -> RequestRecord:
+    times = [t - start_s for t in result.chunk_times_s]
+    num_output = result.num_output_tokens if result.num_output_tokens is not None else len(times)
+    return record_from_token_times(
+        request_id=request_id,
+        arrival_s=result.sent_s - start_s,
+        token_times_s=times,
+        num_prompt_tokens=result.num_prompt_tokens
+        if result.num_prompt_tokens is not None
+        else requested_prompt,
+        num_output_tokens=num_output if times else 0,
+        itl=itl,
+        finish_reason=result.finish_reason
+        if times or result.finish_reason in ("rejected", "failed")
+        else "failed",
+    )
+
+
+def _build(results: list[StreamResult], prompts: list[int], start_s: float, end_s: float) -> BenchRun:
+    itl = ItlAccumulator()
+    records = [
+        _record(str(i), res, start_s, p, itl) for i, (res, p) in enumerate(zip(results, prompts, strict=True))
+    ]
+    return BenchRun(records, itl, max(end_s - start_s, 1e-9), results, prompts)
+
+
+async def run_workload(
+    http: httpx.AsyncClient,
+    endpoint: Endpoint,
+    arrays: WorkloadArrays,
+    sizer: PromptSizer,
+    *,
+    seed: int = 0,
+    on_done: Callable[[], None] | None = None,
+) -> BenchRun:
+    """Send row ``i`` at ``arrival_time_s[i]`` seconds after the start; wait for all."""
+    rng = random.Random(seed)
+    prompts = arrays.num_prompt_tokens.tolist()
+    texts = [sizer.prompt(n, rng) for n in prompts]  # built up front: arrivals stay on time
+
+    async def one(i: int, delay_s: float, max_tokens: int) -> StreamResult:
+        await asyncio.sleep(max(0.0, start_s + delay_s - time.perf_counter()))
+        result = await stream_completion(http, endpoint, texts[i], max_tokens)
+        if on_done is not None:
+            on_done()
+        return result
+
+    start_s = time.perf_counter()
+    tasks = [
+        one(i, delay_s, max_tokens)
+        for i, (delay_s, max_tokens) in enumerate(
+            zip(arrays.arrival_time_s.tolist(), arrays.max_tokens.tolist(), strict=True)
+        )
+    ]
+    results = list(await asyncio.gather(*tasks))
+    return _build(results, prompts, start_s, time.perf_counter())
+
+
+@dataclass(frozen=True, slots=True)
+class LongPromptOptions:
+    num_streams: int = 16
+    prompt_tokens: int = 4096
+    stream_prompt_tokens: int = 32
+    stream_max_tokens: int = 512
+    prompt_max_tokens: int = 8
+    warmup_chunks: int = 8
+    tail_chunks: int = 16
+
+    def __post_init__(self) -> None:
+        for name in (
+            "num_streams",
+            "prompt_tokens",
+            "stream_prompt_tokens",
+            "stream_max_tokens",
+            "prompt_max_tokens",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.warmup_chunks < 2 or self.tail_chunks < 1:
+            raise ValueError("warmup_chunks must be >= 2 and tail_chunks >= 1")
+        if self.warmup_chunks + self.tail_chunks >= self.stream_max_tokens:
+            raise ValueError(
+                f"stream_max_tokens ({self.stream_max_tokens}) must exceed warmup + tail chunks "
+                f"({self.warmup_chunks + self.tail_chunks}): the streams must still decode when the prompt lands"
+            )
+
+
+async def run_long_prompt(
+    http: httpx.AsyncClient,
+    endpoint: Endpoint,
+    sizer: PromptSizer,
+    options: LongPromptOptions,
+    *,
+    seed: int = 0,
+) -> BenchRun:
+    """The seed's experiment against a live server (see the module docstring)."""
+    rng = random.Random(seed)
+    long_text = sizer.prompt(options.prompt_tokens, rng)
+    alone = await stream_completion(http, endpoint, sizer.prompt(options.prompt_tokens, rng), 1)
+    if not alone.chunk_times_s:
+        raise ValueError(f"the long prompt failed on an idle server: {alone.error or alone.finish_reason}")
+
+    n = options.num_streams
+    counts = [0] * n
+    warmed = asyncio.Event()
+    tail_done = asyncio.Event()
+    stop = asyncio.Event()
+    marks: dict[str, list[int]] = {}
+
+    def on_chunk(i: int) -> Callable[[int], None]:
+        def seen(count: int) -> None:
+            counts[i] = count
+            if not warmed.is_set() and min(counts) >= options.warmup_chunks:
+                warmed.set()
+            mark = marks.get("first_token")
+            if mark is not None and all(
+                c >= m + options.tail_chunks for c, m in zip(counts, mark, strict=True)
+            ):
+                tail_done.set()
+
+        return seen
+
+    start_s = time.perf_counter()
+    streams = [
+        asyncio.ensure_future(
+            stream_completion(
+                http,
+                endpoint,
+                sizer.prompt(options.stream_prompt_tokens, rng),
+                options.stream_max_tokens,
+                on_chunk=on_chunk(i),
+                stop=stop,
+            )
+        )
+        for i in range(n)
+    ]
+    first_token = asyncio.Event()
+
+    def prompt_chunk(count: int) -> None:
+        if count == 1:
+            marks["first_token"] = list(counts)
+            first_token.set()
+
+    await _wait_any(warmed, streams)
+    prompt_task = asyncio.ensure_future(
+        stream_completion(http, endpoint, long_text, options.prompt_max_tokens, on_chunk=prompt_chunk)
+    )
+    await _wait_any(first_token, [*streams, prompt_task])
+    await _wait_any(tail_done, streams)
+    stop.set()
+    stream_results = list(await asyncio.gather(*streams))
+    prompt_result = await prompt_task
+    run = _build(
+        [*stream_results, prompt_result],
+        [options.stream_prompt_tokens] * n + [options.prompt_tokens],
+        start_s,
+        time.perf_counter(),
+    )
+    run.extra = _long_prompt_numbers(run, stream_results, prompt_result, alone, options)
+    return run
+
+
+async def _wait_any(event: asyncio.Event, tasks: Sequence[asyncio.Future[StreamResult]]) -> None:
+    """Wait for ``event``, or until every task has ended (a failure must not hang the run)."""
+    waiter: asyncio.Future[Any] = asyncio.ensure_future(event.wait())
+    pending: set[asyncio.Future[Any]] = set(tasks)
+    while not waiter.done() and pending:
+        _, pending = await asyncio.wait({waiter, *pending}, return_when=asyncio.FIRST_COMPLETED)
+        pending.discard(waiter)
+    waiter.cancel()
+
+
+def _long_prompt_numbers(
+    run: BenchRun,
+    streams: list[StreamResult],
+    prompt: StreamResult,
+    alone: StreamResult,
+    options: LongPromptOptions,
+) -> dict[str, Any]:
+    # Gaps of the streams after their warm-up chunks: the first few include their own prefill.
+    gaps_s = np.concatenate(
+        [np.diff(s.chunk_times_s[options.warmup_chunks - 1 :]) for s in streams] or [np.zeros(0)]
+    )
+    finished_early = sum(s.finish_reason != "length" or s.error is not None for s in streams)
+    ttft_ms = (prompt.chunk_times_s[0] - prompt.sent_s) * 1000 if prompt.chunk_times_s else None
+    return {
+        "num_streams": options.num_streams,
+        "long_prompt_tokens": run.records[-1].num_prompt_tokens,
+        "long_prompt_ttft_ms": ttft_ms,
+        "long_prompt_alone_ttft_ms": (alone.chunk_times_s[0] - alone.sent_s) * 1000,
+        "streams_max_itl_ms": float(gaps_s.max()) * 1000 if gaps_s.size else None,
+        "streams_median_itl_ms": float(np.median(gaps_s)) * 1000 if gaps_s.size else None,
+        "streams_not_decoding_to_the_end": finished_early,
+    }

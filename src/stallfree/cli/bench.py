@@ -1,0 +1,224 @@
+"""``stallfree bench``: load any OpenAI-compatible server and score it with ``stallfree.metrics``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from stallfree.cli.common import UsageError, positive_float, positive_int
+
+SCENARIOS = ("long-prompt", "poisson", "gamma", "trace")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="measure TTFT, inter-token gaps and throughput of any OpenAI-compatible server",
+        description=(
+            "Streams /v1/completions from any OpenAI-compatible server (stallfree, vLLM, SGLang) and stamps "
+            "every chunk. Scenarios: long-prompt (N streams decode, one long prompt arrives: the streams' "
+            "longest gap and the prompt's TTFT), poisson / gamma (arrivals at --qps, lengths from --lengths) "
+            "and trace (replayed arrival times). Prompts are random words sized to the requested token "
+            "count by two calibration requests; real counts come from the server's usage."
+        ),
+    )
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (default %(default)s)")
+    p.add_argument("--model", help="model to ask for (default: the first of /v1/models)")
+    p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    p.add_argument("--scenario", choices=SCENARIOS, required=True)
+    p.add_argument("--seed", type=int, default=0, help="seed of arrivals, lengths and prompt text")
+    p.add_argument(
+        "--no-ignore-eos",
+        dest="ignore_eos",
+        action="store_false",
+        help="do not send vLLM's ignore_eos hint (for servers that reject unknown fields)",
+    )
+    p.add_argument(
+        "--chars-per-token", type=positive_float, help="skip calibration: prompt characters per token"
+    )
+    p.add_argument(
+        "--timeout", type=positive_float, default=600.0, help="seconds per request (default %(default)s)"
+    )
+    p.add_argument("--save-result", metavar="FILE", help="write the result JSON (vLLM's keys) to FILE")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+    g = p.add_argument_group("long-prompt")
+    g.add_argument("--streams", type=positive_int, default=16, help="streams decoding (default %(default)s)")
+    g.add_argument(
+        "--prompt-tokens",
+        type=positive_int,
+        help="long-prompt: the long prompt's tokens (default 4096); poisson/gamma: fixed prompt length",
+    )
+    g.add_argument(
+        "--stream-prompt-tokens", type=positive_int, default=32, help="each stream's prompt (default 32)"
+    )
+    g.add_argument(
+        "--stream-max-tokens", type=positive_int, default=512, help="each stream's max_tokens (default 512)"
+    )
+    g.add_argument(
+        "--prompt-max-tokens", type=positive_int, default=8, help="the long prompt's max_tokens (default 8)"
+    )
+
+    w = p.add_argument_group("poisson / gamma / trace")
+    w.add_argument("--qps", type=float, help="mean requests per second")
+    w.add_argument("--burstiness", type=float, help="gamma shape (1 = Poisson, < 1 burstier)")
+    w.add_argument("--lengths", help="trace name or CSV path, fixed:P,O, uniform:..., lognormal:...")
+    w.add_argument("--output-tokens", type=positive_int, help="fixed output length (with --prompt-tokens)")
+    w.add_argument("--num-requests", type=positive_int, help="requests to send (trace: default all rows)")
+    w.add_argument("--trace", help="trace: name or CSV path whose arrived_at column is replayed")
+    w.add_argument("--time-scale", type=positive_float, default=1.0, help="trace: stretch arrival times")
+    w.add_argument("--sampling", help="how trace lengths are drawn (with-replacement, in-order, ...)")
+    w.add_argument("--max-prompt-tokens", type=positive_int, help="cap prompt lengths")
+    w.add_argument(
+        "--max-total-tokens",
+        type=positive_int,
+        help="cap prompt + output (default: the server's context if listed)",
+    )
+    w.add_argument(
+        "--goodput", nargs="+", metavar="METRIC:MS", help="SLOs for goodput, e.g. ttft:500 tpot:50"
+    )
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stallfree.metrics_io import parse_goodput
+
+    if args.scenario != "long-prompt" and args.streams != 16:
+        raise UsageError("--streams applies only to the long-prompt scenario")
+    goodput = parse_goodput(args.goodput) if args.goodput else None
+    result = asyncio.run(_run(args, goodput))
+    _print(result)
+    if args.save_result:
+        path = Path(args.save_result)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"saved {path}", file=sys.stderr)
+    return 0 if result["completed"] else 1
+
+
+async def _run(args: argparse.Namespace, goodput: dict[str, float] | None) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from stallfree.bench import client as bc
+    from stallfree.bench.prompts import PromptSizer, calibrate
+    from stallfree.bench.scenarios import LongPromptOptions, run_long_prompt, run_workload
+    from stallfree.metrics import summarize
+
+    workload = None if args.scenario == "long-prompt" else _workload(args)  # bad options fail before any I/O
+    async with bc.client(args.timeout) as http:
+        model, max_model_len = await bc.discover(http, args.base_url, args.api_key, args.model)
+        endpoint = bc.Endpoint(
+            base_url=args.base_url.rstrip("/"),
+            model=model,
+            api_key=args.api_key,
+            extra_body={"ignore_eos": True} if args.ignore_eos else {},
+            max_model_len=max_model_len,
+        )
+        if args.chars_per_token:
+            sizer = PromptSizer(tokens_per_char=1 / args.chars_per_token)
+        else:
+            sizer = await calibrate(http, endpoint, args.seed)
+        if workload is None:
+            options = LongPromptOptions(
+                num_streams=args.streams,
+                prompt_tokens=args.prompt_tokens or 4096,
+                stream_prompt_tokens=args.stream_prompt_tokens,
+                stream_max_tokens=args.stream_max_tokens,
+                prompt_max_tokens=args.prompt_max_tokens,
+            )
+            print(
+                f"long-prompt: {args.streams} streams, then a {options.prompt_tokens}-token prompt",
+                file=sys.stderr,
+            )
+            run = await run_long_prompt(http, endpoint, sizer, options, seed=args.seed)
+        else:
+            from stallfree.workload import Workload, sample
+
+            if max_model_len is not None and workload.max_total_tokens is None:
+                workload = Workload(
+                    workload.arrivals, workload.lengths, workload.max_prompt_tokens, max_model_len
+                )
+            arrays = sample(workload, args.num_requests, args.seed)
+            with tqdm(total=len(arrays), disable=not args.progress, unit="req", file=sys.stderr) as bar:
+                run = await run_workload(http, endpoint, arrays, sizer, seed=args.seed, on_done=bar.update)
+    summary = summarize(run.records, run.itl, run.duration_s, goodput)
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"),
+        "backend": "openai",
+        "base_url": endpoint.base_url,
+        "model_id": model,
+        "scenario": args.scenario,
+        "num_prompts": len(run.records),
+        "request_rate": args.qps if args.qps is not None else "inf",
+        "burstiness": args.burstiness if args.burstiness is not None else 1.0,
+        "tokens_per_char": sizer.tokens_per_char,
+        **summary,
+        **run.extra,
+        **run.per_request(),
+    }
+
+
+def _workload(args: argparse.Namespace) -> Any:
+    from stallfree.workload import WorkloadOptions, workload_from_options
+
+    if args.scenario == "trace" and args.trace is None:
+        raise UsageError("the trace scenario needs --trace (a name or a CSV with an arrived_at column)")
+    if args.scenario in ("poisson", "gamma") and args.num_requests is None:
+        raise UsageError(f"the {args.scenario} scenario needs --num-requests")
+    if args.qps is not None and not args.qps > 0:
+        raise UsageError(f"--qps must be positive, got {args.qps}")
+    options = WorkloadOptions(
+        arrival=args.scenario,
+        qps=args.qps,
+        burstiness=args.burstiness,
+        trace=args.trace,
+        time_scale=args.time_scale,
+        lengths=args.lengths,
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        sampling=args.sampling,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_total_tokens=args.max_total_tokens,
+    )
+    return workload_from_options(options)
+
+
+_ROWS = (
+    ("completed", "Successful requests", "{}"),
+    ("failed", "Failed requests", "{}"),
+    ("rejected", "Rejected requests", "{}"),
+    ("duration", "Benchmark duration (s)", "{:.2f}"),
+    ("total_input_tokens", "Total input tokens", "{}"),
+    ("total_output_tokens", "Total generated tokens", "{}"),
+    ("request_throughput", "Request throughput (req/s)", "{:.2f}"),
+    ("output_throughput", "Output token throughput (tok/s)", "{:.2f}"),
+    ("mean_ttft_ms", "Mean TTFT (ms)", "{:.2f}"),
+    ("p99_ttft_ms", "P99 TTFT (ms)", "{:.2f}"),
+    ("mean_tpot_ms", "Mean TPOT (ms)", "{:.2f}"),
+    ("median_itl_ms", "Median ITL (ms)", "{:.2f}"),
+    ("p99_itl_ms", "P99 ITL (ms)", "{:.2f}"),
+    ("max_itl_ms", "Max ITL (ms)", "{:.2f}"),
+    ("request_goodput", "Request goodput (req/s)", "{:.2f}"),
+    ("long_prompt_tokens", "Long prompt tokens (server)", "{}"),
+    ("long_prompt_alone_ttft_ms", "Long prompt TTFT alone (ms)", "{:.2f}"),
+    ("long_prompt_ttft_ms", "Long prompt TTFT with streams (ms)", "{:.2f}"),
+    ("streams_median_itl_ms", "Streams' median gap (ms)", "{:.2f}"),
+    ("streams_max_itl_ms", "Streams' longest gap (ms)", "{:.2f}"),
+)
+
+
+def _print(result: dict[str, Any]) -> None:
+    print(f"{' ' + result['scenario'] + ' @ ' + result['base_url'] + ' ':=^60}")
+    for key, label, fmt in _ROWS:
+        value = result.get(key)
+        if value is not None:
+            print(f"{label + ':':<42}{fmt.format(value):>18}")
+    errors = [e for e in result["errors"] if e]
+    if errors:
+        print(f"first error ({len(errors)} in all): {errors[0]}")
+    print("=" * 60)
