@@ -3,6 +3,10 @@
 Rows are ordered single-token chunks first (batched decode attention), then each
 multi-token chunk in plan order. Each sampling chunk contributes one logit row (its last
 token); :attr:`ModelInputs.sample_request_ids` says whose, in logit order.
+
+Decodes are split into groups whose gathered K+V stays under ``_GATHER_BYTES``, so each
+group's gather is still in cache when its attention matmuls read it, and memory for the
+gather stays bounded however many sequences decode.
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ from dataclasses import dataclass
 import torch
 
 from stallfree.core import ScheduledChunk
-from stallfree.engine.attention import AttentionMetadata, ChunkAttention
+from stallfree.engine.attention import AttentionMetadata, ChunkAttention, DecodeGroup, gather_rows
+from stallfree.engine.kv_cache import KVCache
+
+_GATHER_BYTES = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +36,12 @@ def build_inputs(
     chunks: Sequence[ScheduledChunk],
     token_ids: Mapping[str, Sequence[int]],
     block_tables: Mapping[str, Sequence[int]],
-    block_size: int,
+    kv_cache: KVCache,
     group: int,
-    device: torch.device,
 ) -> ModelInputs:
     """``group`` is query heads per KV head (the chunk masks are tiled that many times)."""
+    device = kv_cache.key.device
+    block_size, num_blocks, kv_heads = kv_cache.block_size, kv_cache.num_blocks, kv_cache.num_kv_heads
     decodes = [c for c in chunks if c.num_tokens == 1]
     multis = [c for c in chunks if c.num_tokens > 1]
     ids: list[int] = []
@@ -42,33 +50,45 @@ def build_inputs(
     logit_rows: list[int] = []
     sample_ids: list[str] = []
 
-    context_lens = []
-    tables = []
+    tables: list[Sequence[int]] = []
     for c in decodes:
         rid, pos = c.request_id, c.num_computed_tokens
-        decode_table = block_tables[rid]
+        table = block_tables[rid]
         if c.samples:
             logit_rows.append(len(ids))
             sample_ids.append(rid)
         ids.append(token_ids[rid][pos])
         positions.append(pos)
-        slots.append(decode_table[pos // block_size] * block_size + pos % block_size)
-        context_lens.append(pos + 1)
-        tables.append(decode_table[: -(-(pos + 1) // block_size)])
-    max_blocks = max((len(t) for t in tables), default=0)
-    decode_tables = torch.tensor([list(t) + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.long)
-    span = torch.arange(max_blocks * block_size)
-    decode_mask = (span[None, :] < torch.tensor(context_lens, dtype=torch.long)[:, None]).unsqueeze(1)
+        slots.append(table[pos // block_size] * block_size + pos % block_size)
+        tables.append(table[: pos // block_size + 1])
+    decode_groups = []
+    seqs_per_group = max(
+        1, _GATHER_BYTES // max(1, kv_cache.bytes_per_block * max((len(t) for t in tables), default=1))
+    )
+    for first in range(0, len(decodes), seqs_per_group):
+        group_tables = tables[first : first + seqs_per_group]
+        width = max(len(t) for t in group_tables)
+        padded = torch.tensor([list(t) + [0] * (width - len(t)) for t in group_tables], dtype=torch.long)
+        context_lens = torch.tensor(positions[first : first + seqs_per_group], dtype=torch.long) + 1
+        mask = (torch.arange(width * block_size)[None, :] < context_lens[:, None]).unsqueeze(1)
+        decode_groups.append(
+            DecodeGroup(
+                start=first,
+                num_seqs=len(group_tables),
+                gather_rows=gather_rows(padded, kv_heads, num_blocks).to(device),
+                mask=mask.to(device),
+            )
+        )
 
     chunk_attn = []
     for c in multis:
         rid, start, n = c.request_id, c.num_computed_tokens, c.num_tokens
-        table = torch.tensor(block_tables[rid][: -(-(start + n) // block_size)], dtype=torch.long)
+        blocks = torch.tensor(block_tables[rid][: -(-(start + n) // block_size)], dtype=torch.long)
         chunk_pos = torch.arange(start, start + n)
         row = len(ids)
         ids.extend(token_ids[rid][start : start + n])
         positions.extend(range(start, start + n))
-        slots.extend((table[chunk_pos // block_size] * block_size + chunk_pos % block_size).tolist())
+        slots.extend((blocks[chunk_pos // block_size] * block_size + chunk_pos % block_size).tolist())
         if c.samples:
             logit_rows.append(row + n - 1)
             sample_ids.append(rid)
@@ -78,16 +98,14 @@ def build_inputs(
                 start=row,
                 num_tokens=n,
                 num_computed_tokens=start,
-                block_ids=table.to(device),
+                gather_rows=gather_rows(blocks, kv_heads, num_blocks).to(device),
                 mask=mask.repeat(group, 1).to(device),
             )
         )
 
     attn = AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-        num_decode_tokens=len(decodes),
-        decode_block_tables=decode_tables.to(device),
-        decode_mask=decode_mask.to(device),
+        decode_groups=tuple(decode_groups),
         chunks=tuple(chunk_attn),
     )
     return ModelInputs(

@@ -39,6 +39,9 @@ class KVCache:
         shape = (spec.num_layers, spec.num_kv_heads, num_blocks, block_size, spec.head_dim)
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.num_kv_heads = spec.num_kv_heads
+        # K+V of one block in ONE layer (what attention gathers per block per layer).
+        self.bytes_per_block = 2 * spec.num_kv_heads * block_size * spec.head_dim * dtype.itemsize
         self.key = torch.zeros(shape, dtype=dtype, device=device)
         self.value = torch.zeros(shape, dtype=dtype, device=device)
 

@@ -36,14 +36,7 @@ class ModelRunner:
             self.block_tables.setdefault(rid, []).extend(blocks)
         if not plan.chunks:
             return (), torch.empty(0, self.model.spec.vocab_size)
-        inputs = build_inputs(
-            plan.chunks,
-            token_ids,
-            self.block_tables,
-            self.kv_cache.block_size,
-            self._group,
-            self.model.device,
-        )
+        inputs = build_inputs(plan.chunks, token_ids, self.block_tables, self.kv_cache, self._group)
         logits = self.model(
             inputs.input_ids, inputs.positions, self.kv_cache, inputs.attn, inputs.logits_indices
         )
