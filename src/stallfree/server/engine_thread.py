@@ -20,10 +20,10 @@ import asyncio
 import contextlib
 import functools
 import itertools
+import logging
 import queue
 import threading
 import time
-import traceback
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from stallfree.engine.engine import LLMEngine
     from stallfree.engine.requests import RequestOutput
     from stallfree.server.metrics import ServerMetrics
+
+_log = logging.getLogger(__name__)
 
 # How long an engine that has requests but cannot schedule any waits for a command.
 _STALLED_WAIT_S = 0.01
@@ -204,7 +206,7 @@ class EngineThread:
                 self._update_gauges()
                 self._deliver(deliveries)
         except Exception as exc:
-            traceback.print_exc()
+            _log.exception("the engine thread died")
             self._die(f"engine thread died: {type(exc).__name__}: {exc}")
 
     def _die(self, reason: str) -> None:
