@@ -109,7 +109,15 @@ async def _run(args: argparse.Namespace, goodput: dict[str, float] | None) -> di
     from stallfree.bench.scenarios import LongPromptOptions, run_long_prompt, run_workload
     from stallfree.metrics import summarize
 
-    workload = None if args.scenario == "long-prompt" else _workload(args)  # bad options fail before any I/O
+    # Bad options fail before any I/O.
+    workload = None if args.scenario == "long-prompt" else _workload(args)
+    options = LongPromptOptions(
+        num_streams=args.streams,
+        prompt_tokens=args.prompt_tokens or 4096,
+        stream_prompt_tokens=args.stream_prompt_tokens,
+        stream_max_tokens=args.stream_max_tokens,
+        prompt_max_tokens=args.prompt_max_tokens,
+    )
     async with bc.client(args.timeout) as http:
         model, max_model_len = await bc.discover(http, args.base_url, args.api_key, args.model)
         endpoint = bc.Endpoint(
@@ -124,13 +132,6 @@ async def _run(args: argparse.Namespace, goodput: dict[str, float] | None) -> di
         else:
             sizer = await calibrate(http, endpoint, args.seed)
         if workload is None:
-            options = LongPromptOptions(
-                num_streams=args.streams,
-                prompt_tokens=args.prompt_tokens or 4096,
-                stream_prompt_tokens=args.stream_prompt_tokens,
-                stream_max_tokens=args.stream_max_tokens,
-                prompt_max_tokens=args.prompt_max_tokens,
-            )
             print(
                 f"long-prompt: {args.streams} streams, then a {options.prompt_tokens}-token prompt",
                 file=sys.stderr,

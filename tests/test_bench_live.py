@@ -1,0 +1,113 @@
+"""``stallfree bench`` against a real ``stallfree`` server, and its bad-input errors."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stallfree.cli import main
+from stallfree.server.runner import ServerThread, build_server
+
+MODEL = "random:tiny"
+VLLM_KEYS = [
+    "completed",
+    "duration",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    *(
+        f"{s}_{m}_ms"
+        for m in ("ttft", "tpot", "itl", "e2el")
+        for s in ("mean", "median", "std", "p90", "p99")
+    ),
+    "max_itl_ms",
+]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerThread]:
+    app = build_server(MODEL, dtype="float32", device="cpu", token_budget=64, num_blocks=2048)
+    with ServerThread(app) as running:
+        yield running
+
+
+def test_long_prompt_scenario(server: ServerThread, tmp_path: Path) -> None:
+    out = tmp_path / "long.json"
+    argv = ["bench", "--base-url", server.base_url, "--scenario", "long-prompt", "--streams", "4"]
+    argv += ["--prompt-tokens", "600", "--stream-max-tokens", "400", "--save-result", str(out)]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert all(key in result for key in VLLM_KEYS)
+    assert result["completed"] == 5 and result["failed"] == 0
+    # Prompt sizing was calibrated on the server: the server counted about what was asked.
+    assert abs(result["long_prompt_tokens"] - 600) <= 60
+    assert result["streams_max_itl_ms"] >= result["streams_median_itl_ms"] > 0
+    assert result["long_prompt_ttft_ms"] > 0 and result["long_prompt_alone_ttft_ms"] > 0
+    assert result["streams_not_decoding_to_the_end"] == 0
+    assert _blocks_freed(server)  # the streams the client hung up on were aborted
+
+
+def _blocks_freed(server: ServerThread) -> bool:
+    scheduler = server.app.state.engine_thread.engine.scheduler
+    deadline_s = time.monotonic() + 10
+    while scheduler.block_manager.num_used_blocks and time.monotonic() < deadline_s:
+        time.sleep(0.02)
+    return scheduler.block_manager.num_used_blocks == 0
+
+
+def test_poisson_scenario_with_trace_lengths(server: ServerThread, tmp_path: Path) -> None:
+    out = tmp_path / "poisson.json"
+    argv = ["bench", "--base-url", server.base_url, "--scenario", "poisson", "--qps", "50"]
+    argv += ["--lengths", "sharegpt", "--num-requests", "12", "--max-total-tokens", "300"]
+    argv += ["--no-progress", "--save-result", str(out)]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["completed"] == 12
+    assert all(key in result for key in VLLM_KEYS)
+    # ignore_eos: every request generated exactly what was asked, as the server's usage says.
+    assert result["total_output_tokens"] == sum(result["output_lens"])
+    assert all(n + p <= 300 + 30 for n, p in zip(result["output_lens"], result["input_lens"], strict=True))
+    assert len(result["itls"]) == 12
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--scenario", "poisson", "--qps", "0", "--num-requests", "5", "--lengths", "fixed:10,5"], "qps"),
+        (["--scenario", "poisson", "--qps", "-2", "--num-requests", "5", "--lengths", "fixed:10,5"], "qps"),
+        (["--scenario", "poisson", "--qps", "1", "--lengths", "fixed:10,5"], "--num-requests"),
+        (["--scenario", "trace"], "--trace"),
+        (["--scenario", "trace", "--trace", "/no/such/trace.csv"], "trace.csv"),
+        (
+            ["--scenario", "poisson", "--qps", "1", "--num-requests", "3", "--lengths", "/no/such.csv"],
+            "such.csv",
+        ),
+        (["--scenario", "long-prompt", "--stream-max-tokens", "10"], "stream_max_tokens"),
+    ],
+)
+def test_bad_options_fail_with_one_line(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--base-url", f"http://127.0.0.1:{_closed_port()}", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_unreachable_server_fails_fast(capsys: pytest.CaptureFixture[str]) -> None:
+    start_s = time.monotonic()
+    code = main(["bench", "--base-url", f"http://127.0.0.1:{_closed_port()}", "--scenario", "long-prompt"])
+    assert code == 2
+    assert time.monotonic() - start_s < 10
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot reach" in err
