@@ -323,8 +323,9 @@ def run_sweep(args: argparse.Namespace) -> int:
     with _backend(args) as backend:
         summary = run_sweep_grid(grid, args.out, backend, progress=_progress(args))
     print(
-        f"{summary.num_trials} trials ({summary.num_resumed} resumed from {summary.trials_path}, "
-        f"{summary.num_trials - summary.num_resumed} run) in {_duration(time.perf_counter() - started)}"
+        f"{summary.num_trials} trials: {summary.num_run} run, {summary.num_resumed} resumed from "
+        f"{summary.trials_path}, {summary.num_trials - summary.num_run - summary.num_resumed} repeats "
+        f"(the same spec twice) in {_duration(time.perf_counter() - started)}"
     )
     print(f"trials:   {summary.trials_path}")
     if summary.capacity_path is not None:

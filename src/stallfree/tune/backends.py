@@ -13,9 +13,11 @@ from __future__ import annotations
 import abc
 import concurrent.futures as cf
 import multiprocessing
+import os
 import socket
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from stallfree.metrics import Summary
@@ -88,9 +90,10 @@ class PoolBackend(Backend):
 class RayBackend(Backend):
     """Trials as Ray tasks: on the cluster at ``address``, or on a local Ray started here.
 
-    ``address`` is what ``ray.init`` takes (``auto``, ``HOST:PORT``, ``ray://HOST:PORT``); a
-    ``HOST:PORT`` that does not accept a TCP connection within ``connect_timeout_s`` fails at
-    once rather than after Ray's own retries.
+    ``address`` is what ``ray.init`` takes (``auto``, ``HOST:PORT``, ``ray://HOST:PORT``). A
+    ``HOST:PORT`` that does not accept a TCP connection within ``connect_timeout_s``, or accepts
+    one but is not a Ray head, fails in about that time with one line, rather than after Ray's
+    own retries (about 20 s of warnings).
     """
 
     def __init__(
@@ -98,7 +101,7 @@ class RayBackend(Backend):
         trial_fn: TrialFn,
         address: str | None = None,
         num_cpus: int | None = None,
-        connect_timeout_s: float = 5.0,
+        connect_timeout_s: float = 3.0,
     ) -> None:
         try:
             import ray
@@ -109,16 +112,10 @@ class RayBackend(Backend):
         self._ray: Any = ray
         self._started_here = not ray.is_initialized()
         if self._started_here:
-            try:
-                if address is None:
-                    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-                else:
-                    ray.init(address=address, log_to_driver=False)
-            except (ConnectionError, RuntimeError) as error:
-                first_line = (
-                    str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-                )
-                raise ValueError(f"cannot reach a Ray cluster at {address}: {first_line}") from None
+            if address is None:
+                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            else:
+                _connect(ray, address, connect_timeout_s)
         self.workers = max(1, int(self._ray.cluster_resources().get("CPU", 1)))
         self._remote = ray.remote(num_cpus=1)(trial_fn)
         self._refs: dict[Any, int] = {}
@@ -138,6 +135,30 @@ class RayBackend(Backend):
         self._refs.clear()
         if self._started_here:
             self._ray.shutdown()
+
+
+def _connect(ray: Any, address: str, timeout_s: float) -> None:
+    """``ray.init(address)`` with Ray's connection retries cut to ``timeout_s`` and its retry
+    warnings (C++ logs on fd 2) kept off the terminal, so a failure is our one line."""
+    budget = {"RAY_gcs_server_port_wait_time_s": str(max(1, round(timeout_s)))}
+    saved_env = {name: os.environ.get(name) for name in budget}
+    os.environ.update({k: v for k, v in budget.items() if saved_env[k] is None})
+    saved_stderr = os.dup(2)
+    try:
+        with Path(os.devnull).open("w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            ray.init(address=address, log_to_driver=False, logging_level="error")
+    except (ConnectionError, RuntimeError) as error:
+        lines = str(error).strip().splitlines()
+        raise ValueError(
+            f"cannot reach a Ray cluster at {address}: {lines[0] if lines else type(error).__name__}"
+        ) from None
+    finally:
+        os.dup2(saved_stderr, 2)
+        os.close(saved_stderr)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
 
 
 def check_address(address: str, timeout_s: float) -> None:

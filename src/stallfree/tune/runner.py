@@ -13,12 +13,14 @@ import itertools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from stallfree.metrics import Summary
 from stallfree.tune.backends import Backend
 from stallfree.tune.slo import Slos
 from stallfree.tune.trial import TrialSpec
+
+Origin = Literal["run", "resumed", "repeat"]
 
 
 class Probe(Protocol):
@@ -52,8 +54,8 @@ class Job:
 
 @dataclass(frozen=True, slots=True)
 class TrialRecord:
-    """One finished trial. ``passed`` is None when no SLOs were given; ``resumed``: its result
-    came from ``done`` or an identical earlier trial rather than a simulation of its own."""
+    """One finished trial. ``passed`` is None when no SLOs were given. ``origin``: ``run`` (simulated
+    now), ``resumed`` (read from ``done``) or ``repeat`` (the same spec as another job's trial)."""
 
     job: int
     index: int
@@ -61,7 +63,7 @@ class TrialRecord:
     metrics: Summary
     passed: bool | None
     violations: tuple[str, ...]
-    resumed: bool = False
+    origin: Origin = "run"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -93,21 +95,23 @@ def run_jobs(
     from tqdm import tqdm
 
     known = dict(done or {})  # grows with this run's results: a repeated spec runs once
+    resumed_keys = set(known)
     records: list[TrialRecord] = []
     counts = [0] * len(jobs)
-    in_flight: dict[int, tuple[int, TrialSpec]] = {}
+    in_flight: dict[int, tuple[TrialSpec, list[int]]] = {}  # ticket -> (spec, jobs waiting on it)
+    ticket_of: dict[str, int] = {}  # key -> ticket of a trial in flight
     tickets = itertools.count()
     bar = tqdm(total=0, unit="trial", desc=desc, disable=not progress, file=sys.stderr, dynamic_ncols=True)
 
-    def finish(j: int, spec: TrialSpec, metrics: Summary, resumed: bool) -> None:
+    def finish(j: int, spec: TrialSpec, metrics: Summary, origin: Origin) -> None:
         violations = slos.violations(metrics) if slos is not None else ()
         passed = None if slos is None else not violations
         jobs[j].probe.record(spec.qps, bool(passed))
-        record = TrialRecord(j, counts[j], spec, metrics, passed, violations, resumed)
+        record = TrialRecord(j, counts[j], spec, metrics, passed, violations, origin)
         counts[j] += 1
         records.append(record)
         known[spec.key()] = metrics
-        if on_trial is not None and not resumed:
+        if on_trial is not None and origin == "run":
             on_trial(record)
         bar.total = bar.n + 1 + sum(job.probe.trials_left_estimate() for job in jobs)
         bar.update(1)  # after the total: tqdm's ETA uses both
@@ -115,13 +119,17 @@ def run_jobs(
     def advance(j: int) -> None:
         while (qps := jobs[j].probe.next_qps()) is not None:
             spec = jobs[j].base.at_qps(qps)
-            cached = known.get(spec.key())
+            key = spec.key()
+            if key in ticket_of:
+                in_flight[ticket_of[key]][1].append(j)
+                return
+            cached = known.get(key)
             if cached is None:
-                ticket = next(tickets)
-                in_flight[ticket] = (j, spec)
+                ticket = ticket_of[key] = next(tickets)
+                in_flight[ticket] = (spec, [j])
                 backend.submit(ticket, spec)
                 return
-            finish(j, spec, cached, resumed=True)
+            finish(j, spec, cached, "resumed" if key in resumed_keys else "repeat")
 
     try:
         for j in range(len(jobs)):
@@ -130,9 +138,12 @@ def run_jobs(
         bar.refresh()
         while in_flight:
             ticket, metrics = backend.next_result()
-            j, spec = in_flight.pop(ticket)
-            finish(j, spec, metrics, resumed=False)
-            advance(j)
+            spec, waiting = in_flight.pop(ticket)
+            del ticket_of[spec.key()]
+            for position, j in enumerate(waiting):
+                finish(j, spec, metrics, "repeat" if position else "run")
+            for j in waiting:
+                advance(j)
     finally:
         bar.close()
     return sorted(records, key=lambda r: (r.job, r.index))

@@ -48,7 +48,8 @@ CAPACITY_COLUMNS = (
 
 @dataclass(frozen=True, slots=True)
 class SweepSummary:
-    num_trials: int
+    num_trials: int  # every trial of the grid, repeats (the same spec in two jobs) included
+    num_run: int
     num_resumed: int
     trials_path: Path
     capacity_path: Path | None
@@ -117,7 +118,9 @@ def run_sweep_grid(
     if searches:
         capacity_path = out / "capacity.csv"
         write_capacity(capacity_path, searches)
-    return SweepSummary(len(records), sum(r.resumed for r in records), trials_path, capacity_path)
+    num_run = sum(r.origin == "run" for r in records)
+    num_resumed = sum(r.origin == "resumed" for r in records)
+    return SweepSummary(len(records), num_run, num_resumed, trials_path, capacity_path)
 
 
 class TrialWriter:

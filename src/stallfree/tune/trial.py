@@ -19,10 +19,9 @@ import json
 import math
 from dataclasses import dataclass
 
-from stallfree.core import CacheConfig, Policy, Scheduler, SchedulerConfig, StepResult, make_policy
-from stallfree.metrics import ItlAccumulator, Summary, record_from_token_times, summarize
-from stallfree.sim.cost_model import COST_MODEL_KINDS, CostModel, CostModelConfig
-from stallfree.sim.simulator import simulate_timeline
+from stallfree.metrics import Summary
+from stallfree.sim.cost_model import COST_MODEL_KINDS, CostModel, CostModelConfig, CostModelKind
+from stallfree.sim.simulation import SimulationResult, simulate
 from stallfree.specs import load_hardware_spec, load_model_spec
 from stallfree.workload import Workload, gamma, parse_lengths, sample
 
@@ -76,50 +75,41 @@ class TrialSpec:
 
 
 def check_spec(spec: TrialSpec) -> None:
-    """Fail now, in one clear ``ValueError``, on what would fail in every worker."""
-    _cost_model(spec.model, spec.hardware, spec.tp, spec.cost_model)
+    """Fail now, in one clear ``ValueError``, on what would fail in every worker: the lengths,
+    then the deployment, by a run of one tiny request."""
     _workload(spec)
-    Scheduler(
-        SchedulerConfig(max_num_seqs=spec.max_num_seqs),
-        CacheConfig(num_blocks=_num_blocks(spec)),
-        _policy(spec),
-    )
+    _simulate(dataclasses.replace(spec, lengths="fixed:16,2", num_requests=1))
 
 
 def run_trial(spec: TrialSpec) -> Summary:
-    """Simulate ``spec`` and return its summary (keys as ``stallfree.metrics.summarize``)."""
-    cost = _cost_model(spec.model, spec.hardware, spec.tp, spec.cost_model)
-    arrays = sample(_workload(spec), spec.num_requests, spec.seed)
-    scheduler = Scheduler(
-        SchedulerConfig(max_num_seqs=spec.max_num_seqs),
-        CacheConfig(num_blocks=_num_blocks(spec)),
-        _policy(spec),
+    """Simulate ``spec``; its numeric summary (keys as :func:`stallfree.metrics.summarize`, plus
+    ``num_steps`` and ``num_kv_blocks``)."""
+    summary = _simulate(spec).summary
+    return {
+        k: v
+        for k, v in summary.items()
+        if v is None or (isinstance(v, int | float) and not isinstance(v, bool))
+    }
+
+
+def _simulate(spec: TrialSpec) -> SimulationResult:
+    # For chunked the budget is the step's token budget; for the whole-prompt policies it caps
+    # the prompt tokens one step batches (vLLM's --max-num-batched-tokens without chunking).
+    chunked = spec.policy == "chunked"
+    return simulate(
+        _workload(spec),
+        model=spec.model,
+        hardware=spec.hardware,
+        tp=spec.tp,
+        cost_model=_cost_model_kind(spec.cost_model),
+        policy=spec.policy,
+        token_budget=spec.token_budget if chunked else None,
+        max_num_batched_tokens=None if chunked else spec.token_budget,
+        max_num_seqs=spec.max_num_seqs,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        num_requests=spec.num_requests,
+        seed=spec.seed,
     )
-    timeline = simulate_timeline(
-        scheduler, lambda plan: StepResult(duration_s=cost.step_time_s(plan)), arrays.iter_requests()
-    )
-    first_scheduled_s: dict[str, float] = {}
-    for step in timeline.steps:
-        for rid, _ in step.tokens_by_request:
-            first_scheduled_s.setdefault(rid, step.start_s)
-    itl = ItlAccumulator()
-    records = []
-    for index, (arrival_s, prompt) in enumerate(
-        zip(arrays.arrival_time_s.tolist(), arrays.num_prompt_tokens.tolist(), strict=True)
-    ):
-        name = str(index)
-        records.append(
-            record_from_token_times(
-                request_id=name,
-                arrival_s=arrival_s,
-                token_times_s=timeline.token_times_s.get(name, []),
-                num_prompt_tokens=prompt,
-                itl=itl,
-                finish_reason="rejected" if name in timeline.rejected else "length",
-                first_scheduled_s=first_scheduled_s.get(name),
-            )
-        )
-    return summarize(records, itl, max(timeline.end_s, 1e-9))
 
 
 def estimate_qps(spec: TrialSpec) -> float:
@@ -146,24 +136,17 @@ def decode_step_ms(model: str, hardware: str, tp: int, num_seqs: int, context_le
 
 @functools.lru_cache(maxsize=16)
 def _cost_model(model: str, hardware: str, tp: int, kind: str) -> CostModel:
+    config = CostModelConfig(
+        load_model_spec(model), load_hardware_spec(hardware), tp=tp, kind=_cost_model_kind(kind)
+    )
+    return CostModel(config)
+
+
+def _cost_model_kind(kind: str) -> CostModelKind:
     for known in COST_MODEL_KINDS:
         if kind == known:
-            return CostModel(
-                CostModelConfig(load_model_spec(model), load_hardware_spec(hardware), tp=tp, kind=known)
-            )
+            return known
     raise ValueError(f"unknown cost model {kind!r}; choose from {', '.join(COST_MODEL_KINDS)}")
-
-
-def _num_blocks(spec: TrialSpec, block_size: int = 16) -> int:
-    cost = _cost_model(spec.model, spec.hardware, spec.tp, spec.cost_model)
-    num_blocks = cost.kv_capacity_tokens(spec.gpu_memory_utilization) // block_size
-    if num_blocks <= 0:
-        raise ValueError(f"{spec.model} leaves no room for a KV cache on {spec.tp} x {spec.hardware}")
-    return int(num_blocks)
-
-
-def _policy(spec: TrialSpec) -> Policy:
-    return make_policy(spec.policy, token_budget=spec.token_budget)
 
 
 def _workload(spec: TrialSpec) -> Workload:

@@ -1,0 +1,69 @@
+"""The Ray backend on a local Ray (127.0.0.1, 2 CPUs): the same results as the serial backend."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from stallfree.metrics import Summary
+from stallfree.tune.backends import RayBackend, SerialBackend
+from stallfree.tune.runner import FixedQps, Job, TrialRecord, run_jobs
+from stallfree.tune.search import CapacitySearch, SearchConfig
+from stallfree.tune.slo import Slos
+from stallfree.tune.trial import TrialSpec, run_trial
+
+ray = pytest.importorskip("ray")
+
+SLOS = Slos.from_mapping({"tbt_p99_ms": 100})
+
+
+def fake_trial(spec: TrialSpec) -> Summary:
+    return {"p99_itl_ms": spec.qps * spec.token_budget / 100}
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    # Ray workers cannot import this test module: ship its functions by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def jobs() -> list[Job]:
+    base = TrialSpec(model="mistral-7b", hardware="a100-80gb")
+    return [
+        Job(dataclasses.replace(base, token_budget=b), CapacitySearch(SearchConfig(qps_start=1.0)))
+        for b in (256, 512, 2048)
+    ]
+
+
+def outcome(records: list[TrialRecord]) -> list[tuple[int, float, bool | None, Summary]]:
+    return [(r.job, r.spec.qps, r.passed, r.metrics) for r in records]
+
+
+@pytest.mark.slow
+def test_ray_backend_gives_the_serial_results(local_ray: None) -> None:
+    with RayBackend(fake_trial) as backend:
+        assert backend.workers == 2
+        on_ray = run_jobs(jobs(), backend, SLOS)
+    assert outcome(on_ray) == outcome(run_jobs(jobs(), SerialBackend(fake_trial), SLOS))
+    assert ray.is_initialized()  # a Ray it did not start is left running
+
+    # A real (tiny) simulation as a Ray task equals the same simulation here.
+    real = TrialSpec(model="mistral-7b", hardware="a100-80gb", lengths="fixed:256,16", num_requests=20)
+    real_jobs = [Job(real, FixedQps(q)) for q in (1.0, 8.0)]
+    with RayBackend(run_trial) as backend:
+        on_ray = run_jobs(real_jobs, backend, SLOS)
+    here = run_jobs([Job(real, FixedQps(q)) for q in (1.0, 8.0)], SerialBackend(run_trial), SLOS)
+    assert outcome(on_ray) == outcome(here)
+
+
+def test_unreachable_ray_address_fails_fast_with_one_line() -> None:
+    with pytest.raises(ValueError, match=r"no Ray cluster answers at 127\.0\.0\.1:1 "):
+        RayBackend(fake_trial, address="127.0.0.1:1", connect_timeout_s=1.0)
+    with pytest.raises(ValueError, match="bad Ray address"):
+        RayBackend(fake_trial, address="localhost")
