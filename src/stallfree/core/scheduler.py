@@ -63,24 +63,23 @@ class CacheConfig:
 class Sequence:
     """A request's progress inside the scheduler (internal; policies read it)."""
 
-    __slots__ = ("num_computed_tokens", "num_output_tokens", "request")
+    # request_id and num_prompt_tokens are copied from the request: read on every step.
+    __slots__ = ("num_computed_tokens", "num_output_tokens", "num_prompt_tokens", "request", "request_id")
 
     def __init__(self, request: Request) -> None:
         self.request = request
+        self.request_id = request.request_id
+        self.num_prompt_tokens = request.num_prompt_tokens
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
 
     @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
     def num_known_tokens(self) -> int:
-        return self.request.num_prompt_tokens + self.num_output_tokens
+        return self.num_prompt_tokens + self.num_output_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        return self.request.num_prompt_tokens + self.num_output_tokens - self.num_computed_tokens
+        return self.num_prompt_tokens + self.num_output_tokens - self.num_computed_tokens
 
     @property
     def is_decoding(self) -> bool:
@@ -143,6 +142,9 @@ class StepContext:
             return 0
         target = seq.num_computed_tokens + num_tokens
         need = bm.num_new_blocks(rid, target)
+        if not need:  # most decodes: the last block still has room
+            self._add(seq, num_tokens, ())
+            return num_tokens
         if preempt:
             while not bm.can_allocate(need):
                 victim = s._running[-1]

@@ -100,6 +100,8 @@ def simulate(
     summary: dict[str, Any] = {
         "policy": policy,
         **summarize(run.records, run.itl, run.duration_s, goodput),
+        # exact, where the ITL samples are rounded to 16 significant bits
+        "max_itl_ms": max((r.max_itl_s for r in run.records), default=0.0) * 1000,
         "num_steps": run.num_steps,
         "num_kv_blocks": kv.num_blocks,
         "kv_block_size": block_size,

@@ -4,8 +4,9 @@ Requests arrive over time, the shared :class:`~stallfree.core.Scheduler` plans e
 cost model prices it, and the clock moves. Unlike :mod:`stallfree.sim.simulator` (every token
 time kept, for single scenarios) this driver keeps aggregates that stay in flat memory: one
 :class:`~stallfree.metrics.RequestRecord` per finished request, inter-token latencies as
-weighted samples (one entry per step: the gap and how many streams saw it), and state only for
-requests still in flight.
+weighted samples (one entry per step: the gap and how many streams saw it, rounded to 16
+significant bits and merged, see :mod:`stallfree.sim.itl`), and state only for requests still
+in flight.
 
 Fast path: most steps repeat the previous one (the same decodes, one prompt chunk of the same
 size), differing only in context length. :meth:`Scheduler.steady_run` says how many steps a plan
@@ -30,6 +31,7 @@ import numpy.typing as npt
 
 from stallfree.core import Request, Scheduler, StepPlan, StepResult
 from stallfree.metrics import ItlAccumulator, RequestRecord
+from stallfree.sim.itl import ItlSamples
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -128,7 +130,7 @@ def run_traffic(
     arrival_order = array("q")  # records[i] is the arrival_order[i]-th request to arrive
     num_arrived = 0
     rejected: dict[str, int] = {}
-    itl = ItlAccumulator()
+    itl = ItlSamples()
     trace = StepTrace() if keep_steps else None
     clock = 0.0
     num_steps = num_plans = num_preemptions = 0
@@ -189,7 +191,7 @@ def run_traffic(
     in_arrival_order = np.argsort(np.frombuffer(arrival_order, dtype=np.int64), kind="stable")
     return TrafficRun(
         records=[records[i] for i in in_arrival_order.tolist()],
-        itl=itl,
+        itl=itl.accumulator(),
         duration_s=clock,
         num_steps=num_steps,
         num_plans=num_plans,
@@ -225,7 +227,7 @@ def _steady_ends(
 def _record_tokens(
     plan: StepPlan,
     live: dict[str, _Live],
-    itl: ItlAccumulator,
+    itl: ItlSamples,
     start: float,
     first_end: float,
     ends: FloatArray | None,

@@ -1,0 +1,89 @@
+"""Speed and memory of ``stallfree simulate``: the arXiv trace at QPS 2 (Poisson, seed 0),
+Llama-3-8B on one A100-80GB, chunked with a 512-token budget, full cost model.
+
+Each size runs in a fresh Python process, so its peak RSS (``resource.getrusage``) is its own.
+Prints one row per size: process wall time (interpreter start to exit), the time inside
+``simulate()`` (sampling the workload, simulating, summarising), peak RSS, steps and plans (a
+plan runs as many identical steps in a row as it can), p99 and max ITL.
+
+    .venv/bin/python benchmarks/sim_speed.py                 # 10,000 and 100,000 requests
+    .venv/bin/python benchmarks/sim_speed.py --sizes 10000 --policy prefill-first
+    .venv/bin/python benchmarks/sim_speed.py --step-by-step  # the slow reference path
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+STARTED = time.perf_counter()
+
+
+def one(num_requests: int, policy: str, fast: bool) -> dict[str, float]:
+    import resource
+
+    from stallfree.sim import simulate
+    from stallfree.workload import TraceLengths, Workload, poisson
+
+    workload = Workload(poisson(2.0), TraceLengths("arxiv"))
+    began = time.perf_counter()
+    result = simulate(
+        workload,
+        model="llama-3-8b",
+        hardware="a100-80gb",
+        policy=policy,
+        token_budget=512 if policy == "chunked" else None,
+        num_requests=num_requests,
+        seed=0,
+        fast=fast,
+    )
+    simulate_s = time.perf_counter() - began
+    s = result.summary
+    return {
+        "num_requests": num_requests,
+        "simulate_s": simulate_s,
+        "process_s": time.perf_counter() - STARTED,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "num_steps": s["num_steps"],
+        "completed": s["completed"],
+        "p99_itl_ms": s["p99_itl_ms"],
+        "max_itl_ms": s["max_itl_ms"],
+        "p99_ttft_ms": s["p99_ttft_ms"],
+        "itl_entries": result.itl.num_entries,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="10000,100000", help="comma list of request counts")
+    parser.add_argument("--policy", default="chunked")
+    parser.add_argument("--step-by-step", action="store_true", help="schedule every step (no steady runs)")
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(one(args.child, args.policy, not args.step_by_step)))
+        return
+    print(
+        "| requests | process wall (s) | simulate() (s) | peak RSS (MB) | steps | ITL entries | p99 ITL (ms) | max ITL (ms) |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for size in (int(x) for x in args.sizes.split(",")):
+        cmd = [sys.executable, __file__, "--child", str(size), "--policy", args.policy]
+        if args.step_by_step:
+            cmd.append("--step-by-step")
+        began = time.perf_counter()
+        row = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        wall_s = time.perf_counter() - began
+        print(
+            f"| {size:,} | {wall_s:.2f} | {row['simulate_s']:.2f} | {row['peak_rss_mb']:.0f} | {row['num_steps']:,} "
+            f"| {row['itl_entries']:,} | {row['p99_itl_ms']:.2f} | {row['max_itl_ms']:.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
