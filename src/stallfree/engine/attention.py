@@ -9,10 +9,11 @@ A step's tokens come in two groups (the batch builder orders them so):
 - then each multi-token chunk (a prompt chunk or a recompute) attends over its own
   context with causal masking inside the chunk, one call per chunk.
 
-Grouped-query attention is computed by folding each KV head's group of query heads into
-extra query rows (``[kv_heads, group * tokens, head_dim]``) rather than repeating K/V or
-asking SDPA for ``enable_gqa`` (which is many times slower in bf16 on CPU). Masks are
-built once per step by the batch builder and shared by all layers.
+Grouped-query attention never copies K/V per query head and never asks SDPA for
+``enable_gqa`` (many times slower in bf16 on CPU): decodes fold each KV head's group of
+query heads into extra query rows; chunks put the group in SDPA's batch dimension over
+expanded (stride-0) K/V views, which keeps SDPA on its flash kernel. Masks are built
+once per step by the batch builder and shared by all layers.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ class ChunkAttention:
     num_tokens: int
     num_computed_tokens: int
     gather_rows: torch.Tensor  # [kv_heads * blocks holding the context]
-    mask: torch.Tensor  # [group * num_tokens, context_len] bool, True = attend
+    # [num_tokens, context_len] bool, True = attend; None: no earlier context, plain causal
+    # (SDPA's flash kernel then skips the masked half instead of computing and discarding it).
+    mask: torch.Tensor | None
 
     @property
     def context_len(self) -> int:
@@ -102,14 +105,10 @@ def paged_attention(
     for chunk in meta.chunks:
         rows = slice(chunk.start, chunk.start + chunk.num_tokens)
         n = chunk.num_tokens
-        # [n, H, D] -> [kv_heads, group * n, D]
-        cq = (
-            q[rows]
-            .view(n, kv_heads, group, head_dim)
-            .permute(1, 2, 0, 3)
-            .reshape(kv_heads, group * n, head_dim)
-        )
-        if chunk.num_computed_tokens == 0:  # the whole context is this chunk: no gather needed
+        # Query heads as [group, kv_heads, n, D]: batch g, head h is query head h * group + g,
+        # and K/V broadcast over the group as expanded views (no copies).
+        cq = q[rows].view(n, kv_heads, group, head_dim).permute(2, 1, 0, 3)
+        if chunk.num_computed_tokens == 0:  # the whole context is this chunk: plain causal
             ck, cv = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
         else:
             ck = key_rows.index_select(0, chunk.gather_rows).view(kv_heads, -1, head_dim)[
@@ -118,8 +117,14 @@ def paged_attention(
             cv = value_rows.index_select(0, chunk.gather_rows).view(kv_heads, -1, head_dim)[
                 :, : chunk.context_len
             ]
-        cout = F.scaled_dot_product_attention(cq, ck, cv, attn_mask=chunk.mask, scale=scale)
-        out[rows] = (
-            cout.view(kv_heads, group, n, head_dim).permute(2, 0, 1, 3).reshape(n, num_heads * head_dim)
+        shape = (group, kv_heads, chunk.context_len, head_dim)
+        cout = F.scaled_dot_product_attention(
+            cq,
+            ck.expand(shape),
+            cv.expand(shape),
+            attn_mask=chunk.mask,
+            is_causal=chunk.mask is None,
+            scale=scale,
         )
+        out[rows] = cout.permute(2, 1, 0, 3).reshape(n, num_heads * head_dim)
     return out

@@ -37,9 +37,7 @@ def build_inputs(
     token_ids: Mapping[str, Sequence[int]],
     block_tables: Mapping[str, Sequence[int]],
     kv_cache: KVCache,
-    group: int,
 ) -> ModelInputs:
-    """``group`` is query heads per KV head (the chunk masks are tiled that many times)."""
     device = kv_cache.key.device
     block_size, num_blocks, kv_heads = kv_cache.block_size, kv_cache.num_blocks, kv_cache.num_kv_heads
     decodes = [c for c in chunks if c.num_tokens == 1]
@@ -92,14 +90,14 @@ def build_inputs(
         if c.samples:
             logit_rows.append(row + n - 1)
             sample_ids.append(rid)
-        mask = torch.arange(start + n)[None, :] <= chunk_pos[:, None]
+        chunk_mask = (torch.arange(start + n)[None, :] <= chunk_pos[:, None]).to(device) if start else None
         chunk_attn.append(
             ChunkAttention(
                 start=row,
                 num_tokens=n,
                 num_computed_tokens=start,
                 gather_rows=gather_rows(blocks, kv_heads, num_blocks).to(device),
-                mask=mask.repeat(group, 1).to(device),
+                mask=chunk_mask,
             )
         )
 

@@ -23,8 +23,6 @@ class ModelRunner:
         self.model = model
         self.kv_cache = kv_cache
         self.block_tables: dict[str, list[int]] = {}
-        spec = model.spec
-        self._group = spec.num_attention_heads // spec.num_kv_heads
 
     def execute(
         self, plan: StepPlan, token_ids: Mapping[str, Sequence[int]]
@@ -36,7 +34,7 @@ class ModelRunner:
             self.block_tables.setdefault(rid, []).extend(blocks)
         if not plan.chunks:
             return (), torch.empty(0, self.model.spec.vocab_size)
-        inputs = build_inputs(plan.chunks, token_ids, self.block_tables, self.kv_cache, self._group)
+        inputs = build_inputs(plan.chunks, token_ids, self.block_tables, self.kv_cache)
         logits = self.model(
             inputs.input_ids, inputs.positions, self.kv_cache, inputs.attn, inputs.logits_indices
         )
