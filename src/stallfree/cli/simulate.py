@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         from stallfree.plots.traffic import plot_traffic
 
         outputs += [str(path) for path in plot_traffic(results, args.plot)]
-    scenario = _scenario(args, workload, len(requests), results[0])
+    scenario = _scenario(args, workload, len(requests))
     if args.json:
         body: dict[str, Any] = {"scenario": scenario}
         if len(results) == 1:
@@ -233,10 +233,7 @@ def _per_policy_path(path: str, policy: str, num_policies: int) -> Path:
     return target if num_policies == 1 else target.with_name(f"{target.stem}.{policy}{target.suffix}")
 
 
-def _scenario(
-    args: argparse.Namespace, workload: Any, num_requests: int, first: SimulationResult
-) -> dict[str, Any]:
-    kv = first.kv
+def _scenario(args: argparse.Namespace, workload: Any, num_requests: int) -> dict[str, Any]:
     return {
         "model": args.model,
         "hardware": args.hardware,
@@ -248,9 +245,7 @@ def _scenario(
         "token_budget": args.token_budget if args.chunk_tokens is None else None,
         "chunk_tokens": args.chunk_tokens,
         "max_num_seqs": args.max_num_seqs,
-        "block_size": kv.block_size,
-        "num_kv_blocks": kv.num_blocks,
-        "kv_cache_gib": kv.kv_bytes / 2**30,
+        "block_size": args.block_size,
         "gpu_memory_utilization": args.gpu_memory_utilization,
     }
 
@@ -294,6 +289,7 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
     ("sched. delay mean (ms)", "mean_scheduling_delay_ms", "{:,.1f}"),
     ("sched. delay p99 (ms)", "p99_scheduling_delay_ms", "{:,.1f}"),
     ("preemptions", "num_preemptions", "{:,}"),
+    ("KV blocks", "num_kv_blocks", "{:,}"),
     ("steps", "num_steps", "{:,}"),
     ("simulation wall (s)", "sim_wall_s", "{:.2f}"),
 )
@@ -308,8 +304,8 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
     lines = [
         f"{sc['model']} on {sc['tp']} x {sc['hardware']} (cost model: {sc['cost_model']}); chunked {budget}, "
         f"max {sc['max_num_seqs']} seqs",
-        f"KV cache: {sc['num_kv_blocks']:,} blocks of {sc['block_size']} tokens ({sc['kv_cache_gib']:.1f} GiB "
-        f"at utilisation {sc['gpu_memory_utilization']:g})",
+        f"KV cache: blocks of {sc['block_size']} tokens at utilisation {sc['gpu_memory_utilization']:g}, "
+        "after the weights and the largest step's activations",
         f"{sc['num_requests']:,} requests: {sc['workload']}, seed {sc['seed']}",
         "",
         f"  {'':<24}" + "".join(f"{s['policy']:>16}" for s in summaries),
