@@ -33,27 +33,44 @@ from stallfree.engine.weights import load_model, save_pretrained
 from stallfree.specs import ModelSpec
 
 
-def measure_peak_flops(dtype: torch.dtype) -> float:
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_peak_flops(dtype: torch.dtype, device: torch.device) -> float:
     """Best FLOP/s over a few large matmul shapes (square, and tall-by-MLP-sized), best of 5 each."""
     best = 0.0
-    for m, k, n in ((2048, 2048, 2048), (512, 768, 6144), (512, 3072, 768), (1024, 1024, 4096)):
-        a = torch.randn(m, k, dtype=dtype)
-        b = torch.randn(n, k, dtype=dtype)
+    for m, k, n in (
+        (2048, 2048, 2048),
+        (512, 768, 6144),
+        (512, 3072, 768),
+        (1024, 1024, 4096),
+        (8192, 8192, 8192),
+    ):
+        if device.type == "cpu" and m > 4096:
+            continue  # minutes on a CPU, and no faster than the smaller shapes
+        a = torch.randn(m, k, dtype=dtype, device=device)
+        b = torch.randn(n, k, dtype=dtype, device=device)
         for _ in range(5):
+            _sync(device)
             start = time.perf_counter()
             torch.nn.functional.linear(a, b)
+            _sync(device)
             best = max(best, 2 * m * k * n / (time.perf_counter() - start))
     return best
 
 
-def measure_bandwidth(num_bytes: int = 1 << 30) -> float:
+def measure_bandwidth(device: torch.device, num_bytes: int = 1 << 30) -> float:
     """Best of a few large copies, bytes moved (read + write) per second."""
-    src = torch.ones(num_bytes // 4, dtype=torch.float32)
+    src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     best = float("inf")
     for _ in range(10):
+        _sync(device)
         start = time.perf_counter()
         dst.copy_(src)
+        _sync(device)
         best = min(best, time.perf_counter() - start)
     return 2 * num_bytes / best
 
@@ -68,13 +85,14 @@ def decode_step_roofline(
 
 
 def run_engine(
-    folder: Path, dtype: str, prompts: list[list[int]], decode_steps: int
+    folder: Path, dtype: str, device: torch.device, prompts: list[list[int]], decode_steps: int
 ) -> tuple[list[float], float]:
     """Median-able per-step executor times of pure decode steps, and their wall-clock tokens/s."""
     context = len(prompts[0])
     engine = LLMEngine(
         str(folder),
         dtype=dtype,
+        device=str(device),
         policy="chunked",
         token_budget=max(2048, len(prompts)),
         max_num_seqs=len(prompts),
@@ -97,15 +115,18 @@ def run_engine(
     return step_times, tokens / (time.perf_counter() - start)
 
 
-def run_hf(folder: Path, dtype: torch.dtype, prompts: list[list[int]], decode_steps: int) -> float:
+def run_hf(
+    folder: Path, dtype: torch.dtype, device: torch.device, prompts: list[list[int]], decode_steps: int
+) -> float:
     """transformers' decode tokens/s on the same batch (prefill subtracted)."""
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
-    input_ids = torch.tensor(prompts)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    input_ids = torch.tensor(prompts, device=device)
     mask = torch.ones_like(input_ids)
 
     def timed(new_tokens: int) -> float:
+        _sync(device)
         start = time.perf_counter()
         with torch.inference_mode():
             model.generate(
@@ -116,6 +137,7 @@ def run_hf(folder: Path, dtype: torch.dtype, prompts: list[list[int]], decode_st
                 do_sample=False,
                 pad_token_id=0,
             )
+        _sync(device)
         return time.perf_counter() - start
 
     timed(2)  # warm up
@@ -130,6 +152,7 @@ def main() -> None:
     )
     parser.add_argument("--model", default="random:medium")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--streams", default="16,64")
     parser.add_argument("--context", type=int, default=512, help="prompt tokens per stream")
     parser.add_argument("--decode-steps", type=int, default=24)
@@ -137,14 +160,16 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write results here")
     args = parser.parse_args()
 
-    torch_dtype = resolve_dtype(args.dtype, torch.device("cpu"))
+    device = torch.device(args.device)
+    torch_dtype = resolve_dtype(args.dtype, device)
     dtype_name = str(torch_dtype).removeprefix("torch.")
     model, tokenizer = load_model(args.model, torch_dtype, "cpu")
     spec = model.spec
-    peak_flops = measure_peak_flops(torch_dtype)
-    bandwidth = measure_bandwidth()
+    peak_flops = measure_peak_flops(torch_dtype, device)
+    bandwidth = measure_bandwidth(device)
     print(
-        f"{args.model} ({spec.num_params / 1e6:.0f} M params, {dtype_name}), {torch.get_num_threads()} threads; "
+        f"{args.model} ({spec.num_params / 1e6:.0f} M params, {dtype_name}) on {device}, "
+        f"{torch.get_num_threads()} CPU threads; "
         f"measured peak {peak_flops / 1e9:.0f} GFLOP/s, bandwidth {bandwidth / 1e9:.1f} GB/s"
     )
     results = []
@@ -157,7 +182,7 @@ def main() -> None:
             prompts = [
                 [rng.randrange(3, spec.vocab_size) for _ in range(args.context)] for _ in range(streams)
             ]
-            step_times, engine_wall_tps = run_engine(folder, dtype_name, prompts, args.decode_steps)
+            step_times, engine_wall_tps = run_engine(folder, dtype_name, device, prompts, args.decode_steps)
             step_s = statistics.median(step_times)
             bound_s = decode_step_roofline(
                 spec,
@@ -177,7 +202,7 @@ def main() -> None:
                 "fraction_of_roofline": round(bound_s / step_s, 3),
             }
             if not args.no_hf:
-                hf_tps = run_hf(folder, torch_dtype, prompts, args.decode_steps)
+                hf_tps = run_hf(folder, torch_dtype, device, prompts, args.decode_steps)
                 row["hf_decode_tokens_per_s"] = round(hf_tps, 1)
                 row["speedup_vs_hf"] = round(engine_wall_tps / hf_tps, 2)
             results.append(row)
@@ -188,6 +213,7 @@ def main() -> None:
                 {
                     "model": args.model,
                     "dtype": dtype_name,
+                    "device": str(device),
                     "peak_flops_per_s": peak_flops,
                     "bandwidth_bytes_per_s": bandwidth,
                     "results": results,
