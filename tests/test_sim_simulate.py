@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,3 +83,14 @@ def test_goodput_and_steps() -> None:
     assert sum(result.steps.num_steps) == s["num_steps"]
     assert result.steps.end_s[-1] == s["duration"]
     assert max(result.steps.kv_blocks_used) <= s["num_kv_blocks"]
+
+
+def test_the_readme_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme[readme.index("## simulate") :]
+    code = section[
+        section.index("```python") + len("```python") : section.index("```", section.index("```python") + 9)
+    ]
+    exec(compile(code, "README.md", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0].strip() for line in lines] == ["prefill-first", "chunked"]
