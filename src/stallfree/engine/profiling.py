@@ -1,0 +1,96 @@
+"""Time synthetic steps on the real model: decode batches, with or without a prompt chunk.
+
+For measurements that need no requests: the cost of a pure decode step, of a mixed step
+(decodes + one chunk), and the *ridge* — the largest chunk a step can carry while costing
+at most ``tolerance`` x a pure decode step (the chunk size stall-free batching should use
+on this machine). Synthetic steps write garbage K/V into the cache, so they run only on an
+idle runner (no live block tables) and leave none behind.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from stallfree.core import ScheduledChunk, StepPlan
+from stallfree.engine.runner import ModelRunner
+
+
+@dataclass(frozen=True, slots=True)
+class RidgePoint:
+    chunk_tokens: int
+    step_s: float
+    ratio_to_decode: float
+
+
+def time_step(
+    runner: ModelRunner,
+    num_decodes: int,
+    decode_context: int,
+    chunk_tokens: int = 0,
+    chunk_context: int = 0,
+    repeats: int = 3,
+) -> float:
+    """Median wall time of one step: ``num_decodes`` decodes at ``decode_context`` tokens of
+    context, plus (if ``chunk_tokens``) one prompt chunk after ``chunk_context`` computed tokens."""
+    if runner.block_tables:
+        raise ValueError("synthetic steps need an idle runner (requests hold KV blocks)")
+    block_size = runner.kv_cache.block_size
+    lengths = {f"decode-{i}": decode_context + 1 for i in range(num_decodes)}
+    chunks = [ScheduledChunk(rid, decode_context, 1, decode_context + 1) for rid in lengths]
+    if chunk_tokens:
+        lengths["chunk"] = chunk_context + chunk_tokens
+        chunks.append(ScheduledChunk("chunk", chunk_context, chunk_tokens, chunk_context + chunk_tokens))
+    needed = {rid: -(-n // block_size) for rid, n in lengths.items()}
+    if sum(needed.values()) > runner.kv_cache.num_blocks:
+        raise ValueError(
+            f"the step needs {sum(needed.values())} KV blocks; the cache has {runner.kv_cache.num_blocks}"
+        )
+    next_block = 0
+    for rid, count in needed.items():
+        runner.block_tables[rid] = list(range(next_block, next_block + count))
+        next_block += count
+    token_ids = {rid: [3] * n for rid, n in lengths.items()}
+    plan = StepPlan(tuple(chunks))
+    try:
+        runner.execute(plan, token_ids)  # warm-up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            _, logits = runner.execute(plan, token_ids)
+            if logits.is_cuda:
+                torch.cuda.synchronize(logits.device)
+            times.append(time.perf_counter() - start)
+    finally:
+        runner.block_tables.clear()
+    return statistics.median(times)
+
+
+def measure_ridge(
+    runner: ModelRunner,
+    num_decodes: int,
+    decode_context: int,
+    chunk_sizes: Sequence[int] = (8, 16, 32, 64, 128, 256, 512),
+    tolerance: float = 1.2,
+    chunk_context: int = 0,
+) -> tuple[float, list[RidgePoint]]:
+    """Pure-decode step time and, per chunk size, the mixed step's time and its ratio to it.
+
+    The ridge is the largest ``chunk_tokens`` whose ratio is ``<= tolerance``; sizes are
+    measured in increasing order and measuring stops at the first one past the tolerance.
+    ``chunk_context`` is the chunk's earlier prompt tokens (0: a new prompt's first chunk).
+    """
+    decode_s = time_step(runner, num_decodes, decode_context)
+    points = []
+    for size in sorted(chunk_sizes):
+        step_s = time_step(
+            runner, num_decodes, decode_context, chunk_tokens=size, chunk_context=chunk_context
+        )
+        points.append(RidgePoint(size, step_s, step_s / decode_s))
+        if step_s / decode_s > tolerance:
+            break
+    return decode_s, points
