@@ -1,7 +1,7 @@
 """Scheduling policies: what runs in a step. The extension point of the core.
 
 A policy implements :meth:`Policy.schedule`, which reads the queues through a
-:class:`~stallfree.core.scheduler.StepContext` and calls its two actions:
+:class:`~stallfree.core.context.StepContext` and calls its two actions:
 ``schedule_running(seq, n, preempt=...)`` and ``admit(n)``. The context keeps
 KV blocks, sequence limits and preemption right, so a new policy is one small
 class registered in :data:`POLICIES`; the scheduler loop never changes.
@@ -25,7 +25,8 @@ from stallfree.core.plan import StepPlan
 from stallfree.core.request import Request
 
 if TYPE_CHECKING:
-    from stallfree.core.scheduler import SchedulerConfig, StepContext
+    from stallfree.core.context import StepContext
+    from stallfree.core.scheduler import SchedulerConfig
 
 
 class Steadiness(enum.Enum):
