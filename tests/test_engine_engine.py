@@ -141,16 +141,17 @@ def test_stop_token_ids_and_stop_strings(checkpoint: Path, hf_greedy: list[list[
     assert out.text == full_text[: full_text.index(stop)]
 
 
-def test_eos_stops_unless_ignored(checkpoint: Path, hf_greedy: list[list[int]]) -> None:
-    # Rewrite the checkpoint's EOS to a token greedy decoding emits, then expect a STOP there.
+@pytest.mark.parametrize("eos_file", ["config.json", "generation_config.json"])
+def test_eos_stops_unless_ignored(
+    checkpoint: Path, hf_greedy: list[list[int]], tmp_path: Path, eos_file: str
+) -> None:
+    # Declare a token greedy decoding emits as EOS, then expect a STOP there.
     greedy = hf_greedy[3]
-    config = json.loads((checkpoint / "config.json").read_text())
-    folder = checkpoint.parent / "eos-variant"
-    folder.mkdir(exist_ok=True)
     for item in checkpoint.iterdir():
-        (folder / item.name).write_bytes(item.read_bytes())
-    (folder / "config.json").write_text(json.dumps(config | {"eos_token_id": greedy[2]}))
-    llm = engine(folder)
+        (tmp_path / item.name).write_bytes(item.read_bytes())
+    config = json.loads((checkpoint / "config.json").read_text()) if eos_file == "config.json" else {}
+    (tmp_path / eos_file).write_text(json.dumps(config | {"eos_token_id": [greedy[2]]}))
+    llm = engine(tmp_path)
     stopped = llm.generate([PROMPTS[3]], SamplingParams(max_tokens=MAX_TOKENS, temperature=0))[0]
     assert (
         stopped.finish_reason == "stop" and list(stopped.token_ids) == greedy[: greedy.index(greedy[2]) + 1]

@@ -13,6 +13,7 @@ the order q, k, v and gate, up.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +51,7 @@ def load_model(
     if not isinstance(config, dict):
         raise ValueError(f"{config_path} is not a JSON object")
     spec = ModelSpec.from_hf_config(config, name=folder.name)
+    spec = dataclasses.replace(spec, eos_token_ids=_eos_token_ids(spec, folder / "generation_config.json"))
     tokenizer = Tokenizer.from_folder(folder)
     model = LlamaModel(spec, dtype, device)
     load_hf_weights(model, _tensor_reader(folder))
@@ -172,3 +174,20 @@ def _tensor_reader(folder: Path) -> Callable[[str], torch.Tensor]:
         return tensor
 
     return read
+
+
+def _eos_token_ids(spec: ModelSpec, generation_config: Path) -> tuple[int, ...]:
+    """config.json's EOS ids plus generation_config.json's (chat models list their
+    end-of-turn token only there, e.g. Llama 3 Instruct's <|eot_id|>)."""
+    try:
+        eos = json.loads(generation_config.read_text()).get("eos_token_id")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return spec.eos_token_ids
+    extra = (
+        [eos]
+        if isinstance(eos, int)
+        else [e for e in eos if isinstance(e, int)]
+        if isinstance(eos, list)
+        else []
+    )
+    return tuple(dict.fromkeys([*spec.eos_token_ids, *extra]))
