@@ -1,7 +1,7 @@
 """Turn a step plan into model inputs: flat token ids, positions, slots, masks.
 
-Rows are ordered single-token chunks first (batched decode attention), then each
-multi-token chunk in plan order. Each sampling chunk contributes one logit row (its last
+Rows are ordered single-token chunks first (batched decode attention, shortest context
+first), then each multi-token chunk in plan order. Each sampling chunk contributes one logit row (its last
 token); :attr:`ModelInputs.sample_request_ids` says whose, in logit order.
 
 Decodes are split into groups whose gathered K+V stays under ``_GATHER_BYTES``, so each
@@ -40,7 +40,8 @@ def build_inputs(
 ) -> ModelInputs:
     device = kv_cache.key.device
     block_size, num_blocks, kv_heads = kv_cache.block_size, kv_cache.num_blocks, kv_cache.num_kv_heads
-    decodes = [c for c in chunks if c.num_tokens == 1]
+    # Decodes sorted by context length: each group then pads its contexts only a little.
+    decodes = sorted((c for c in chunks if c.num_tokens == 1), key=lambda c: c.num_computed_tokens)
     multis = [c for c in chunks if c.num_tokens > 1]
     ids: list[int] = []
     positions: list[int] = []
