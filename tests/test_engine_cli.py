@@ -67,3 +67,12 @@ def test_bad_input_is_one_line(argv: list[str], message: str, capsys: pytest.Cap
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_module_imports_no_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, stallfree.cli, stallfree.cli.generate; stallfree.cli.build_parser(); print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
