@@ -243,3 +243,12 @@ def test_sharded_checkpoint_loads_and_missing_shard_is_named(checkpoint: Path, t
     (tmp_path / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(ValueError, match="model-00002-of-00002"):
         LLMEngine(str(tmp_path), dtype="float32", num_blocks=8)
+
+
+def test_chat_uses_the_template(checkpoint: Path) -> None:
+    llm = engine(checkpoint)
+    messages = [{"role": "user", "content": "hi there"}]
+    out = llm.chat(messages, GREEDY)
+    prompt = llm.engine.tokenizer.apply_chat_template(messages)
+    assert list(out.prompt_token_ids) == llm.engine.tokenizer.encode(prompt, add_special_tokens=False)
+    assert len(out.token_ids) == MAX_TOKENS

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stallfree.core import SamplingParams
@@ -48,3 +48,13 @@ class LLM:
                 if out.finished:
                     final[out.request_id] = out
         return [final[rid] for rid in request_ids]
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        sampling_params: SamplingParams | None = None,
+    ) -> RequestOutput:
+        """Reply to one conversation ([{"role", "content"}, ...]) through the model's chat template."""
+        prompt = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids = self.engine.tokenizer.encode(prompt, add_special_tokens=False)
+        return self.generate([ids], sampling_params)[0]
