@@ -85,6 +85,27 @@ class StepContext:
         self._add(seq, num_tokens, bm.allocate(rid, target))
         return num_tokens
 
+    def schedule_decodes(self) -> None:
+        """``schedule_running(seq, 1, preempt=True)`` for every decoding running request, oldest
+        first: the stall-free step's first part, on the hot path of every simulated step."""
+        block_size = self._s.block_manager.block_size
+        running = self._s._running_by_id
+        scheduled = self._scheduled
+        for seq in self.running:
+            rid = seq.request_id
+            if (
+                seq.num_output_tokens
+                and seq.num_prompt_tokens + seq.num_output_tokens - seq.num_computed_tokens == 1
+                and rid in running
+                and rid not in scheduled
+            ):
+                if seq.num_computed_tokens % block_size:
+                    # A running request holds exactly the blocks of its computed tokens, so its
+                    # last block has room: no allocation, nothing to preempt.
+                    self._add(seq, 1, ())
+                else:
+                    self.schedule_running(seq, 1, preempt=True)
+
     def admit(self, num_tokens: int) -> int:
         """Move the head of the waiting queue to running with a first chunk.
 

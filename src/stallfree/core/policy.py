@@ -123,9 +123,7 @@ class ChunkedPolicy(Policy):
 
     def schedule(self, ctx: StepContext) -> None:
         # 1. Every decoding request gets exactly one token: the stall-free property.
-        for seq in ctx.running:
-            if seq.is_decoding and ctx.is_running(seq):
-                ctx.schedule_running(seq, 1, preempt=True)
+        ctx.schedule_decodes()
         if self.chunk_tokens is not None:
             budget = self.chunk_tokens
         else:

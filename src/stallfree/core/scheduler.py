@@ -280,11 +280,14 @@ class Scheduler:
         finished: list[tuple[str, FinishReason]] = []
         running = self._running_by_id
         bm = self.block_manager
+        block_size = bm.block_size
         for chunk in plan.chunks:
             rid = chunk.request_id
             seq = running[rid]
-            seq.num_computed_tokens = chunk.num_computed_tokens + num_steps * chunk.num_tokens
-            bm.allocate(rid, seq.num_computed_tokens)
+            computed = seq.num_computed_tokens = chunk.num_computed_tokens + num_steps * chunk.num_tokens
+            # It holds the blocks of its first step's context; grow only past them.
+            if -(-computed // block_size) > -(-chunk.context_len // block_size):
+                bm.allocate(rid, computed)
             if chunk.samples:
                 seq.num_output_tokens += num_steps
                 new_tokens.append(rid)
