@@ -1,8 +1,8 @@
 """Figures for ``stallfree tune``, drawn from its JSON object (so saved results replot).
 
 - ``capacity``: capacity (QPS) against token budget, one line per policy, best budget marked;
-- ``tbt_vs_qps``: P99 TBT against QPS of every trial, one panel per policy, the best budget's
-  trials joined by a line, the SLO drawn as a dashed line; failed trials hollow.
+- ``tbt_vs_qps``: P99 TBT against QPS of every trial, one panel per policy, each budget's
+  trials joined by a faint line (the best budget's bold), the SLO dashed; failed trials hollow.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
 POLICY_COLORS = {"chunked": "#4C78A8", "prefill-first": "#F58518", "decode-first": "#54A24B"}
 OTHER_COLOR = "#B279A2"
@@ -77,13 +78,26 @@ def _tbt_vs_qps(out: dict[str, Any]) -> Figure:
                 alpha=0.6,
                 label="trials meeting every SLO" if passed else "trials missing an SLO",
             )
-        if best is not None:
-            line = sorted((t["qps"], t["metrics"]["p99_itl_ms"]) for t in trials if t["token_budget"] == best)
-            ax.plot(*zip(*line, strict=True), color=color, label=f"best budget {best}")
+        for budget in sorted({t["token_budget"] for t in trials}):
+            line = sorted(
+                (t["qps"], t["metrics"]["p99_itl_ms"]) for t in trials if t["token_budget"] == budget
+            )
+            is_best = budget == best
+            ax.plot(
+                *zip(*line, strict=True),
+                color=color,
+                alpha=1.0 if is_best else 0.25,
+                linewidth=2.0 if is_best else 0.8,
+                label=f"best budget {best}" if is_best else None,
+            )
         if slo_ms is not None:
             ax.axhline(slo_ms, color="#D62728", linestyle="--", label=f"SLO {slo_ms:g} ms")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(ScalarFormatter())
+            axis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("QPS")
         ax.set_title(policy)
         ax.grid(alpha=0.3, which="both")

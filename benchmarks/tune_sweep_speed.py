@@ -1,0 +1,63 @@
+"""Wall time of a 200-trial ``stallfree sweep``: serial vs the local process pool.
+
+The grid: Mistral-7B on one A100-80GB, ShareGPT lengths, 2 policies x 4 budgets x 25 QPS values
+= 200 fixed-rate trials of ``--num-requests`` requests each. The same grid runs serially (one
+process) and on a pool of ``--workers`` processes (default: every core), each into its own
+output directory; the script checks that both wrote the same trials, byte for byte per row.
+The 1-minute load average before each run is printed: other work on the cores eats the pool's gain.
+
+    .venv/bin/python benchmarks/tune_sweep_speed.py [--num-requests 200] [--workers N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from stallfree.tune.backends import PoolBackend, SerialBackend
+from stallfree.tune.grid import parse_grid
+from stallfree.tune.sweep import run_sweep_grid
+from stallfree.tune.trial import run_trial
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-requests", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    grid = parse_grid(
+        {
+            "models": ["mistral-7b"],
+            "hardware": ["a100-80gb"],
+            "policies": ["chunked", "prefill-first"],
+            "budgets": [256, 512, 1024, 2048],
+            "workload": {"lengths": "sharegpt", "num_requests": args.num_requests, "seed": 0},
+            "qps": [0.5 * (i + 1) for i in range(25)],
+        },
+        "benchmark grid",
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        times_s = {}
+        for name, backend in (
+            ("serial", SerialBackend(run_trial)),
+            (f"pool of {args.workers}", PoolBackend(run_trial, args.workers)),
+        ):
+            load = os.getloadavg()[0]
+            started = time.perf_counter()
+            with backend:
+                summary = run_sweep_grid(grid, Path(tmp) / name, backend)
+            times_s[name] = time.perf_counter() - started
+            print(
+                f"{name:>12}: {summary.num_run} trials in {times_s[name]:6.1f} s (load average before: {load:.1f})"
+            )
+        rows = [sorted((Path(tmp) / name / "trials.csv").read_text().splitlines()) for name in times_s]
+        assert rows[0] == rows[1], "the pool wrote different trials than the serial run"
+    serial_s, pool_s = times_s.values()
+    print(f"speed-up: {serial_s / pool_s:.2f}x on {os.cpu_count()} cores; identical trials.csv rows: yes")
+
+
+if __name__ == "__main__":
+    main()
