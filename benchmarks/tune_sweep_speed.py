@@ -4,7 +4,8 @@ The grid: Mistral-7B on one A100-80GB, ShareGPT lengths, 2 policies x 4 budgets 
 = 200 fixed-rate trials of ``--num-requests`` requests each. The same grid runs serially (one
 process) and on a pool of ``--workers`` processes (default: every core), each into its own
 output directory; the script checks that both wrote the same trials, byte for byte per row.
-The 1-minute load average before each run is printed: other work on the cores eats the pool's gain.
+Wall and CPU time are printed with the 1-minute load average before each run: other work on
+the cores eats the pool's gain, and CPU time shows what the pool itself costs.
 
     .venv/bin/python benchmarks/tune_sweep_speed.py [--num-requests 200] [--workers N]
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +23,12 @@ from stallfree.tune.backends import PoolBackend, SerialBackend
 from stallfree.tune.grid import parse_grid
 from stallfree.tune.sweep import run_sweep_grid
 from stallfree.tune.trial import run_trial
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its finished children (the pool's workers)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def main() -> None:
@@ -46,12 +54,14 @@ def main() -> None:
             (f"pool of {args.workers}", PoolBackend(run_trial, args.workers)),
         ):
             load = os.getloadavg()[0]
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), _cpu_s()
             with backend:
                 summary = run_sweep_grid(grid, Path(tmp) / name, backend)
             times_s[name] = time.perf_counter() - started
+            cpu_s = _cpu_s() - cpu_started
             print(
-                f"{name:>12}: {summary.num_run} trials in {times_s[name]:6.1f} s (load average before: {load:.1f})"
+                f"{name:>12}: {summary.num_run} trials in {times_s[name]:6.1f} s wall, {cpu_s:6.1f} s CPU "
+                f"(load average before: {load:.1f})"
             )
         rows = [sorted((Path(tmp) / name / "trials.csv").read_text().splitlines()) for name in times_s]
         assert rows[0] == rows[1], "the pool wrote different trials than the serial run"

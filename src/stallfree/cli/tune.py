@@ -8,9 +8,9 @@ import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from stallfree.cli.common import UsageError, int_list, positive_float, positive_int
+from stallfree.cli.common import UsageError, int_list, non_negative_int, positive_float, positive_int
 
 if TYPE_CHECKING:
     from stallfree.tune.backends import Backend
@@ -128,7 +128,9 @@ def _add_deployment_args(p: argparse.ArgumentParser) -> None:
         default=2000,
         help="requests per trial (default %(default)s: the P99 TTFT rests on its top 20)",
     )
-    p.add_argument("--seed", type=int, default=0, help="workload seed, the same for every trial (default 0)")
+    p.add_argument(
+        "--seed", type=non_negative_int, default=0, help="workload seed, the same for every trial (default 0)"
+    )
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
@@ -223,6 +225,8 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
+        from stallfree.tune.report import format_tune
+
         print(format_tune(out))
     met = any(entry["best_budget"] is not None for entry in out["policies"].values())
     return 0 if met else 1
@@ -238,84 +242,9 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def _qps(qps: float) -> str:
-    return f"{qps:,.0f}" if qps >= 100 else f"{qps:.3g}"
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(seconds, 60)
-    return f"{int(minutes)}m{secs:04.1f}s" if minutes else f"{secs:.1f}s"
-
-
-def format_tune(out: dict[str, Any]) -> str:
-    """The human-readable report of a tune JSON object."""
-    from stallfree.tune.slo import SLO_FLAGS
-
-    wl = out["workload"]
-    slo_text = ", ".join(
-        f"{SLO_FLAGS[name].label} <= {limit:g} {SLO_FLAGS[name].unit}"
-        + (f" [{out['slo_notes'][name]}]" if name in out["slo_notes"] else "")
-        for name, limit in out["slos"].items()
-    )
-    gaps = min(
-        (t["metrics"]["total_output_tokens"] - t["metrics"]["completed"] for t in out["trials"]), default=0
-    )
-    lines = [
-        f"{out['model']} on {out['tp']} x {out['hardware']} (roofline, cost model {out['cost_model']}; "
-        f"ridge ~{out['ridge_tokens']:,.0f} tokens)",
-        f"workload: {wl['lengths']} lengths, {wl['arrival']} arrivals; each trial {wl['num_requests']:,} requests, "
-        f"seed {wl['seed']} (P99 TBT over >= {gaps:,} gaps)",
-        f"SLOs: {slo_text}",
-        f"capacity = highest QPS meeting every SLO, binary search to within {out['precision']:.0%}; "
-        f"{len(out['trials'])} trials in {_duration(out['wall_s'])} on {out['backend']['workers']} "
-        f"{out['backend']['name']} worker(s)",
-        "",
-        f"  {'policy':<16}{'budget':>8}{'max seqs':>10}{'capacity (QPS)':>16}{'trials':>8}",
-    ]
-    for policy, entry in out["policies"].items():
-        for point in entry["curve"]:
-            mark = " *" if point["token_budget"] == entry["best_budget"] else ""
-            cap = ("at least " if point["hit_qps_max"] else "") + _qps(point["capacity_qps"])
-            lines.append(
-                f"  {policy:<16}{point['token_budget']:>8,}{point['max_num_seqs']:>10}{cap:>16}{point['num_trials']:>8}{mark}"
-            )
-    lines += ["", "best budget per policy (* above):"]
-    for policy, entry in out["policies"].items():
-        if entry["best_budget"] is not None:
-            lines.append(f"  {policy:<16}budget {entry['best_budget']:,}: {_qps(entry['capacity_qps'])} QPS")
-            continue
-        lines.append(f"  {policy:<16}no budget meets the SLOs at any QPS tried")
-        closest = entry.get("closest")
-        if closest:
-            lines.append(f"  {'':<16}closest: {_describe_trial(closest, out['slos'])}")
-    caps = {p: e["capacity_qps"] for p, e in out["policies"].items()}
-    if caps.get("chunked") and caps.get("prefill-first"):
-        lines.append(
-            f"  chunked holds {caps['chunked'] / caps['prefill-first']:.2f}x the capacity of prefill-first"
-        )
-    commands = out["policies"].get("chunked", {}).get("commands")
-    if commands:
-        lines += [
-            "",
-            "launch flags (chunked, best budget):",
-            f"  {commands['vllm']}",
-            f"  {commands['sglang']}",
-        ]
-    for path in out.get("figures", []):
-        if path.endswith(".png"):
-            lines.append(f"figure: {path}")
-    return "\n".join(lines)
-
-
-def _describe_trial(trial: dict[str, Any], slos: dict[str, float]) -> str:
-    from stallfree.tune.slo import Slo
-
-    parts = [Slo(name, limit).describe(trial["metrics"]) for name, limit in slos.items()]
-    return f"budget {trial['token_budget']:,} at {_qps(trial['qps'])} QPS: " + "; ".join(parts)
-
-
 def run_sweep(args: argparse.Namespace) -> int:
     from stallfree.tune.grid import load_grid
+    from stallfree.tune.report import duration
     from stallfree.tune.sweep import run_sweep_grid
 
     grid = load_grid(args.grid)
@@ -325,7 +254,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     print(
         f"{summary.num_trials} trials: {summary.num_run} run, {summary.num_resumed} resumed from "
         f"{summary.trials_path}, {summary.num_trials - summary.num_run - summary.num_resumed} repeats "
-        f"(the same spec twice) in {_duration(time.perf_counter() - started)}"
+        f"(the same spec twice) in {duration(time.perf_counter() - started)}"
     )
     print(f"trials:   {summary.trials_path}")
     if summary.capacity_path is not None:

@@ -5,7 +5,8 @@
 - :mod:`~stallfree.tune.trial` — one seeded simulation (:class:`TrialSpec` -> summary);
 - :mod:`~stallfree.tune.backends` — serial, local process pool, Ray;
   :mod:`~stallfree.tune.runner` — many searches over one backend;
-- :mod:`~stallfree.tune.capacity` — ``tune``; :mod:`~stallfree.tune.grid` and
+- :mod:`~stallfree.tune.capacity` — ``tune``; :mod:`~stallfree.tune.report` — its table;
+  :mod:`~stallfree.tune.grid` and
   :mod:`~stallfree.tune.sweep` — ``sweep``.
 
 Nothing is imported here, so ``stallfree --help`` can read :data:`~stallfree.tune.slo.SLO_FLAGS`

@@ -1,0 +1,81 @@
+"""The human-readable report of ``stallfree tune``, from its JSON object (see
+:meth:`stallfree.tune.capacity.TuneResult.to_json` plus the CLI's ``ridge_tokens``,
+``slo_notes``, ``wall_s`` and ``backend``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stallfree.tune.slo import SLO_FLAGS, Slo
+
+
+def duration(seconds: float) -> str:
+    minutes, secs = divmod(seconds, 60)
+    return f"{int(minutes)}m{secs:04.1f}s" if minutes else f"{secs:.1f}s"
+
+
+def _qps(qps: float) -> str:
+    return f"{qps:,.0f}" if qps >= 100 else f"{qps:.3g}"
+
+
+def format_tune(out: dict[str, Any]) -> str:
+    """The human-readable report of a tune JSON object."""
+    wl = out["workload"]
+    slo_text = ", ".join(
+        f"{SLO_FLAGS[name].label} <= {limit:g} {SLO_FLAGS[name].unit}"
+        + (f" [{out['slo_notes'][name]}]" if name in out["slo_notes"] else "")
+        for name, limit in out["slos"].items()
+    )
+    gaps = min(
+        (t["metrics"]["total_output_tokens"] - t["metrics"]["completed"] for t in out["trials"]), default=0
+    )
+    lines = [
+        f"{out['model']} on {out['tp']} x {out['hardware']} (roofline, cost model {out['cost_model']}; "
+        f"ridge ~{out['ridge_tokens']:,.0f} tokens)",
+        f"workload: {wl['lengths']} lengths, {wl['arrival']} arrivals; each trial {wl['num_requests']:,} requests, "
+        f"seed {wl['seed']} (P99 TBT over >= {gaps:,} gaps)",
+        f"SLOs: {slo_text}",
+        f"capacity = highest QPS meeting every SLO, binary search to within {out['precision']:.0%}; "
+        f"{len(out['trials'])} trials in {duration(out['wall_s'])} on {out['backend']['workers']} "
+        f"{out['backend']['name']} worker(s)",
+        "",
+        f"  {'policy':<16}{'budget':>8}{'max seqs':>10}{'capacity (QPS)':>16}{'trials':>8}",
+    ]
+    for policy, entry in out["policies"].items():
+        for point in entry["curve"]:
+            mark = " *" if point["token_budget"] == entry["best_budget"] else ""
+            cap = ("at least " if point["hit_qps_max"] else "") + _qps(point["capacity_qps"])
+            lines.append(
+                f"  {policy:<16}{point['token_budget']:>8,}{point['max_num_seqs']:>10}{cap:>16}{point['num_trials']:>8}{mark}"
+            )
+    lines += ["", "best budget per policy (* above):"]
+    for policy, entry in out["policies"].items():
+        if entry["best_budget"] is not None:
+            lines.append(f"  {policy:<16}budget {entry['best_budget']:,}: {_qps(entry['capacity_qps'])} QPS")
+            continue
+        lines.append(f"  {policy:<16}no budget meets the SLOs at any QPS tried")
+        closest = entry.get("closest")
+        if closest:
+            lines.append(f"  {'':<16}closest: {_describe_trial(closest, out['slos'])}")
+    caps = {p: e["capacity_qps"] for p, e in out["policies"].items()}
+    if caps.get("chunked") and caps.get("prefill-first"):
+        lines.append(
+            f"  chunked holds {caps['chunked'] / caps['prefill-first']:.2f}x the capacity of prefill-first"
+        )
+    commands = out["policies"].get("chunked", {}).get("commands")
+    if commands:
+        lines += [
+            "",
+            "launch flags (chunked, best budget):",
+            f"  {commands['vllm']}",
+            f"  {commands['sglang']}",
+        ]
+    for path in out.get("figures", []):
+        if path.endswith(".png"):
+            lines.append(f"figure: {path}")
+    return "\n".join(lines)
+
+
+def _describe_trial(trial: dict[str, Any], slos: dict[str, float]) -> str:
+    parts = [Slo(name, limit).describe(trial["metrics"]) for name, limit in slos.items()]
+    return f"budget {trial['token_budget']:,} at {_qps(trial['qps'])} QPS: " + "; ".join(parts)
