@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -125,3 +127,15 @@ def test_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_model_that_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
     assert "does not fit" in error_line(capsys, "--model", "llama-3-70b", "--hardware", "a100-40gb")
+
+
+def test_simulate_runs_without_torch() -> None:
+    """The simulator side never imports torch: block it and run a small simulation."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from stallfree.cli import main\n"
+        "assert main(['simulate', '--num-requests', '20', '--json']) == 0\n"
+        "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
