@@ -60,7 +60,9 @@ class Policy(abc.ABC):
         """Whether the next step repeats ``plan`` (see :class:`Steadiness`).
 
         Only a speed-up: the default, ``NONE``, is always correct. ``num_running`` counts the
-        running requests after ``plan`` was built.
+        running requests after ``plan`` was built. A subclass that changes :meth:`schedule`
+        must check that the answer it inherits still holds (the simulator's tests compare its
+        fast path with scheduling every step).
         """
         return Steadiness.NONE
 
