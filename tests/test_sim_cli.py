@@ -139,3 +139,7 @@ def test_simulate_runs_without_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_negative_step_overhead(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--step-overhead-ms must be >= 0" in error_line(capsys, "--step-overhead-ms", "-1")

@@ -111,8 +111,13 @@ def test_requests_out_of_order_are_refused() -> None:
 # -- properties over random workloads under memory pressure -----------------------------------------
 
 COSTS = {
-    kind: CostModel(CostModelConfig(load_model_spec("llama-3-8b"), HARDWARE_PRESETS["a100-80gb"], kind=kind))
+    f"{kind}+{overhead_s}": CostModel(
+        CostModelConfig(
+            load_model_spec("llama-3-8b"), HARDWARE_PRESETS["a100-80gb"], kind=kind, overhead_s=overhead_s
+        )
+    )
     for kind in ("seed", "full")
+    for overhead_s in (0.0, 0.003)
 }
 
 
@@ -166,7 +171,7 @@ def cases(draw: st.DrawFn) -> Case:
     cache = CacheConfig(
         block_size=4, num_blocks=draw(st.integers(8, 64)), watermark=draw(st.sampled_from([0.0, 0.1]))
     )
-    kind = draw(st.sampled_from(["seed", "full"]))
+    kind = draw(st.sampled_from(sorted(COSTS)))
     return policy, kw, SchedulerConfig(max_num_seqs=max_num_seqs), cache, reqs, kind
 
 

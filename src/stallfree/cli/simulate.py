@@ -62,6 +62,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="full: weights + attention FLOPs + KV-cache reads/writes + LM head + TP all-reduce; "
         "seed: weights only (default %(default)s)",
     )
+    g.add_argument(
+        "--step-overhead-ms",
+        type=float,
+        default=0.0,
+        help="fixed time added to every step: scheduling, sampling, launches (default 0)",
+    )
     g = p.add_argument_group("scheduler")
     g.add_argument(
         "--policy",
@@ -135,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
     from stallfree.workload import sample
 
     policies = _policies(args.policy)
+    if not args.step_overhead_ms >= 0:
+        raise UsageError(f"--step-overhead-ms must be >= 0, got {args.step_overhead_ms}")
     workload, num_requests = _workload(args)
     goodput = parse_goodput(args.goodput) if args.goodput else None
     requests = sample(workload, num_requests, args.seed)
@@ -148,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
             hardware=args.hardware,
             tp=args.tp,
             cost_model=args.cost_model,
+            step_overhead_s=args.step_overhead_ms / 1000,
             policy=policy,
             token_budget=args.token_budget,
             chunk_tokens=args.chunk_tokens,
@@ -239,6 +248,7 @@ def _scenario(args: argparse.Namespace, workload: Any, num_requests: int) -> dic
         "hardware": args.hardware,
         "tp": args.tp,
         "cost_model": args.cost_model,
+        "step_overhead_ms": args.step_overhead_ms,
         "num_requests": num_requests,
         "workload": _describe(workload),
         "seed": args.seed,
@@ -302,7 +312,9 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
         f"chunk {sc['chunk_tokens']}" if sc["chunk_tokens"] else f"token budget {sc['token_budget'] or 512}"
     )
     lines = [
-        f"{sc['model']} on {sc['tp']} x {sc['hardware']} (cost model: {sc['cost_model']}); chunked {budget}, "
+        f"{sc['model']} on {sc['tp']} x {sc['hardware']} (cost model: {sc['cost_model']}"
+        + (f" + {sc['step_overhead_ms']:g} ms a step" if sc["step_overhead_ms"] else "")
+        + f"); chunked {budget}, "
         f"max {sc['max_num_seqs']} seqs",
         f"KV cache: blocks of {sc['block_size']} tokens at utilisation {sc['gpu_memory_utilization']:g}, "
         "after the weights and the largest step's activations",

@@ -39,6 +39,7 @@ def simulate(
     hardware: str | HardwareSpec = "a100-80gb",
     tp: int = 1,
     cost_model: CostModelKind = "full",
+    step_overhead_s: float = 0.0,
     policy: str = "chunked",
     token_budget: int | None = None,
     chunk_tokens: int | None = None,
@@ -60,7 +61,8 @@ def simulate(
     ``token_budget`` / ``chunk_tokens`` set the chunked policy's step size (default: a 512-token
     budget); ``max_num_batched_tokens`` caps the tokens prefill-first and decode-first batch in
     one step (default ``max_model_len``, as vLLM without chunked prefill). ``max_model_len``
-    defaults to the model's ``max_position_embeddings``. ``goodput`` maps ``ttft`` / ``tpot`` /
+    defaults to the model's ``max_position_embeddings``. ``step_overhead_s`` is added to every
+    step (scheduling, sampling, kernel launches: what a roofline leaves out). ``goodput`` maps ``ttft`` / ``tpot`` /
     ``e2el`` to SLOs in ms. ``fast=False`` schedules every step (the reference the fast path equals).
 
     The summary holds :func:`stallfree.metrics.summarize`'s keys plus ``policy``, ``num_steps``,
@@ -68,7 +70,9 @@ def simulate(
     """
     model_spec = load_model_spec(model) if isinstance(model, str) else model
     hardware_spec = load_hardware_spec(hardware) if isinstance(hardware, str) else hardware
-    costs = CostModel(CostModelConfig(model_spec, hardware_spec, tp=tp, kind=cost_model))
+    costs = CostModel(
+        CostModelConfig(model_spec, hardware_spec, tp=tp, kind=cost_model, overhead_s=step_overhead_s)
+    )
     model_len = model_spec.max_position_embeddings if max_model_len is None else max_model_len
     if policy == "chunked":
         scheduler_policy = make_policy(policy, token_budget=token_budget, chunk_tokens=chunk_tokens)
