@@ -153,8 +153,10 @@ def weighted_stats(values: npt.ArrayLike, counts: npt.ArrayLike) -> dict[str, fl
     def element(k: npt.NDArray[np.int64]) -> FloatArray:
         return x[np.searchsorted(ends, k, side="right")]
 
-    mean = float(np.dot(x, w) / n)
-    stats = {"mean": mean, "median": 0.0, "std": math.sqrt(float(np.dot(w, (x - mean) ** 2)) / n)}
+    # np.sum, not np.dot: BLAS dot sums in an order that depends on its thread count, so the
+    # same run scored in a Ray worker (OMP_NUM_THREADS=1) differed in the last bits.
+    mean = float(np.sum(x * w) / n)
+    stats = {"mean": mean, "median": 0.0, "std": math.sqrt(float(np.sum(w * (x - mean) ** 2)) / n)}
     middle = element(np.array([(n - 1) // 2, n // 2]))
     stats["median"] = float((middle[0] + middle[1]) / 2)
     # numpy's linear method: virtual index (n - 1) * q, lerp between its two neighbours.
