@@ -166,11 +166,7 @@ def run_traffic(
         if steps == 1:
             ends: FloatArray | None = None
             clock = start + cost_model.step_time_s(plan)
-            events = (
-                scheduler.update_steady(plan, 1)
-                if fast
-                else scheduler.update_from_output(plan, StepResult(clock - start))
-            )
+            events = scheduler.update_from_output(plan, StepResult(clock - start))
             first_end = clock
         else:
             next_arrival_s = upcoming.arrival_time_s if until_arrival and upcoming is not None else None
