@@ -12,6 +12,7 @@ from stallfree.core.policy import (
     DecodeFirstPolicy,
     Policy,
     PrefillFirstPolicy,
+    Steadiness,
     make_policy,
 )
 from stallfree.core.request import FinishReason, Request, SamplingParams
@@ -33,6 +34,7 @@ __all__ = [
     "ScheduledChunk",
     "Scheduler",
     "SchedulerConfig",
+    "Steadiness",
     "StepEvents",
     "StepPlan",
     "StepResult",
