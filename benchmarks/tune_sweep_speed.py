@@ -4,8 +4,10 @@ The grid: Mistral-7B on one A100-80GB, ShareGPT lengths, 2 policies x 4 budgets 
 = 200 fixed-rate trials of ``--num-requests`` requests each. The same grid runs serially (one
 process) and on a pool of ``--workers`` processes (default: every core), each into its own
 output directory; the script checks that both wrote the same trials, byte for byte per row.
-Wall and CPU time are printed with the 1-minute load average before each run: other work on
-the cores eats the pool's gain, and CPU time shows what the pool itself costs.
+Wall and CPU time are printed with the 1-minute load average before each run, and a control
+(the same busy loop on 1 and on ``--workers`` processes) says how much parallel speed the
+cores had to give at that moment: other work on a shared machine eats the pool's gain, and CPU
+time shows what the pool itself costs (spawning workers, importing numpy, loading the trace).
 
     .venv/bin/python benchmarks/tune_sweep_speed.py [--num-requests 200] [--workers N]
 """
@@ -13,6 +15,7 @@ the cores eats the pool's gain, and CPU time shows what the pool itself costs.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import resource
 import tempfile
@@ -29,6 +32,28 @@ def _cpu_s() -> float:
     """CPU seconds of this process and of its finished children (the pool's workers)."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def _busy(num_steps: int) -> int:
+    total = 0
+    for i in range(num_steps):
+        total += i * i
+    return total
+
+
+def cpu_headroom(workers: int, num_steps: int = 3_000_000) -> float:
+    """How many times faster ``workers`` processes run ``2 x workers`` busy loops than one process:
+    the most any pool can gain on this machine right now (``workers`` when the cores are idle)."""
+    started = time.perf_counter()
+    for _ in range(2 * workers):
+        _busy(num_steps)
+    serial_s = time.perf_counter() - started
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        pool.map(_busy, [num_steps])  # start the workers before timing
+        started = time.perf_counter()
+        pool.map(_busy, [num_steps] * (2 * workers), chunksize=1)
+        pooled_s = time.perf_counter() - started
+    return serial_s / pooled_s
 
 
 def main() -> None:
@@ -67,6 +92,9 @@ def main() -> None:
         assert rows[0] == rows[1], "the pool wrote different trials than the serial run"
     serial_s, pool_s = times_s.values()
     print(f"speed-up: {serial_s / pool_s:.2f}x on {os.cpu_count()} cores; identical trials.csv rows: yes")
+    print(
+        f"control: a pure-Python busy loop runs {cpu_headroom(args.workers):.2f}x as fast on {args.workers} processes"
+    )
 
 
 if __name__ == "__main__":
