@@ -230,3 +230,21 @@ def test_same_input_same_result(case: Case) -> None:
     _, second = drive(case, fast=True)
     assert first.records == second.records
     assert itl_samples(first) == itl_samples(second)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_chunked_admits_a_prompt_only_when_all_its_blocks_fit(fast: bool) -> None:
+    """10 blocks of 4 tokens. a (20-token prompt, 20 outputs) prefills 4 tokens a step over
+    [0,5), then decodes to t=24 holding 5..10 blocks. b's 24-token prompt needs 6 blocks: never
+    free while a runs, so b waits (admitting it on its first chunk's one block would only get it
+    preempted as a grows). b then prefills [24,30) and decodes to 33. No preemption."""
+    sched = Scheduler(
+        SchedulerConfig(max_num_seqs=4),
+        CacheConfig(block_size=4, num_blocks=10, watermark=0.0),
+        make_policy("chunked", chunk_tokens=4),
+    )
+    result = run_traffic(sched, OneSecond(), [Request("a", 20, 20), Request("b", 24, 4)], fast=fast)
+    assert by_id(result) == {"a": (5, 24, 20, 1), "b": (30, 33, 4, 1)}
+    b = next(r for r in result.records if r.request_id == "b")
+    assert b.first_scheduled_s == 24
+    assert result.num_preemptions == 0

@@ -109,8 +109,9 @@ class StepContext:
     def admit(self, num_tokens: int) -> int:
         """Move the head of the waiting queue to running with a first chunk.
 
-        Admits only if a sequence slot is free and the chunk's blocks fit
-        above the watermark; returns the tokens scheduled (0: not admitted).
+        Admits only if a sequence slot is free and the blocks of the whole prompt
+        (or recompute) fit above the watermark, though only the chunk's are allocated
+        now; returns the tokens scheduled (0: not admitted).
         """
         s = self._s
         if not s._waiting or len(s._running) >= s.config.max_num_seqs:
@@ -121,7 +122,10 @@ class StepContext:
             return 0
         bm = s.block_manager
         target = seq.num_computed_tokens + num_tokens
-        if not bm.can_allocate(bm.num_new_blocks(seq.request_id, target), reserve=s._watermark_blocks):
+        # Checking the first chunk alone would admit prompts whose later chunks find no room:
+        # under memory pressure they are preempted before their first token, again and again.
+        whole = bm.num_new_blocks(seq.request_id, seq.num_known_tokens)
+        if not bm.can_allocate(whole, reserve=s._watermark_blocks):
             return 0
         s._waiting.popleft()
         s._running.append(seq)
