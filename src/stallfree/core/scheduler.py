@@ -11,6 +11,10 @@ preemption, finishing) so every policy keeps the same invariants:
 - a running request holds exactly the KV blocks for its computed tokens
   (plus those scheduled this step); a waiting one holds none;
 - a plan never schedules a request twice and never exceeds its known tokens.
+
+A driver that prices many steps at once (the simulator) asks :meth:`Scheduler.steady_run` how
+many times a plan repeats unchanged and applies them with :meth:`Scheduler.update_steady`;
+the result equals scheduling each of those steps.
 """
 
 from __future__ import annotations
