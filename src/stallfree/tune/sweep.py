@@ -5,8 +5,9 @@ Output directory layout:
 - ``trials.csv``: one row per trial (spec fields, ``passed`` against the grid's SLOs, every
   summary metric, and ``key``), appended and flushed as each trial finishes, so an interrupted
   sweep loses at most the trials in flight;
-- ``capacity.csv``: one row per (model, hardware, tp, policy, budget) capacity search, written
-  when the sweep ends, with ``best`` marking each (model, hardware, tp, policy)'s best budget.
+- ``capacity.csv``: one row per (model, hardware, tp, policy, budget) capacity search (its spec
+  without the QPS, the SLOs and precision, what it found), written when the sweep ends, with
+  ``best`` marking each (model, hardware, tp, policy)'s best budget.
 
 Resume: rows already in ``trials.csv`` are read back by ``key`` and never run again; a search
 replays them and continues where it stopped (searches are deterministic given their trials).
@@ -26,19 +27,17 @@ from stallfree.metrics import Summary
 from stallfree.tune.backends import Backend
 from stallfree.tune.candidates import budget_candidates
 from stallfree.tune.capacity import QPS_RANGE_FACTOR
-from stallfree.tune.grid import Grid
+from stallfree.tune.grid import CapacityGrid, Grid
 from stallfree.tune.runner import FixedQps, Job, TrialRecord, run_jobs
 from stallfree.tune.search import CapacitySearch, SearchConfig
 from stallfree.tune.trial import TrialSpec, check_spec, estimate_qps, ridge_tokens
 
 SPEC_COLUMNS = tuple(f.name for f in dataclasses.fields(TrialSpec))
+# The search's deployment and workload (its spec without the QPS), then what it found.
 CAPACITY_COLUMNS = (
-    "model",
-    "hardware",
-    "tp",
-    "policy",
-    "token_budget",
-    "max_num_seqs",
+    *(name for name in SPEC_COLUMNS if name != "qps"),
+    "slos",
+    "precision",
     "capacity_qps",
     "hit_qps_max",
     "num_trials",
@@ -115,9 +114,9 @@ def run_sweep_grid(
             jobs, backend, slos, done=done, on_trial=writer.write, progress=progress, desc="sweep"
         )
     capacity_path = None
-    if searches:
+    if grid.capacity is not None:
         capacity_path = out / "capacity.csv"
-        write_capacity(capacity_path, searches)
+        write_capacity(capacity_path, searches, grid.capacity)
     num_run = sum(r.origin == "run" for r in records)
     num_resumed = sum(r.origin == "resumed" for r in records)
     return SweepSummary(len(records), num_run, num_resumed, trials_path, capacity_path)
@@ -171,33 +170,41 @@ def read_trials(path: Path) -> dict[str, Summary]:
         return {row["key"]: {c: _number(row[c]) for c in metric_columns} for row in reader}
 
 
-def write_capacity(path: Path, searches: list[tuple[TrialSpec, CapacitySearch]]) -> None:
-    best: dict[tuple[str, str, int, str], float] = {}
+def write_capacity(
+    path: Path, searches: list[tuple[TrialSpec, CapacitySearch]], capacity: CapacityGrid
+) -> None:
+    """One row per search; ``best`` marks the smallest budget reaching its group's highest
+    capacity, a group being everything but the budget (as ``stallfree tune`` picks)."""
+
+    def group(spec: TrialSpec) -> tuple[object, ...]:
+        return tuple(
+            getattr(spec, name)
+            for name in SPEC_COLUMNS
+            if name not in ("qps", "token_budget", "max_num_seqs")
+        )
+
+    best: dict[tuple[object, ...], float] = {}
     for spec, search in searches:
-        group = (spec.model, spec.hardware, spec.tp, spec.policy)
-        best[group] = max(best.get(group, 0.0), search.capacity_qps)
-    claimed: set[tuple[str, str, int, str]] = set()
+        best[group(spec)] = max(best.get(group(spec), 0.0), search.capacity_qps)
+    ranked = sorted(searches, key=lambda s: s[0].token_budget)
+    winners: dict[tuple[object, ...], str] = {}
+    for spec, search in ranked:
+        if search.capacity_qps > 0 and search.capacity_qps == best[group(spec)]:
+            winners.setdefault(group(spec), spec.key())
+    slos = ";".join(f"{name}={limit:g}" for name, limit in capacity.slos.as_dict().items())
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(CAPACITY_COLUMNS)
         for spec, search in searches:
-            group = (spec.model, spec.hardware, spec.tp, spec.policy)
-            # The smallest budget reaching the group's best capacity is the best (as stallfree tune).
-            is_best = search.capacity_qps > 0 and search.capacity_qps == best[group] and group not in claimed
-            if is_best:
-                claimed.add(group)
             writer.writerow(
                 [
-                    spec.model,
-                    spec.hardware,
-                    spec.tp,
-                    spec.policy,
-                    spec.token_budget,
-                    spec.max_num_seqs,
+                    *(getattr(spec, name) for name in SPEC_COLUMNS if name != "qps"),
+                    slos,
+                    capacity.precision,
                     search.capacity_qps,
                     search.hit_qps_max,
                     search.num_trials,
-                    is_best,
+                    winners.get(group(spec)) == spec.key(),
                 ]
             )
 
