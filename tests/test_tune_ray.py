@@ -48,8 +48,8 @@ def outcome(records: list[TrialRecord]) -> list[tuple[int, float, bool | None, S
 @pytest.mark.slow
 def test_ray_backend_gives_the_serial_results(local_ray: None) -> None:
     with RayBackend(fake_trial) as backend:
-        assert backend.workers == 2
         on_ray = run_jobs(jobs(), backend, SLOS)
+        assert backend.workers == 2
     assert outcome(on_ray) == outcome(run_jobs(jobs(), SerialBackend(fake_trial), SLOS))
     assert ray.is_initialized()  # a Ray it did not start is left running
 

@@ -93,7 +93,7 @@ class RayBackend(Backend):
     ``address`` is what ``ray.init`` takes (``auto``, ``HOST:PORT``, ``ray://HOST:PORT``). A
     ``HOST:PORT`` that does not accept a TCP connection within ``connect_timeout_s``, or accepts
     one but is not a Ray head, fails in about that time with one line, rather than after Ray's
-    own retries (about 20 s of warnings).
+    own retries (about 20 s of warnings). Ray itself starts (or is joined) at the first trial.
     """
 
     def __init__(
@@ -110,17 +110,29 @@ class RayBackend(Backend):
         if address not in (None, "auto", "local"):
             check_address(address, connect_timeout_s)
         self._ray: Any = ray
-        self._started_here = not ray.is_initialized()
-        if self._started_here:
-            if address is None:
-                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-            else:
-                _connect(ray, address, connect_timeout_s)
-        self.workers = max(1, int(self._ray.cluster_resources().get("CPU", 1)))
-        self._remote = ray.remote(num_cpus=1)(trial_fn)
+        self._trial_fn = trial_fn
+        self._address = address
+        self._num_cpus = num_cpus
+        self._connect_timeout_s = connect_timeout_s
+        self._started_here = False
+        self._remote: Any = None
         self._refs: dict[Any, int] = {}
 
+    def _start(self) -> None:
+        """Start or join Ray at the first trial, so input checked before it never waits for Ray."""
+        ray = self._ray
+        if not ray.is_initialized():
+            if self._address is None:
+                ray.init(num_cpus=self._num_cpus, include_dashboard=False, log_to_driver=False)
+            else:
+                _connect(ray, self._address, self._connect_timeout_s)
+            self._started_here = True
+        self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._remote = ray.remote(num_cpus=1)(self._trial_fn)
+
     def submit(self, ticket: int, spec: TrialSpec) -> None:
+        if self._remote is None:
+            self._start()
         self._refs[self._remote.remote(spec)] = ticket
 
     def next_result(self) -> tuple[int, Summary]:
