@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=(
             "For each policy and token budget, binary-search the highest QPS at which a seeded simulation "
             "meets every SLO (Sarathi-Serve's capacity); report the capacity curve, the best budget and the "
-            "matching vLLM / SGLang flags. Trials run in a local process pool or as Ray tasks."
+            "matching vLLM / SGLang flags. Trials run in a local process pool or as Ray tasks. Exit code 1 "
+            "when no budget of any policy meets the SLOs (the closest trial is shown)."
         ),
     )
     _add_deployment_args(p)
