@@ -155,6 +155,13 @@ def test_bad_grid_names_the_field(
     assert not (tmp_path / "out").exists()
 
 
+def test_sweep_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid_path = tmp_path / "grid.yaml"
+    grid_path.write_text(GRID)
+    assert main(["sweep", str(grid_path), "--out", str(grid_path), "--no-progress"]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
+
+
 def test_sweep_cli_runs_a_small_real_grid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     grid_path = tmp_path / "grid.yaml"
     grid_path.write_text(

@@ -163,6 +163,18 @@ def _backend(args: argparse.Namespace) -> Backend:
     return make_backend(args.backend, run_trial, workers=workers, address=args.address)
 
 
+def _make_dir(path: str, flag: str) -> None:
+    """Create an output directory now, so a bad path fails before minutes of trials."""
+    from pathlib import Path
+
+    if Path(path).exists() and not Path(path).is_dir():
+        raise UsageError(f"{flag} {path} is a file, not a directory")
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"{flag} {path}: {error.strerror or error}") from None
+
+
 def _progress(args: argparse.Namespace) -> bool:
     return not args.no_progress and sys.stderr.isatty()
 
@@ -201,6 +213,8 @@ def run_tune(args: argparse.Namespace) -> int:
         )
     if args.precision >= 1:
         raise UsageError(f"--precision must be below 1, got {args.precision}")
+    if args.plot:
+        _make_dir(args.plot, "--plot")
     config = TuneConfig(
         base=base,
         policies=policies,
@@ -249,6 +263,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     from stallfree.tune.sweep import run_sweep_grid
 
     grid = load_grid(args.grid)
+    _make_dir(args.out, "--out")
     started = time.perf_counter()
     with _backend(args) as backend:
         summary = run_sweep_grid(grid, args.out, backend, progress=_progress(args))
