@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -18,8 +19,7 @@ from typing import NoReturn
 from stallfree import __version__
 from stallfree.cli.common import UsageError
 
-# Subcommand modules, in the order ``stallfree --help`` lists them. A module
-# that does not exist yet is skipped, so commands land one at a time.
+# Subcommand modules, in the order ``stallfree --help`` lists them.
 COMMAND_MODULES = ("explain", "specs", "simulate", "tune", "generate", "serve", "bench")
 
 
@@ -39,13 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"stallfree.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"stallfree.cli.{name}":
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(f"stallfree.cli.{name}").register(sub)
     return parser
 
 
@@ -60,6 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"stallfree {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away: stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return code
 
 
