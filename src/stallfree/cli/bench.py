@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
     g = p.add_argument_group("long-prompt")
-    g.add_argument("--streams", type=positive_int, default=16, help="streams decoding (default %(default)s)")
+    g.add_argument("--streams", type=positive_int, help="streams decoding (default 16)")
     g.add_argument(
         "--prompt-tokens",
         type=positive_int,
@@ -88,7 +88,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     from stallfree.metrics_io import parse_goodput
 
-    if args.scenario != "long-prompt" and args.streams != 16:
+    if args.scenario != "long-prompt" and args.streams is not None:
         raise UsageError("--streams applies only to the long-prompt scenario")
     goodput = parse_goodput(args.goodput) if args.goodput else None
     result = asyncio.run(_run(args, goodput))
@@ -112,7 +112,7 @@ async def _run(args: argparse.Namespace, goodput: dict[str, float] | None) -> di
     # Bad options fail before any I/O.
     workload = None if args.scenario == "long-prompt" else _workload(args)
     options = LongPromptOptions(
-        num_streams=args.streams,
+        num_streams=args.streams or 16,
         prompt_tokens=args.prompt_tokens or 4096,
         stream_prompt_tokens=args.stream_prompt_tokens,
         stream_max_tokens=args.stream_max_tokens,
@@ -133,7 +133,7 @@ async def _run(args: argparse.Namespace, goodput: dict[str, float] | None) -> di
             sizer = await calibrate(http, endpoint, args.seed)
         if workload is None:
             print(
-                f"long-prompt: {args.streams} streams, then a {options.prompt_tokens}-token prompt",
+                f"long-prompt: {options.num_streams} streams, then a {options.prompt_tokens}-token prompt",
                 file=sys.stderr,
             )
             run = await run_long_prompt(http, endpoint, sizer, options, seed=args.seed)
