@@ -75,6 +75,26 @@ def test_poisson_scenario_with_trace_lengths(server: ServerThread, tmp_path: Pat
     assert len(result["itls"]) == 12
 
 
+def test_lengths_are_capped_to_the_listed_context(server: ServerThread, tmp_path: Path) -> None:
+    out = tmp_path / "capped.json"
+    argv = [
+        "bench",
+        "--base-url",
+        server.base_url,
+        "--scenario",
+        "gamma",
+        "--qps",
+        "100",
+        "--burstiness",
+        "0.5",
+    ]
+    argv += ["--lengths", "fixed:5000,20", "--num-requests", "3", "--no-progress", "--save-result", str(out)]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert (result["completed"], result["rejected"]) == (3, 0)
+    assert all(p + o <= 1024 for p, o in zip(result["input_lens"], result["output_lens"], strict=True))
+
+
 def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -94,6 +114,7 @@ def _closed_port() -> int:
             "such.csv",
         ),
         (["--scenario", "long-prompt", "--stream-max-tokens", "10"], "stream_max_tokens"),
+        (["--scenario", "poisson", "--qps", "1", "--num-requests", "3", "--streams", "4"], "--streams"),
     ],
 )
 def test_bad_options_fail_with_one_line(

@@ -13,6 +13,7 @@ from typing import Any
 from stallfree.cli.common import UsageError, positive_float, positive_int
 
 SCENARIOS = ("long-prompt", "poisson", "gamma", "trace")
+_CONTEXT_MARGIN = 0.05  # of the server's context, left free when capping lengths to it
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -77,7 +78,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     w.add_argument(
         "--max-total-tokens",
         type=positive_int,
-        help="cap prompt + output (default: the server's context if listed)",
+        help="cap prompt + output (default: 95%% of the server's context if /v1/models lists it)",
     )
     w.add_argument(
         "--goodput", nargs="+", metavar="METRIC:MS", help="SLOs for goodput, e.g. ttft:500 tpot:50"
@@ -141,9 +142,9 @@ async def _run(args: argparse.Namespace, goodput: dict[str, float] | None) -> di
             from stallfree.workload import Workload, sample
 
             if max_model_len is not None and workload.max_total_tokens is None:
-                workload = Workload(
-                    workload.arrivals, workload.lengths, workload.max_prompt_tokens, max_model_len
-                )
+                # A margin for prompt sizing, which is only as exact as the calibration line.
+                cap = int(max_model_len * (1 - _CONTEXT_MARGIN))
+                workload = Workload(workload.arrivals, workload.lengths, workload.max_prompt_tokens, cap)
             arrays = sample(workload, args.num_requests, args.seed)
             with tqdm(total=len(arrays), disable=not args.progress, unit="req", file=sys.stderr) as bar:
                 run = await run_workload(http, endpoint, arrays, sizer, seed=args.seed, on_done=bar.update)
