@@ -3,7 +3,8 @@
 Text is random common English words (seeded, different per request, so no prefix cache helps).
 Its length in tokens is a straight line in its length in characters; :func:`calibrate` measures
 that line on the server itself: two non-streamed probes (``max_tokens=1``; 128 characters and
-as many as the listed context surely holds, up to 4,096) and their ``usage.prompt_tokens``, so the fixed part (BOS, templates) and the slope are both the server's.
+as many as the listed context surely holds, up to 4,096) and their ``usage.prompt_tokens``, so
+the fixed part (BOS, templates) and the slope are both the server's.
 Counts are approximate (words tokenize unevenly); the benchmark reports the server's real
 counts from ``usage``.
 """
