@@ -11,6 +11,10 @@ peak bf16/fp32 matmul rate and the memory bandwidth MEASURED here (a large matmu
 large copy), FLOPs = 2 x (non-embedding + LM-head params) x B + attention over the
 context, bytes = weights once + every stream's K/V context.
 
+On a shared machine a run can be 10x slower than an undisturbed one (two OpenMP threads
+on two busy cores wait at every op's barrier), so each engine is run ``--repeats`` times
+and HF's timings are best of two; the best run is reported.
+
     .venv/bin/python benchmarks/engine_decode_throughput.py --model random:medium --streams 16,64
 """
 
@@ -141,8 +145,9 @@ def run_hf(
         return time.perf_counter() - start
 
     timed(2)  # warm up
-    prefill_s = timed(1)
-    total_s = timed(1 + decode_steps)
+    # Best of two: on a shared machine the minimum is the least disturbed run.
+    prefill_s = min(timed(1), timed(1))
+    total_s = min(timed(1 + decode_steps), timed(1 + decode_steps))
     return len(prompts) * decode_steps / (total_s - prefill_s)
 
 
@@ -156,6 +161,7 @@ def main() -> None:
     parser.add_argument("--streams", default="16,64")
     parser.add_argument("--context", type=int, default=512, help="prompt tokens per stream")
     parser.add_argument("--decode-steps", type=int, default=24)
+    parser.add_argument("--repeats", type=int, default=2, help="runs per engine; the best is reported")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     parser.add_argument("--json", type=Path, help="write results here")
     args = parser.parse_args()
@@ -182,8 +188,13 @@ def main() -> None:
             prompts = [
                 [rng.randrange(3, spec.vocab_size) for _ in range(args.context)] for _ in range(streams)
             ]
-            step_times, engine_wall_tps = run_engine(folder, dtype_name, device, prompts, args.decode_steps)
+            runs = [
+                run_engine(folder, dtype_name, device, prompts, args.decode_steps)
+                for _ in range(args.repeats)
+            ]
+            step_times, engine_wall_tps = min(runs, key=lambda run: statistics.median(run[0]))
             step_s = statistics.median(step_times)
+            best_step_s = min(step_times)
             bound_s = decode_step_roofline(
                 spec,
                 streams,
@@ -196,10 +207,12 @@ def main() -> None:
                 "streams": streams,
                 "context": args.context,
                 "engine_decode_step_ms": round(step_s * 1e3, 2),
+                "engine_decode_step_min_ms": round(best_step_s * 1e3, 2),
                 "engine_decode_tokens_per_s": round(streams / step_s, 1),
                 "engine_wall_tokens_per_s": round(engine_wall_tps, 1),
                 "roofline_step_ms": round(bound_s * 1e3, 2),
                 "fraction_of_roofline": round(bound_s / step_s, 3),
+                "fraction_of_roofline_best_step": round(bound_s / best_step_s, 3),
             }
             if not args.no_hf:
                 hf_tps = run_hf(folder, torch_dtype, device, prompts, args.decode_steps)
