@@ -257,6 +257,9 @@ class EngineThread:
 
     def _after_step(self, outputs: list[RequestOutput], deliveries: list[Callable[[], None]]) -> None:
         now_s = time.perf_counter()
+        ttfts_s: list[float] = []
+        itls_s: list[float] = []
+        num_prompt_tokens = num_generated_tokens = 0
         for out in outputs:
             rid = out.request_id
             stream = self._streams.get(rid)
@@ -264,16 +267,23 @@ class EngineThread:
                 continue
             last_s = self._last_token_s.get(rid)
             if last_s is None:
-                self.metrics.first_token(now_s - self._arrival_s[rid], len(out.prompt_token_ids))
+                ttfts_s.append(now_s - self._arrival_s[rid])
+                num_prompt_tokens += len(out.prompt_token_ids)
             else:
-                self.metrics.next_token(now_s - last_s)
+                itls_s.append(now_s - last_s)
             self._last_token_s[rid] = now_s
-            self.metrics.generation_tokens.inc(len(out.new_token_ids))
+            num_generated_tokens += len(out.new_token_ids)
             deliveries.append(functools.partial(stream._put, out))
             if out.finished:
                 self.metrics.request_finished(out.finish_reason or "stop")
                 del self._streams[rid]
                 self._forget(rid)
+        self.metrics.record_step(
+            ttfts_s=ttfts_s,
+            itls_s=itls_s,
+            num_prompt_tokens=num_prompt_tokens,
+            num_generated_tokens=num_generated_tokens,
+        )
 
     def _forget(self, request_id: str) -> None:
         self._last_token_s.pop(request_id, None)

@@ -1,18 +1,58 @@
 """Prometheus metrics of one server, in a registry of its own (several servers can share a process).
 
-Latency histograms are observed on the engine thread at the moment a token is sampled, so they
-measure the scheduler and the model, not how fast a client reads. Gauges are refreshed after
-every engine step. Names follow vLLM's (``stallfree:`` prefix instead of ``vllm:``).
+Latencies are measured on the engine thread at the moment a token is sampled, so they describe
+the scheduler and the model, not how fast a client reads. The engine thread reports once per
+step (:meth:`ServerMetrics.record_step`): per-token work there would hold the GIL the event loop
+needs, so histograms are plain bucket counts behind one lock taken once per step and once per
+scrape. Names follow vLLM's (``stallfree:`` instead of ``vllm:``).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import bisect
+import threading
+from collections.abc import Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
     0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
+
+
+class _StepHistogram(Collector):
+    """A histogram fed a step's values at a time; ``le`` buckets as Prometheus defines them."""
+
+    def __init__(self, name: str, doc: str, model_name: str, bounds_s: Sequence[float]) -> None:
+        self._name, self._doc, self._model_name = name, doc, model_name
+        self._bounds_s = tuple(bounds_s)
+        self._counts = [0] * (len(self._bounds_s) + 1)  # the last one is +Inf
+        self._sum_s = 0.0
+        self._lock = threading.Lock()
+
+    def observe_many(self, values_s: Sequence[float]) -> None:
+        if not values_s:
+            return
+        slots = [bisect.bisect_left(self._bounds_s, v) for v in values_s]
+        total_s = sum(values_s)
+        with self._lock:
+            for slot in slots:
+                self._counts[slot] += 1
+            self._sum_s += total_s
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            counts, sum_s = list(self._counts), self._sum_s
+        cumulative, buckets = 0, []
+        for bound, count in zip((*(str(b) for b in self._bounds_s), "+Inf"), counts, strict=True):
+            cumulative += count
+            buckets.append((bound, float(cumulative)))
+        family = HistogramMetricFamily(self._name, self._doc, labels=["model_name"])
+        family.add_metric([self._model_name], buckets, sum_s)
+        yield family
 
 
 class ServerMetrics:
@@ -28,10 +68,10 @@ class ServerMetrics:
         def counter(name: str, doc: str) -> Counter:
             return Counter(f"stallfree:{name}", doc, labels, registry=self.registry)
 
-        def histogram(name: str, doc: str) -> Histogram:
-            return Histogram(
-                f"stallfree:{name}", doc, labels, buckets=_LATENCY_BUCKETS_S, registry=self.registry
-            )
+        def histogram(name: str, doc: str) -> _StepHistogram:
+            collector = _StepHistogram(f"stallfree:{name}", doc, model_name, _LATENCY_BUCKETS_S)
+            self.registry.register(collector)
+            return collector
 
         self.num_requests_running = gauge("num_requests_running", "Requests in the running batch.").labels(
             model_name
@@ -52,12 +92,10 @@ class ServerMetrics:
             "prompt_tokens", "Prompt tokens of requests that got a first token."
         ).labels(model_name)
         self.generation_tokens = counter("generation_tokens", "Tokens generated.").labels(model_name)
-        self.time_to_first_token = histogram(
-            "time_to_first_token_seconds", "Arrival to first sampled token."
-        ).labels(model_name)
+        self.time_to_first_token = histogram("time_to_first_token_seconds", "Arrival to first sampled token.")
         self.inter_token_latency = histogram(
             "inter_token_latency_seconds", "Gap between two sampled tokens of a request."
-        ).labels(model_name)
+        )
         self._request_success = Counter(
             "stallfree:request_success",
             "Requests that ended, by finish reason.",
@@ -66,12 +104,21 @@ class ServerMetrics:
         )
         self._model_name = model_name
 
-    def first_token(self, ttft_s: float, num_prompt_tokens: int) -> None:
-        self.time_to_first_token.observe(ttft_s)
-        self.prompt_tokens.inc(num_prompt_tokens)
-
-    def next_token(self, itl_s: float) -> None:
-        self.inter_token_latency.observe(itl_s)
+    def record_step(
+        self,
+        *,
+        ttfts_s: Sequence[float],
+        itls_s: Sequence[float],
+        num_prompt_tokens: int,
+        num_generated_tokens: int,
+    ) -> None:
+        """One engine step's tokens: first-token latencies, gaps, prompt tokens of the new starters."""
+        self.time_to_first_token.observe_many(ttfts_s)
+        self.inter_token_latency.observe_many(itls_s)
+        if num_prompt_tokens:
+            self.prompt_tokens.inc(num_prompt_tokens)
+        if num_generated_tokens:
+            self.generation_tokens.inc(num_generated_tokens)
 
     def request_finished(self, finish_reason: str) -> None:
         self._request_success.labels(self._model_name, finish_reason).inc()
