@@ -35,7 +35,13 @@ class Backend(Protocol):
 
     def prefill_time_s(self, num_tokens: int) -> float: ...
 
-    def ridge_tokens(self) -> float: ...
+    def ridge_tokens(self, num_seqs: int, context_len: int) -> float:
+        """Prompt tokens a step of ``num_seqs`` decodes carries almost free."""
+        ...
+
+    def cache_config(self) -> CacheConfig:
+        """The KV cache runs use (unbounded for the roofline, the real cache for an engine)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +202,7 @@ def explain(
     echo = {**asdict(scenario), **(scenario_echo or {})}
     return Explanation(
         scenario=echo,
-        ridge_tokens=backend.ridge_tokens(),
+        ridge_tokens=backend.ridge_tokens(scenario.decoders, scenario.context_tokens),
         decode_step_s=backend.decode_step_s(scenario.decoders, scenario.context_tokens),
         prefill_alone_s=alone,
         runs=runs,

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from stallfree.cli.common import int_list, positive_int
+from stallfree.cli.common import UsageError, int_list, positive_int
 
-DEFAULTS = {"model": "llama-3-70b", "hardware": "a100-40gb", "tp": 4}
+if TYPE_CHECKING:
+    from stallfree.explain import Backend
+
+# The seed's scenario on the roofline; a CPU-sized one on the real engine.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "roofline": {"model": "llama-3-70b", "prompt_tokens": 16384, "context_tokens": 1024, "chunk_tokens": 256},
+    "torch": {"model": "random:medium", "prompt_tokens": 2048, "context_tokens": 256, "chunk_tokens": None},
+}
+ENGINE_SWEEP = (16, 32, 64, 128, 256, 512)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -19,79 +28,80 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "N streams are decoding when a long prompt arrives. Prefill-first runs the prompt whole in a "
             "step of its own and every stream goes silent; chunked (stall-free) cuts it into chunks that "
             "ride inside the decode steps. Prints both on one clock, then a chunk-size sweep. Defaults "
-            "reproduce the seed: Llama-3-70B on 4 x A100-40GB, 16 streams, a 16,384-token prompt, 256-token chunks."
+            "reproduce the seed: Llama-3-70B on 4 x A100-40GB, 16 streams, a 16,384-token prompt, 256-token "
+            "chunks. With --engine torch the same scenario runs on the real PyTorch engine and every step is "
+            "measured on the wall clock (defaults: random:medium, 16 streams at 256 tokens, a 2,048-token "
+            "prompt, chunks at this machine's measured ridge)."
         ),
     )
-    p.add_argument(
+    add = p.add_argument
+    add(
+        "--engine",
+        choices=("roofline", "torch"),
+        default="roofline",
+        help="roofline: step times from the cost model; torch: measured on the real engine (needs the engine extra)",
+    )
+    add(
         "--model",
-        default=DEFAULTS["model"],
-        help="preset name or path to a HF config.json (default %(default)s)",
+        help="roofline: preset or HF config.json (default llama-3-70b); "
+        "torch: random:<preset> or a local HF folder (default random:medium)",
     )
-    p.add_argument(
-        "--hardware",
-        default=DEFAULTS["hardware"],
-        help="preset name or path to a hardware JSON (default %(default)s)",
-    )
-    p.add_argument(
-        "--tp", type=positive_int, default=DEFAULTS["tp"], help="tensor-parallel GPUs (default %(default)s)"
-    )
-    p.add_argument(
-        "--prompt-tokens",
-        type=positive_int,
-        default=16384,
-        help="the arriving prompt's length (default %(default)s)",
-    )
-    p.add_argument(
-        "--decoders", type=positive_int, default=16, help="streams already decoding (default %(default)s)"
-    )
-    p.add_argument(
-        "--context-tokens",
-        type=positive_int,
-        default=1024,
-        help="each stream's context when the prompt arrives (default %(default)s)",
-    )
-    p.add_argument(
-        "--chunk-tokens",
-        type=positive_int,
-        default=256,
-        help="prompt tokens per chunked step (default %(default)s)",
-    )
-    p.add_argument(
+    add("--hardware", default="a100-40gb", help="roofline: preset or hardware JSON (default %(default)s)")
+    add("--tp", type=positive_int, default=4, help="roofline: tensor-parallel GPUs (default %(default)s)")
+    add(
         "--cost-model",
         choices=("seed", "full"),
         default="seed",
-        help="seed: weights-only roofline, the seed's arithmetic; full: + attention, KV traffic, LM head, TP all-reduce (default %(default)s)",
+        help="roofline: seed = weights-only, the seed's arithmetic; full = + attention, KV traffic, LM head, "
+        "TP all-reduce (default %(default)s)",
     )
-    p.add_argument(
+    add("--device", help="torch: cpu or cuda (default: cuda when available)")
+    add(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        default="bfloat16",
+        help="torch: weights and KV dtype (default %(default)s)",
+    )
+    add("--prompt-tokens", type=positive_int, help="the arriving prompt's length (default 16384; torch 2048)")
+    add("--decoders", type=positive_int, default=16, help="streams already decoding (default %(default)s)")
+    add(
+        "--context-tokens",
+        type=positive_int,
+        help="each stream's context when the prompt arrives (default 1024; torch 256)",
+    )
+    add(
+        "--chunk-tokens",
+        type=positive_int,
+        help="prompt tokens per chunked step (default 256; torch: the measured ridge)",
+    )
+    add(
         "--sweep",
         type=int_list,
-        default=None,
         metavar="C1,C2,...",
-        help="chunk sizes to sweep (default 16..8192, powers of two)",
+        help="chunk sizes to sweep (default 16..8192, powers of two; torch 16..512)",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--plot", metavar="DIR", help="write the timeline and sweep figures (PNG + SVG) to DIR")
+    add("--json", action="store_true", help="print one JSON object instead of the table")
+    add("--plot", metavar="DIR", help="write the timeline and sweep figures (PNG + SVG) to DIR")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from stallfree.explain import DEFAULT_SWEEP, Scenario, explain
-    from stallfree.sim.backend import CostModelBackend
-    from stallfree.sim.cost_model import CostModel, CostModelConfig
-    from stallfree.specs import load_hardware_spec, load_model_spec
 
-    model = load_model_spec(args.model)
-    hardware = load_hardware_spec(args.hardware)
-    cost = CostModel(CostModelConfig(model, hardware, tp=args.tp, kind=args.cost_model))
-    scenario = Scenario(args.prompt_tokens, args.decoders, args.context_tokens, args.chunk_tokens)
-    echo = {
-        "model": model.name,
-        "hardware": hardware.name,
-        "tp": args.tp,
-        "cost_model": args.cost_model,
-        "engine": "roofline",
-    }
-    result = explain(scenario, CostModelBackend(cost), args.sweep or DEFAULT_SWEEP, echo)
+    defaults = DEFAULTS[args.engine]
+    model = args.model or defaults["model"]
+    prompt = args.prompt_tokens or defaults["prompt_tokens"]
+    context = args.context_tokens or defaults["context_tokens"]
+    sweep = args.sweep or (DEFAULT_SWEEP if args.engine == "roofline" else ENGINE_SWEEP)
+    if args.engine == "roofline":
+        backend, echo = _roofline(args, model)
+    else:
+        backend, echo = _torch(args, model, prompt, context, sweep)
+    chunk = args.chunk_tokens or defaults["chunk_tokens"]
+    if chunk is None:
+        chunk = int(backend.ridge_tokens(args.decoders, context))
+    scenario = Scenario(prompt, args.decoders, context, chunk)
+    result = explain(scenario, backend, sweep, echo)
     out = result.to_json()
     if args.plot:
         from stallfree.plots.explain import plot_explanation
@@ -103,6 +113,72 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_table(out))
     return 0
+
+
+def _roofline(args: argparse.Namespace, model_name: str) -> tuple[Backend, dict[str, Any]]:
+    from stallfree.sim.backend import CostModelBackend
+    from stallfree.sim.cost_model import CostModel, CostModelConfig
+    from stallfree.specs import load_hardware_spec, load_model_spec
+
+    model = load_model_spec(model_name)
+    hardware = load_hardware_spec(args.hardware)
+    cost = CostModel(CostModelConfig(model, hardware, tp=args.tp, kind=args.cost_model))
+    echo = {
+        "model": model.name,
+        "hardware": hardware.name,
+        "tp": args.tp,
+        "cost_model": args.cost_model,
+        "engine": "roofline",
+    }
+    return CostModelBackend(cost), echo
+
+
+def _torch(
+    args: argparse.Namespace, model_name: str, prompt: int, context: int, sweep: Sequence[int]
+) -> tuple[Backend, dict[str, Any]]:
+    try:
+        import torch
+
+        from stallfree.engine.explain_backend import EngineBackend
+    except ImportError as exc:
+        raise UsageError(
+            f"--engine torch needs the engine extra (pip install -e '.[engine]'): {exc}"
+        ) from None
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    smallest = min([*sweep, args.chunk_tokens or 8])
+    # Streams grow by one token per step; a chunked run takes at most prompt / chunk steps.
+    stream_tokens = context + -(-prompt // smallest) + 32
+    backend = EngineBackend(
+        model_name,
+        max_tokens=args.decoders * stream_tokens + prompt + 64,
+        dtype=getattr(torch, args.dtype),
+        device=device,
+    )
+    limit = backend.model.spec.max_position_embeddings
+    if max(prompt + 1, stream_tokens) > limit:
+        raise UsageError(
+            f"prompt ({prompt}) or stream context ({stream_tokens}) exceeds the model's {limit} positions"
+        )
+    hardware = (
+        torch.cuda.get_device_name(device)
+        if device.startswith("cuda")
+        else f"{torch.get_num_threads()}-thread CPU"
+    )
+    echo = {
+        "model": backend.model.spec.name,
+        "hardware": hardware,
+        "tp": 1,
+        "cost_model": "measured",
+        "engine": f"torch {args.dtype} on {device}",
+    }
+    return backend, echo
+
+
+_CHUNK_NOTES = {
+    "full": "  [attention over earlier chunks is charged]",
+    "seed": "  [seed model: attention not charged; try --cost-model full]",
+}
+_RIDGE_NOTES = {"measured": " (measured: a mixed step costs <= 1.2x a decode step)"}
 
 
 def _ms(seconds: float) -> str:
@@ -118,7 +194,8 @@ def format_table(out: dict[str, Any]) -> str:
         "",
         f"  decode step ({sc['decoders']} streams)   {_ms(out['decode_step_s'])}",
         f"  prompt prefill alone        {_ms(out['prefill_alone_s'])}",
-        f"  ridge point                 {out['ridge_tokens']:,.0f} tokens per step",
+        f"  ridge point                 {out['ridge_tokens']:,.0f} tokens per step"
+        + _RIDGE_NOTES.get(sc["cost_model"], ""),
         "",
         f"  {'policy':<28}{'longest gap':>14}{'median gap':>14}{'prompt TTFT':>14}{'vs alone':>10}",
     ]
@@ -132,11 +209,7 @@ def format_table(out: dict[str, Any]) -> str:
         "",
         f"  chunked: the prompt's {pc['num_steps']} chunk steps cost {_ms(pc['first_step_s'])} (first) to "
         f"{_ms(pc['last_step_s'])} (last): {pc['last_vs_first']:.2f}x"
-        + (
-            "  [attention over earlier chunks is charged]"
-            if sc["cost_model"] == "full"
-            else "  [seed model: attention not charged; try --cost-model full]"
-        ),
+        + _CHUNK_NOTES.get(sc["cost_model"], ""),
         "",
         f"  chunk sweep (ridge ~{out['ridge_tokens']:,.0f} tokens):",
         f"  {'chunk':>8}{'longest gap':>14}{'prompt TTFT':>14}{'vs alone':>10}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from stallfree.core import CacheConfig
 from stallfree.core.plan import StepPlan, StepResult
 from stallfree.sim.cost_model import CostModel
 
@@ -24,5 +25,8 @@ class CostModelBackend:
     def prefill_time_s(self, num_tokens: int) -> float:
         return self.cost_model.prefill_time_s(num_tokens)
 
-    def ridge_tokens(self) -> float:
+    def ridge_tokens(self, num_seqs: int, context_len: int) -> float:
         return self.cost_model.ridge_tokens()
+
+    def cache_config(self) -> CacheConfig:
+        return CacheConfig()  # the seed's picture ignores KV memory

@@ -1,0 +1,98 @@
+"""The real engine as an ``explain`` backend: step durations measured on the wall clock.
+
+Each step's duration is the wall time since the previous step ended (or since this
+one started), so scheduling and sampling overhead are in it: the clock the streams
+would see. Prompts are random token ids (random weights time like real ones);
+tokens are greedy. The reference figures (decode step, prefill alone, ridge) come
+from synthetic steps on the same runner (:mod:`stallfree.engine.profiling`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+import torch
+
+from stallfree.core import CacheConfig, StepPlan, StepResult
+from stallfree.engine.kv_cache import KVCache, kv_bytes_per_block
+from stallfree.engine.profiling import measure_ridge, time_step
+from stallfree.engine.runner import ModelRunner
+from stallfree.engine.weights import load_model
+
+RIDGE_CHUNKS = (8, 16, 32, 64, 128, 256, 512, 1024)
+FIRST_TOKEN_ID = 3  # ids below are special tokens of the random tokenizer
+
+
+class EngineBackend:
+    """Measures steps of ``model`` with a KV cache sized for ``max_tokens`` tokens."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        max_tokens: int,
+        dtype: torch.dtype = torch.bfloat16,
+        device: str = "cpu",
+        block_size: int = 16,
+        ridge_tolerance: float = 1.2,
+        seed: int = 0,
+    ) -> None:
+        self.model, _ = load_model(model, dtype, device, seed)
+        spec = self.model.spec
+        num_blocks = -(-max_tokens // block_size) + 64  # headroom: partly-filled last blocks
+        self.kv_bytes = num_blocks * kv_bytes_per_block(spec, block_size, dtype)
+        self.runner = ModelRunner(self.model, KVCache(spec, num_blocks, block_size, dtype, self.model.device))
+        self.ridge_tolerance = ridge_tolerance
+        self.seed = seed
+        self._ridge: dict[tuple[int, int], float] = {}
+
+    def cache_config(self) -> CacheConfig:
+        kv = self.runner.kv_cache
+        return CacheConfig(block_size=kv.block_size, num_blocks=kv.num_blocks, watermark=0.0)
+
+    def new_executor(self) -> Callable[[StepPlan], StepResult]:
+        runner = self.runner
+        runner.block_tables.clear()
+        rng = random.Random(self.seed)
+        vocab = self.model.spec.vocab_size
+        token_ids: dict[str, list[int]] = {}
+        last_end: list[float] = []
+
+        def execute(plan: StepPlan) -> StepResult:
+            start = time.perf_counter()
+            for c in plan.chunks:
+                if c.request_id not in token_ids:
+                    token_ids[c.request_id] = [
+                        rng.randrange(FIRST_TOKEN_ID, vocab) for _ in range(c.num_known_tokens)
+                    ]
+            rids, logits = runner.execute(plan, token_ids)
+            picks = logits.argmax(dim=-1).tolist()  # .tolist() waits for the device
+            for rid, tok in zip(rids, picks, strict=True):
+                token_ids[rid].append(tok)
+            end = time.perf_counter()
+            since = max(start, last_end[0]) if last_end else start
+            last_end[:] = [end]
+            return StepResult(end - since, dict(zip(rids, picks, strict=True)))
+
+        return execute
+
+    # Reference figures run between scenario runs: the last run's block tables are stale.
+    def decode_step_s(self, num_seqs: int, context_len: int) -> float:
+        self.runner.block_tables.clear()
+        return time_step(self.runner, num_seqs, context_len, repeats=5)
+
+    def prefill_time_s(self, num_tokens: int) -> float:
+        self.runner.block_tables.clear()
+        return time_step(self.runner, 0, 0, chunk_tokens=num_tokens, repeats=1)
+
+    def ridge_tokens(self, num_seqs: int, context_len: int) -> float:
+        """Largest chunk (of :data:`RIDGE_CHUNKS`) whose mixed step costs <= tolerance x a decode step."""
+        key = (num_seqs, context_len)
+        if key not in self._ridge:
+            self.runner.block_tables.clear()
+            _, points = measure_ridge(self.runner, num_seqs, context_len, RIDGE_CHUNKS, self.ridge_tolerance)
+            fits = [p.chunk_tokens for p in points if p.ratio_to_decode <= self.ridge_tolerance]
+            self._ridge[key] = float(fits[-1] if fits else RIDGE_CHUNKS[0])
+        return self._ridge[key]

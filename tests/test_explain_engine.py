@@ -1,0 +1,47 @@
+"""`stallfree explain --engine torch`: the seed's scenario on the real engine (tiny model).
+
+Timing is not asserted here (shared CPUs are noisy; the measured figures live in the
+README's benchmarks); the structure of the run and the JSON contract are.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stallfree.cli import main
+
+pytest.importorskip("torch")
+
+
+def test_measured_explainer_runs_the_same_scenario_and_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["explain", "--engine", "torch", "--model", "random:tiny", "--dtype", "float32", "--device", "cpu"]
+    args += ["--decoders", "3", "--context-tokens", "24", "--prompt-tokens", "100", "--chunk-tokens", "16"]
+    assert main([*args, "--sweep", "32,64", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["scenario"]["cost_model"] == "measured" and out["scenario"]["model"] == "random-tiny"
+    assert set(out["policies"]) == {"prefill-first", "chunked"}
+    for p in out["policies"].values():
+        assert p["max_gap_s"] >= p["median_gap_s"] > 0
+        assert p["ttft_s"] > 0 and p["ttft_vs_alone"] > 0
+    assert out["prompt_chunks"]["num_steps"] == 7  # ceil(100 / 16) chunks of the prompt
+    assert [row["chunk_tokens"] for row in out["sweep"]] == [32, 64]
+    assert out["ridge_tokens"] >= 8 and out["decode_step_s"] > 0 and out["prefill_alone_s"] > 0
+
+
+def test_prompt_longer_than_the_model_context_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        "explain",
+        "--engine",
+        "torch",
+        "--model",
+        "random:tiny",
+        "--prompt-tokens",
+        "5000",
+        "--chunk-tokens",
+        "64",
+    ]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "positions" in err
