@@ -83,6 +83,7 @@ def test_chat_whole_and_streamed_agree(client: openai.OpenAI) -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
     whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, seed=3)  # type: ignore[arg-type]
     assert whole.object == "chat.completion"
+    assert whole.id.startswith("chatcmpl-")
     assert whole.choices[0].message.role == "assistant"
     stream = client.chat.completions.create(
         model=MODEL,

@@ -220,6 +220,11 @@ def _print(result: dict[str, Any]) -> None:
         value = result.get(key)
         if value is not None:
             print(f"{label + ':':<42}{fmt.format(value):>18}")
+    if result.get("streams_not_decoding_to_the_end"):
+        print(
+            f"warning: {result['streams_not_decoding_to_the_end']} streams stopped before the measurement ended "
+            "(failed, or hit --stream-max-tokens): their gaps do not cover the whole prompt"
+        )
     errors = [e for e in result["errors"] if e]
     if errors:
         print(f"first error ({len(errors)} in all): {errors[0]}")

@@ -188,16 +188,20 @@ async def _respond(
     except RequestRejected as exc:
         raise p.ServerError(400, str(exc)) from None
     num_prompt_tokens = len(prepared.prompt_token_ids)
+    response_id = f"chat{stream.request_id}" if chat else stream.request_id  # chatcmpl-..., as OpenAI
     if prepared.stream:
-        chunks = _sse(engine_thread, stream, model_name, num_prompt_tokens, chat, prepared.include_usage)
+        chunks = _sse(
+            engine_thread, stream, response_id, model_name, num_prompt_tokens, chat, prepared.include_usage
+        )
         return StreamingResponse(chunks, media_type="text/event-stream")
-    return await _whole(engine_thread, stream, request, model_name, num_prompt_tokens, chat)
+    return await _whole(engine_thread, stream, request, response_id, model_name, num_prompt_tokens, chat)
 
 
 async def _whole(
     engine_thread: EngineThread,
     stream: RequestStream,
     request: Request,
+    response_id: str,
     model_name: str,
     num_prompt_tokens: int,
     chat: bool,
@@ -225,8 +229,7 @@ async def _whole(
             task.cancel()
         engine_thread.release(stream)
     usage = p.usage(num_prompt_tokens, num_tokens)
-    rid = stream.request_id
-    body = (p.chat_body if chat else p.completion_body)(rid, model_name, text, reason, usage)
+    body = (p.chat_body if chat else p.completion_body)(response_id, model_name, text, reason, usage)
     return JSONResponse(body)
 
 
@@ -238,13 +241,13 @@ async def _wait_for_disconnect(request: Request) -> None:
 async def _sse(
     engine_thread: EngineThread,
     stream: RequestStream,
+    rid: str,
     model_name: str,
     num_prompt_tokens: int,
     chat: bool,
     include_usage: bool,
 ) -> AsyncIterator[str]:
     """SSE events, one per engine step; Starlette cancels this when the client disconnects."""
-    rid = stream.request_id
     num_tokens = 0
     try:
         if chat:
