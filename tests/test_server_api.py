@@ -207,3 +207,16 @@ def test_api_key_is_required_on_v1_routes(server: ServerThread) -> None:
     with pytest.raises(openai.AuthenticationError):
         wrong.models.list()
     assert httpx.get(f"{server.base_url}/health").status_code == 200  # probes need no key
+
+
+def test_unknown_routes_and_methods_answer_openai_errors(server: ServerThread) -> None:
+    for response in (
+        httpx.get(f"{server.base_url}/nope"),
+        httpx.get(f"{server.base_url}/v1/completions", headers=AUTH),
+    ):
+        assert response.status_code in (404, 405)
+        assert response.json()["error"]["type"] in ("not_found_error", "invalid_request_error")
+    assert httpx.get(f"{server.base_url}/openapi.json").json()["paths"].keys() >= {
+        "/v1/completions",
+        "/v1/chat/completions",
+    }

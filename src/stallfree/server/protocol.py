@@ -120,7 +120,7 @@ _ERROR_TYPES = {
 
 def error_body(status_code: int, message: str, param: str | None = None) -> dict[str, Any]:
     """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind = _ERROR_TYPES.get(status_code, "server_error")
+    kind = _ERROR_TYPES.get(status_code, "invalid_request_error" if status_code < 500 else "server_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": status_code}}
 
 
