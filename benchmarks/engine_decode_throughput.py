@@ -43,7 +43,7 @@ def _sync(device: torch.device) -> None:
 
 
 def measure_peak_flops(dtype: torch.dtype, device: torch.device) -> float:
-    """Best FLOP/s over a few large matmul shapes (square, and tall-by-MLP-sized), best of 5 each."""
+    """Best FLOP/s over a few large matmul shapes (square, and tall-by-MLP-sized), best of 10 each."""
     best = 0.0
     for m, k, n in (
         (2048, 2048, 2048),
@@ -56,7 +56,7 @@ def measure_peak_flops(dtype: torch.dtype, device: torch.device) -> float:
             continue  # minutes on a CPU, and no faster than the smaller shapes
         a = torch.randn(m, k, dtype=dtype, device=device)
         b = torch.randn(n, k, dtype=dtype, device=device)
-        for _ in range(5):
+        for _ in range(10):
             _sync(device)
             start = time.perf_counter()
             torch.nn.functional.linear(a, b)
