@@ -246,3 +246,10 @@ def test_unknown_hardware_name_lists_presets(tmp_path: Path) -> None:
         load_hardware_spec("tpu-v9")
     with pytest.raises(ValueError, match="not found"):
         load_hardware_spec(str(tmp_path / "gone.json"))
+
+
+def test_every_preset_names_its_hugging_face_repository() -> None:
+    from stallfree.specs.model_presets import HF_REPOS, MODEL_PRESETS
+
+    assert set(HF_REPOS) == set(MODEL_PRESETS)
+    assert all(repo.count("/") == 1 for repo in HF_REPOS.values())

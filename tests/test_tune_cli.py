@@ -64,7 +64,7 @@ def test_default_tbt_slo_is_sarathi_strict(capsys: pytest.CaptureFixture[str]) -
     assert code == 0
     assert "strict: 5 x a 32-sequence decode step" in out
     assert (
-        "vllm serve mistral-7b --max-num-batched-tokens 512 --max-num-seqs 256 --enable-chunked-prefill"
+        "vllm serve mistralai/Mistral-7B-v0.3 --max-num-batched-tokens 512 --max-num-seqs 256 --enable-chunked-prefill"
         in out
     )
 

@@ -202,3 +202,20 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         eos_token_id=2,
     ),
 }
+
+# The Hugging Face repository of each preset, for the launch lines tools print.
+HF_REPOS: dict[str, str] = {
+    "llama-3-8b": "meta-llama/Meta-Llama-3-8B",
+    "llama-3-70b": "meta-llama/Meta-Llama-3-70B",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B",
+    "llama-3.1-405b": "meta-llama/Llama-3.1-405B",
+    "llama-2-7b": "meta-llama/Llama-2-7b-hf",
+    "llama-2-13b": "meta-llama/Llama-2-13b-hf",
+    "llama-2-70b": "meta-llama/Llama-2-70b-hf",
+    "mistral-7b": "mistralai/Mistral-7B-v0.3",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B",
+    "qwen2.5-72b": "Qwen/Qwen2.5-72B",
+    "yi-34b": "01-ai/Yi-34B",
+    "codellama-34b": "codellama/CodeLlama-34b-hf",
+}

@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from stallfree.specs.model_presets import HF_REPOS
 from stallfree.tune.backends import Backend
 from stallfree.tune.runner import Job, TrialRecord, run_jobs
 from stallfree.tune.search import CapacitySearch, SearchConfig
@@ -163,7 +164,8 @@ class TuneResult:
 
 
 def serve_commands(model: str, tp: int, token_budget: int, max_num_seqs: int) -> dict[str, str]:
-    """The vLLM and SGLang launch lines for a chunked budget."""
+    """The vLLM and SGLang launch lines for a chunked budget (presets by their HF repository)."""
+    model = HF_REPOS.get(model, model)
     vllm = (
         f"vllm serve {model} --max-num-batched-tokens {token_budget} --max-num-seqs {max_num_seqs} "
         "--enable-chunked-prefill"
