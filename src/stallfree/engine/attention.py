@@ -31,7 +31,7 @@ class DecodeGroup:
     start: int
     num_seqs: int
     gather_rows: torch.Tensor  # [kv_heads * num_seqs * max_blocks] rows of the cache's block view
-    mask: torch.Tensor  # [num_seqs, 1, max_blocks * block_size] bool, True = attend
+    padding: torch.Tensor  # [num_seqs, 1, max_blocks * block_size] bool, True = past the context
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,18 +89,21 @@ def paged_attention(
     value_rows = value_cache.view(kv_heads * num_blocks, block_size * head_dim)
 
     out = torch.empty(num_tokens, num_heads * head_dim, dtype=q.dtype, device=q.device)
+    if meta.decode_groups:
+        last = meta.decode_groups[-1]
+        decode_q = q[: last.start + last.num_seqs] * scale  # scaled once for every group
     for g in meta.decode_groups:
         rows = slice(g.start, g.start + g.num_seqs)
         n = g.num_seqs
         # [n, H, D] -> [kv_heads, n, group, D]: query head h uses KV head h // group.
-        dq = q[rows].view(n, kv_heads, group, head_dim).permute(1, 0, 2, 3)
+        dq = decode_q[rows].view(n, kv_heads, group, head_dim).permute(1, 0, 2, 3)
         dk = key_rows.index_select(0, g.gather_rows).view(kv_heads, n, -1, head_dim)
         dv = value_rows.index_select(0, g.gather_rows).view(kv_heads, n, -1, head_dim)
         # Plain matmuls beat SDPA here: with a handful of query rows per sequence SDPA's
-        # CPU kernels fall back to an upcasting math path several times slower.
-        scores = torch.matmul(dq, dk.transpose(-1, -2)).float().mul_(scale)
-        scores.masked_fill_(g.mask.logical_not(), float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        # CPU kernels fall back to an upcasting math path several times slower. Scores stay
+        # in the model dtype (as the matmul made them); the softmax accumulates in fp32.
+        scores = torch.matmul(dq, dk.transpose(-1, -2)).masked_fill_(g.padding, float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out[rows] = torch.matmul(probs, dv).permute(1, 0, 2, 3).reshape(n, num_heads * head_dim)
     for chunk in meta.chunks:
         rows = slice(chunk.start, chunk.start + chunk.num_tokens)

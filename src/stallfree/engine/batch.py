@@ -69,13 +69,13 @@ def build_inputs(
         width = max(len(t) for t in group_tables)
         padded = torch.tensor([list(t) + [0] * (width - len(t)) for t in group_tables], dtype=torch.long)
         context_lens = torch.tensor(positions[first : first + seqs_per_group], dtype=torch.long) + 1
-        mask = (torch.arange(width * block_size)[None, :] < context_lens[:, None]).unsqueeze(1)
+        padding = (torch.arange(width * block_size)[None, :] >= context_lens[:, None]).unsqueeze(1)
         decode_groups.append(
             DecodeGroup(
                 start=first,
                 num_seqs=len(group_tables),
                 gather_rows=gather_rows(padded, kv_heads, num_blocks).to(device),
-                mask=mask.to(device),
+                padding=padding.to(device),
             )
         )
 
