@@ -78,7 +78,7 @@ def teacher_forced_logits(
     total_blocks = sum(-(-len(s) // block_size) for s in seqs.values())
     pool = list(range(total_blocks + 5))
     rng.shuffle(pool)
-    runner = ModelRunner(model, KVCache(spec, len(pool), block_size, torch.float32))
+    runner = ModelRunner(model, KVCache(spec, len(pool), block_size, model.dtype))
     computed = dict.fromkeys(seqs, 0)
     held = dict.fromkeys(seqs, 0)
     out: dict[tuple[str, int], torch.Tensor] = {}
@@ -159,3 +159,20 @@ def test_saved_checkpoint_is_a_plain_hf_folder(checkpoint: Path) -> None:
     _, ours = load_model(str(checkpoint), torch.float32, "cpu")
     text = "Hello kalo mefi, 42!"
     assert hf_tokenizer(text)["input_ids"] == ours.encode(text)
+
+
+@pytest.mark.parametrize("variant", ["llama-gqa-untied", "qwen2-bias-tied"])
+def test_prepacked_bf16_weights_give_identical_logits(variant: str) -> None:
+    spec = VARIANTS[variant]
+    plain = build_random_model(spec, torch.bfloat16, "cpu", seed=2)
+    packed = build_random_model(spec, torch.bfloat16, "cpu", seed=2)
+    if not packed.prepack_cpu_weights():
+        pytest.skip("no oneDNN weight packing in this torch build")
+    rng = random.Random(1)
+    seqs = {f"r{i}": [rng.randrange(spec.vocab_size) for _ in range(rng.randint(2, 40))] for i in range(4)}
+    got = [teacher_forced_logits(m, seqs, random.Random(3)) for m in (plain, packed)]
+    assert got[0].keys() == got[1].keys()
+    assert all(torch.equal(got[0][key], got[1][key]) for key in got[0])
+    assert not build_random_model(
+        spec, torch.float32, "cpu"
+    ).prepack_cpu_weights()  # fp32 stays the reference

@@ -87,6 +87,7 @@ class LLMEngine:
         if isinstance(policy, str):
             policy = make_policy(policy, token_budget=token_budget, chunk_tokens=chunk_tokens)
         self.model, self.tokenizer = load_model(model, self.dtype, self.device, seed)
+        self.model.prepack_cpu_weights()
         spec = self.model.spec
         self.max_model_len = max_model_len or spec.max_position_embeddings
         if self.max_model_len > spec.max_position_embeddings:

@@ -40,6 +40,7 @@ class EngineBackend:
         seed: int = 0,
     ) -> None:
         self.model, _ = load_model(model, dtype, device, seed)
+        self.model.prepack_cpu_weights()
         spec = self.model.spec
         num_blocks = -(-max_tokens // block_size) + 64  # headroom: partly-filled last blocks
         self.kv_bytes = num_blocks * kv_bytes_per_block(spec, block_size, dtype)

@@ -100,6 +100,8 @@ class LlamaModel(nn.Module):
             else _param(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
         )
         self.register_buffer("inv_freq", rope_inv_freq(spec).to(device), persistent=False)
+        # id(weight) -> the same weight pre-packed for oneDNN (see prepack_cpu_weights).
+        self._packed: dict[int, torch.Tensor] = {}
         self.inv_freq: torch.Tensor
         self.scale = 1.0 / math.sqrt(spec.head_dim)
 
@@ -109,6 +111,38 @@ class LlamaModel(nn.Module):
 
     def decoder_layers(self) -> list[DecoderLayer]:
         return [cast(DecoderLayer, layer) for layer in self.layers]
+
+    def prepack_cpu_weights(self) -> bool:
+        """On CPU in bf16/fp16, pre-pack every matmul weight into oneDNN's blocked layout.
+
+        oneDNN otherwise re-lays out the weight on every call; pre-packed, small-batch
+        (decode) matmuls run 1.5-2.7x faster, large ones ~1.2x, with bit-identical results in
+        bf16. Packed copies replace the originals, except the embedding (also needed for its
+        row lookup), so the model can run but no longer be saved. fp32 is left alone: its
+        packed kernels round differently (~1e-4) and the fp32 path is the reference one.
+        Returns whether anything was packed.
+        """
+        packable = self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float16)
+        ops = getattr(torch.ops, "mkldnn", None)
+        if self._packed or not packable or ops is None or not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+            return False
+        weights = [self.lm_head_weight()]
+        for layer in self.decoder_layers():
+            weights += [layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj]
+        for weight in weights:
+            self._packed[id(weight)] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
+            if weight is not self.embed_tokens:
+                weight.data = torch.empty(0, dtype=weight.dtype)
+        return True
+
+    def _linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        packed = self._packed.get(id(weight))
+        if packed is None:
+            return F.linear(x, weight, bias)
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        return out
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens if self.lm_head is None else self.lm_head
@@ -137,18 +171,18 @@ class LlamaModel(nn.Module):
         hidden = F.embedding(input_ids, self.embed_tokens)
         for index, layer in enumerate(self.decoder_layers()):
             x = rms_norm(hidden, layer.input_layernorm, spec.rms_norm_eps)
-            qkv = F.linear(x, layer.qkv_proj, layer.qkv_bias)
+            qkv = self._linear(x, layer.qkv_proj, layer.qkv_bias)
             q, k, v = torch.split(qkv, [q_size, kv_size, kv_size], dim=-1)
             q = apply_rope(q.view(num_tokens, -1, head_dim), cos, sin)
             k = apply_rope(k.view(num_tokens, -1, head_dim), cos, sin)
             v = v.view(num_tokens, -1, head_dim)
             out = paged_attention(q, k, v, kv_cache.layer(index), attn, self.scale)
-            hidden = hidden + F.linear(out, layer.o_proj)
+            hidden = hidden + self._linear(out, layer.o_proj)
             x = rms_norm(hidden, layer.post_attention_layernorm, spec.rms_norm_eps)
-            gate, up = F.linear(x, layer.gate_up_proj).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer.down_proj)
+            gate, up = self._linear(x, layer.gate_up_proj).chunk(2, dim=-1)
+            hidden = hidden + self._linear(F.silu(gate) * up, layer.down_proj)
         last = rms_norm(hidden[logits_indices], self.norm, spec.rms_norm_eps)
-        return F.linear(last, self.lm_head_weight()).float()
+        return self._linear(last, self.lm_head_weight()).float()
 
 
 def init_random_weights(model: LlamaModel, seed: int) -> None:
