@@ -69,6 +69,8 @@ def build_random_model(
 
 def hf_state_dict(model: LlamaModel) -> dict[str, torch.Tensor]:
     """Our parameters under Hugging Face's names, fused matrices split back apart."""
+    if model.is_prepacked:
+        raise ValueError("this model's weights are pre-packed for oneDNN and can no longer be saved")
     spec = model.spec
     out: dict[str, torch.Tensor] = {
         "model.embed_tokens.weight": model.embed_tokens,
@@ -133,11 +135,12 @@ def save_pretrained(model: LlamaModel, tokenizer: Tokenizer, folder: Path) -> No
     """Write config.json, model.safetensors, tokenizer.json and tokenizer_config.json."""
     from safetensors.torch import save_file
 
+    tensors = hf_state_dict(model)
     folder.mkdir(parents=True, exist_ok=True)
     config = model.spec.to_hf_config()
     config["torch_dtype"] = str(model.dtype).removeprefix("torch.")
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(hf_state_dict(model), str(folder / _SINGLE_FILE), metadata={"format": "pt"})
+    save_file(tensors, str(folder / _SINGLE_FILE), metadata={"format": "pt"})
     tokenizer.save(folder, model.spec.max_position_embeddings)
 
 
