@@ -135,6 +135,10 @@ class LlamaModel(nn.Module):
                 weight.data = torch.empty(0, dtype=weight.dtype)
         return True
 
+    @property
+    def is_prepacked(self) -> bool:
+        return bool(self._packed)
+
     def _linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
