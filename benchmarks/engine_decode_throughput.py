@@ -91,32 +91,44 @@ def decode_step_roofline(
 def run_engine(
     folder: Path, dtype: str, device: torch.device, prompts: list[list[int]], decode_steps: int
 ) -> tuple[list[float], float]:
-    """Median-able per-step executor times of pure decode steps, and their wall-clock tokens/s."""
-    context = len(prompts[0])
+    """Executor times of ``decode_steps`` pure decode steps, and their wall-clock tokens/s."""
+    streams, context = len(prompts), len(prompts[0])
+    token_budget = max(2048, streams)
+    # Early prompts decode while later ones prefill: give every stream enough tokens to still
+    # be running for the whole timed window.
+    max_tokens = decode_steps + -(-streams * context // token_budget) + 2
     engine = LLMEngine(
         str(folder),
         dtype=dtype,
         device=str(device),
         policy="chunked",
-        token_budget=max(2048, len(prompts)),
-        max_num_seqs=len(prompts),
-        num_blocks=len(prompts) * (-(-(context + decode_steps + 2) // 16)),
+        token_budget=token_budget,
+        max_num_seqs=streams,
+        num_blocks=streams * -(-(context + max_tokens + 1) // 16),
     )
-    params = SamplingParams(max_tokens=decode_steps + 1, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     for ids in prompts:
         engine.add_request(prompt_token_ids=ids, sampling_params=params)
-    while engine.last_step is None or engine.last_step.plan.num_decode_tokens < len(prompts):
-        engine.step()  # prefill (and the first decode step, warming up)
+
+    def is_pure_decode() -> bool:
+        last = engine.last_step
+        return (
+            last is not None and last.plan.num_decode_tokens == streams and last.plan.num_prefill_tokens == 0
+        )
+
+    while not is_pure_decode():  # prefill, then one warm-up decode step
+        if not engine.has_unfinished_requests():
+            raise RuntimeError("streams finished before all of them were decoding")
+        engine.step()
     step_times = []
     start = time.perf_counter()
-    tokens = 0
-    while engine.has_unfinished_requests():
+    for _ in range(decode_steps):
         engine.step()
+        if not is_pure_decode():
+            raise RuntimeError("a timed step was not a pure decode step")
         assert engine.last_step is not None
-        if engine.last_step.plan.num_decode_tokens == len(prompts):
-            step_times.append(engine.last_step.result.duration_s)
-        tokens += len(engine.last_step.events.new_token_request_ids)
-    return step_times, tokens / (time.perf_counter() - start)
+        step_times.append(engine.last_step.result.duration_s)
+    return step_times, streams * decode_steps / (time.perf_counter() - start)
 
 
 def run_hf(
