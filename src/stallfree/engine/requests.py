@@ -50,6 +50,7 @@ class RequestState:
         self.request_id = request_id
         self.prompt = prompt
         self.num_prompt_tokens = len(prompt_token_ids)
+        self.prompt_token_ids = tuple(prompt_token_ids)
         self.token_ids = list(prompt_token_ids)  # prompt + generated: what the runner reads
         self.params = params
         self.generator = generator
@@ -103,7 +104,7 @@ class RequestState:
         out = RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
-            prompt_token_ids=tuple(self.token_ids[: self.num_prompt_tokens]),
+            prompt_token_ids=self.prompt_token_ids,
             text=self.text,
             token_ids=tuple(output_ids),
             finished=finish_reason is not None,
