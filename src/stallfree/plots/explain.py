@@ -11,33 +11,20 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from stallfree.explain import PROMPT_ID, Explanation, PolicyRun
+from stallfree.plots import DECODE_COLOR, PROMPT_COLOR, save_figures
 
-DECODE_COLOR = "#4C78A8"
-PROMPT_COLOR = "#F58518"
 TICK_COLOR = "#333333"
 
 
 def plot_explanation(result: Explanation, out_dir: str | Path) -> list[Path]:
     """Write ``timeline`` and ``sweep`` figures as PNG and SVG; return the paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = []
-    for name, fig in (("timeline", _timeline(result)), ("sweep", _sweep(result))):
-        for ext in ("png", "svg"):
-            path = out / f"{name}.{ext}"
-            fig.savefig(path, dpi=150, bbox_inches="tight")
-            paths.append(path)
-        plt.close(fig)
-    return paths
+    return save_figures((("timeline", _timeline(result)), ("sweep", _sweep(result))), out_dir)
 
 
 def _timeline(result: Explanation) -> Figure:

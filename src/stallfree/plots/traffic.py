@@ -14,19 +14,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import numpy.typing as npt
 from matplotlib.figure import Figure
 
+from stallfree.plots import DECODE_COLOR, PROMPT_COLOR, save_figures
+
 if TYPE_CHECKING:
     from stallfree.sim import SimulationResult
 
-DECODE_COLOR = "#4C78A8"
-PROMPT_COLOR = "#F58518"
 NUM_BINS = 400
 WINDOW_S = 3.0
 
@@ -35,20 +32,11 @@ FloatArray = npt.NDArray[np.float64]
 
 def plot_traffic(results: Sequence[SimulationResult], out_dir: str | Path) -> list[Path]:
     """Write the four figures (PNG and SVG) for one or more policies' runs; return the paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     figures = [("itl_cdf", _itl_cdf(results)), ("ttft_cdf", _ttft_cdf(results))]
     traced = [r for r in results if r.steps is not None and len(r.steps)]
     if traced:
         figures += [("batch_composition", _batch_composition(traced)), ("kv_usage", _kv_usage(traced))]
-    paths: list[Path] = []
-    for name, fig in figures:
-        for ext in ("png", "svg"):
-            path = out / f"{name}.{ext}"
-            fig.savefig(path, dpi=130, bbox_inches="tight")
-            paths.append(path)
-        plt.close(fig)
-    return paths
+    return save_figures(figures, out_dir, dpi=130)
 
 
 def _title(results: Sequence[SimulationResult]) -> str:

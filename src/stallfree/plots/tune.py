@@ -10,12 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+from stallfree.plots import save_figures
 
 POLICY_COLORS = {"chunked": "#4C78A8", "prefill-first": "#F58518", "decode-first": "#54A24B"}
 OTHER_COLOR = "#B279A2"
@@ -23,16 +22,7 @@ OTHER_COLOR = "#B279A2"
 
 def plot_tune(out: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """Write ``capacity`` and ``tbt_vs_qps`` as PNG and SVG; return the paths."""
-    target = Path(out_dir)
-    target.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = []
-    for name, fig in (("capacity", _capacity(out)), ("tbt_vs_qps", _tbt_vs_qps(out))):
-        for ext in ("png", "svg"):
-            path = target / f"{name}.{ext}"
-            fig.savefig(path, dpi=150, bbox_inches="tight")
-            paths.append(path)
-        plt.close(fig)
-    return paths
+    return save_figures((("capacity", _capacity(out)), ("tbt_vs_qps", _tbt_vs_qps(out))), out_dir)
 
 
 def _title(out: dict[str, Any]) -> str:
