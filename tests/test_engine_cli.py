@@ -76,3 +76,14 @@ def test_cli_module_imports_no_torch() -> None:
     code = "import sys, stallfree.cli, stallfree.cli.generate; stallfree.cli.build_parser(); print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_generate_chat_wraps_the_prompt_in_the_template(capsys: pytest.CaptureFixture[str]) -> None:
+    from stallfree.engine.tokenizer import random_tokenizer
+
+    argv = ["generate", *TINY, "--prompt", "Hello", "--max-tokens", "3", "--chat", "--json"]
+    assert main(argv) == 0
+    record = json.loads(capsys.readouterr().out)
+    tokenizer = random_tokenizer(1024)
+    templated = tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}])
+    assert record["prompt_token_ids"] == tokenizer.encode(templated, add_special_tokens=False)

@@ -86,10 +86,15 @@ def run_generate(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         max_model_len=args.max_model_len,
     )
-    prompts = args.prompt
-    if args.chat:
+    prompts: list[str] | list[list[int]] = args.prompt
+    if args.chat:  # the template writes any BOS itself: encode without adding special tokens
         tokenizer = llm.engine.tokenizer
-        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+        prompts = [
+            tokenizer.encode(
+                tokenizer.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False
+            )
+            for p in args.prompt
+        ]
     outputs = llm.generate(prompts, params)
     for prompt, out in zip(args.prompt, outputs, strict=True):
         if args.json:
