@@ -252,3 +252,15 @@ def test_chat_uses_the_template(checkpoint: Path) -> None:
     prompt = llm.engine.tokenizer.apply_chat_template(messages)
     assert list(out.prompt_token_ids) == llm.engine.tokenizer.encode(prompt, add_special_tokens=False)
     assert len(out.token_ids) == MAX_TOKENS
+
+
+@pytest.mark.parametrize(
+    "params", [{"top_p": 1e-300}, {"temperature": 1e-300}, {"temperature": 1e-300, "top_p": 1e-300}]
+)
+def test_extreme_sampling_values_do_not_crash_the_step(params: dict[str, float]) -> None:
+    """A tiny top_p rounds to 0 in fp32 and a tiny temperature overflows the logits: both
+    must still pick the top token rather than crash the engine step."""
+    llm = LLM("random:tiny", dtype="float32", device="cpu")
+    greedy = llm.generate(["abc"], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))[0]
+    out = llm.generate(["abc"], SamplingParams(max_tokens=4, ignore_eos=True, **params))[0]
+    assert out.token_ids == greedy.token_ids

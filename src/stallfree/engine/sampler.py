@@ -15,6 +15,9 @@ import torch
 
 from stallfree.core import SamplingParams
 
+# Temperatures below this sample greedily: dividing logits by ~0 overflows to inf (vLLM's choice too).
+GREEDY_TEMPERATURE = 1e-5
+
 
 @dataclass(frozen=True, slots=True)
 class SampledToken:
@@ -30,7 +33,7 @@ def sample(
         return []
     chosen = logits.argmax(dim=-1)
     for row, p in enumerate(params):
-        if p.temperature > 0:
+        if p.temperature >= GREEDY_TEMPERATURE:
             chosen[row] = _sample_row(logits[row], p, generators[row])
     token_ids = chosen.tolist()
     wants_logprobs = [row for row, p in enumerate(params) if p.logprobs]
@@ -52,6 +55,7 @@ def _sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Genera
         cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
         # Drop a token once the tokens ranked above it already cover top_p (the first always stays).
         drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= p.top_p
+        drop_sorted[0] = False  # a tiny top_p rounds to 0 in fp32 and would drop every token
         drop = torch.empty_like(drop_sorted).scatter_(0, order, drop_sorted)
         scaled = scaled.masked_fill(drop, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)

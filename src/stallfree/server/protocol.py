@@ -14,11 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from stallfree.core import SamplingParams
 
-# Temperatures below this are greedy: dividing logits by ~0 overflows to inf (vLLM does the same).
-GREEDY_TEMPERATURE = 1e-5
-# top_p below this is raised to it: the same choice (the top token alone) for any vocabulary under
-# a million tokens, and a tinier top_p rounds to 0 in fp32, where the sampler would keep no token.
-MIN_TOP_P = 1e-6
 _MAX_SEED = 2**63 - 1
 
 
@@ -47,9 +42,9 @@ class _SamplingFields(_Body):
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=0.0 if self.temperature < GREEDY_TEMPERATURE else self.temperature,
+            temperature=self.temperature,
             top_k=self.top_k,
-            top_p=max(self.top_p, MIN_TOP_P),
+            top_p=self.top_p,
             seed=self.seed,
             stop=tuple(s for s in stop if s),
             ignore_eos=self.ignore_eos,
