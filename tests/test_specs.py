@@ -253,3 +253,21 @@ def test_every_preset_names_its_hugging_face_repository() -> None:
 
     assert set(HF_REPOS) == set(MODEL_PRESETS)
     assert all(repo.count("/") == 1 for repo in HF_REPOS.values())
+
+
+def test_transformers_5_rope_parameters_are_read() -> None:
+    """transformers 5 writes rope_theta and the scaling inside one rope_parameters dict."""
+    from stallfree.specs import load_model_spec
+
+    ref = load_model_spec("llama-3.1-8b")
+    config = ref.to_hf_config()
+    scaling = config.pop("rope_scaling")
+    config["rope_parameters"] = {"rope_theta": config.pop("rope_theta"), **scaling}
+    spec = ModelSpec.from_hf_config(config, name=ref.name)
+    assert spec.rope_theta == ref.rope_theta == 500000.0
+    assert spec.rope_scaling == ref.rope_scaling
+    plain = load_model_spec("llama-3-8b").to_hf_config()
+    plain.pop("rope_scaling")
+    plain["rope_parameters"] = {"rope_theta": plain.pop("rope_theta"), "rope_type": "default"}
+    spec = ModelSpec.from_hf_config(plain)
+    assert spec.rope_theta == 500000.0 and spec.rope_scaling is None

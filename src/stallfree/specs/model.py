@@ -121,6 +121,7 @@ class ModelSpec:
             raise ValueError(
                 f"model {name}: bos_token_id/eos_token_id must be token ids, got {bos!r}/{eos!r}"
             )
+        rope, scaling = _rope_fields(config, name)
         return cls(
             name=name,
             hidden_size=hidden,
@@ -132,8 +133,8 @@ class ModelSpec:
             vocab_size=config["vocab_size"],
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             rms_norm_eps=_number(config, "rms_norm_eps", 1e-6, name),
-            rope_theta=_number(config, "rope_theta", 10000.0, name),
-            rope_scaling=_hashable_rope_scaling(config.get("rope_scaling"), name),
+            rope_theta=_number(rope, "rope_theta", 10000.0, name),
+            rope_scaling=_hashable_rope_scaling(scaling, name),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=architecture == "Qwen2ForCausalLM",
             bos_token_id=bos,
@@ -301,6 +302,22 @@ def _uses_sliding_window(config: Mapping[str, Any], architecture: str) -> bool:
         # Qwen2 configs always carry a window; it is only used when this flag says so.
         return bool(config.get("use_sliding_window", False))
     return bool(window < config.get("max_position_embeddings", window + 1))
+
+
+def _rope_fields(config: Mapping[str, Any], name: str) -> tuple[Mapping[str, Any], object]:
+    """(where ``rope_theta`` lives, the scaling dict or None) in either HF layout.
+
+    transformers < 5 writes top-level ``rope_theta`` and ``rope_scaling``; transformers 5 writes
+    one ``rope_parameters`` dict holding ``rope_theta`` and, unless ``rope_type`` is
+    ``default``, the scaling fields.
+    """
+    params = config.get("rope_parameters")
+    if "rope_theta" in config or params is None:
+        return config, config.get("rope_scaling")
+    if not isinstance(params, Mapping):
+        raise ValueError(f"model {name}: rope_parameters must be an object, got {params!r}")
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    return params, None if scaling.get("rope_type", "default") == "default" else scaling
 
 
 def _hashable_rope_scaling(value: object, name: str) -> RopeScaling | None:
