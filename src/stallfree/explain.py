@@ -62,11 +62,9 @@ class Scenario:
 
     @property
     def decoder_max_tokens(self) -> int:
-        # Every step after the arrival moves the prompt by >= 1 token, so the streams
-        # can never run out before the run ends.
-        return (
-            self.prompt_tokens + self.lead_steps + self.tail_steps + self.decoders * self.context_tokens + 8
-        )
+        # One warm-up step, then every step after the arrival moves the prompt by >= 1
+        # token, so the streams can never run out before the run ends.
+        return self.prompt_tokens + self.lead_steps + self.tail_steps + 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +96,14 @@ class PolicyRun:
 
 
 def run_scenario(scenario: Scenario, policy: Policy, backend: Backend) -> PolicyRun:
-    """Warm up the streams, let the prompt arrive, stop ``tail_steps`` after its first token."""
-    sched = Scheduler(SchedulerConfig(max_num_seqs=scenario.decoders + 1), CacheConfig(), policy)
+    """Warm up the streams, let the prompt arrive, stop ``tail_steps`` after its first token.
+
+    The warm-up prefills every stream in one step whatever the policy (it is cut from the
+    result); then ``policy`` schedules everything that is measured.
+    """
+    config = SchedulerConfig(max_num_seqs=scenario.decoders + 1)
+    policy.check_config(config)
+    sched = Scheduler(config, backend.cache_config(), make_policy("prefill-first"))
     executor = backend.new_executor()
     streams = [
         Request(f"s{i}", scenario.context_tokens, scenario.decoder_max_tokens)
@@ -107,6 +111,11 @@ def run_scenario(scenario: Scenario, policy: Policy, backend: Backend) -> Policy
     ]
     ids = [r.request_id for r in streams]
     tl = simulate_timeline(sched, executor, streams, stop=lambda t: all(i in t.token_times_s for i in ids))
+    if len(tl.token_times_s) < len(ids):
+        raise ValueError(
+            f"the KV cache cannot hold {scenario.decoders} streams of {scenario.context_tokens} tokens"
+        )
+    sched.policy = policy
     origin_s, warmup_steps = tl.end_s, len(tl.steps)
     tl = simulate_timeline(
         sched,
