@@ -45,3 +45,28 @@ def test_prompt_longer_than_the_model_context_is_one_line(capsys: pytest.Capture
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "positions" in err
+
+
+def test_engine_runs_stay_inside_the_real_kv_cache() -> None:
+    """Runs schedule against the engine's own cache: every block id handed out exists."""
+    import torch
+
+    from stallfree.core import make_policy
+    from stallfree.engine.explain_backend import EngineBackend
+    from stallfree.explain import Scenario, run_scenario
+
+    scenario = Scenario(prompt_tokens=300, decoders=4, context_tokens=40, chunk_tokens=8)
+    backend = EngineBackend("random:tiny", max_tokens=4 * (40 + 300 // 8 + 32) + 300, dtype=torch.float32)
+    num_blocks = backend.runner.kv_cache.num_blocks
+    seen: list[int] = []
+    execute = backend.runner.execute
+
+    def checked(plan, token_ids):  # type: ignore[no-untyped-def]
+        seen.extend(b for blocks in plan.new_block_ids.values() for b in blocks)
+        return execute(plan, token_ids)
+
+    backend.runner.execute = checked  # type: ignore[method-assign]
+    for policy in (make_policy("prefill-first"), make_policy("chunked", chunk_tokens=8)):
+        run = run_scenario(scenario, policy, backend)
+        assert run.first_token_s > run.arrival_s
+    assert seen and max(seen) < num_blocks
