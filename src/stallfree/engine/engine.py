@@ -13,6 +13,7 @@ KV cache can never hold) raises one-line ``ValueError`` before anything is alloc
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import random
@@ -110,6 +111,10 @@ class LLMEngine:
         self._rng = random.Random(seed)
         self._ids = itertools.count()
         self._start_s = time.perf_counter()
+        # Keep the collector's full passes off the start-up heap: walking it is a pause of
+        # tens of ms inside some step, an inter-token gap that is not the scheduler's.
+        gc.collect()
+        gc.freeze()
 
     # -- requests ---------------------------------------------------------------------------
 

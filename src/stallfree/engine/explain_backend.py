@@ -9,6 +9,7 @@ from synthetic steps on the same runner (:mod:`stallfree.engine.profiling`).
 
 from __future__ import annotations
 
+import gc
 import random
 import time
 from collections.abc import Callable
@@ -48,6 +49,10 @@ class EngineBackend:
         self.ridge_tolerance = ridge_tolerance
         self.seed = seed
         self._ridge: dict[tuple[int, int], float] = {}
+        # A full collection walking the start-up heap (torch, tokenizer, model objects) is a
+        # ~80 ms pause in the middle of some step; freeze it out of the collector (vLLM does too).
+        gc.collect()
+        gc.freeze()
 
     def cache_config(self) -> CacheConfig:
         kv = self.runner.kv_cache
