@@ -96,12 +96,14 @@ def _draw_run(ax: Axes, run: PolicyRun, title: str, end_s: float) -> None:
         textcoords="offset points",
     )
     ax.axvline(run.first_token_s, color=PROMPT_COLOR, ls=":", lw=1.2)
+    # Right of the line when the prompt was quick, so the two labels do not overlap.
+    quick = run.ttft_s < 0.4 * end_s
     ax.annotate(
         f"prompt's first token (TTFT {run.ttft_s:.2f} s)",
         (run.first_token_s, box_y + box_h + 0.3),
         fontsize=8,
-        ha="right",
-        xytext=(-3, 0),
+        ha="left" if quick else "right",
+        xytext=(3 if quick else -3, 0),
         textcoords="offset points",
     )
     gap_start, gap = _longest_gap(run, streams)
