@@ -11,7 +11,7 @@ TORCH ?= torch==2.13.0
 $(BIN)/stallfree: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e ".[engine,server,ray,dev]"
 	touch $@
 
