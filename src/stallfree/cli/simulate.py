@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stallfree.cli.common import UsageError, positive_int
+from stallfree.cli.common import UsageError, add_roofline_args
 
 if TYPE_CHECKING:
     from stallfree.sim import SimulationResult
@@ -52,16 +52,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("model and hardware")
-    g.add_argument("--model", default="llama-3-8b", help="preset or HF config.json (default %(default)s)")
-    g.add_argument("--hardware", default="a100-80gb", help="preset or hardware JSON (default %(default)s)")
-    g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel GPUs (default %(default)s)")
-    g.add_argument(
-        "--cost-model",
-        choices=("seed", "full"),
-        default="full",
-        help="full: weights + attention FLOPs + KV-cache reads/writes + LM head + TP all-reduce; "
-        "seed: weights only (default %(default)s)",
-    )
+    add_roofline_args(g, model="llama-3-8b", hardware="a100-80gb", cost_model="full")
     g.add_argument(
         "--step-overhead-ms",
         type=float,

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
-from stallfree.cli.common import positive_int
+from stallfree.cli.common import add_roofline_args, positive_int
 
 if TYPE_CHECKING:
     from stallfree.sim.cost_model import CostModel
@@ -43,17 +43,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", help="preset name, a config.json, or a folder holding one")
-    parser.add_argument("--hardware", help="preset name or a hardware JSON file")
-    parser.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel GPUs (default 1)")
+    add_roofline_args(parser, model=None, hardware=None, cost_model="seed")
     parser.add_argument(
         "--dtype", choices=sorted(DTYPE_BYTES), default="bf16", help="weight/KV dtype (default bf16)"
-    )
-    parser.add_argument(
-        "--cost-model",
-        choices=("seed", "full"),
-        default="seed",
-        help="seed: weights-only roofline; full: adds attention, KV traffic, LM head, TP all-reduce (default seed)",
     )
     parser.add_argument(
         "--context-tokens",

@@ -10,7 +10,14 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from stallfree.cli.common import UsageError, int_list, non_negative_int, positive_float, positive_int
+from stallfree.cli.common import (
+    UsageError,
+    add_roofline_args,
+    int_list,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 
 if TYPE_CHECKING:
     from stallfree.tune.backends import Backend
@@ -101,15 +108,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _add_deployment_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="mistral-7b", help="preset or HF config.json (default %(default)s)")
-    p.add_argument("--hardware", default="a100-80gb", help="preset or hardware JSON (default %(default)s)")
-    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel GPUs (default %(default)s)")
-    p.add_argument(
-        "--cost-model",
-        choices=("seed", "full"),
-        default="full",
-        help="roofline kind (default %(default)s: attention, KV traffic, LM head, TP all-reduce)",
-    )
+    add_roofline_args(p, model="mistral-7b", hardware="a100-80gb", cost_model="full")
     p.add_argument(
         "--gpu-memory-utilization",
         type=positive_float,
