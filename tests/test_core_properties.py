@@ -7,28 +7,21 @@ from hypothesis import strategies as st
 
 from stallfree.core import CacheConfig, Request, Scheduler, SchedulerConfig, StepPlan, StepResult, make_policy
 from stallfree.core.scheduler import StepEvents
+from strategies import policy_cases
 
 BLOCK = 4
 
 
 @st.composite
 def scenarios(draw: st.DrawFn) -> tuple[str, dict[str, int], SchedulerConfig, CacheConfig, list[Request]]:
-    policy = draw(st.sampled_from(["chunked", "chunked-tokens", "prefill-first", "decode-first"]))
-    max_num_seqs = draw(st.integers(1, 8))
-    kw: dict[str, int] = {}
-    if policy == "chunked-tokens":
-        policy, kw = "chunked", {"chunk_tokens": draw(st.integers(1, 64))}
-    elif policy == "chunked":
-        kw = {"token_budget": draw(st.integers(max_num_seqs, 96))}
-    elif draw(st.booleans()):
-        kw = {"token_budget": draw(st.integers(1, 96))}
+    policy, kw, config = draw(policy_cases())
     num_blocks = draw(st.integers(8, 64))
     reqs = [
         Request(str(i), draw(st.integers(1, 80)), draw(st.integers(1, 20)), draw(st.floats(0, 10)))
         for i in range(draw(st.integers(1, 12)))
     ]
     cache = CacheConfig(block_size=BLOCK, num_blocks=num_blocks, watermark=draw(st.sampled_from([0.0, 0.1])))
-    return policy, kw, SchedulerConfig(max_num_seqs=max_num_seqs), cache, reqs
+    return policy, kw, config, cache, reqs
 
 
 def drive(

@@ -21,6 +21,7 @@ from stallfree.metrics import summarize
 from stallfree.sim.cost_model import CostModel, CostModelConfig
 from stallfree.sim.traffic import TrafficRun, run_traffic
 from stallfree.specs import HARDWARE_PRESETS, load_model_spec
+from strategies import policy_cases
 
 
 class OneSecond:
@@ -152,15 +153,7 @@ Case = tuple[str, dict[str, int], SchedulerConfig, CacheConfig, list[Request], s
 
 @st.composite
 def cases(draw: st.DrawFn) -> Case:
-    policy = draw(st.sampled_from(["chunked", "chunked-tokens", "prefill-first", "decode-first"]))
-    max_num_seqs = draw(st.integers(1, 8))
-    kw: dict[str, int] = {}
-    if policy == "chunked-tokens":
-        policy, kw = "chunked", {"chunk_tokens": draw(st.integers(1, 64))}
-    elif policy == "chunked":
-        kw = {"token_budget": draw(st.integers(max_num_seqs, 96))}
-    elif draw(st.booleans()):
-        kw = {"token_budget": draw(st.integers(1, 96))}
+    policy, kw, config = draw(policy_cases())
     reqs = sorted(
         (
             Request(str(i), draw(st.integers(1, 80)), draw(st.integers(1, 30)), draw(st.floats(0, 0.3)))
@@ -172,7 +165,7 @@ def cases(draw: st.DrawFn) -> Case:
         block_size=4, num_blocks=draw(st.integers(8, 64)), watermark=draw(st.sampled_from([0.0, 0.1]))
     )
     kind = draw(st.sampled_from(sorted(COSTS)))
-    return policy, kw, SchedulerConfig(max_num_seqs=max_num_seqs), cache, reqs, kind
+    return policy, kw, config, cache, reqs, kind
 
 
 def drive(case: Case, fast: bool) -> tuple[CheckedScheduler, TrafficRun]:
