@@ -140,3 +140,35 @@ def test_duplicate_request_id_is_refused() -> None:
     sched.add_request(Request("a", 4, 4))
     with pytest.raises(ValueError, match="already"):
         sched.add_request(Request("a", 4, 4))
+
+
+def test_preemption_never_takes_a_request_already_in_the_plan() -> None:
+    """A policy that admits first and decodes after: the decode must not preempt the request
+    it just admitted (its chunk would run on freed blocks, handed to the decode)."""
+    from stallfree.core import Policy
+    from stallfree.core.context import StepContext
+
+    class AdmitThenDecode(Policy):
+        name = "admit-then-decode"
+
+        def schedule(self, ctx: StepContext) -> None:
+            ctx.admit(100)
+            for seq in ctx.running:
+                ctx.schedule_running(seq, 1, preempt=True)
+
+    sched = Scheduler(
+        SchedulerConfig(max_num_seqs=4),
+        CacheConfig(block_size=4, num_blocks=3, watermark=0.0),
+        AdmitThenDecode(),
+    )
+    sched.add_request(Request("a", 4, 8))
+    first = run_step(sched, one_second)  # a's prompt: one full block
+    assert first is not None
+    sched.add_request(Request("b", 8, 1))
+    plan = sched.schedule()
+    owners: dict[int, str] = {}
+    for rid, blocks in plan.new_block_ids.items():
+        for block in blocks:
+            assert owners.setdefault(block, rid) == rid, f"block {block} given to {owners[block]} and {rid}"
+    scheduled = {c.request_id for c in plan.chunks}
+    assert not scheduled & set(plan.preempted_request_ids)

@@ -62,7 +62,7 @@ class StepContext:
         bm = s.block_manager
         rid = seq.request_id
         num_tokens = min(num_tokens, seq.num_uncomputed_tokens)
-        if num_tokens <= 0 or rid in self._scheduled:
+        if num_tokens <= 0 or rid in self._scheduled or rid not in s._running_by_id:
             return 0
         target = seq.num_computed_tokens + num_tokens
         need = bm.num_new_blocks(rid, target)
@@ -71,7 +71,11 @@ class StepContext:
             return num_tokens
         if preempt:
             while not bm.can_allocate(need):
-                victim = s._running[-1]
+                # Never a request already in this plan: its chunk would run on freed blocks.
+                victim = next(
+                    (v for v in reversed(s._running) if v is not seq and v.request_id not in self._scheduled),
+                    seq,
+                )
                 self._preempt(victim)
                 if victim is seq:
                     return 0
@@ -144,7 +148,10 @@ class StepContext:
 
     def _preempt(self, victim: Sequence) -> None:
         s = self._s
-        s._running.pop()
+        if s._running[-1] is victim:  # the usual case: the newest
+            s._running.pop()
+        else:
+            s._running.remove(victim)
         del s._running_by_id[victim.request_id]
         s.block_manager.free(victim.request_id)
         victim.num_computed_tokens = 0
