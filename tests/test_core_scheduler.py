@@ -172,3 +172,10 @@ def test_preemption_never_takes_a_request_already_in_the_plan() -> None:
             assert owners.setdefault(block, rid) == rid, f"block {block} given to {owners[block]} and {rid}"
     scheduled = {c.request_id for c in plan.chunks}
     assert not scheduled & set(plan.preempted_request_ids)
+
+
+@pytest.mark.parametrize("arrival", [float("nan"), float("inf"), -1.0])
+def test_arrival_times_must_be_real_moments(arrival: float) -> None:
+    """A NaN arrival never compares <= the clock: drivers would wait for it forever."""
+    with pytest.raises(ValueError, match="arrival_time_s"):
+        Request("a", 4, 4, arrival)

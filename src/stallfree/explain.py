@@ -5,7 +5,8 @@ from the result), run ``lead_steps`` decode steps, then the prompt arrives at
 a step boundary. The run ends ``tail_steps`` steps after the prompt's first
 token. Step durations come from a :class:`Backend`: the roofline cost model
 here, the real engine's measured steps with ``--engine torch``. Gaps are the
-other streams' inter-token times from the arrival's previous token onwards.
+other streams' inter-token times over the measured window: the ``lead_steps`` decode
+steps before the arrival, the prompt, and ``tail_steps`` steps after its first token.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ class Scenario:
         for name in ("prompt_tokens", "decoders", "context_tokens", "chunk_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
-        if self.lead_steps < 1 or self.tail_steps < 0:
-            raise ValueError("lead_steps must be >= 1 and tail_steps >= 0")
+        if self.lead_steps < 2 or self.tail_steps < 0:
+            raise ValueError("lead_steps must be >= 2 (so every run has a gap) and tail_steps >= 0")
 
     @property
     def decoder_max_tokens(self) -> int:
@@ -206,7 +207,11 @@ def explain(
     }
     sweep = []
     for chunk in sweep_chunks:
-        run = run_scenario(scenario, make_policy("chunked", chunk_tokens=chunk), backend)
+        run = (
+            runs["chunked"]  # already measured: on a real engine a run is seconds
+            if chunk == scenario.chunk_tokens
+            else run_scenario(scenario, make_policy("chunked", chunk_tokens=chunk), backend)
+        )
         sweep.append(SweepPoint(chunk, run.max_gap_s, run.ttft_s, run.ttft_s / alone))
     echo = {**asdict(scenario), **(scenario_echo or {})}
     return Explanation(

@@ -10,6 +10,7 @@ sample real tokens; the scheduler only reads ``max_tokens``.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 
@@ -62,3 +63,5 @@ class Request:
             raise ValueError(f"request {self.request_id}: num_prompt_tokens must be positive")
         if self.max_tokens <= 0:
             raise ValueError(f"request {self.request_id}: max_tokens must be positive")
+        if not (math.isfinite(self.arrival_time_s) and self.arrival_time_s >= 0):
+            raise ValueError(f"request {self.request_id}: arrival_time_s must be finite and >= 0")
