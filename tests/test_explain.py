@@ -94,3 +94,21 @@ def test_non_decoder_config_is_refused(tmp_path: Path, capsys: pytest.CaptureFix
     cfg.write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"], "hidden_size": 768}))
     assert main(["explain", "--model", str(cfg)]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_streams_that_do_not_fit_the_kv_cache_together_are_refused() -> None:
+    from stallfree.core import CacheConfig, make_policy
+    from stallfree.explain import Scenario, run_scenario
+    from stallfree.sim.backend import CostModelBackend
+    from stallfree.sim.cost_model import CostModel, CostModelConfig
+    from stallfree.specs import load_hardware_spec, load_model_spec
+
+    class SmallCache(CostModelBackend):
+        def cache_config(self) -> CacheConfig:
+            return CacheConfig(block_size=16, num_blocks=64, watermark=0.0)  # 1,024 tokens
+
+    cost = CostModel(CostModelConfig(load_model_spec("llama-3-8b"), load_hardware_spec("a100-80gb")))
+    scenario = Scenario(prompt_tokens=256, decoders=4, context_tokens=200, chunk_tokens=64)
+    run_scenario(scenario, make_policy("chunked", chunk_tokens=64), SmallCache(cost))  # 4 x 200 fits
+    with pytest.raises(ValueError, match="cannot hold 8 streams"):
+        run_scenario(Scenario(256, 8, 200, 64), make_policy("chunked", chunk_tokens=64), SmallCache(cost))
