@@ -3,30 +3,29 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 
 class UsageError(Exception):
     """Bad input from the command line: printed as one line, exit code 2."""
 
 
-def positive_int(text: str) -> int:
+def _whole_number(text: str, minimum: int, rule: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{rule}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _whole_number(text, 1, "must be positive")
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+    return _whole_number(text, 0, "must be >= 0")
 
 
 def positive_float(text: str) -> float:
@@ -71,3 +70,54 @@ def add_roofline_args(
         help="seed: weights only, the seed explainer's arithmetic; full: + attention FLOPs, KV-cache "
         f"reads and writes, LM head, TP all-reduce (default {cost_model})",
     )
+
+
+ENGINE_OPTIONS = (
+    "dtype",
+    "device",
+    "policy",
+    "token_budget",
+    "chunk_tokens",
+    "max_num_seqs",
+    "max_model_len",
+    "num_blocks",
+    "block_size",
+)
+
+
+def add_engine_args(parser: argparse._ActionsContainer) -> None:
+    """The PyTorch engine's options (``--model`` and :data:`ENGINE_OPTIONS`), for generate and serve."""
+    from stallfree.core import POLICIES
+
+    parser.add_argument(
+        "--model", default="random:small", help="random:<preset> or a local HF folder (default %(default)s)"
+    )
+    parser.add_argument(
+        "--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default %(default)s)"
+    )
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    parser.add_argument(
+        "--policy", choices=POLICIES, default="chunked", help="scheduling policy (default %(default)s)"
+    )
+    parser.add_argument("--token-budget", type=positive_int, help="tokens per step (chunked default 512)")
+    parser.add_argument(
+        "--chunk-tokens", type=positive_int, help="chunked: prompt tokens per step instead of a budget"
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=positive_int,
+        default=256,
+        help="running requests at most (default %(default)s)",
+    )
+    parser.add_argument("--max-model-len", type=positive_int, help="context length (default: the model's)")
+    parser.add_argument(
+        "--num-blocks", type=positive_int, help="KV-cache blocks (default: sized from free memory)"
+    )
+    parser.add_argument(
+        "--block-size", type=positive_int, default=16, help="tokens per KV block (default 16)"
+    )
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """:data:`ENGINE_OPTIONS` from parsed ``args``, as ``LLMEngine`` keyword arguments."""
+    return {name: getattr(args, name) for name in ENGINE_OPTIONS}

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stallfree.cli.common import UsageError, non_negative_int, positive_int
+from stallfree.cli.common import UsageError, add_engine_args, engine_kwargs, non_negative_int, positive_int
 
 
 def register(subparsers: Any) -> None:
@@ -19,7 +19,7 @@ def register(subparsers: Any) -> None:
         help="generate text with the PyTorch engine (random:<preset> or a local HF folder)",
         description="Run prompts through the real engine, scheduled by the stall-free scheduler.",
     )
-    _add_engine_args(gen)
+    add_engine_args(gen)
     gen.add_argument("--prompt", action="append", required=True, help="prompt text (repeat for a batch)")
     gen.add_argument("--max-tokens", type=positive_int, default=32, help="tokens to generate per prompt")
     gen.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
@@ -46,22 +46,6 @@ def register(subparsers: Any) -> None:
     save.set_defaults(handler=run_save_model)
 
 
-def _add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="random:small", help="random:<preset> or a local HF folder")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--policy", default="chunked", help="chunked, prefill-first or decode-first")
-    parser.add_argument("--token-budget", type=positive_int, default=None, help="tokens per step")
-    parser.add_argument(
-        "--chunk-tokens", type=positive_int, default=None, help="prompt tokens per step (chunked)"
-    )
-    parser.add_argument(
-        "--num-blocks", type=positive_int, default=None, help="KV cache blocks (default: from memory)"
-    )
-    parser.add_argument("--block-size", type=positive_int, default=16)
-    parser.add_argument("--max-model-len", type=positive_int, default=None)
-
-
 def run_generate(args: argparse.Namespace) -> int:
     from stallfree.core import SamplingParams
     from stallfree.engine import LLM
@@ -75,17 +59,7 @@ def run_generate(args: argparse.Namespace) -> int:
         stop=tuple(args.stop),
         ignore_eos=args.ignore_eos,
     )
-    llm = LLM(
-        args.model,
-        dtype=args.dtype,
-        device=args.device,
-        policy=args.policy,
-        token_budget=args.token_budget,
-        chunk_tokens=args.chunk_tokens,
-        num_blocks=args.num_blocks,
-        block_size=args.block_size,
-        max_model_len=args.max_model_len,
-    )
+    llm = LLM(args.model, **engine_kwargs(args))
     prompts: list[str] | list[list[int]] = args.prompt
     if args.chat:  # the template writes any BOS itself: encode without adding special tokens
         tokenizer = llm.engine.tokenizer

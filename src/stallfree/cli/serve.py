@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stallfree.cli.common import positive_int
-from stallfree.core import POLICIES
+from stallfree.cli.common import add_engine_args, engine_kwargs, positive_int
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -19,29 +18,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "scheduler; a client that disconnects mid-stream frees its KV blocks at once."
         ),
     )
-    p.add_argument(
-        "--model", default="random:small", help="random:<preset> or a HF model folder (default %(default)s)"
-    )
+    add_engine_args(p)
     p.add_argument("--served-model-name", help="the name clients ask for (default: --model)")
-    p.add_argument(
-        "--policy", choices=POLICIES, default="chunked", help="scheduling policy (default %(default)s)"
-    )
-    p.add_argument("--token-budget", type=positive_int, help="tokens per step (chunked default 512)")
-    p.add_argument(
-        "--chunk-tokens", type=positive_int, help="chunked: prompt tokens per step instead of a budget"
-    )
-    p.add_argument(
-        "--max-num-seqs",
-        type=positive_int,
-        default=256,
-        help="running requests at most (default %(default)s)",
-    )
-    p.add_argument("--max-model-len", type=positive_int, help="context length (default: the model's)")
-    p.add_argument(
-        "--num-blocks", type=positive_int, help="KV-cache blocks (default: sized from free memory)"
-    )
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default %(default)s)")
-    p.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     p.add_argument("--seed", type=int, default=0, help="seed of random weights and unseeded sampling")
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default %(default)s: this machine only)"
@@ -75,14 +53,7 @@ def run(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name,
             api_key=args.api_key,
             max_waiting_requests=args.max_waiting_requests,
-            dtype=args.dtype,
-            device=args.device,
-            policy=args.policy,
-            token_budget=args.token_budget,
-            chunk_tokens=args.chunk_tokens,
-            max_num_seqs=args.max_num_seqs,
-            max_model_len=args.max_model_len,
-            num_blocks=args.num_blocks,
+            **engine_kwargs(args),
             seed=args.seed,
         )
         host, port = sock.getsockname()[:2]
