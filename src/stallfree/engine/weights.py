@@ -24,7 +24,7 @@ import torch
 from stallfree.engine.model import LlamaModel, init_random_weights
 from stallfree.engine.random_models import random_spec
 from stallfree.engine.tokenizer import Tokenizer, random_tokenizer
-from stallfree.specs import ModelSpec
+from stallfree.specs import ModelSpec, load_model_spec
 
 RANDOM_PREFIX = "random:"
 _INDEX_FILE = "model.safetensors.index.json"
@@ -44,13 +44,7 @@ def load_model(
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ValueError(f"{folder} has no config.json: not a Hugging Face model folder")
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read {config_path}: {exc}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{config_path} is not a JSON object")
-    spec = ModelSpec.from_hf_config(config, name=folder.name)
+    spec = load_model_spec(str(config_path))  # the one config reader, shared with the simulator
     spec = dataclasses.replace(spec, eos_token_ids=_eos_token_ids(spec, folder / "generation_config.json"))
     tokenizer = Tokenizer.from_folder(folder)
     model = LlamaModel(spec, dtype, device)
