@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from stallfree.tune.backends import PoolBackend, SerialBackend
 from stallfree.tune.grid import parse_grid
+from stallfree.tune.pools import ProcessPool, SerialPool
 from stallfree.tune.sweep import run_sweep_grid
 from stallfree.tune.trial import run_trial
 
@@ -75,8 +75,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         times_s = {}
         for name, backend in (
-            ("serial", SerialBackend(run_trial)),
-            (f"pool of {args.workers}", PoolBackend(run_trial, args.workers)),
+            ("serial", SerialPool(run_trial)),
+            (f"pool of {args.workers}", ProcessPool(run_trial, args.workers)),
         ):
             load = os.getloadavg()[0]
             started, cpu_started = time.perf_counter(), _cpu_s()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from stallfree.cli import main
-from stallfree.server.runner import ServerThread, build_server
+from stallfree.server.launch import ServerThread, build_server
 
 MODEL = "random:tiny"
 VLLM_KEYS = [

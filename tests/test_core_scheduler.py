@@ -15,7 +15,7 @@ from stallfree.core import (
     make_policy,
     run_step,
 )
-from stallfree.sim.simulator import simulate_timeline
+from stallfree.sim.timeline import simulate_timeline
 
 
 def one_second(plan: StepPlan) -> StepResult:

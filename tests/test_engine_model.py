@@ -23,8 +23,8 @@ import transformers
 from stallfree.core import ScheduledChunk, StepPlan
 from stallfree.engine.kv_cache import KVCache
 from stallfree.engine.model import LlamaModel
+from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.random_models import random_spec
-from stallfree.engine.runner import ModelRunner
 from stallfree.engine.tokenizer import random_tokenizer
 from stallfree.engine.weights import build_random_model, load_model, save_pretrained
 

@@ -16,8 +16,8 @@ def engine() -> LLMEngine:
 
 
 def test_time_step_runs_and_leaves_the_runner_idle(engine: LLMEngine) -> None:
-    assert time_step(engine.runner, num_decodes=4, decode_context=40, chunk_tokens=32, repeats=2) > 0
-    assert engine.runner.block_tables == {}
+    assert time_step(engine.model_runner, num_decodes=4, decode_context=40, chunk_tokens=32, repeats=2) > 0
+    assert engine.model_runner.block_tables == {}
     # The engine still generates normally afterwards (synthetic K/V never leaks into requests).
     out = engine.add_request(prompt="Hello", sampling_params=SamplingParams(max_tokens=3, temperature=0))
     while engine.has_unfinished_requests():
@@ -26,7 +26,9 @@ def test_time_step_runs_and_leaves_the_runner_idle(engine: LLMEngine) -> None:
 
 
 def test_measure_ridge_reports_increasing_chunk_sizes(engine: LLMEngine) -> None:
-    decode_s, points = measure_ridge(engine.runner, num_decodes=2, decode_context=20, chunk_sizes=(32, 8, 16))
+    decode_s, points = measure_ridge(
+        engine.model_runner, num_decodes=2, decode_context=20, chunk_sizes=(32, 8, 16)
+    )
     assert decode_s > 0
     sizes = [p.chunk_tokens for p in points]
     assert sizes == sorted(sizes) and sizes[0] == 8
@@ -37,8 +39,8 @@ def test_synthetic_steps_refuse_a_busy_runner_or_a_small_cache(engine: LLMEngine
     engine.add_request(prompt="Hello", sampling_params=SamplingParams(max_tokens=5))
     engine.step()
     with pytest.raises(ValueError, match="idle"):
-        time_step(engine.runner, 1, 10)
+        time_step(engine.model_runner, 1, 10)
     idle = LLMEngine("random:tiny", dtype="float32", num_blocks=4, block_size=16)
     with pytest.raises(ValueError, match="KV blocks"):
-        time_step(idle.runner, num_decodes=8, decode_context=100)
+        time_step(idle.model_runner, num_decodes=8, decode_context=100)
     assert torch.is_grad_enabled()  # inference mode never leaks out of the runner

@@ -57,15 +57,15 @@ def test_engine_runs_stay_inside_the_real_kv_cache() -> None:
 
     scenario = Scenario(prompt_tokens=300, decoders=4, context_tokens=40, chunk_tokens=8)
     backend = EngineBackend("random:tiny", max_tokens=4 * (40 + 300 // 8 + 32) + 300, dtype=torch.float32)
-    num_blocks = backend.runner.kv_cache.num_blocks
+    num_blocks = backend.model_runner.kv_cache.num_blocks
     seen: list[int] = []
-    execute = backend.runner.execute
+    execute = backend.model_runner.execute
 
     def checked(plan, token_ids):  # type: ignore[no-untyped-def]
         seen.extend(b for blocks in plan.new_block_ids.values() for b in blocks)
         return execute(plan, token_ids)
 
-    backend.runner.execute = checked  # type: ignore[method-assign]
+    backend.model_runner.execute = checked  # type: ignore[method-assign]
     for policy in (make_policy("prefill-first"), make_policy("chunked", chunk_tokens=8)):
         run = run_scenario(scenario, policy, backend)
         assert run.first_token_s > run.arrival_s

@@ -18,7 +18,7 @@ from stallfree.metrics import (
     summarize,
     weighted_stats,
 )
-from stallfree.metrics_io import parse_goodput, read_records_csv, write_records_csv
+from stallfree.metrics.io import parse_goodput, read_records_csv, write_records_csv
 
 VLLM_KEYS = {
     "completed",

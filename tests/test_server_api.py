@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from stallfree.server.runner import ServerThread, build_server
+from stallfree.server.launch import ServerThread, build_server
 
 MODEL = "random:tiny"
 KEY = "test-key"

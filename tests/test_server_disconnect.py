@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from stallfree.server.runner import ServerThread, build_server
+from stallfree.server.launch import ServerThread, build_server
 
 MODEL = "random:tiny"
 MAX_TOKENS = 400

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from stallfree.server.runner import ServerThread, build_server
+from stallfree.server.launch import ServerThread, build_server
 
 MODEL = "random:tiny"
 
@@ -85,7 +85,7 @@ def test_serve_rejects_bad_ports(port: int, capsys: pytest.CaptureFixture[str]) 
 
 def test_serve_reports_a_busy_port(capsys: pytest.CaptureFixture[str]) -> None:
     from stallfree.cli import main
-    from stallfree.server.runner import bind
+    from stallfree.server.launch import bind
 
     sock = bind("127.0.0.1", 0)
     try:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stallfree.server.runner import ServerThread, build_server
+from stallfree.server.launch import ServerThread, build_server
 
 MODEL = "random:tiny"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stallfree.server.metrics import ServerMetrics
+from stallfree.server.prometheus import ServerMetrics
 
 
 def _samples(metrics: ServerMetrics) -> dict[str, float]:

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from stallfree.metrics import Summary
-from stallfree.tune.backends import RayBackend, SerialBackend
-from stallfree.tune.runner import FixedQps, Job, TrialRecord, run_jobs
+from stallfree.tune.jobs import FixedQps, Job, TrialRecord, run_jobs
+from stallfree.tune.pools import RayPool, SerialPool
 from stallfree.tune.search import CapacitySearch, SearchConfig
 from stallfree.tune.slo import Slos
 from stallfree.tune.trial import TrialSpec, run_trial
@@ -47,10 +47,10 @@ def outcome(records: list[TrialRecord]) -> list[tuple[int, float, bool | None, S
 
 @pytest.mark.slow
 def test_ray_backend_gives_the_serial_results(local_ray: None) -> None:
-    with RayBackend(fake_trial) as backend:
+    with RayPool(fake_trial) as backend:
         on_ray = run_jobs(jobs(), backend, SLOS)
         assert backend.workers == 2
-    assert outcome(on_ray) == outcome(run_jobs(jobs(), SerialBackend(fake_trial), SLOS))
+    assert outcome(on_ray) == outcome(run_jobs(jobs(), SerialPool(fake_trial), SLOS))
     assert ray.is_initialized()  # a Ray it did not start is left running
 
     # Real simulations as Ray tasks (one BLAS thread there) equal the same simulations here, to
@@ -58,16 +58,14 @@ def test_ray_backend_gives_the_serial_results(local_ray: None) -> None:
     real = TrialSpec(
         model="mistral-7b", hardware="a100-80gb", policy="prefill-first", token_budget=256, num_requests=300
     )
-    with RayBackend(run_trial) as backend:
+    with RayPool(run_trial) as backend:
         on_ray = run_jobs([Job(real, FixedQps(q)) for q in (1.0, 1.962940791930829)], backend, SLOS)
-    here = run_jobs(
-        [Job(real, FixedQps(q)) for q in (1.0, 1.962940791930829)], SerialBackend(run_trial), SLOS
-    )
+    here = run_jobs([Job(real, FixedQps(q)) for q in (1.0, 1.962940791930829)], SerialPool(run_trial), SLOS)
     assert outcome(on_ray) == outcome(here)
 
 
 def test_unreachable_ray_address_fails_fast_with_one_line() -> None:
     with pytest.raises(ValueError, match=r"no Ray cluster answers at 127\.0\.0\.1:1 "):
-        RayBackend(fake_trial, address="127.0.0.1:1", connect_timeout_s=1.0)
+        RayPool(fake_trial, address="127.0.0.1:1", connect_timeout_s=1.0)
     with pytest.raises(ValueError, match="bad Ray address"):
-        RayBackend(fake_trial, address="localhost")
+        RayPool(fake_trial, address="localhost")

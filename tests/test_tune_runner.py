@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from stallfree.metrics import Summary
-from stallfree.tune.backends import PoolBackend, SerialBackend, make_backend
-from stallfree.tune.runner import FixedQps, Job, TrialRecord, run_jobs
+from stallfree.tune.jobs import FixedQps, Job, TrialRecord, run_jobs
+from stallfree.tune.pools import ProcessPool, SerialPool, make_pool
 from stallfree.tune.search import CapacitySearch, SearchConfig
 from stallfree.tune.slo import Slos
 from stallfree.tune.trial import TrialSpec, run_trial
@@ -38,7 +38,7 @@ def outcome(records: list[TrialRecord]) -> list[tuple[int, int, float, bool | No
 
 def test_searches_find_each_budgets_capacity() -> None:
     jobs = capacity_jobs()
-    records = run_jobs(jobs, SerialBackend(fake_trial), SLOS)
+    records = run_jobs(jobs, SerialPool(fake_trial), SLOS)
     for job in jobs:
         search = job.probe
         assert isinstance(search, CapacitySearch)
@@ -49,8 +49,8 @@ def test_searches_find_each_budgets_capacity() -> None:
 
 
 def test_local_pool_gives_the_serial_results() -> None:
-    serial = run_jobs(capacity_jobs(), SerialBackend(fake_trial), SLOS)
-    with PoolBackend(fake_trial, workers=2) as pool:
+    serial = run_jobs(capacity_jobs(), SerialPool(fake_trial), SLOS)
+    with ProcessPool(fake_trial, workers=2) as pool:
         pooled = run_jobs(capacity_jobs(), pool, SLOS)
     assert outcome(pooled) == outcome(serial)
 
@@ -62,14 +62,14 @@ def test_real_simulations_in_a_pool_equal_those_run_here() -> None:
     def jobs() -> list[Job]:
         return [Job(dataclasses.replace(real, policy=p), FixedQps(q)) for p in policies for q in (0.5, 4.0)]
 
-    with PoolBackend(run_trial, workers=2) as pool:
+    with ProcessPool(run_trial, workers=2) as pool:
         pooled = run_jobs(jobs(), pool, SLOS)
-    assert outcome(pooled) == outcome(run_jobs(jobs(), SerialBackend(run_trial), SLOS))
+    assert outcome(pooled) == outcome(run_jobs(jobs(), SerialPool(run_trial), SLOS))
     assert all(r.metrics["completed"] == 30 for r in pooled)
 
 
 def test_done_trials_are_not_run_again() -> None:
-    first = run_jobs(capacity_jobs(), SerialBackend(fake_trial), SLOS)
+    first = run_jobs(capacity_jobs(), SerialPool(fake_trial), SLOS)
     done = {r.spec.key(): r.metrics for r in first[: len(first) // 2]}
     ran: list[TrialSpec] = []
 
@@ -78,7 +78,7 @@ def test_done_trials_are_not_run_again() -> None:
         return fake_trial(spec)
 
     written: list[TrialRecord] = []
-    again = run_jobs(capacity_jobs(), SerialBackend(counting), SLOS, done=done, on_trial=written.append)
+    again = run_jobs(capacity_jobs(), SerialPool(counting), SLOS, done=done, on_trial=written.append)
     assert outcome(again) == outcome(first)
     assert len(ran) == len(first) - len(done)
     assert {s.key() for s in ran}.isdisjoint(done)
@@ -93,15 +93,15 @@ def test_a_repeated_trial_runs_once_and_fixed_qps_has_no_verdict_without_slos() 
         return fake_trial(spec)
 
     jobs = [Job(BASE, FixedQps(2.0)), Job(BASE, FixedQps(2.0)), Job(BASE, FixedQps(3.0))]
-    records = run_jobs(jobs, SerialBackend(counting), None)
+    records = run_jobs(jobs, SerialPool(counting), None)
     assert [s.qps for s in ran] == [2.0, 3.0]
     assert [r.passed for r in records] == [None, None, None]
     assert records[0].metrics == records[1].metrics
 
 
 def test_make_backend_choices() -> None:
-    assert isinstance(make_backend("local", fake_trial, workers=1), SerialBackend)
+    assert isinstance(make_pool("local", fake_trial, workers=1), SerialPool)
     with pytest.raises(ValueError, match="unknown backend"):
-        make_backend("dask", fake_trial, workers=1)
+        make_pool("dask", fake_trial, workers=1)
     with pytest.raises(ValueError, match="ray backend only"):
-        make_backend("local", fake_trial, workers=1, address="127.0.0.1:6379")
+        make_pool("local", fake_trial, workers=1, address="127.0.0.1:6379")

@@ -9,8 +9,8 @@ import pytest
 
 from stallfree.cli import main
 from stallfree.metrics import Summary
-from stallfree.tune.backends import SerialBackend
 from stallfree.tune.grid import load_grid, parse_grid
+from stallfree.tune.pools import SerialPool
 from stallfree.tune.sweep import run_sweep_grid
 from stallfree.tune.trial import TrialSpec
 
@@ -59,7 +59,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 def test_sweep_writes_every_trial_and_the_capacity_table(tmp_path: Path) -> None:
     grid_path = tmp_path / "grid.yaml"
     grid_path.write_text(GRID)
-    summary = run_sweep_grid(load_grid(grid_path), tmp_path / "out", SerialBackend(fake_trial))
+    summary = run_sweep_grid(load_grid(grid_path), tmp_path / "out", SerialPool(fake_trial))
     rows = read_csv(summary.trials_path)
     assert summary.num_resumed == 0 and len(rows) == summary.num_run
     # Fixed-QPS trials the searches also tried are run once and written once.
@@ -87,11 +87,11 @@ def test_sweep_writes_every_trial_and_the_capacity_table(tmp_path: Path) -> None
 
 def test_interrupted_sweep_resumes_from_what_it_wrote(tmp_path: Path) -> None:
     grid = parse_grid(__import__("yaml").safe_load(GRID))
-    complete = run_sweep_grid(grid, tmp_path / "complete", SerialBackend(fake_trial))
+    complete = run_sweep_grid(grid, tmp_path / "complete", SerialPool(fake_trial))
 
     trial, calls = interrupting_after(7)
     with pytest.raises(Interrupt):
-        run_sweep_grid(grid, tmp_path / "out", SerialBackend(trial))
+        run_sweep_grid(grid, tmp_path / "out", SerialPool(trial))
     trials_path = tmp_path / "out" / "trials.csv"
     assert len(read_csv(trials_path)) == 7
     # Killed while writing a row: the torn line is dropped on resume.
@@ -99,7 +99,7 @@ def test_interrupted_sweep_resumes_from_what_it_wrote(tmp_path: Path) -> None:
         f.write("mistral-7b,a100-80gb,1,chu")
 
     trial, calls = interrupting_after(1000)
-    resumed = run_sweep_grid(grid, tmp_path / "out", SerialBackend(trial))
+    resumed = run_sweep_grid(grid, tmp_path / "out", SerialPool(trial))
     assert resumed.num_run == len(calls) == complete.num_run - 7
     assert resumed.num_resumed >= 7  # a written trial two jobs share is resumed by both
     assert sorted(r["key"] for r in read_csv(trials_path)) == sorted(
@@ -111,7 +111,7 @@ def test_interrupted_sweep_resumes_from_what_it_wrote(tmp_path: Path) -> None:
 
     # A finished sweep rerun runs nothing.
     trial, calls = interrupting_after(0)
-    again = run_sweep_grid(grid, tmp_path / "out", SerialBackend(trial))
+    again = run_sweep_grid(grid, tmp_path / "out", SerialPool(trial))
     assert again.num_run == 0 and again.num_resumed >= complete.num_run and not calls
 
 

@@ -269,7 +269,7 @@ def test_num_requests_required_without_an_ordered_trace() -> None:
 def test_shared_modules_stay_light() -> None:
     """workload and metrics are imported by the benchmark client: no torch, sim or engine."""
     code = (
-        "import sys, stallfree.workload, stallfree.metrics, stallfree.metrics_io; "
+        "import sys, stallfree.workload, stallfree.metrics, stallfree.metrics.io; "
         "heavy = [m for m in sys.modules if m == 'torch' or m.startswith(('stallfree.sim', 'stallfree.engine'))]; "
         "print(heavy)"
     )

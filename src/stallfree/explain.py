@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from stallfree.core import CacheConfig, Policy, Request, Scheduler, SchedulerConfig, make_policy
 from stallfree.core.plan import StepPlan, StepResult
-from stallfree.sim.simulator import StepRecord, Timeline, simulate_timeline
+from stallfree.sim.timeline import Timeline, TimelineStep, simulate_timeline
 
 PROMPT_ID = "prompt"
 DEFAULT_SWEEP = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -73,7 +73,7 @@ class PolicyRun:
     """One policy's run, times relative to the moment every stream is decoding."""
 
     policy: str
-    steps: tuple[StepRecord, ...]
+    steps: tuple[TimelineStep, ...]
     token_times_s: dict[str, tuple[float, ...]]
     arrival_s: float
     first_token_s: float
@@ -91,7 +91,7 @@ class PolicyRun:
     def median_gap_s(self) -> float:
         return statistics.median(self.gaps_s)
 
-    def prompt_chunk_steps(self) -> list[StepRecord]:
+    def prompt_chunk_steps(self) -> list[TimelineStep]:
         """The steps that carried a chunk of the prompt, in order."""
         return [s for s in self.steps if any(rid == PROMPT_ID for rid, _ in s.tokens_by_request)]
 
@@ -135,7 +135,7 @@ def run_scenario(scenario: Scenario, policy: Policy, backend: Backend) -> Policy
 
     tl = simulate_timeline(sched, executor, [prompt], start_s=arrival_s, timeline=tl, stop=done)
     steps = tuple(
-        StepRecord(
+        TimelineStep(
             s.start_s - origin_s, s.duration_s, s.num_decode_tokens, s.num_prefill_tokens, s.tokens_by_request
         )
         for s in tl.steps[warmup_steps:]

@@ -87,7 +87,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stallfree.metrics_io import parse_goodput
+    from stallfree.metrics.io import parse_goodput
 
     if args.scenario != "long-prompt" and args.streams is not None:
         raise UsageError("--streams applies only to the long-prompt scenario")

@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stallfree.server.runner import bind, build_server, serve
+    from stallfree.server.launch import bind, build_server, serve
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"port must be in 0..65535, got {args.port}")

@@ -127,7 +127,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stallfree.metrics_io import parse_goodput, write_records_csv
+    from stallfree.metrics.io import parse_goodput, write_records_csv
     from stallfree.sim import simulate
     from stallfree.workload import sample
 

@@ -20,7 +20,7 @@ from stallfree.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from stallfree.tune.backends import Backend
+    from stallfree.tune.pools import TrialPool
 
 STRICT_TBT_MULTIPLE = 5  # Sarathi-Serve's strict P99 TBT SLO: 5 x a decode step without prefill
 STRICT_TBT_BATCH, STRICT_TBT_CONTEXT = 32, 4096
@@ -152,14 +152,14 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-def _backend(args: argparse.Namespace) -> Backend:
-    from stallfree.tune.backends import make_backend
+def _backend(args: argparse.Namespace) -> TrialPool:
+    from stallfree.tune.pools import make_pool
     from stallfree.tune.trial import run_trial
 
     if args.address is not None and args.backend != "ray":
         raise UsageError("--address applies to --backend ray only")
     workers = args.workers or os.cpu_count() or 1
-    return make_backend(args.backend, run_trial, workers=workers, address=args.address)
+    return make_pool(args.backend, run_trial, workers=workers, address=args.address)
 
 
 def _make_dir(path: str, flag: str) -> None:

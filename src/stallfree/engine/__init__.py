@@ -6,9 +6,9 @@ core's :class:`SamplingParams`. This package imports torch; nothing outside it m
 """
 
 from stallfree.core import SamplingParams
-from stallfree.engine.engine import LLMEngine, StepRecord
+from stallfree.engine.engine import EngineStep, LLMEngine
 from stallfree.engine.llm import LLM
 from stallfree.engine.random_models import RANDOM_PRESETS
 from stallfree.engine.requests import RequestOutput
 
-__all__ = ["LLM", "RANDOM_PRESETS", "LLMEngine", "RequestOutput", "SamplingParams", "StepRecord"]
+__all__ = ["LLM", "RANDOM_PRESETS", "EngineStep", "LLMEngine", "RequestOutput", "SamplingParams"]

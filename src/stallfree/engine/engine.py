@@ -37,8 +37,8 @@ from stallfree.core import (
     run_step,
 )
 from stallfree.engine.kv_cache import KVCache, kv_bytes_per_block
+from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.requests import RequestOutput, RequestState
-from stallfree.engine.runner import ModelRunner
 from stallfree.engine.sampler import sample
 from stallfree.engine.weights import load_model
 
@@ -48,7 +48,7 @@ _DEFAULT_KV_FRACTION = {"cpu": 0.05, "cuda": 0.8}
 
 
 @dataclass(frozen=True, slots=True)
-class StepRecord:
+class EngineStep:
     plan: StepPlan
     result: StepResult
     events: StepEvents
@@ -100,13 +100,13 @@ class LLMEngine:
             max_num_seqs = min(max_num_seqs, budget)
         if num_blocks is None:
             num_blocks = self._default_num_blocks(block_size, max_num_seqs, kv_cache_memory_fraction)
-        self.runner = ModelRunner(self.model, KVCache(spec, num_blocks, block_size, self.dtype, self.device))
+        self.model_runner = ModelRunner(self.model, KVCache(spec, num_blocks, block_size, self.dtype, self.device))
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=self.max_model_len),
             CacheConfig(block_size=block_size, num_blocks=num_blocks),
             policy,
         )
-        self.last_step: StepRecord | None = None
+        self.last_step: EngineStep | None = None
         self._requests: dict[str, RequestState] = {}
         self._rng = random.Random(seed)
         self._ids = itertools.count()
@@ -172,7 +172,7 @@ class LLMEngine:
         if out is None:
             return []
         plan, result, events = out
-        self.last_step = StepRecord(plan, result, events)
+        self.last_step = EngineStep(plan, result, events)
         finish = dict(events.finished)
         outputs = []
         for rid in events.new_token_request_ids:
@@ -188,7 +188,7 @@ class LLMEngine:
         """The executor: forward, sample, stop checks; ``duration_s`` is wall time."""
         start = time.perf_counter()
         token_ids = {c.request_id: self._requests[c.request_id].token_ids for c in plan.chunks}
-        rids, logits = self.runner.execute(plan, token_ids)
+        rids, logits = self.model_runner.execute(plan, token_ids)
         states = [self._requests[rid] for rid in rids]
         picks = sample(logits, [s.params for s in states], [s.generator for s in states])
         stopped = frozenset(

@@ -18,8 +18,8 @@ import torch
 
 from stallfree.core import CacheConfig, StepPlan, StepResult
 from stallfree.engine.kv_cache import KVCache, kv_bytes_per_block
+from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.profiling import measure_ridge, time_step
-from stallfree.engine.runner import ModelRunner
 from stallfree.engine.weights import load_model
 
 RIDGE_CHUNKS = (8, 16, 32, 64, 128, 256, 512, 1024)
@@ -45,7 +45,7 @@ class EngineBackend:
         spec = self.model.spec
         num_blocks = -(-max_tokens // block_size) + 64  # headroom: partly-filled last blocks
         self.kv_bytes = num_blocks * kv_bytes_per_block(spec, block_size, dtype)
-        self.runner = ModelRunner(self.model, KVCache(spec, num_blocks, block_size, dtype, self.model.device))
+        self.model_runner = ModelRunner(self.model, KVCache(spec, num_blocks, block_size, dtype, self.model.device))
         self.ridge_tolerance = ridge_tolerance
         self.seed = seed
         self._ridge: dict[tuple[int, int], float] = {}
@@ -55,11 +55,11 @@ class EngineBackend:
         gc.freeze()
 
     def cache_config(self) -> CacheConfig:
-        kv = self.runner.kv_cache
+        kv = self.model_runner.kv_cache
         return CacheConfig(block_size=kv.block_size, num_blocks=kv.num_blocks, watermark=0.0)
 
     def new_executor(self) -> Callable[[StepPlan], StepResult]:
-        runner = self.runner
+        runner = self.model_runner
         runner.block_tables.clear()
         rng = random.Random(self.seed)
         vocab = self.model.spec.vocab_size
@@ -86,19 +86,19 @@ class EngineBackend:
 
     # Reference figures run between scenario runs: the last run's block tables are stale.
     def decode_step_s(self, num_seqs: int, context_len: int) -> float:
-        self.runner.block_tables.clear()
-        return time_step(self.runner, num_seqs, context_len, repeats=5)
+        self.model_runner.block_tables.clear()
+        return time_step(self.model_runner, num_seqs, context_len, repeats=5)
 
     def prefill_time_s(self, num_tokens: int) -> float:
-        self.runner.block_tables.clear()
-        return time_step(self.runner, 0, 0, chunk_tokens=num_tokens, repeats=1)
+        self.model_runner.block_tables.clear()
+        return time_step(self.model_runner, 0, 0, chunk_tokens=num_tokens, repeats=1)
 
     def ridge_tokens(self, num_seqs: int, context_len: int) -> float:
         """Largest chunk (of :data:`RIDGE_CHUNKS`) whose mixed step costs <= tolerance x a decode step."""
         key = (num_seqs, context_len)
         if key not in self._ridge:
-            self.runner.block_tables.clear()
-            _, points = measure_ridge(self.runner, num_seqs, context_len, RIDGE_CHUNKS, self.ridge_tolerance)
+            self.model_runner.block_tables.clear()
+            _, points = measure_ridge(self.model_runner, num_seqs, context_len, RIDGE_CHUNKS, self.ridge_tolerance)
             fits = [p.chunk_tokens for p in points if p.ratio_to_decode <= self.ridge_tolerance]
             self._ridge[key] = float(fits[-1] if fits else RIDGE_CHUNKS[0])
         return self._ridge[key]

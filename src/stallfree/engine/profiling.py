@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from stallfree.core import ScheduledChunk, StepPlan
-from stallfree.engine.runner import ModelRunner
+from stallfree.engine.model_runner import ModelRunner
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ from stallfree.core import SamplingParams
 if TYPE_CHECKING:
     from stallfree.engine.engine import LLMEngine
     from stallfree.engine.requests import RequestOutput
-    from stallfree.server.metrics import ServerMetrics
+    from stallfree.server.prometheus import ServerMetrics
 
 _log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Simulator side: roofline step costs and a simulated clock. Imports core, specs and numpy, never torch."""
 
+from stallfree.sim.api import SimulationResult, simulate
 from stallfree.sim.cost_model import COST_MODEL_KINDS, CostModel, CostModelConfig, CostModelKind, StepCost
-from stallfree.sim.simulation import SimulationResult, simulate
 
 __all__ = [
     "COST_MODEL_KINDS",

@@ -1,7 +1,7 @@
 """Continuous traffic on a simulated clock, fast: the driver behind ``stallfree simulate``.
 
 Requests arrive over time, the shared :class:`~stallfree.core.Scheduler` plans each step, a
-cost model prices it, and the clock moves. Unlike :mod:`stallfree.sim.simulator` (every token
+cost model prices it, and the clock moves. Unlike :mod:`stallfree.sim.timeline` (every token
 time kept, for single scenarios) this driver keeps aggregates that stay in flat memory: one
 :class:`~stallfree.metrics.RequestRecord` per finished request, inter-token latencies as
 weighted samples (one entry per step: the gap and how many streams saw it, rounded to 16

@@ -3,8 +3,8 @@
 - :mod:`~stallfree.tune.slo` — SLOs on summary metrics; :mod:`~stallfree.tune.search` — the
   QPS search state machine; :mod:`~stallfree.tune.candidates` — budget candidates;
 - :mod:`~stallfree.tune.trial` — one seeded simulation (:class:`TrialSpec` -> summary);
-- :mod:`~stallfree.tune.backends` — serial, local process pool, Ray;
-  :mod:`~stallfree.tune.runner` — many searches over one backend;
+- :mod:`~stallfree.tune.pools` — serial, local process pool, Ray;
+  :mod:`~stallfree.tune.jobs` — many searches over one pool;
 - :mod:`~stallfree.tune.capacity` — ``tune``; :mod:`~stallfree.tune.report` — its table;
   :mod:`~stallfree.tune.grid` and
   :mod:`~stallfree.tune.sweep` — ``sweep``.

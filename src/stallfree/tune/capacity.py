@@ -1,10 +1,10 @@
 """``stallfree tune``'s core: a capacity search per (policy, budget), the curve, the best budget.
 
-:func:`tune` turns a :class:`TuneConfig` into one :class:`~stallfree.tune.runner.Job` per
-(policy, budget), runs them on a backend and returns a :class:`TuneResult`: every trial, each
+:func:`tune` turns a :class:`TuneConfig` into one :class:`~stallfree.tune.jobs.Job` per
+(policy, budget), runs them on a pool and returns a :class:`TuneResult`: every trial, each
 (policy, budget)'s capacity, the best budget per policy and, when no budget meets the SLOs,
 the trial that came closest. Invariant: for the same config the result is the same on every
-backend (see :mod:`stallfree.tune.runner`).
+pool (see :mod:`stallfree.tune.jobs`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallfree.specs.model_presets import HF_REPOS
-from stallfree.tune.backends import Backend
-from stallfree.tune.runner import Job, TrialRecord, run_jobs
+from stallfree.tune.jobs import Job, TrialRecord, run_jobs
+from stallfree.tune.pools import TrialPool
 from stallfree.tune.search import CapacitySearch, SearchConfig
 from stallfree.tune.slo import Slos
 from stallfree.tune.trial import TrialSpec, check_spec, estimate_qps
@@ -81,10 +81,10 @@ def tune_searches(config: TuneConfig) -> list[tuple[TrialSpec, CapacitySearch]]:
     return searches
 
 
-def tune(config: TuneConfig, backend: Backend, *, progress: bool = False) -> TuneResult:
+def tune(config: TuneConfig, pool: TrialPool, *, progress: bool = False) -> TuneResult:
     searches = tune_searches(config)
     jobs = [Job(spec, search) for spec, search in searches]
-    trials = run_jobs(jobs, backend, config.slos, progress=progress, desc="tune")
+    trials = run_jobs(jobs, pool, config.slos, progress=progress, desc="tune")
     points = []
     for spec, search in searches:
         points.append(

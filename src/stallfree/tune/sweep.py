@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import IO
 
 from stallfree.metrics import Summary
-from stallfree.tune.backends import Backend
 from stallfree.tune.candidates import budget_candidates
 from stallfree.tune.capacity import QPS_RANGE_FACTOR
 from stallfree.tune.grid import CapacityGrid, Grid
-from stallfree.tune.runner import FixedQps, Job, TrialRecord, run_jobs
+from stallfree.tune.jobs import FixedQps, Job, TrialRecord, run_jobs
+from stallfree.tune.pools import TrialPool
 from stallfree.tune.search import CapacitySearch, SearchConfig
 from stallfree.tune.trial import TrialSpec, check_spec, estimate_qps, ridge_tokens
 
@@ -101,7 +101,7 @@ def grid_jobs(grid: Grid) -> tuple[list[Job], list[tuple[TrialSpec, CapacitySear
 
 
 def run_sweep_grid(
-    grid: Grid, out_dir: str | Path, backend: Backend, *, progress: bool = False
+    grid: Grid, out_dir: str | Path, pool: TrialPool, *, progress: bool = False
 ) -> SweepSummary:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -111,7 +111,7 @@ def run_sweep_grid(
     slos = grid.capacity.slos if grid.capacity is not None else None
     with TrialWriter(trials_path) as writer:
         records = run_jobs(
-            jobs, backend, slos, done=done, on_trial=writer.write, progress=progress, desc="sweep"
+            jobs, pool, slos, done=done, on_trial=writer.write, progress=progress, desc="sweep"
         )
     capacity_path = None
     if grid.capacity is not None:

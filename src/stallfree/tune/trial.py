@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass
 
 from stallfree.metrics import Summary
+from stallfree.sim.api import SimulationResult, simulate
 from stallfree.sim.cost_model import COST_MODEL_KINDS, CostModel, CostModelConfig, CostModelKind
-from stallfree.sim.simulation import SimulationResult, simulate
 from stallfree.specs import load_hardware_spec, load_model_spec
 from stallfree.workload import Workload, gamma, parse_lengths, sample
 

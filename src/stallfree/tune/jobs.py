@@ -1,10 +1,10 @@
-"""Drive many probes (capacity searches, fixed-QPS trials) over one backend.
+"""Drive many probes (capacity searches, fixed-QPS trials) over one pool.
 
 A :class:`Job` pairs a base :class:`TrialSpec` with a probe that proposes QPS values. The runner
 keeps one trial per unfinished job in flight, so independent searches fill the workers while
 each search stays sequential. Trials whose key is in ``done`` (a resumed sweep) are answered
 from there without running. Invariant: the records returned are sorted by (job, trial order),
-and depend on the specs and the trial function only, never on the backend or timing.
+and depend on the specs and the trial function only, never on the pool or timing.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from stallfree.metrics import Summary
-from stallfree.tune.backends import Backend
+from stallfree.tune.pools import TrialPool
 from stallfree.tune.slo import Slos
 from stallfree.tune.trial import TrialSpec
 
@@ -80,7 +80,7 @@ class TrialRecord:
 
 def run_jobs(
     jobs: Sequence[Job],
-    backend: Backend,
+    pool: TrialPool,
     slos: Slos | None,
     *,
     done: Mapping[str, Summary] | None = None,
@@ -127,7 +127,7 @@ def run_jobs(
             if cached is None:
                 ticket = ticket_of[key] = next(tickets)
                 in_flight[ticket] = (spec, [j])
-                backend.submit(ticket, spec)
+                pool.submit(ticket, spec)
                 return
             finish(j, spec, cached, "resumed" if key in resumed_keys else "repeat")
 
@@ -137,7 +137,7 @@ def run_jobs(
         bar.total = bar.n + sum(job.probe.trials_left_estimate() for job in jobs)
         bar.refresh()
         while in_flight:
-            ticket, metrics = backend.next_result()
+            ticket, metrics = pool.next_result()
             spec, waiting = in_flight.pop(ticket)
             del ticket_of[spec.key()]
             for position, j in enumerate(waiting):

@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 _Array = TypeVar("_Array", bound="np.ndarray[Any, Any]")
 
-DATA_DIR = Path(__file__).parent / "data"
+DATA_DIR = Path(__file__).parent.parent / "data"
 
 TRACE_FILES: dict[str, str] = {
     "sharegpt": "sharegpt_8k_filtered_stats_llama2_tokenizer.csv.gz",

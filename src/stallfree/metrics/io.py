@@ -1,7 +1,7 @@
-"""Text in and out of :mod:`stallfree.metrics`: goodput SLO strings and per-request CSV files.
+"""Text in and out of :mod:`stallfree.metrics.summary`: goodput SLO strings and per-request CSV files.
 
 SLOs use ``vllm bench serve --goodput`` syntax: ``METRIC:MILLISECONDS`` pairs for ``ttft``,
-``tpot`` and ``e2el``. The CSV has one row per :class:`~stallfree.metrics.RequestRecord`, its
+``tpot`` and ``e2el``. The CSV has one row per :class:`~stallfree.metrics.summary.RequestRecord`, its
 columns the record's fields in order; an unknown time (None) is an empty cell. Writing then
 reading gives back equal records (the csv module writes floats with ``repr``, which round-trips).
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import fields
 from pathlib import Path
 
-from stallfree.metrics import GOODPUT_METRICS, RequestRecord
+from stallfree.metrics.summary import GOODPUT_METRICS, RequestRecord
 
 RECORD_COLUMNS: tuple[str, ...] = tuple(field.name for field in fields(RequestRecord))
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from stallfree.traces import load_trace, resolve_trace_path
+from stallfree.workload.traces import load_trace, resolve_trace_path
 
 IntArray = npt.NDArray[np.int64]
 

@@ -16,7 +16,7 @@ from stallfree.core import Executor, Request, Scheduler, run_step
 
 
 @dataclass(frozen=True, slots=True)
-class StepRecord:
+class TimelineStep:
     """One executed step on the simulated clock."""
 
     start_s: float
@@ -34,7 +34,7 @@ class StepRecord:
 class Timeline:
     """Everything a small run did: steps, token times, rejections."""
 
-    steps: list[StepRecord] = field(default_factory=list)
+    steps: list[TimelineStep] = field(default_factory=list)
     token_times_s: dict[str, list[float]] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
     end_s: float = 0.0
@@ -72,7 +72,7 @@ def simulate_timeline(
             continue
         plan, result, events = out
         tl.steps.append(
-            StepRecord(
+            TimelineStep(
                 clock,
                 result.duration_s,
                 plan.num_decode_tokens,

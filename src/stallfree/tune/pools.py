@@ -1,10 +1,10 @@
 """Where trials run: in this process, in a local process pool, or as Ray tasks.
 
-Every backend takes a trial function (``TrialSpec -> summary``; module-level, so it pickles)
-and offers two calls: :meth:`Backend.submit` a spec under an integer ticket, and
-:meth:`Backend.next_result` to block until some submitted trial is done. The caller decides
-what to submit next from the results, so adaptive searches keep every worker busy. Backends
-never reorder or reseed anything: a trial's result depends on its spec alone, so every backend
+Every pool takes a trial function (``TrialSpec -> summary``; module-level, so it pickles)
+and offers two calls: :meth:`TrialPool.submit` a spec under an integer ticket, and
+:meth:`TrialPool.next_result` to block until some submitted trial is done. The caller decides
+what to submit next from the results, so adaptive searches keep every worker busy. Pools
+never reorder or reseed anything: a trial's result depends on its spec alone, so every pool
 gives the same results for the same specs (only completion order differs).
 """
 
@@ -24,10 +24,10 @@ from stallfree.metrics import Summary
 from stallfree.tune.trial import TrialSpec
 
 TrialFn = Callable[[TrialSpec], Summary]
-BACKENDS = ("local", "ray")
+POOLS = ("local", "ray")
 
 
-class Backend(abc.ABC):
+class TrialPool(abc.ABC):
     """Runs trials; use as a context manager so workers are always shut down."""
 
     workers: int = 1
@@ -42,14 +42,14 @@ class Backend(abc.ABC):
     def close(self) -> None:  # noqa: B027 - nothing to release by default
         """Release workers."""
 
-    def __enter__(self) -> Backend:
+    def __enter__(self) -> TrialPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-class SerialBackend(Backend):
+class SerialPool(TrialPool):
     """Runs each trial in this process, first submitted first, when a result is asked for."""
 
     def __init__(self, trial_fn: TrialFn) -> None:
@@ -64,7 +64,7 @@ class SerialBackend(Backend):
         return ticket, self._trial_fn(spec)
 
 
-class PoolBackend(Backend):
+class ProcessPool(TrialPool):
     """A local process pool of ``workers`` processes (spawned: no state leaks from the parent)."""
 
     def __init__(self, trial_fn: TrialFn, workers: int) -> None:
@@ -87,7 +87,7 @@ class PoolBackend(Backend):
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-class RayBackend(Backend):
+class RayPool(TrialPool):
     """Trials as Ray tasks: on the cluster at ``address``, or on a local Ray started here.
 
     ``address`` is what ``ray.init`` takes (``auto``, ``HOST:PORT``, ``ray://HOST:PORT``). A
@@ -185,12 +185,12 @@ def check_address(address: str, timeout_s: float) -> None:
         raise ValueError(f"no Ray cluster answers at {address} ({error.strerror or error})") from None
 
 
-def make_backend(name: str, trial_fn: TrialFn, *, workers: int, address: str | None = None) -> Backend:
+def make_pool(name: str, trial_fn: TrialFn, *, workers: int, address: str | None = None) -> TrialPool:
     """``local`` (a pool of ``workers``, or this process when ``workers`` is 1) or ``ray``."""
     if name == "local":
         if address is not None:
             raise ValueError("--address applies to the ray backend only")
-        return SerialBackend(trial_fn) if workers == 1 else PoolBackend(trial_fn, workers)
+        return SerialPool(trial_fn) if workers == 1 else ProcessPool(trial_fn, workers)
     if name == "ray":
-        return RayBackend(trial_fn, address, num_cpus=workers)
-    raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+        return RayPool(trial_fn, address, num_cpus=workers)
+    raise ValueError(f"unknown backend {name!r}; choose from {', '.join(POOLS)}")

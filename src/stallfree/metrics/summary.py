@@ -13,7 +13,7 @@ between consecutive tokens of a request; std is the population std; percentiles 
 default linear interpolation, and weighted ITL statistics equal numpy's on the expanded array.
 Latency statistics cover completed requests only (finish reason ``length`` or ``stop``); an
 empty set of samples gives 0, as in vLLM. Goodput counts completed requests meeting every SLO.
-Parsing SLO strings and reading/writing records as CSV live in :mod:`stallfree.metrics_io`.
+Parsing SLO strings and reading/writing records as CSV live in :mod:`stallfree.metrics.io`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 
 from stallfree.server.app import ServerConfig, build_app
 from stallfree.server.engine_thread import EngineThread
-from stallfree.server.metrics import ServerMetrics
+from stallfree.server.prometheus import ServerMetrics
 
 
 def build_server(

@@ -1,0 +1,104 @@
+"""A workload (arrivals x lengths) sampled into requests: see :mod:`stallfree.workload`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from stallfree.core.request import Request
+from stallfree.workload.arrivals import Arrivals, ReplayArrivals
+from stallfree.workload.lengths import Lengths, TraceLengths, cap_lengths
+from stallfree.workload.traces import load_trace
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Arrivals x lengths, with optional caps on the lengths (applied by :func:`cap_lengths`)."""
+
+    arrivals: Arrivals
+    lengths: Lengths
+    max_prompt_tokens: int | None = None
+    max_total_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens <= 0:
+            raise ValueError(f"max_prompt_tokens must be positive, got {self.max_prompt_tokens}")
+        if self.max_total_tokens is not None and self.max_total_tokens < 2:
+            raise ValueError(
+                f"max_total_tokens must be >= 2 (one prompt and one output token), got {self.max_total_tokens}"
+            )
+
+    def max_num_requests(self) -> int | None:
+        """How many requests the workload can give, when a trace read in order limits it."""
+        limits = []
+        if isinstance(self.arrivals, ReplayArrivals):
+            limits.append(self.arrivals.num_rows())
+        if isinstance(self.lengths, TraceLengths) and self.lengths.sampling != "with-replacement":
+            limits.append(len(load_trace(self.lengths.trace)))
+        return min(limits) if limits else None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class WorkloadArrays:
+    """A sampled workload as columns; row ``i`` is request ``str(i)``."""
+
+    arrival_time_s: FloatArray
+    num_prompt_tokens: IntArray
+    max_tokens: IntArray
+
+    def __len__(self) -> int:
+        return len(self.arrival_time_s)
+
+    def iter_requests(self, chunk_size: int = 4096) -> Iterator[Request]:
+        """Requests one by one; only ``chunk_size`` Python objects exist at a time."""
+        for start in range(0, len(self), chunk_size):
+            stop = start + chunk_size
+            rows = zip(
+                self.arrival_time_s[start:stop].tolist(),
+                self.num_prompt_tokens[start:stop].tolist(),
+                self.max_tokens[start:stop].tolist(),
+                strict=True,
+            )
+            for offset, (arrival_s, num_prompt_tokens, max_tokens) in enumerate(rows):
+                yield Request(
+                    request_id=str(start + offset),
+                    num_prompt_tokens=num_prompt_tokens,
+                    max_tokens=max_tokens,
+                    arrival_time_s=arrival_s,
+                )
+
+
+def sample(workload: Workload, num_requests: int | None = None, seed: int = 0) -> WorkloadArrays:
+    """Draw ``num_requests`` rows (None: every row a trace read in order allows)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
+    limit = workload.max_num_requests()
+    if num_requests is None:
+        if limit is None:
+            raise ValueError("num_requests is required unless the workload reads a trace in order")
+        num_requests = limit
+    if num_requests <= 0:
+        raise ValueError(f"num_requests must be positive, got {num_requests}")
+    if limit is not None and num_requests > limit:
+        raise ValueError(f"the workload's trace has {limit} rows; asked for {num_requests} requests")
+    arrival_seed, length_seed = np.random.SeedSequence(seed).spawn(2)
+    times_s = workload.arrivals.times_s(num_requests, np.random.default_rng(arrival_seed))
+    prompts, outputs = workload.lengths.sample(num_requests, np.random.default_rng(length_seed))
+    prompts, outputs = cap_lengths(prompts, outputs, workload.max_prompt_tokens, workload.max_total_tokens)
+    return WorkloadArrays(arrival_time_s=times_s, num_prompt_tokens=prompts, max_tokens=outputs)
+
+
+def iter_requests(workload: Workload, num_requests: int | None = None, seed: int = 0) -> Iterator[Request]:
+    """Like :func:`generate` without holding every Request at once (the arrays are still built)."""
+    return sample(workload, num_requests, seed).iter_requests()
+
+
+def generate(workload: Workload, num_requests: int | None = None, seed: int = 0) -> list[Request]:
+    """The requests of a workload, ordered by arrival; same arguments, same list."""
+    return list(iter_requests(workload, num_requests, seed))
