@@ -1,7 +1,8 @@
 """Weights in and out: Hugging Face folders (config.json + safetensors) and ``random:`` models.
 
 :func:`load_model` is the one entry point the engine uses: ``random:<preset>`` builds a
-seeded random model in process, anything else must be a local Hugging Face folder with
+seeded random model in process, a ``.gguf`` file (or a short name such as ``smollm2``) goes
+to :mod:`stallfree.engine.gguf`, anything else must be a local Hugging Face folder with
 ``config.json``, ``model.safetensors`` (or shards listed in ``model.safetensors.index.json``)
 and ``tokenizer.json``. :func:`save_pretrained` writes a model back in the same format,
 with Hugging Face's parameter names, so transformers loads it unchanged.
@@ -25,6 +26,7 @@ from stallfree.engine.model import LlamaModel, init_random_weights
 from stallfree.engine.random_models import random_spec
 from stallfree.engine.tokenizer import Tokenizer, random_tokenizer
 from stallfree.specs import ModelSpec, load_model_spec
+from stallfree.specs.gguf import is_gguf_path, resolve_known_gguf
 
 RANDOM_PREFIX = "random:"
 _INDEX_FILE = "model.safetensors.index.json"
@@ -34,10 +36,16 @@ _SINGLE_FILE = "model.safetensors"
 def load_model(
     name_or_path: str, dtype: torch.dtype, device: torch.device | str, seed: int = 0
 ) -> tuple[LlamaModel, Tokenizer]:
-    """``random:<preset>`` or a local HF folder -> (model, tokenizer); one-line ValueError on bad input."""
+    """``random:<preset>``, a GGUF file (path or short name like ``smollm2``) or a local HF folder
+    -> (model, tokenizer); one-line ValueError on bad input."""
     if name_or_path.startswith(RANDOM_PREFIX):
         spec = random_spec(name_or_path[len(RANDOM_PREFIX) :])
         return build_random_model(spec, dtype, device, seed), random_tokenizer(spec.vocab_size)
+    gguf_path = resolve_known_gguf(name_or_path)
+    if gguf_path is not None or is_gguf_path(name_or_path):
+        from stallfree.engine.gguf import load_gguf_model
+
+        return load_gguf_model(gguf_path or Path(name_or_path).expanduser(), dtype, device)
     folder = Path(name_or_path).expanduser()
     if not folder.is_dir():
         raise ValueError(f"model {name_or_path!r} is neither random:<preset> nor a local folder")
