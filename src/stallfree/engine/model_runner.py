@@ -24,6 +24,10 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_tables: dict[str, list[int]] = {}
 
+    def reset(self) -> None:
+        """Forget every request's block table (the cache's contents become garbage)."""
+        self.block_tables.clear()
+
     def execute(
         self, plan: StepPlan, token_ids: Mapping[str, Sequence[int]]
     ) -> tuple[tuple[str, ...], torch.Tensor]:

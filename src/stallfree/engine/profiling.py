@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from stallfree.core import ScheduledChunk, StepPlan
+from stallfree.core import StepPlan
+from stallfree.core.plan import synthetic_plan
 from stallfree.engine.model_runner import ModelRunner
 
 
@@ -37,15 +38,20 @@ def time_step(
 ) -> float:
     """Median wall time of one step: ``num_decodes`` decodes at ``decode_context`` tokens of
     context, plus (if ``chunk_tokens``) one prompt chunk after ``chunk_context`` computed tokens."""
+    return time_plan(runner, synthetic_plan(num_decodes, decode_context, chunk_tokens, chunk_context), repeats)
+
+
+def time_plan(runner: ModelRunner, plan: StepPlan, repeats: int = 3) -> float:
+    """Median wall time of running ``plan`` (after one warm-up run) on an idle ``runner``.
+
+    Every chunk gets KV blocks for its whole context, filled with garbage; none are left behind.
+    """
     if runner.block_tables:
         raise ValueError("synthetic steps need an idle runner (requests hold KV blocks)")
+    if repeats <= 0:
+        raise ValueError(f"repeats must be positive, got {repeats}")
     block_size = runner.kv_cache.block_size
-    lengths = {f"decode-{i}": decode_context + 1 for i in range(num_decodes)}
-    chunks = [ScheduledChunk(rid, decode_context, 1, decode_context + 1) for rid in lengths]
-    if chunk_tokens:
-        lengths["chunk"] = chunk_context + chunk_tokens
-        chunks.append(ScheduledChunk("chunk", chunk_context, chunk_tokens, chunk_context + chunk_tokens))
-    needed = {rid: -(-n // block_size) for rid, n in lengths.items()}
+    needed = {c.request_id: -(-c.context_len // block_size) for c in plan.chunks}
     if sum(needed.values()) > runner.kv_cache.num_blocks:
         raise ValueError(
             f"the step needs {sum(needed.values())} KV blocks; the cache has {runner.kv_cache.num_blocks}"
@@ -54,8 +60,7 @@ def time_step(
     for rid, count in needed.items():
         runner.block_tables[rid] = list(range(next_block, next_block + count))
         next_block += count
-    token_ids = {rid: [3] * n for rid, n in lengths.items()}
-    plan = StepPlan(tuple(chunks))
+    token_ids = {c.request_id: [3] * c.num_known_tokens for c in plan.chunks}
     try:
         runner.execute(plan, token_ids)  # warm-up
         times = []
@@ -66,7 +71,7 @@ def time_step(
                 torch.cuda.synchronize(logits.device)
             times.append(time.perf_counter() - start)
     finally:
-        runner.block_tables.clear()
+        runner.reset()
     return statistics.median(times)
 
 
