@@ -106,3 +106,24 @@ class StepResult:
     duration_s: float
     sampled_token_ids: Mapping[str, int] = field(default_factory=lambda: _NO_TOKENS)
     stopped_request_ids: frozenset[str] = frozenset()
+
+
+def synthetic_plan(
+    num_decodes: int, decode_context: int, chunk_tokens: int = 0, chunk_context: int = 0
+) -> StepPlan:
+    """A step no scheduler made, for pricing and profiling: ``num_decodes`` decodes at
+    ``decode_context`` cached tokens each, plus (if ``chunk_tokens``) one prompt chunk after
+    ``chunk_context`` computed tokens that reaches its last token (so it samples).
+
+    Request ids are ``decode-0``, ``decode-1``, ... and ``chunk``.
+    """
+    if num_decodes < 0 or decode_context < 0 or chunk_tokens < 0 or chunk_context < 0:
+        raise ValueError("synthetic_plan: counts must be >= 0")
+    if num_decodes == 0 and chunk_tokens == 0:
+        raise ValueError("synthetic_plan: a step needs a decode or a chunk")
+    chunks = [
+        ScheduledChunk(f"decode-{i}", decode_context, 1, decode_context + 1) for i in range(num_decodes)
+    ]
+    if chunk_tokens:
+        chunks.append(ScheduledChunk("chunk", chunk_context, chunk_tokens, chunk_context + chunk_tokens))
+    return StepPlan(tuple(chunks))

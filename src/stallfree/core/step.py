@@ -2,17 +2,35 @@
 
 Drivers (the simulator's simulated clock, the engine's wall clock) call
 :func:`run_step` repeatedly and own time and arrivals; this module owns
-neither. Executors are plain callables, so tests pass a function.
+neither. Executors are plain callables, so tests pass a function; a cost model becomes one
+through :func:`priced_executor`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from stallfree.core.plan import StepPlan, StepResult
 from stallfree.core.scheduler import Scheduler, StepEvents
 
 Executor = Callable[[StepPlan], StepResult]
+
+
+class StepCostModel(Protocol):
+    """The one "price a step" contract: how long ``plan`` takes, in seconds.
+
+    Roofline and measured cost models implement it; a real engine's timer implements it by
+    running the plan. Drivers on a simulated clock execute plans with :func:`priced_executor`.
+    """
+
+    def step_time_s(self, plan: StepPlan) -> float: ...
+
+
+def priced_executor(cost_model: StepCostModel) -> Executor:
+    """An executor whose steps take what ``cost_model`` says and sample nothing."""
+    step_time_s = cost_model.step_time_s
+    return lambda plan: StepResult(duration_s=step_time_s(plan))
 
 
 def run_step(scheduler: Scheduler, executor: Executor) -> tuple[StepPlan, StepResult, StepEvents] | None:
