@@ -98,12 +98,11 @@ def test_non_decoder_config_is_refused(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_streams_that_do_not_fit_the_kv_cache_together_are_refused() -> None:
     from stallfree.core import CacheConfig, make_policy
-    from stallfree.explain import Scenario, run_scenario
-    from stallfree.sim.backend import CostModelBackend
+    from stallfree.explain import RooflineTimer, Scenario, run_scenario
     from stallfree.sim.cost_model import CostModel, CostModelConfig
     from stallfree.specs import load_hardware_spec, load_model_spec
 
-    class SmallCache(CostModelBackend):
+    class SmallCache(RooflineTimer):
         def cache_config(self) -> CacheConfig:
             return CacheConfig(block_size=16, num_blocks=64, watermark=0.0)  # 1,024 tokens
 

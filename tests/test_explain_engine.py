@@ -52,21 +52,21 @@ def test_engine_runs_stay_inside_the_real_kv_cache() -> None:
     import torch
 
     from stallfree.core import make_policy
-    from stallfree.engine.explain_backend import EngineBackend
     from stallfree.explain import Scenario, run_scenario
+    from stallfree.explain.engine import EngineTimer
 
     scenario = Scenario(prompt_tokens=300, decoders=4, context_tokens=40, chunk_tokens=8)
-    backend = EngineBackend("random:tiny", max_tokens=4 * (40 + 300 // 8 + 32) + 300, dtype=torch.float32)
-    num_blocks = backend.model_runner.kv_cache.num_blocks
+    timer = EngineTimer("random:tiny", max_tokens=4 * (40 + 300 // 8 + 32) + 300, dtype=torch.float32)
+    num_blocks = timer.model_runner.kv_cache.num_blocks
     seen: list[int] = []
-    execute = backend.model_runner.execute
+    execute = timer.model_runner.execute
 
     def checked(plan, token_ids):  # type: ignore[no-untyped-def]
         seen.extend(b for blocks in plan.new_block_ids.values() for b in blocks)
         return execute(plan, token_ids)
 
-    backend.model_runner.execute = checked  # type: ignore[method-assign]
+    timer.model_runner.execute = checked  # type: ignore[method-assign]
     for policy in (make_policy("prefill-first"), make_policy("chunked", chunk_tokens=8)):
-        run = run_scenario(scenario, policy, backend)
+        run = run_scenario(scenario, policy, timer)
         assert run.first_token_s > run.arrival_s
     assert seen and max(seen) < num_blocks

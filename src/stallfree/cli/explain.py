@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from stallfree.cli.common import UsageError, int_list, positive_int
 
 if TYPE_CHECKING:
-    from stallfree.explain import Backend
+    from stallfree.explain import Explanation, StepTimer
 
 # The seed's scenario on the roofline; a CPU-sized one on the real engine.
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -82,29 +82,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add("--json", action="store_true", help="print one JSON object instead of the table")
     add("--plot", metavar="DIR", help="write the timeline and sweep figures (PNG + SVG) to DIR")
+    add(
+        "--html",
+        metavar="FILE",
+        help="write the interactive page as one self-contained file (its chunk slider steps through the sweep)",
+    )
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from stallfree.explain import DEFAULT_SWEEP, Scenario, explain
-
-    defaults = DEFAULTS[args.engine]
-    model = args.model or defaults["model"]
-    prompt = args.prompt_tokens or defaults["prompt_tokens"]
-    context = args.context_tokens or defaults["context_tokens"]
-    sweep = args.sweep or (DEFAULT_SWEEP if args.engine == "roofline" else ENGINE_SWEEP)
-    if args.engine == "roofline":
-        backend, echo = _roofline(args, model)
-    else:
-        backend, echo = _torch(args, model, prompt, context, sweep)
-    chunk = args.chunk_tokens or defaults["chunk_tokens"]
-    if chunk is None:
-        chunk = int(backend.ridge_tokens(args.decoders, context))
-    scenario = Scenario(prompt, args.decoders, context, chunk)
-    result = explain(scenario, backend, sweep, echo)
+    if args.html and args.engine != "roofline":
+        raise UsageError("--html precomputes a chunk sweep on the roofline; it does not run --engine torch")
+    result = explanation(args)
     out = result.to_json()
+    if args.html:
+        from stallfree.ui.export import write_html
+
+        out["html"] = str(write_html(args, args.html))
     if args.plot:
-        from stallfree.plots.explain import plot_explanation
+        from stallfree.explain.plots import plot_explanation
 
         paths = plot_explanation(result, args.plot)
         out["figures"] = [str(p) for p in paths]
@@ -115,8 +111,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _roofline(args: argparse.Namespace, model_name: str) -> tuple[Backend, dict[str, Any]]:
-    from stallfree.sim.backend import CostModelBackend
+def explanation(args: argparse.Namespace) -> Explanation:
+    """What ``stallfree explain`` reports for parsed ``args`` (``stallfree ui`` calls it too)."""
+    from stallfree.explain import DEFAULT_SWEEP, Scenario, explain
+
+    defaults = DEFAULTS[args.engine]
+    model = args.model or defaults["model"]
+    prompt = args.prompt_tokens or defaults["prompt_tokens"]
+    context = args.context_tokens or defaults["context_tokens"]
+    sweep = args.sweep or (DEFAULT_SWEEP if args.engine == "roofline" else ENGINE_SWEEP)
+    if args.engine == "roofline":
+        timer, echo = _roofline(args, model)
+    else:
+        timer, echo = _torch(args, model, prompt, context, sweep)
+    chunk = args.chunk_tokens or defaults["chunk_tokens"]
+    if chunk is None:
+        chunk = int(timer.ridge_tokens(args.decoders, context))
+    scenario = Scenario(prompt, args.decoders, context, chunk)
+    return explain(scenario, timer, sweep, echo)
+
+
+def _roofline(args: argparse.Namespace, model_name: str) -> tuple[StepTimer, dict[str, Any]]:
+    from stallfree.explain import RooflineTimer
     from stallfree.sim.cost_model import CostModel, CostModelConfig
     from stallfree.specs import load_hardware_spec, load_model_spec
 
@@ -130,16 +146,16 @@ def _roofline(args: argparse.Namespace, model_name: str) -> tuple[Backend, dict[
         "cost_model": args.cost_model,
         "engine": "roofline",
     }
-    return CostModelBackend(cost), echo
+    return RooflineTimer(cost), echo
 
 
 def _torch(
     args: argparse.Namespace, model_name: str, prompt: int, context: int, sweep: Sequence[int]
-) -> tuple[Backend, dict[str, Any]]:
+) -> tuple[StepTimer, dict[str, Any]]:
     try:
         import torch
 
-        from stallfree.engine.explain_backend import EngineBackend
+        from stallfree.explain.engine import EngineTimer
     except ImportError as exc:
         raise UsageError(
             f"--engine torch needs the engine extra (pip install -e '.[engine]'): {exc}"
@@ -148,13 +164,13 @@ def _torch(
     smallest = min([*sweep, args.chunk_tokens or 8])
     # Streams grow by one token per step; a chunked run takes at most prompt / chunk steps.
     stream_tokens = context + -(-prompt // smallest) + 32
-    backend = EngineBackend(
+    timer = EngineTimer(
         model_name,
         max_tokens=args.decoders * stream_tokens + prompt + 64,
         dtype=getattr(torch, args.dtype),
         device=device,
     )
-    limit = backend.model.spec.max_position_embeddings
+    limit = timer.model.spec.max_position_embeddings
     if max(prompt + 1, stream_tokens) > limit:
         raise UsageError(
             f"prompt ({prompt}) or stream context ({stream_tokens}) exceeds the model's {limit} positions"
@@ -165,13 +181,13 @@ def _torch(
         else f"{torch.get_num_threads()}-thread CPU"
     )
     echo = {
-        "model": backend.model.spec.name,
+        "model": timer.model.spec.name,
         "hardware": hardware,
         "tp": 1,
         "cost_model": "measured",
         "engine": f"torch {args.dtype} on {device}",
     }
-    return backend, echo
+    return timer, echo
 
 
 _CHUNK_NOTES = {
@@ -222,4 +238,6 @@ def format_table(out: dict[str, Any]) -> str:
         )
     if "figures" in out:
         lines += ["", "  figures: " + ", ".join(out["figures"])]
+    if "html" in out:
+        lines += ["", f"  page: {out['html']}"]
     return "\n".join(lines)

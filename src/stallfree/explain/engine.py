@@ -1,4 +1,5 @@
-"""The real engine as an ``explain`` backend: step durations measured on the wall clock.
+"""The real engine as explain's :class:`~stallfree.explain.scenario.StepTimer`: steps measured
+on the wall clock.
 
 Each step's duration is the wall time since the previous step ended (or since this
 one started), so scheduling and sampling overhead are in it: the clock the streams
@@ -12,21 +13,20 @@ from __future__ import annotations
 import gc
 import random
 import time
-from collections.abc import Callable
 
 import torch
 
-from stallfree.core import CacheConfig, StepPlan, StepResult
+from stallfree.core import CacheConfig, Executor, StepPlan, StepResult
 from stallfree.engine.kv_cache import KVCache, kv_bytes_per_block
 from stallfree.engine.model_runner import ModelRunner
-from stallfree.engine.profiling import measure_ridge, time_step
+from stallfree.engine.profiling import measure_ridge, time_plan
 from stallfree.engine.weights import load_model
 
 RIDGE_CHUNKS = (8, 16, 32, 64, 128, 256, 512, 1024)
 FIRST_TOKEN_ID = 3  # ids below are special tokens of the random tokenizer
 
 
-class EngineBackend:
+class EngineTimer:
     """Measures steps of ``model`` with a KV cache sized for ``max_tokens`` tokens."""
 
     def __init__(
@@ -45,7 +45,9 @@ class EngineBackend:
         spec = self.model.spec
         num_blocks = -(-max_tokens // block_size) + 64  # headroom: partly-filled last blocks
         self.kv_bytes = num_blocks * kv_bytes_per_block(spec, block_size, dtype)
-        self.model_runner = ModelRunner(self.model, KVCache(spec, num_blocks, block_size, dtype, self.model.device))
+        self.model_runner = ModelRunner(
+            self.model, KVCache(spec, num_blocks, block_size, dtype, self.model.device)
+        )
         self.ridge_tolerance = ridge_tolerance
         self.seed = seed
         self._ridge: dict[tuple[int, int], float] = {}
@@ -58,9 +60,9 @@ class EngineBackend:
         kv = self.model_runner.kv_cache
         return CacheConfig(block_size=kv.block_size, num_blocks=kv.num_blocks, watermark=0.0)
 
-    def new_executor(self) -> Callable[[StepPlan], StepResult]:
+    def new_executor(self) -> Executor:
         runner = self.model_runner
-        runner.block_tables.clear()
+        runner.reset()
         rng = random.Random(self.seed)
         vocab = self.model.spec.vocab_size
         token_ids: dict[str, list[int]] = {}
@@ -85,20 +87,19 @@ class EngineBackend:
         return execute
 
     # Reference figures run between scenario runs: the last run's block tables are stale.
-    def decode_step_s(self, num_seqs: int, context_len: int) -> float:
-        self.model_runner.block_tables.clear()
-        return time_step(self.model_runner, num_seqs, context_len, repeats=5)
-
-    def prefill_time_s(self, num_tokens: int) -> float:
-        self.model_runner.block_tables.clear()
-        return time_step(self.model_runner, 0, 0, chunk_tokens=num_tokens, repeats=1)
+    def step_time_s(self, plan: StepPlan) -> float:
+        """The median of a few runs of ``plan`` (one for a step of thousands of tokens)."""
+        self.model_runner.reset()
+        return time_plan(self.model_runner, plan, repeats=5 if plan.num_tokens <= 1024 else 1)
 
     def ridge_tokens(self, num_seqs: int, context_len: int) -> float:
         """Largest chunk (of :data:`RIDGE_CHUNKS`) whose mixed step costs <= tolerance x a decode step."""
         key = (num_seqs, context_len)
         if key not in self._ridge:
-            self.model_runner.block_tables.clear()
-            _, points = measure_ridge(self.model_runner, num_seqs, context_len, RIDGE_CHUNKS, self.ridge_tolerance)
+            self.model_runner.reset()
+            _, points = measure_ridge(
+                self.model_runner, num_seqs, context_len, RIDGE_CHUNKS, self.ridge_tolerance
+            )
             fits = [p.chunk_tokens for p in points if p.ratio_to_decode <= self.ridge_tolerance]
             self._ridge[key] = float(fits[-1] if fits else RIDGE_CHUNKS[0])
         return self._ridge[key]

@@ -3,8 +3,8 @@
 Both policies see the same arrival: the streams are prefilled (warm-up, cut
 from the result), run ``lead_steps`` decode steps, then the prompt arrives at
 a step boundary. The run ends ``tail_steps`` steps after the prompt's first
-token. Step durations come from a :class:`Backend`: the roofline cost model
-here, the real engine's measured steps with ``--engine torch``. Gaps are the
+token. Step durations come from a :class:`StepTimer`: a cost model
+(:mod:`.roofline`), or the real engine's measured steps with ``--engine torch`` (:mod:`.engine`). Gaps are the
 other streams' inter-token times over the measured window: the ``lead_steps`` decode
 steps before the arrival, the prompt, and ``tail_steps`` steps after its first token.
 """
@@ -13,36 +13,58 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from stallfree.core import CacheConfig, Policy, Request, Scheduler, SchedulerConfig, make_policy
-from stallfree.core.plan import StepPlan, StepResult
+from stallfree.core import CacheConfig, Executor, Policy, Request, Scheduler, SchedulerConfig, make_policy
+from stallfree.core.context import StepContext
+from stallfree.core.plan import synthetic_plan
+from stallfree.core.step import StepCostModel
 from stallfree.sim.timeline import Timeline, TimelineStep, simulate_timeline
 
 PROMPT_ID = "prompt"
 DEFAULT_SWEEP = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
-class Backend(Protocol):
-    """Where step durations come from (cost model, or a real engine)."""
+class StepTimer(StepCostModel, Protocol):
+    """What explain runs on: a step cost model (``step_time_s``) plus what a run needs.
 
-    def new_executor(self) -> Callable[[StepPlan], StepResult]:
-        """A fresh executor for one run (a real engine resets its KV cache)."""
-        ...
+    :class:`~stallfree.explain.roofline.RooflineTimer` prices steps with a cost model;
+    :class:`~stallfree.explain.engine.EngineTimer` runs them on the real engine.
+    """
 
-    def decode_step_s(self, num_seqs: int, context_len: int) -> float: ...
-
-    def prefill_time_s(self, num_tokens: int) -> float: ...
-
-    def ridge_tokens(self, num_seqs: int, context_len: int) -> float:
-        """Prompt tokens a step of ``num_seqs`` decodes carries almost free."""
+    def new_executor(self) -> Executor:
+        """A fresh executor for one run (a real engine starts from an empty KV cache)."""
         ...
 
     def cache_config(self) -> CacheConfig:
         """The KV cache runs use (unbounded for the roofline, the real cache for an engine)."""
         ...
+
+    def ridge_tokens(self, num_seqs: int, context_len: int) -> float:
+        """Prompt tokens a step of ``num_seqs`` decodes carries almost free."""
+        ...
+
+
+class _WarmUp(Policy):
+    """Prefill every stream whole in the first step, then hand every later step to ``policy``."""
+
+    name = "warm-up"
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.warm = False
+
+    def check_config(self, config: SchedulerConfig) -> None:
+        self.policy.check_config(config)
+
+    def schedule(self, ctx: StepContext) -> None:
+        if self.warm:
+            self.policy.schedule(ctx)
+            return
+        self._admit_whole(ctx, None)
+        self.warm = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +118,7 @@ class PolicyRun:
         return [s for s in self.steps if any(rid == PROMPT_ID for rid, _ in s.tokens_by_request)]
 
 
-def run_scenario(scenario: Scenario, policy: Policy, backend: Backend) -> PolicyRun:
+def run_scenario(scenario: Scenario, policy: Policy, timer: StepTimer) -> PolicyRun:
     """Warm up the streams, let the prompt arrive, stop ``tail_steps`` after its first token.
 
     The warm-up prefills every stream in one step whatever the policy (it is cut from the
@@ -104,8 +126,9 @@ def run_scenario(scenario: Scenario, policy: Policy, backend: Backend) -> Policy
     """
     config = SchedulerConfig(max_num_seqs=scenario.decoders + 1)
     policy.check_config(config)
-    sched = Scheduler(config, backend.cache_config(), make_policy("prefill-first"))
-    executor = backend.new_executor()
+    warm_up = _WarmUp(policy)
+    sched = Scheduler(config, timer.cache_config(), warm_up)
+    executor = timer.new_executor()
     streams = [
         Request(f"s{i}", scenario.context_tokens, scenario.decoder_max_tokens)
         for i in range(scenario.decoders)
@@ -116,7 +139,6 @@ def run_scenario(scenario: Scenario, policy: Policy, backend: Backend) -> Policy
         raise ValueError(
             f"the KV cache cannot hold {scenario.decoders} streams of {scenario.context_tokens} tokens"
         )
-    sched.policy = policy
     origin_s, warmup_steps = tl.end_s, len(tl.steps)
     tl = simulate_timeline(
         sched,
@@ -193,31 +215,29 @@ class Explanation:
 
 def explain(
     scenario: Scenario,
-    backend: Backend,
+    timer: StepTimer,
     sweep_chunks: Sequence[int] = DEFAULT_SWEEP,
     scenario_echo: dict[str, Any] | None = None,
 ) -> Explanation:
-    """Run both policies and the chunk sweep on ``backend``."""
-    alone = backend.prefill_time_s(scenario.prompt_tokens)
+    """Run both policies and the chunk sweep on ``timer``."""
+    alone = timer.step_time_s(synthetic_plan(0, 0, scenario.prompt_tokens))
     runs = {
-        "prefill-first": run_scenario(scenario, make_policy("prefill-first"), backend),
-        "chunked": run_scenario(
-            scenario, make_policy("chunked", chunk_tokens=scenario.chunk_tokens), backend
-        ),
+        "prefill-first": run_scenario(scenario, make_policy("prefill-first"), timer),
+        "chunked": run_scenario(scenario, make_policy("chunked", chunk_tokens=scenario.chunk_tokens), timer),
     }
     sweep = []
     for chunk in sweep_chunks:
         run = (
             runs["chunked"]  # already measured: on a real engine a run is seconds
             if chunk == scenario.chunk_tokens
-            else run_scenario(scenario, make_policy("chunked", chunk_tokens=chunk), backend)
+            else run_scenario(scenario, make_policy("chunked", chunk_tokens=chunk), timer)
         )
         sweep.append(SweepPoint(chunk, run.max_gap_s, run.ttft_s, run.ttft_s / alone))
     echo = {**asdict(scenario), **(scenario_echo or {})}
     return Explanation(
         scenario=echo,
-        ridge_tokens=backend.ridge_tokens(scenario.decoders, scenario.context_tokens),
-        decode_step_s=backend.decode_step_s(scenario.decoders, scenario.context_tokens),
+        ridge_tokens=timer.ridge_tokens(scenario.decoders, scenario.context_tokens),
+        decode_step_s=timer.step_time_s(synthetic_plan(scenario.decoders, scenario.context_tokens)),
         prefill_alone_s=alone,
         runs=runs,
         sweep=tuple(sweep),

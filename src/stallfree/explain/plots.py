@@ -16,7 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from stallfree.explain import PROMPT_ID, Explanation, PolicyRun
+from stallfree.explain.scenario import PROMPT_ID, Explanation, PolicyRun
 from stallfree.plots import DECODE_COLOR, PROMPT_COLOR, save_figures
 
 TICK_COLOR = "#333333"
