@@ -61,14 +61,9 @@ def run_generate(args: argparse.Namespace) -> int:
     )
     llm = LLM(args.model, **engine_kwargs(args))
     prompts: list[str] | list[list[int]] = args.prompt
-    if args.chat:  # the template writes any BOS itself: encode without adding special tokens
+    if args.chat:
         tokenizer = llm.engine.tokenizer
-        prompts = [
-            tokenizer.encode(
-                tokenizer.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False
-            )
-            for p in args.prompt
-        ]
+        prompts = [tokenizer.encode_chat([{"role": "user", "content": p}]) for p in args.prompt]
     outputs = llm.generate(prompts, params)
     for prompt, out in zip(args.prompt, outputs, strict=True):
         if args.json:

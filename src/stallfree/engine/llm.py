@@ -55,6 +55,4 @@ class LLM:
         sampling_params: SamplingParams | None = None,
     ) -> RequestOutput:
         """Reply to one conversation ([{"role", "content"}, ...]) through the model's chat template."""
-        prompt = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        ids = self.engine.tokenizer.encode(prompt, add_special_tokens=False)
-        return self.generate([ids], sampling_params)[0]
+        return self.generate([self.engine.tokenizer.encode_chat(messages)], sampling_params)[0]

@@ -104,6 +104,18 @@ class Tokenizer:
             messages=list(messages), add_generation_prompt=add_generation_prompt, **self.special_tokens
         )
 
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """The prompt ids of a conversation: the one chat encoding path (``LLM.chat``,
+        ``generate --chat`` and the server's chat endpoint all use it).
+
+        The rendered text is encoded WITHOUT added special tokens, as transformers does: the
+        template writes any BOS itself, and adding one again gives Llama-style models two.
+        """
+        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        return self.encode(text, add_special_tokens=False)
+
     def save(self, folder: Path, model_max_length: int) -> None:
         """Write ``tokenizer.json`` and a ``tokenizer_config.json`` transformers understands."""
         self.inner.save(str(folder / "tokenizer.json"))

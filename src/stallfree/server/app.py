@@ -164,11 +164,11 @@ def build_app(engine_thread: EngineThread, config: ServerConfig) -> FastAPI:
         check_common(body)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            ids = tokenizer.encode_chat(messages)
         except Exception as exc:  # a template error is the request's fault, never the server's
             raise p.ServerError(400, f"cannot render the chat template: {exc}", param="messages") from None
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        prepared = prepare(body, tokenizer.encode(text), "messages", max_tokens)
+        prepared = prepare(body, ids, "messages", max_tokens)
         return await _respond(engine_thread, prepared, request, model_name, chat=True)
 
     return app
