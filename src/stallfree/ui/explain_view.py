@@ -1,0 +1,158 @@
+"""The explain view's data: ``stallfree explain --json`` for the page's settings, plus what to draw.
+
+The settings go through the ``explain`` subcommand's own argument parser and its own
+:func:`stallfree.cli.explain.explanation`, so the numbers equal the CLI's for the same flags
+(``explain`` below is exactly the ``--json`` object). What is added is only for drawing: every
+step of both runs, a tick per token for up to :data:`MAX_STREAMS_DRAWN` streams, and where the
+longest gap is. Limits keep one request within about a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from typing import Any, NoReturn, cast
+
+from stallfree.ui.errors import ApiError, check_known, choice, one_value, whole
+
+MAX_STREAMS_DRAWN = 16
+MAX_PROMPT_TOKENS = 65536
+MAX_CONTEXT_TOKENS = 131072
+MAX_DECODERS = 128
+MAX_TP = 64
+MAX_CHUNK_STEPS = 4096
+
+PARAMS = (
+    "model",
+    "hardware",
+    "tp",
+    "cost_model",
+    "decoders",
+    "context_tokens",
+    "prompt_tokens",
+    "chunk_tokens",
+    "token_budget",
+)
+# The seed's scenario: what `stallfree explain` runs with no flags.
+DEFAULTS: dict[str, Any] = {
+    "model": "llama-3-70b",
+    "hardware": "a100-40gb",
+    "tp": 4,
+    "cost_model": "seed",
+    "decoders": 16,
+    "context_tokens": 1024,
+    "prompt_tokens": 16384,
+    "chunk_tokens": 256,
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """The CLI's parser, raising instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        flag = (
+            message.removeprefix("argument --").split(":", 1)[0] if message.startswith("argument") else None
+        )
+        raise ApiError(message, param=flag.replace("-", "_") if flag else None)
+
+
+def cli_args(argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed exactly as ``stallfree explain ARGV`` parses it."""
+    from stallfree.cli.explain import register
+
+    parser = _Parser(prog="stallfree")
+    # The subcommand's parser is a _Parser too (argparse makes it of the parent's class).
+    register(
+        cast("argparse._SubParsersAction[argparse.ArgumentParser]", parser.add_subparsers(dest="command"))
+    )
+    return parser.parse_args(["explain", *argv])
+
+
+def argv_from_query(query: dict[str, list[str]]) -> list[str]:
+    """The page's settings as ``stallfree explain`` flags (presets only, bounded sizes)."""
+    from stallfree.specs import HARDWARE_PRESETS, MODEL_PRESETS
+
+    check_known(query, PARAMS)
+    model = choice(query, "model", DEFAULTS["model"], tuple(MODEL_PRESETS))
+    hardware = choice(query, "hardware", DEFAULTS["hardware"], tuple(HARDWARE_PRESETS))
+    cost_model = choice(query, "cost_model", DEFAULTS["cost_model"], ("seed", "full"))
+    tp = whole(query, "tp", DEFAULTS["tp"], minimum=1, maximum=MAX_TP)
+    decoders = whole(query, "decoders", DEFAULTS["decoders"], minimum=1, maximum=MAX_DECODERS)
+    context = whole(
+        query, "context_tokens", DEFAULTS["context_tokens"], minimum=1, maximum=MAX_CONTEXT_TOKENS
+    )
+    prompt = whole(query, "prompt_tokens", DEFAULTS["prompt_tokens"], minimum=1, maximum=MAX_PROMPT_TOKENS)
+    chunk = _chunk_tokens(query, decoders)
+    if -(-prompt // chunk) > MAX_CHUNK_STEPS:
+        raise ApiError(
+            f"a {prompt:,}-token prompt in {chunk}-token chunks takes more than {MAX_CHUNK_STEPS:,} steps; "
+            f"use chunks of at least {-(-prompt // MAX_CHUNK_STEPS)} tokens",
+            param="chunk_tokens",
+        )
+    return [
+        *("--model", model, "--hardware", hardware, "--tp", str(tp), "--cost-model", cost_model),
+        *("--decoders", str(decoders), "--context-tokens", str(context)),
+        *("--prompt-tokens", str(prompt), "--chunk-tokens", str(chunk)),
+    ]
+
+
+def _chunk_tokens(query: dict[str, list[str]], decoders: int) -> int:
+    """Chunk tokens, given directly or as a token budget: every stream decodes in every step of
+    the scenario, so a budget carries ``budget - decoders`` prompt tokens a step."""
+    if one_value(query, "chunk_tokens") and one_value(query, "token_budget"):
+        raise ApiError("give chunk_tokens or token_budget, not both", param="token_budget")
+    if one_value(query, "token_budget"):
+        budget = whole(query, "token_budget", 0, minimum=1, maximum=MAX_PROMPT_TOKENS + MAX_DECODERS)
+        if budget <= decoders:
+            raise ApiError(
+                f"token budget {budget:,} leaves no room for the prompt beside {decoders} decode tokens; "
+                f"give more than {decoders}",
+                param="token_budget",
+            )
+        return budget - decoders
+    return whole(query, "chunk_tokens", DEFAULTS["chunk_tokens"], minimum=1, maximum=MAX_PROMPT_TOKENS)
+
+
+def explain_view(query: dict[str, list[str]]) -> dict[str, Any]:
+    """``GET /api/explain``: the CLI's JSON for these settings, its table, and the timeline to draw."""
+    return payload(cli_args(argv_from_query(query)))
+
+
+def payload(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything the page shows for parsed ``stallfree explain`` arguments."""
+    from stallfree.cli.explain import explanation, format_table
+
+    result = explanation(args)
+    out = result.to_json()
+    runs = {name: _run_view(run) for name, run in result.runs.items()}
+    return {
+        "explain": out,
+        "table": format_table(out),
+        "token_budget": out["scenario"]["chunk_tokens"] + out["scenario"]["decoders"],
+        "timeline": {
+            "end_s": max(r["steps"][-1][0] + r["steps"][-1][1] for r in runs.values()),
+            "runs": runs,
+        },
+    }
+
+
+def _run_view(run: Any) -> dict[str, Any]:
+    """One policy's run as the timeline draws it; ``run`` is a :class:`stallfree.explain.PolicyRun`."""
+    from stallfree.explain import PROMPT_ID
+
+    streams = sorted((rid for rid in run.token_times_s if rid != PROMPT_ID), key=lambda r: int(r[1:]))
+    # The longest gap, located: the same pairs PolicyRun.gaps_s is made of.
+    gap, stream, start = max(
+        (b - a, rid, a) for rid in streams for a, b in itertools.pairwise(run.token_times_s[rid])
+    )
+    return {
+        "policy": run.policy,
+        "arrival_s": run.arrival_s,
+        "first_token_s": run.first_token_s,
+        "ttft_s": run.ttft_s,
+        "max_gap": {"gap_s": gap, "stream": stream, "start_s": start, "end_s": start + gap},
+        # [start_s, duration_s, decode tokens, prompt tokens] per step
+        "steps": [[s.start_s, s.duration_s, s.num_decode_tokens, s.num_prefill_tokens] for s in run.steps],
+        "num_streams": len(streams),
+        "streams": {rid: list(run.token_times_s[rid]) for rid in streams[:MAX_STREAMS_DRAWN]},
+    }
