@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures as cf
+import contextlib
 import multiprocessing
 import os
+import signal
 import socket
+import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,14 +68,22 @@ class SerialPool(TrialPool):
 
 
 class ProcessPool(TrialPool):
-    """A local process pool of ``workers`` processes (spawned: no state leaks from the parent)."""
+    """A local process pool of ``workers`` processes (spawned: no state leaks from the parent).
+
+    Workers ignore SIGINT: a Ctrl-C reaches the whole process group, and a worker dying of it
+    mid-task breaks the executor in ways its shutdown can hang on. The parent alone handles the
+    interrupt; :meth:`close` with trials still in flight (an interrupt or an error) terminates
+    the workers and reaps them instead of waiting for their trials to end.
+    """
 
     def __init__(self, trial_fn: TrialFn, workers: int) -> None:
         if workers <= 0:
             raise ValueError(f"workers must be positive, got {workers}")
         self.workers = workers
         self._trial_fn = trial_fn
-        self._pool = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        self._pool = cf.ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint
+        )
         self._futures: dict[cf.Future[Summary], int] = {}
 
     def submit(self, ticket: int, spec: TrialSpec) -> None:
@@ -84,7 +95,44 @@ class ProcessPool(TrialPool):
         return self._futures.pop(future), future.result()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        with _sigint_deferred():  # a second Ctrl-C must not cut the cleanup short (orphans)
+            if not any(not f.done() for f in self._futures):
+                self._pool.shutdown(wait=True)
+                return
+            self._futures.clear()
+            # Private but stable since 3.8 (3.14 adds terminate_workers()): the live workers.
+            processes = list((getattr(self._pool, "_processes", None) or {}).values())
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                with contextlib.suppress(OSError, ValueError):
+                    process.terminate()
+            for process in processes:
+                with contextlib.suppress(OSError, ValueError, AssertionError):
+                    process.join(timeout=5.0)
+                    if process.is_alive():
+                        process.kill()
+                        process.join(timeout=5.0)
+            self._pool.shutdown(wait=True)  # the manager thread sees the dead workers and exits
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold SIGINT while the block runs (main thread only), then deliver one if it came."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received and callable(previous):
+        previous(signal.SIGINT, None)
 
 
 class RayPool(TrialPool):
@@ -142,11 +190,13 @@ class RayPool(TrialPool):
         return self._refs.pop(ref), result
 
     def close(self) -> None:
-        for ref in self._refs:
-            self._ray.cancel(ref, force=True)
-        self._refs.clear()
-        if self._started_here:
-            self._ray.shutdown()
+        with _sigint_deferred():  # a second Ctrl-C must not leave a local Ray running
+            for ref in self._refs:
+                with contextlib.suppress(Exception):  # already finished or its worker gone
+                    self._ray.cancel(ref, force=True)
+            self._refs.clear()
+            if self._started_here:
+                self._ray.shutdown()
 
 
 def _connect(ray: Any, address: str, timeout_s: float) -> None:
