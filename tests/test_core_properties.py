@@ -38,7 +38,7 @@ def drive(
             r = pending.pop(0)
             if (why := sched.add_request(r)) is not None:
                 rejected[r.request_id] = why
-        decoding = {s.request_id for s in sched.running() if s.is_decoding}
+        decoding = {s.request_id for s in sched.running if s.is_decoding}
         plan = sched.schedule()
         if plan.is_empty:
             if not pending:

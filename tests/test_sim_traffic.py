@@ -130,7 +130,7 @@ class CheckedScheduler(Scheduler):
         self.kw = kw
 
     def schedule(self) -> StepPlan:
-        decoding = {s.request_id for s in self.running() if s.is_decoding}
+        decoding = {s.request_id for s in self.running if s.is_decoding}
         plan = super().schedule()
         plan.validate()
         assert len(plan.chunks) <= self.config.max_num_seqs

@@ -5,7 +5,8 @@ Everything else (simulator, engine, server) drives this package through
 """
 
 from stallfree.core.block_manager import BlockManager
-from stallfree.core.plan import ScheduledChunk, StepPlan, StepResult
+from stallfree.core.config import DEFAULT_TOKEN_BUDGET, CacheConfig, SchedulerConfig, ceil_div
+from stallfree.core.plan import ScheduledChunk, StepPlan, StepResult, synthetic_plan
 from stallfree.core.policy import (
     POLICIES,
     ChunkedPolicy,
@@ -16,10 +17,13 @@ from stallfree.core.policy import (
     make_policy,
 )
 from stallfree.core.request import FinishReason, Request, SamplingParams
-from stallfree.core.scheduler import CacheConfig, Scheduler, SchedulerConfig, StepEvents
-from stallfree.core.step import Executor, run_step
+from stallfree.core.scheduler import Scheduler, StepEvents
+from stallfree.core.state import SchedulerState, Sequence
+from stallfree.core.steady import SteadyRun
+from stallfree.core.step import Executor, StepCostModel, priced_executor, run_step
 
 __all__ = [
+    "DEFAULT_TOKEN_BUDGET",
     "POLICIES",
     "BlockManager",
     "CacheConfig",
@@ -34,10 +38,17 @@ __all__ = [
     "ScheduledChunk",
     "Scheduler",
     "SchedulerConfig",
+    "SchedulerState",
+    "Sequence",
     "Steadiness",
+    "SteadyRun",
+    "StepCostModel",
     "StepEvents",
     "StepPlan",
     "StepResult",
+    "ceil_div",
     "make_policy",
+    "priced_executor",
     "run_step",
+    "synthetic_plan",
 ]

@@ -8,6 +8,8 @@ request; ``num_free_blocks + num_used_blocks == num_blocks`` always. With
 
 from __future__ import annotations
 
+from stallfree.core.config import ceil_div
+
 
 class BlockManager:
     """Hands out block ids; knows nothing about scheduling."""
@@ -26,7 +28,7 @@ class BlockManager:
         self.num_used_blocks = 0
 
     def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return ceil_div(num_tokens, self.block_size)
 
     @property
     def num_free_blocks(self) -> int | None:

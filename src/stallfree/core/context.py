@@ -1,7 +1,7 @@
 """The API a policy builds one step with: :class:`StepContext`.
 
-A context is made by :meth:`Scheduler.schedule` for one step and lives only while the policy
-fills it. Its two actions keep the scheduler's invariants whatever the policy asks: a chunk
+A context is made by :meth:`Scheduler.schedule` for one step, over the scheduler's
+:class:`~stallfree.core.state.SchedulerState`, and lives only while the policy fills it. Its two actions keep the scheduler's invariants whatever the policy asks: a chunk
 never runs past a request's known tokens, KV blocks are allocated for every scheduled token
 (preempting the newest running request, by recompute, when they run out), new requests are
 admitted only within ``max_num_seqs`` and above the KV watermark, and no request is scheduled
@@ -11,12 +11,10 @@ twice in one step.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
 
+from stallfree.core.config import SchedulerConfig
 from stallfree.core.plan import ScheduledChunk, StepPlan
-
-if TYPE_CHECKING:
-    from stallfree.core.scheduler import Scheduler, Sequence
+from stallfree.core.state import SchedulerState, Sequence
 
 
 class StepContext:
@@ -26,9 +24,10 @@ class StepContext:
     preempts are skipped by :meth:`is_running`.
     """
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self._s = scheduler
-        self.running: tuple[Sequence, ...] = tuple(scheduler._running)
+    def __init__(self, state: SchedulerState, config: SchedulerConfig) -> None:
+        self._state = state
+        self._config = config
+        self.running: tuple[Sequence, ...] = tuple(state.running)
         self._scheduled: dict[str, int] = {}
         self._chunks: list[ScheduledChunk] = []
         self._new_blocks: dict[str, tuple[int, ...]] = {}
@@ -38,17 +37,17 @@ class StepContext:
     # -- queries ----------------------------------------------------------------
     @property
     def waiting(self) -> deque[Sequence]:
-        return self._s._waiting
+        return self._state.waiting
 
     def is_running(self, seq: Sequence) -> bool:
-        return seq.request_id in self._s._running_by_id
+        return seq.request_id in self._state.running_by_id
 
     def is_scheduled(self, seq: Sequence) -> bool:
         return seq.request_id in self._scheduled
 
     @property
     def num_running(self) -> int:
-        return len(self._s._running)
+        return len(self._state.running)
 
     # -- actions ----------------------------------------------------------------
     def schedule_running(self, seq: Sequence, num_tokens: int, *, preempt: bool) -> int:
@@ -58,11 +57,11 @@ class StepContext:
         running request until the blocks fit (possibly ``seq`` itself: then 0);
         ``preempt=False`` shrinks the chunk to what the free blocks hold.
         """
-        s = self._s
-        bm = s.block_manager
+        state = self._state
+        bm = state.block_manager
         rid = seq.request_id
         num_tokens = min(num_tokens, seq.num_uncomputed_tokens)
-        if num_tokens <= 0 or rid in self._scheduled or rid not in s._running_by_id:
+        if num_tokens <= 0 or rid in self._scheduled or rid not in state.running_by_id:
             return 0
         target = seq.num_computed_tokens + num_tokens
         need = bm.num_new_blocks(rid, target)
@@ -73,13 +72,18 @@ class StepContext:
             while not bm.can_allocate(need):
                 # Never a request already in this plan: its chunk would run on freed blocks.
                 victim = next(
-                    (v for v in reversed(s._running) if v is not seq and v.request_id not in self._scheduled),
+                    (
+                        v
+                        for v in reversed(state.running)
+                        if v is not seq and v.request_id not in self._scheduled
+                    ),
                     seq,
                 )
                 self._preempt(victim)
                 if victim is seq:
                     return 0
         elif not bm.can_allocate(need):
+            # Shrink to the tokens its held blocks plus every free block can store.
             free = bm.num_free_blocks or 0
             held_tokens = (len(bm.block_table(rid)) + free) * bm.block_size
             num_tokens = held_tokens - seq.num_computed_tokens
@@ -92,13 +96,13 @@ class StepContext:
     def schedule_decodes(self) -> None:
         """``schedule_running(seq, 1, preempt=True)`` for every decoding running request, oldest
         first: the stall-free step's first part, on the hot path of every simulated step."""
-        block_size = self._s.block_manager.block_size
-        running = self._s._running_by_id
+        block_size = self._state.block_manager.block_size
+        running = self._state.running_by_id
         scheduled = self._scheduled
         for seq in self.running:
             rid = seq.request_id
             if (
-                seq.num_output_tokens
+                seq.num_output_tokens  # seq.is_decoding, inlined: this loop runs every step
                 and seq.num_prompt_tokens + seq.num_output_tokens - seq.num_computed_tokens == 1
                 and rid in running
                 and rid not in scheduled
@@ -117,23 +121,21 @@ class StepContext:
         (or recompute) fit above the watermark, though only the chunk's are allocated
         now; returns the tokens scheduled (0: not admitted).
         """
-        s = self._s
-        if not s._waiting or len(s._running) >= s.config.max_num_seqs:
+        state = self._state
+        if not state.waiting or len(state.running) >= self._config.max_num_seqs:
             return 0
-        seq = s._waiting[0]
+        seq = state.waiting[0]
         num_tokens = min(num_tokens, seq.num_uncomputed_tokens)
         if num_tokens <= 0:
             return 0
-        bm = s.block_manager
+        bm = state.block_manager
         target = seq.num_computed_tokens + num_tokens
         # Checking the first chunk alone would admit prompts whose later chunks find no room:
         # under memory pressure they are preempted before their first token, again and again.
         whole = bm.num_new_blocks(seq.request_id, seq.num_known_tokens)
-        if not bm.can_allocate(whole, reserve=s._watermark_blocks):
+        if not bm.can_allocate(whole, reserve=state.watermark_blocks):
             return 0
-        s._waiting.popleft()
-        s._running.append(seq)
-        s._running_by_id[seq.request_id] = seq
+        state.admit_head()
         self._add(seq, num_tokens, bm.allocate(seq.request_id, target))
         return num_tokens
 
@@ -147,16 +149,7 @@ class StepContext:
             self._new_blocks[rid] = new_blocks
 
     def _preempt(self, victim: Sequence) -> None:
-        s = self._s
-        if s._running[-1] is victim:  # the usual case: the newest
-            s._running.pop()
-        else:
-            s._running.remove(victim)
-        del s._running_by_id[victim.request_id]
-        s.block_manager.free(victim.request_id)
-        victim.num_computed_tokens = 0
-        s._waiting.appendleft(victim)
-        s.num_preemptions += 1
+        self._state.preempt(victim)
         self._preempted.append(victim.request_id)
 
     def build(self, freed: tuple[str, ...]) -> StepPlan:

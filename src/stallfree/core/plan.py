@@ -18,11 +18,16 @@ _NO_TOKENS: Mapping[str, int] = MappingProxyType({})
 
 @dataclass(frozen=True, slots=True)
 class ScheduledChunk:
-    """``num_tokens`` tokens of one request, starting after ``num_computed_tokens``.
+    """``num_tokens`` tokens of one request, starting after ``num_computed_tokens``::
 
-    ``num_known_tokens`` is how many of the request's tokens have ids
-    (prompt + generated so far). A chunk that reaches it produces a logit and
-    so a new token: the last prompt chunk, every decode, every recompute end.
+        |<- num_computed_tokens ->|<- num_tokens ->|<- not yet run ->|
+        |   in the KV cache       |   this chunk   |                 |
+        |<----------------- num_known_tokens ----------------------->|
+        |<----- context_len (cached after the step) --->|
+
+    ``num_known_tokens`` is how many of the request's tokens have ids (prompt + generated so
+    far). A chunk that reaches it (:attr:`emits_token`: nothing left to run) produces logits
+    and so a new token: the last prompt chunk, every decode, every recompute's end.
     """
 
     request_id: str
@@ -36,7 +41,8 @@ class ScheduledChunk:
         return self.num_computed_tokens + self.num_tokens
 
     @property
-    def samples(self) -> bool:
+    def emits_token(self) -> bool:
+        """The chunk reaches the last known token, so its logits give the request a new token."""
         return self.num_computed_tokens + self.num_tokens == self.num_known_tokens
 
     @property

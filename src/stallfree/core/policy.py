@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import abc
 import enum
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
+from stallfree.core.config import DEFAULT_TOKEN_BUDGET, SchedulerConfig
+from stallfree.core.context import StepContext
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import Request
-
-if TYPE_CHECKING:
-    from stallfree.core.context import StepContext
-    from stallfree.core.scheduler import SchedulerConfig
 
 
 class Steadiness(enum.Enum):
@@ -215,14 +213,14 @@ def make_policy(name: str, *, token_budget: int | None = None, chunk_tokens: int
     """Build a policy by name; ``token_budget`` is the per-step token cap for every policy.
 
     For ``chunked`` exactly one of ``token_budget`` / ``chunk_tokens`` is needed
-    (default: ``token_budget=512``); for the whole-prompt policies it caps how many
+    (default: :data:`~stallfree.core.config.DEFAULT_TOKEN_BUDGET`); for the whole-prompt policies it caps how many
     prompt tokens one step batches (``None``: no cap).
     """
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose from: {', '.join(POLICIES)}")
     if name == ChunkedPolicy.name:
         if token_budget is None and chunk_tokens is None:
-            token_budget = 512
+            token_budget = DEFAULT_TOKEN_BUDGET
         return ChunkedPolicy(token_budget=token_budget, chunk_tokens=chunk_tokens)
     if chunk_tokens is not None:
         raise ValueError(f"--chunk-tokens applies to the chunked policy only, not {name}")

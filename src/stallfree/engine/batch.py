@@ -53,7 +53,7 @@ def build_inputs(
     for c in decodes:
         rid, pos = c.request_id, c.num_computed_tokens
         table = block_tables[rid]
-        if c.samples:
+        if c.emits_token:
             logit_rows.append(len(ids))
             sample_ids.append(rid)
         ids.append(token_ids[rid][pos])
@@ -88,7 +88,7 @@ def build_inputs(
         ids.extend(token_ids[rid][start : start + n])
         positions.extend(range(start, start + n))
         slots.extend((blocks[chunk_pos // block_size] * block_size + chunk_pos % block_size).tolist())
-        if c.samples:
+        if c.emits_token:
             logit_rows.append(row + n - 1)
             sample_ids.append(rid)
         chunk_mask = (torch.arange(start + n)[None, :] <= chunk_pos[:, None]).to(device) if start else None

@@ -29,17 +29,16 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from stallfree.core import Request, Scheduler, StepPlan, StepResult
+from stallfree.core import Request, Scheduler, StepCostModel, StepPlan, StepResult
+from stallfree.core.steady import SINGLE_STEP
 from stallfree.metrics import ItlAccumulator, RequestRecord
 from stallfree.sim.itl import ItlSamples
 
 FloatArray = npt.NDArray[np.float64]
 
 
-class StepCostModel(Protocol):
-    """What the driver needs from a cost model (:class:`~stallfree.sim.cost_model.CostModel`)."""
-
-    def step_time_s(self, plan: StepPlan) -> float: ...
+class SteadyCostModel(StepCostModel, Protocol):
+    """A cost model that also prices a steady run at once (:class:`~stallfree.sim.cost_model.CostModel`)."""
 
     def steady_durations(self, plan: StepPlan, num_steps: int) -> FloatArray: ...
 
@@ -112,7 +111,7 @@ _NUMBER = re.compile(r"\d+(\.\d+)?")
 
 def run_traffic(
     scheduler: Scheduler,
-    cost_model: StepCostModel,
+    cost_model: SteadyCostModel,
     requests: Iterable[Request],
     *,
     fast: bool = True,
@@ -162,14 +161,15 @@ def run_traffic(
             live[rid].num_preemptions += 1
             num_preemptions += 1
         start = clock
-        steps, until_arrival = scheduler.steady_run(plan) if fast else (1, False)
+        run = scheduler.steady_run(plan) if fast else SINGLE_STEP
+        steps = run.num_steps
         if steps == 1:
             ends: FloatArray | None = None
             clock = start + cost_model.step_time_s(plan)
             events = scheduler.update_from_output(plan, StepResult(clock - start))
             first_end = clock
         else:
-            next_arrival_s = upcoming.arrival_time_s if until_arrival and upcoming is not None else None
+            next_arrival_s = upcoming.arrival_time_s if run.ends_at_arrival and upcoming is not None else None
             ends = _steady_ends(cost_model, plan, start, steps, next_arrival_s)
             steps = len(ends)
             first_end = float(ends[0])
@@ -198,7 +198,7 @@ def run_traffic(
 
 
 def _steady_ends(
-    cost_model: StepCostModel, plan: StepPlan, start: float, steps: int, next_arrival_s: float | None
+    cost_model: SteadyCostModel, plan: StepPlan, start: float, steps: int, next_arrival_s: float | None
 ) -> FloatArray:
     """End times of the steady run's steps, summed one by one from ``start`` like the slow path,
     cut before the first step that would start at or after ``next_arrival_s``."""
@@ -235,7 +235,7 @@ def _record_tokens(
         state = live[chunk.request_id]
         if state.first_scheduled_s is None:
             state.first_scheduled_s = start
-        if chunk.num_computed_tokens + chunk.num_tokens != chunk.num_known_tokens:
+        if not chunk.emits_token:
             continue  # a prompt chunk short of the last token: no token yet
         samplers.append(state)
         if state.num_output_tokens == 0:

@@ -1,0 +1,57 @@
+"""What the scheduler is configured with: sequence limits and KV memory (vLLM's names).
+
+Values only: frozen, validated on construction. :data:`DEFAULT_TOKEN_BUDGET` is the chunked
+policy's step size when none is given, everywhere (simulator, engine, server, tune).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_TOKEN_BUDGET = 512
+"""Tokens per step, decodes included, when a chunked run names no budget (vLLM's V0 chunked default)."""
+
+
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` for non-negative ``a`` and positive ``b``, in integers."""
+    return -(-a // b)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Limits that hold whatever the policy."""
+
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs <= 0:
+            raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """KV memory: ``num_blocks`` blocks of ``block_size`` tokens (``None``: unbounded).
+
+    ``watermark`` is the fraction of blocks kept free when admitting new
+    prompts, so running requests can grow a little before anyone is preempted.
+    """
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {self.num_blocks}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+
+    @property
+    def watermark_blocks(self) -> int:
+        """Blocks admission leaves free (0 for an unbounded cache)."""
+        return int(self.watermark * self.num_blocks) if self.num_blocks else 0

@@ -1,0 +1,90 @@
+"""The scheduler's state: which requests wait, which run, and the KV blocks they hold.
+
+Plain public attributes that the scheduler, the step context and the fast path read; they change
+only through the methods below, which keep the invariants:
+
+- a request is in exactly one of ``waiting`` / ``running`` / gone, and ``running_by_id`` indexes
+  ``running`` (kept in admission order, oldest first);
+- a running request holds exactly the KV blocks of its computed tokens (plus those scheduled
+  this step); a waiting one holds none, so a preempted request recomputes from token 0.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from stallfree.core.block_manager import BlockManager
+from stallfree.core.config import CacheConfig
+from stallfree.core.request import Request
+
+
+class Sequence:
+    """A request's progress inside the scheduler (policies read it; the state changes it)."""
+
+    # request_id and num_prompt_tokens are copied from the request: read on every step.
+    __slots__ = ("num_computed_tokens", "num_output_tokens", "num_prompt_tokens", "request", "request_id")
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.request_id = request.request_id
+        self.num_prompt_tokens = request.num_prompt_tokens
+        self.num_computed_tokens = 0
+        self.num_output_tokens = 0
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose ids exist: the prompt and every token generated so far."""
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Known tokens not yet in the KV cache."""
+        return self.num_prompt_tokens + self.num_output_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """Past its prompt (and any recompute): exactly one token left to run."""
+        return self.num_output_tokens > 0 and self.num_uncomputed_tokens == 1
+
+
+class SchedulerState:
+    """Queues and blocks of one scheduler."""
+
+    def __init__(self, cache: CacheConfig) -> None:
+        self.block_manager = BlockManager(cache.block_size, cache.num_blocks)
+        self.watermark_blocks = cache.watermark_blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.running_by_id: dict[str, Sequence] = {}
+        self.num_preemptions = 0
+
+    def admit_head(self) -> Sequence:
+        """Move the head of ``waiting`` to the end of ``running``; the caller allocates its blocks."""
+        seq = self.waiting.popleft()
+        self.running.append(seq)
+        self.running_by_id[seq.request_id] = seq
+        return seq
+
+    def preempt(self, seq: Sequence) -> None:
+        """Back to the front of ``waiting`` with no blocks: it recomputes from token 0."""
+        if self.running[-1] is seq:  # the usual case: the newest
+            self.running.pop()
+        else:
+            self.running.remove(seq)
+        del self.running_by_id[seq.request_id]
+        self.block_manager.free(seq.request_id)
+        seq.num_computed_tokens = 0
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, request_ids: Iterable[str]) -> None:
+        """Drop running requests and free their blocks."""
+        by_id = self.running_by_id
+        for rid in request_ids:
+            del by_id[rid]
+            self.block_manager.free(rid)
+        self.running = [s for s in self.running if s.request_id in by_id]
+
+    def drop_waiting(self, request_id: str) -> None:
+        self.waiting = deque(s for s in self.waiting if s.request_id != request_id)
