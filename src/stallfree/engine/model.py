@@ -69,10 +69,50 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device | str | None) -
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
 
 
+class PackedWeights:
+    """Matmul weights pre-packed for oneDNN on CPU, and the one ``linear`` every matmul goes through.
+
+    oneDNN otherwise re-lays out a bf16 weight on every call; pre-packed once at load,
+    small-batch (decode) matmuls run 1.5-2.7x faster, large ones ~1.2x, with bit-identical
+    results in bf16. A weight that was never packed goes through ``F.linear``.
+    """
+
+    def __init__(self) -> None:
+        self._packed: dict[int, torch.Tensor] = {}  # id(weight) -> its packed copy
+
+    def __bool__(self) -> bool:
+        return bool(self._packed)
+
+    def pack(self, weights: list[torch.Tensor], keep: torch.Tensor) -> None:
+        """Pack ``weights``; every original but ``keep`` is then freed (its packed copy replaces it)."""
+        for weight in weights:
+            self._packed[id(weight)] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
+            if weight is not keep:
+                weight.data = torch.empty(0, dtype=weight.dtype)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        packed = self._packed.get(id(weight))
+        if packed is None:
+            return F.linear(x, weight, bias)
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        return out
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device | str | None) -> None:
+    """One pre-norm block: ``h += attention(norm(h))``, then ``h += mlp(norm(h))``."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        dtype: torch.dtype,
+        device: torch.device | str | None,
+        weights: PackedWeights,
+    ) -> None:
         super().__init__()
         h, q, kv = spec.hidden_size, spec.q_size, spec.kv_size
+        self.spec = spec
+        self.weights = weights  # shared with the model: how this layer's matmuls run
+        self.scale = 1.0 / math.sqrt(spec.head_dim)
         self.input_layernorm = _param(h, dtype=dtype, device=device)
         self.qkv_proj = _param(q + 2 * kv, h, dtype=dtype, device=device)
         self.qkv_bias = _param(q + 2 * kv, dtype=dtype, device=device) if spec.attention_bias else None
@@ -80,6 +120,44 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = _param(h, dtype=dtype, device=device)
         self.gate_up_proj = _param(2 * spec.intermediate_size, h, dtype=dtype, device=device)
         self.down_proj = _param(h, spec.intermediate_size, dtype=dtype, device=device)
+
+    def matmul_weights(self) -> list[torch.Tensor]:
+        return [self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj]
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        """``hidden`` ([T, hidden_size]) after this layer; writes the step's K/V into ``cache``."""
+        hidden = hidden + self.attention(
+            rms_norm(hidden, self.input_layernorm, self.spec.rms_norm_eps), cos, sin, cache, attn
+        )
+        return hidden + self.mlp(rms_norm(hidden, self.post_attention_layernorm, self.spec.rms_norm_eps))
+
+    def attention(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        spec, linear = self.spec, self.weights.linear
+        num_tokens, head_dim = x.shape[0], spec.head_dim
+        qkv = linear(x, self.qkv_proj, self.qkv_bias)
+        q, k, v = torch.split(qkv, [spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
+        q = apply_rope(q.view(num_tokens, -1, head_dim), cos, sin)
+        k = apply_rope(k.view(num_tokens, -1, head_dim), cos, sin)
+        v = v.view(num_tokens, -1, head_dim)
+        return linear(paged_attention(q, k, v, cache, attn, self.scale), self.o_proj)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.weights.linear(x, self.gate_up_proj).chunk(2, dim=-1)
+        return self.weights.linear(F.silu(gate) * up, self.down_proj)
 
 
 class LlamaModel(nn.Module):
@@ -91,8 +169,11 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.spec = spec
         self.dtype = dtype
+        self.weights = PackedWeights()
         self.embed_tokens = _param(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
-        self.layers = nn.ModuleList(DecoderLayer(spec, dtype, device) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(spec, dtype, device, self.weights) for _ in range(spec.num_layers)
+        )
         self.norm = _param(spec.hidden_size, dtype=dtype, device=device)
         self.lm_head = (
             None
@@ -100,10 +181,7 @@ class LlamaModel(nn.Module):
             else _param(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
         )
         self.register_buffer("inv_freq", rope_inv_freq(spec).to(device), persistent=False)
-        # id(weight) -> the same weight pre-packed for oneDNN (see prepack_cpu_weights).
-        self._packed: dict[int, torch.Tensor] = {}
         self.inv_freq: torch.Tensor
-        self.scale = 1.0 / math.sqrt(spec.head_dim)
 
     @property
     def device(self) -> torch.device:
@@ -115,38 +193,24 @@ class LlamaModel(nn.Module):
     def prepack_cpu_weights(self) -> bool:
         """On CPU in bf16/fp16, pre-pack every matmul weight into oneDNN's blocked layout.
 
-        oneDNN otherwise re-lays out the weight on every call; pre-packed, small-batch
-        (decode) matmuls run 1.5-2.7x faster, large ones ~1.2x, with bit-identical results in
-        bf16. Packed copies replace the originals, except the embedding (also needed for its
-        row lookup), so the model can run but no longer be saved. fp32 is left alone: its
-        packed kernels round differently (~1e-4) and the fp32 path is the reference one.
-        Returns whether anything was packed.
+        See :class:`PackedWeights`. Packed copies replace the originals, except the
+        embedding (also needed for its row lookup), so the model can run but no longer be
+        saved. fp32 is left alone: its packed kernels round differently (~1e-4) and the fp32
+        path is the reference one. Returns whether anything was packed.
         """
         packable = self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float16)
         ops = getattr(torch.ops, "mkldnn", None)
-        if self._packed or not packable or ops is None or not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        if self.weights or not packable or ops is None or not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
             return False
         weights = [self.lm_head_weight()]
         for layer in self.decoder_layers():
-            weights += [layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj]
-        for weight in weights:
-            self._packed[id(weight)] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
-            if weight is not self.embed_tokens:
-                weight.data = torch.empty(0, dtype=weight.dtype)
+            weights += layer.matmul_weights()
+        self.weights.pack(weights, keep=self.embed_tokens)
         return True
 
     @property
     def is_prepacked(self) -> bool:
-        return bool(self._packed)
-
-    def _linear(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        packed = self._packed.get(id(weight))
-        if packed is None:
-            return F.linear(x, weight, bias)
-        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-        return out
+        return bool(self.weights)
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens if self.lm_head is None else self.lm_head
@@ -166,27 +230,14 @@ class LlamaModel(nn.Module):
         chunk in the order ``attn`` describes. K/V of every token are written to the
         cache at ``attn.slot_mapping`` before attention reads them.
         """
-        spec = self.spec
-        num_tokens = input_ids.shape[0]
-        q_size, kv_size, head_dim = spec.q_size, spec.kv_size, spec.head_dim
         angles = positions.float()[:, None] * self.inv_freq[None, :]
         cos = angles.cos().to(self.dtype)[:, None, :]
         sin = angles.sin().to(self.dtype)[:, None, :]
         hidden = F.embedding(input_ids, self.embed_tokens)
         for index, layer in enumerate(self.decoder_layers()):
-            x = rms_norm(hidden, layer.input_layernorm, spec.rms_norm_eps)
-            qkv = self._linear(x, layer.qkv_proj, layer.qkv_bias)
-            q, k, v = torch.split(qkv, [q_size, kv_size, kv_size], dim=-1)
-            q = apply_rope(q.view(num_tokens, -1, head_dim), cos, sin)
-            k = apply_rope(k.view(num_tokens, -1, head_dim), cos, sin)
-            v = v.view(num_tokens, -1, head_dim)
-            out = paged_attention(q, k, v, kv_cache.layer(index), attn, self.scale)
-            hidden = hidden + self._linear(out, layer.o_proj)
-            x = rms_norm(hidden, layer.post_attention_layernorm, spec.rms_norm_eps)
-            gate, up = self._linear(x, layer.gate_up_proj).chunk(2, dim=-1)
-            hidden = hidden + self._linear(F.silu(gate) * up, layer.down_proj)
-        last = rms_norm(hidden[logits_indices], self.norm, spec.rms_norm_eps)
-        return self._linear(last, self.lm_head_weight()).float()
+            hidden = layer(hidden, cos, sin, kv_cache.layer(index), attn)
+        last = rms_norm(hidden[logits_indices], self.norm, self.spec.rms_norm_eps)
+        return self.weights.linear(last, self.lm_head_weight()).float()
 
 
 def init_random_weights(model: LlamaModel, seed: int) -> None:
