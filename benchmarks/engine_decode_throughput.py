@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from stallfree.core import SamplingParams
-from stallfree.engine import LLMEngine
+from stallfree.engine import LLMEngine, StepOutputs
 from stallfree.engine.engine import resolve_dtype
 from stallfree.engine.weights import load_model, save_pretrained
 from stallfree.specs import ModelSpec
@@ -110,24 +110,25 @@ def run_engine(
     for ids in prompts:
         engine.add_request(prompt_token_ids=ids, sampling_params=params)
 
-    def is_pure_decode() -> bool:
-        last = engine.last_step
-        return (
-            last is not None and last.plan.num_decode_tokens == streams and last.plan.num_prefill_tokens == 0
-        )
+    def pure_decode_s(stepped: StepOutputs) -> float | None:
+        """The step's executor time if it decoded every stream and nothing else."""
+        step = stepped.step
+        if step is None or step.plan.num_decode_tokens != streams or step.plan.num_prefill_tokens:
+            return None
+        return step.result.duration_s
 
-    while not is_pure_decode():  # prefill, then one warm-up decode step
+    while True:  # prefill, then one warm-up decode step
         if not engine.has_unfinished_requests():
             raise RuntimeError("streams finished before all of them were decoding")
-        engine.step()
+        if pure_decode_s(engine.step()) is not None:
+            break
     step_times = []
     start = time.perf_counter()
     for _ in range(decode_steps):
-        engine.step()
-        if not is_pure_decode():
+        step_s = pure_decode_s(engine.step())
+        if step_s is None:
             raise RuntimeError("a timed step was not a pure decode step")
-        assert engine.last_step is not None
-        step_times.append(engine.last_step.result.duration_s)
+        step_times.append(step_s)
     return step_times, streams * decode_steps / (time.perf_counter() - start)
 
 

@@ -94,12 +94,14 @@ def test_streaming_outputs_add_up(checkpoint: Path) -> None:
     final = None
     steps = 0
     while eng.has_unfinished_requests():
-        for out in eng.step():
+        stepped = eng.step()
+        for out in stepped.outputs:
             pieces.append(out.new_text)
             ids.extend(out.new_token_ids)
             final = out
         steps += 1
-        assert eng.last_step is not None and eng.last_step.result.duration_s > 0
+        assert stepped.step is not None and stepped.step.result.duration_s > 0
+        assert stepped.step is eng.last_step
     assert final is not None and final.request_id == rid and final.finished
     assert "".join(pieces) == final.text
     assert tuple(ids) == final.token_ids and len(ids) == MAX_TOKENS
@@ -264,3 +266,22 @@ def test_extreme_sampling_values_do_not_crash_the_step(params: dict[str, float])
     greedy = llm.generate(["abc"], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))[0]
     out = llm.generate(["abc"], SamplingParams(max_tokens=4, ignore_eos=True, **params))[0]
     assert out.token_ids == greedy.token_ids
+
+
+def test_step_says_whether_anything_ran(checkpoint: Path) -> None:
+    eng = LLMEngine(str(checkpoint), dtype="float32", block_size=4, num_blocks=64, token_budget=8)
+    idle = eng.step()
+    assert not idle.ran and idle.outputs == () and idle.step is None
+    rid = eng.add_request(prompt="Hello there", sampling_params=GREEDY)
+    first = eng.step()
+    assert first.ran and first.step is not None
+    assert [c.request_id for c in first.step.plan.chunks] == [rid]
+    assert first.step.result.duration_s > 0
+
+
+@pytest.mark.parametrize(("policy", "max_num_seqs"), [("chunked", 8), ("prefill-first", 256)])
+def test_only_a_chunked_token_budget_caps_max_num_seqs(
+    checkpoint: Path, policy: str, max_num_seqs: int
+) -> None:
+    eng = LLMEngine(str(checkpoint), dtype="float32", num_blocks=64, policy=policy, token_budget=8)
+    assert eng.scheduler.config.max_num_seqs == max_num_seqs

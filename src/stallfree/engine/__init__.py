@@ -6,9 +6,17 @@ core's :class:`SamplingParams`. This package imports torch; nothing outside it m
 """
 
 from stallfree.core import SamplingParams
-from stallfree.engine.engine import EngineStep, LLMEngine
+from stallfree.engine.engine import EngineStep, LLMEngine, StepOutputs
 from stallfree.engine.llm import LLM
 from stallfree.engine.random_models import RANDOM_PRESETS
 from stallfree.engine.requests import RequestOutput
 
-__all__ = ["LLM", "RANDOM_PRESETS", "EngineStep", "LLMEngine", "RequestOutput", "SamplingParams"]
+__all__ = [
+    "LLM",
+    "RANDOM_PRESETS",
+    "EngineStep",
+    "LLMEngine",
+    "RequestOutput",
+    "SamplingParams",
+    "StepOutputs",
+]

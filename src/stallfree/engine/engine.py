@@ -4,8 +4,9 @@ Each :meth:`LLMEngine.step` is one :func:`stallfree.core.run_step`: the schedule
 :meth:`LLMEngine._execute` (the executor) runs the model, samples, detects stops and
 reports the measured ``duration_s``; the scheduler then counts tokens and finishes
 requests. The engine owns the clock, the token ids and the text; the scheduler owns
-queues and KV blocks. ``last_step`` exposes the latest plan / result / events, so a
-driver (the measured explainer, a server) can timestamp every step.
+queues and KV blocks. :meth:`LLMEngine.step` returns :class:`StepOutputs`: the requests'
+outputs and, when anything ran, the step's plan / measured result / events, so a driver
+(the measured explainer, a server) can timestamp every step and tell an idle one apart.
 
 Bad input (unknown model, prompt longer than the context, max_tokens <= 0, a request the
 KV cache can never hold) raises one-line ``ValueError`` before anything is allocated.
@@ -25,6 +26,7 @@ import torch
 
 from stallfree.core import (
     CacheConfig,
+    ChunkedPolicy,
     Policy,
     Request,
     SamplingParams,
@@ -49,9 +51,31 @@ _DEFAULT_KV_FRACTION = {"cpu": 0.05, "cuda": 0.8}
 
 @dataclass(frozen=True, slots=True)
 class EngineStep:
+    """A step that ran: what the scheduler planned, what the executor measured, what finished."""
+
     plan: StepPlan
     result: StepResult
     events: StepEvents
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutputs:
+    """What one :meth:`LLMEngine.step` call did.
+
+    ``outputs``: one per request that got a token, finished ones included; ``step``: the
+    step that ran, or None when nothing could be scheduled (no KV blocks for any waiting
+    prompt, say): a driver then waits for something to change instead of spinning.
+    """
+
+    outputs: tuple[RequestOutput, ...]
+    step: EngineStep | None
+
+    @property
+    def ran(self) -> bool:
+        return self.step is not None
+
+
+_IDLE = StepOutputs((), None)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -95,17 +119,21 @@ class LLMEngine:
             raise ValueError(
                 f"max_model_len {self.max_model_len} exceeds the model's context of {spec.max_position_embeddings}"
             )
-        budget = getattr(policy, "token_budget", None)
-        if budget is not None:  # every running request needs its decode token inside the budget
-            max_num_seqs = min(max_num_seqs, budget)
+        if isinstance(policy, ChunkedPolicy) and policy.token_budget is not None:
+            # Every running request needs its decode token inside the budget (the policy
+            # refuses a config with more sequences than budget).
+            max_num_seqs = min(max_num_seqs, policy.token_budget)
         if num_blocks is None:
             num_blocks = self._default_num_blocks(block_size, max_num_seqs, kv_cache_memory_fraction)
-        self.model_runner = ModelRunner(self.model, KVCache(spec, num_blocks, block_size, self.dtype, self.device))
+        self.model_runner = ModelRunner(
+            self.model, KVCache(spec, num_blocks, block_size, self.dtype, self.device)
+        )
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=self.max_model_len),
             CacheConfig(block_size=block_size, num_blocks=num_blocks),
             policy,
         )
+        # The latest step that ran (kept for drivers written against it; prefer step()'s value).
         self.last_step: EngineStep | None = None
         self._requests: dict[str, RequestState] = {}
         self._rng = random.Random(seed)
@@ -166,13 +194,13 @@ class LLMEngine:
 
     # -- the step ---------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
-        """Run one step; outputs of the requests that got a token (finished ones last time)."""
+    def step(self) -> StepOutputs:
+        """Run one step: the outputs of the requests that got a token, and the step that ran."""
         out = run_step(self.scheduler, self._execute)
         if out is None:
-            return []
+            return _IDLE
         plan, result, events = out
-        self.last_step = EngineStep(plan, result, events)
+        step = self.last_step = EngineStep(plan, result, events)
         finish = dict(events.finished)
         outputs = []
         for rid in events.new_token_request_ids:
@@ -182,7 +210,7 @@ class LLMEngine:
             outputs.append(state.snapshot(None if reason is None else reason.value))
             if reason is not None:
                 del self._requests[rid]
-        return outputs
+        return StepOutputs(tuple(outputs), step)
 
     def _execute(self, plan: StepPlan) -> StepResult:
         """The executor: forward, sample, stop checks; ``duration_s`` is wall time."""

@@ -44,7 +44,7 @@ class LLM:
             raise
         final: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
+            for out in self.engine.step().outputs:
                 if out.finished:
                     final[out.request_id] = out
         return [final[rid] for rid in request_ids]

@@ -200,9 +200,9 @@ class EngineThread:
                         self._add(command, deliveries)
                 stalled = False
                 if self.engine.has_unfinished_requests():
-                    before = self.engine.last_step
-                    self._after_step(self.engine.step(), deliveries)
-                    stalled = self.engine.last_step is before  # nothing could be scheduled
+                    stepped = self.engine.step()
+                    self._after_step(stepped.outputs, deliveries)
+                    stalled = not stepped.ran  # nothing could be scheduled: wait for a command
                 self._update_gauges()
                 self._deliver(deliveries)
         except Exception as exc:
@@ -255,7 +255,7 @@ class EngineThread:
         self.metrics.request_finished("abort")
         self._forget(request_id)
 
-    def _after_step(self, outputs: list[RequestOutput], deliveries: list[Callable[[], None]]) -> None:
+    def _after_step(self, outputs: Sequence[RequestOutput], deliveries: list[Callable[[], None]]) -> None:
         now_s = time.perf_counter()
         ttfts_s: list[float] = []
         itls_s: list[float] = []
