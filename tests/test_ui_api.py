@@ -98,7 +98,7 @@ def test_explain_is_the_cli_json(query: dict[str, str], flags: list[str]) -> Non
         ({"model": "gpt-9"}, "model", "unknown 'gpt-9'"),
         ({"model": "/etc/passwd"}, "model", "choose from"),  # presets only: no local files
         ({"hardware": "tpu"}, "hardware", "unknown 'tpu'"),
-        ({"cost_model": "exact"}, "cost_model", "seed, full"),
+        ({"cost_model": "exact"}, "cost_model", "choose from: weights-only, full"),
         ({"prompt_tokens": "1000000"}, "prompt_tokens", "65,536"),
         ({"chunk_tokens": "1", "prompt_tokens": "65536"}, "chunk_tokens", "at least 16 tokens"),
         ({"token_budget": "16"}, "token_budget", "no room for the prompt"),

@@ -35,6 +35,7 @@ def presets() -> dict[str, Any]:
     """``GET /api/presets``: what the controls offer, and their defaults."""
     from stallfree.core import POLICIES
     from stallfree.explain import DEFAULT_SWEEP
+    from stallfree.sim import COST_MODEL_KINDS
     from stallfree.specs import HARDWARE_PRESETS, MODEL_PRESETS
     from stallfree.ui import explain_view, traffic_view
     from stallfree.workload import TRACE_NAMES
@@ -45,7 +46,8 @@ def presets() -> dict[str, Any]:
         "traces": list(TRACE_NAMES),
         "policies": list(POLICIES),
         "sweep": list(DEFAULT_SWEEP),
-        "explain_defaults": explain_view.DEFAULTS,
+        "cost_models": list(COST_MODEL_KINDS),
+        "explain_defaults": explain_view.defaults(),
         "traffic_defaults": traffic_view.DEFAULTS,
         "max_requests": traffic_view.MAX_REQUESTS,
     }

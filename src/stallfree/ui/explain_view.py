@@ -33,17 +33,6 @@ PARAMS = (
     "chunk_tokens",
     "token_budget",
 )
-# The seed's scenario: what `stallfree explain` runs with no flags.
-DEFAULTS: dict[str, Any] = {
-    "model": "llama-3-70b",
-    "hardware": "a100-40gb",
-    "tp": 4,
-    "cost_model": "seed",
-    "decoders": 16,
-    "context_tokens": 1024,
-    "prompt_tokens": 16384,
-    "chunk_tokens": 256,
-}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -68,21 +57,38 @@ def cli_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(["explain", *argv])
 
 
+def defaults() -> dict[str, Any]:
+    """What ``stallfree explain`` runs with no flags (the seed's scenario), as the page's settings."""
+    from stallfree.cli.explain import DEFAULTS
+
+    args, roofline = cli_args([]), DEFAULTS["roofline"]
+    return {
+        "model": args.model or roofline["model"],
+        "hardware": args.hardware,
+        "tp": args.tp,
+        "cost_model": args.cost_model,
+        "decoders": args.decoders,
+        "context_tokens": args.context_tokens or roofline["context_tokens"],
+        "prompt_tokens": args.prompt_tokens or roofline["prompt_tokens"],
+        "chunk_tokens": args.chunk_tokens or roofline["chunk_tokens"],
+    }
+
+
 def argv_from_query(query: dict[str, list[str]]) -> list[str]:
     """The page's settings as ``stallfree explain`` flags (presets only, bounded sizes)."""
+    from stallfree.sim import COST_MODEL_KINDS
     from stallfree.specs import HARDWARE_PRESETS, MODEL_PRESETS
 
     check_known(query, PARAMS)
-    model = choice(query, "model", DEFAULTS["model"], tuple(MODEL_PRESETS))
-    hardware = choice(query, "hardware", DEFAULTS["hardware"], tuple(HARDWARE_PRESETS))
-    cost_model = choice(query, "cost_model", DEFAULTS["cost_model"], ("seed", "full"))
-    tp = whole(query, "tp", DEFAULTS["tp"], minimum=1, maximum=MAX_TP)
-    decoders = whole(query, "decoders", DEFAULTS["decoders"], minimum=1, maximum=MAX_DECODERS)
-    context = whole(
-        query, "context_tokens", DEFAULTS["context_tokens"], minimum=1, maximum=MAX_CONTEXT_TOKENS
-    )
-    prompt = whole(query, "prompt_tokens", DEFAULTS["prompt_tokens"], minimum=1, maximum=MAX_PROMPT_TOKENS)
-    chunk = _chunk_tokens(query, decoders)
+    default = defaults()
+    model = choice(query, "model", default["model"], tuple(MODEL_PRESETS))
+    hardware = choice(query, "hardware", default["hardware"], tuple(HARDWARE_PRESETS))
+    cost_model = choice(query, "cost_model", default["cost_model"], COST_MODEL_KINDS)
+    tp = whole(query, "tp", default["tp"], minimum=1, maximum=MAX_TP)
+    decoders = whole(query, "decoders", default["decoders"], minimum=1, maximum=MAX_DECODERS)
+    context = whole(query, "context_tokens", default["context_tokens"], minimum=1, maximum=MAX_CONTEXT_TOKENS)
+    prompt = whole(query, "prompt_tokens", default["prompt_tokens"], minimum=1, maximum=MAX_PROMPT_TOKENS)
+    chunk = _chunk_tokens(query, decoders, default["chunk_tokens"])
     if -(-prompt // chunk) > MAX_CHUNK_STEPS:
         raise ApiError(
             f"a {prompt:,}-token prompt in {chunk}-token chunks takes more than {MAX_CHUNK_STEPS:,} steps; "
@@ -96,7 +102,7 @@ def argv_from_query(query: dict[str, list[str]]) -> list[str]:
     ]
 
 
-def _chunk_tokens(query: dict[str, list[str]], decoders: int) -> int:
+def _chunk_tokens(query: dict[str, list[str]], decoders: int, default: int) -> int:
     """Chunk tokens, given directly or as a token budget: every stream decodes in every step of
     the scenario, so a budget carries ``budget - decoders`` prompt tokens a step."""
     if one_value(query, "chunk_tokens") and one_value(query, "token_budget"):
@@ -110,7 +116,7 @@ def _chunk_tokens(query: dict[str, list[str]], decoders: int) -> int:
                 param="token_budget",
             )
         return budget - decoders
-    return whole(query, "chunk_tokens", DEFAULTS["chunk_tokens"], minimum=1, maximum=MAX_PROMPT_TOKENS)
+    return whole(query, "chunk_tokens", default, minimum=1, maximum=MAX_PROMPT_TOKENS)
 
 
 def explain_view(query: dict[str, list[str]]) -> dict[str, Any]:

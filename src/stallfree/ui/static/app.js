@@ -305,6 +305,7 @@
       sweep = STATIC.chunks;
       const sc = STATIC.views[0].explain.scenario;
       fillSelect(form.elements.model, [sc.model]); fillSelect(form.elements.hardware, [sc.hardware]);
+      fillSelect(form.elements.cost_model, [sc.cost_model]);
       for (const field of form.elements) if (field !== slider) field.disabled = true;
       for (const v of ["traffic", "tune"]) $(`tab-${v}`).hidden = true;
       $("mode-note").textContent = "static export: the chunk slider steps through the precomputed sweep; run `stallfree ui` to change the rest";
@@ -321,6 +322,7 @@
     sweep = presets.sweep;
     slider.max = sweep.length - 1;
     fillSelect(form.elements.model, presets.models); fillSelect(form.elements.hardware, presets.hardware);
+    fillSelect(form.elements.cost_model, presets.cost_models);
     fillSelect(tform.elements.model, presets.models); fillSelect(tform.elements.hardware, presets.hardware);
     fillSelect(tform.elements.lengths, presets.traces);
     $("policy-boxes").innerHTML = presets.policies.map((p) =>
