@@ -115,7 +115,7 @@ def test_later_chunks_of_a_long_prompt_cost_more_in_full_kind() -> None:
     llama = load_model_spec("llama-3-70b")
     a100 = load_hardware_spec("a100-40gb")
     full = CostModel(CostModelConfig(llama, a100, tp=4, kind="full"))
-    seed = CostModel(CostModelConfig(llama, a100, tp=4, kind="seed"))
+    seed = CostModel(CostModelConfig(llama, a100, tp=4, kind="weights-only"))
     first = StepPlan((chunk("p", 0, 256, samples=False),))
     last = StepPlan((chunk("p", 65536 - 256, 256),))
     assert seed.step_time_s(first) == seed.step_time_s(last)
@@ -129,23 +129,24 @@ def test_empty_plan_costs_nothing() -> None:
 
 
 def test_helpers_match_plans() -> None:
-    for kind in ("seed", "full"):
+    for kind in ("weights-only", "full"):
         model = CostModel(CostModelConfig(TINY, TOY_GPU, tp=2, kind=kind, overhead_s=1e-4))
         assert model.decode_step_s(5, 30) == model.step_time_s(StepPlan(decodes(5, 30)))
         assert model.prefill_time_s(50) == model.step_time_s(StepPlan((chunk("p", 0, 50),)))
 
 
-@pytest.mark.parametrize("kind", ["seed", "full"])
+@pytest.mark.parametrize("kind", ["weights-only", "full"])
 @pytest.mark.parametrize("tp", [1, 2])
 def test_decode_stretch_equals_step_time(kind: str, tp: int) -> None:
-    """Step k of the stretch: 3 sequences whose contexts sum to 40 + 3k (here 10, 13, 17 + k each)."""
+    """Step k of a steady decode run: 3 sequences at 10, 13, 17 cached tokens, + k each."""
     model = CostModel(CostModelConfig(TINY, TOY_GPU, tp=tp, kind=kind, overhead_s=2e-5))  # type: ignore[arg-type]
-    durations = model.decode_stretch_durations(num_seqs=3, total_context=40, num_steps=6)
+    first = StepPlan((chunk("a", 10, 1), chunk("b", 13, 1), chunk("c", 17, 1)))
+    durations = model.steady_durations(first, 6)
     assert durations.shape == (6,)
     for k, duration in enumerate(durations):
         plan = StepPlan((chunk("a", 10 + k, 1), chunk("b", 13 + k, 1), chunk("c", 17 + k, 1)))
-        assert duration == pytest.approx(model.step_time_s(plan), rel=1e-12, abs=0)
-    assert model.decode_stretch_durations(3, 40, 0).shape == (0,)
+        assert duration == model.step_time_s(plan)
+    assert model.steady_durations(first, 0).shape == (0,)
 
 
 def test_ridge_by_hand() -> None:
@@ -156,9 +157,11 @@ def test_ridge_by_hand() -> None:
     assert at_ridge.compute_s == pytest.approx(at_ridge.memory_s)
 
 
-def test_kv_capacity_by_hand() -> None:
-    """1e6 B x 0.9 = 900,000 B; minus weights 173,696 = 726,304 B; / 256 B per token = 2,837 tokens."""
-    assert CostModel(CostModelConfig(TINY, TOY_GPU)).kv_capacity_tokens(0.9) == 2_837
+def test_seed_is_an_alias_of_weights_only() -> None:
+    config = CostModelConfig(TINY, TOY_GPU, kind="seed")  # type: ignore[arg-type]
+    assert config.kind == "weights-only"
+    plan = StepPlan((chunk("p", 0, 100),))
+    assert CostModel(config).step_time_s(plan) == CostModel(CostModelConfig(TINY, TOY_GPU)).step_time_s(plan)
 
 
 @pytest.mark.parametrize(

@@ -61,7 +61,7 @@ def test_json_has_vllm_keys_per_policy(capsys: pytest.CaptureFixture[str]) -> No
 def test_single_policy_json_is_flat(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", *SMALL, "--json", "--cost-model", "seed"]) == 0
     body = json.loads(capsys.readouterr().out)
-    assert body["policy"] == "chunked" and body["scenario"]["cost_model"] == "seed"
+    assert body["policy"] == "chunked" and body["scenario"]["cost_model"] == "weights-only"  # the alias resolved
 
 
 def test_replaying_a_trace_with_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -117,7 +117,7 @@ COSTS = {
             load_model_spec("llama-3-8b"), HARDWARE_PRESETS["a100-80gb"], kind=kind, overhead_s=overhead_s
         )
     )
-    for kind in ("seed", "full")
+    for kind in ("weights-only", "full")
     for overhead_s in (0.0, 0.003)
 }
 

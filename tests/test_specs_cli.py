@@ -7,6 +7,8 @@ import json
 import pytest
 
 from stallfree.cli import main
+from stallfree.sim import simulate
+from stallfree.workload import AllAtOnce, FixedLengths, Workload
 from stallfree.specs import HARDWARE_PRESETS, MODEL_PRESETS
 
 
@@ -20,7 +22,8 @@ def test_lists_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
 def test_seed_pair_json(capsys: pytest.CaptureFixture[str]) -> None:
     """Llama-3-70B on 4 x A100-40GB: the seed's 23 ms decode step, ~9,000 tokens/s, ridge ~200.
 
-    KV capacity: 4 x 40 GiB x 0.9 = 154.6 GB, minus 141.1 GB of weights = 13.5 GB, / 320 KiB = ~41K tokens.
+    KV capacity: 4 x 40 GiB x 0.9 = 154.6 GB, minus 141.1 GB of weights and ~0.26 GB of activations
+    for a 512-token step = 13.2 GB, / 320 KiB = ~40.4K tokens: the KV cache ``simulate`` sizes.
     """
     assert main(["specs", "--model", "llama-3-70b", "--hardware", "a100-40gb", "--tp", "4", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -30,7 +33,15 @@ def test_seed_pair_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert roofline["decode_step_s"]["16"] == pytest.approx(0.023, rel=0.03)
     assert roofline["prefill_tokens_per_s"] == pytest.approx(9000, rel=0.03)
     assert roofline["ridge_tokens"] == pytest.approx(200, rel=0.02)
-    assert roofline["kv_capacity_tokens"] == pytest.approx(41_200, rel=0.01)
+    assert roofline["kv_capacity_tokens"] == pytest.approx(40_400, rel=0.01)
+    sim = simulate(
+        Workload(AllAtOnce(), FixedLengths(16, 4)),
+        model="llama-3-70b",
+        hardware="a100-40gb",
+        tp=4,
+        num_requests=1,
+    )
+    assert roofline["kv_capacity_tokens"] == sim.kv.num_tokens  # one capacity for one deployment
 
 
 def test_full_cost_model_decode_grows_with_streams(capsys: pytest.CaptureFixture[str]) -> None:

@@ -65,11 +65,22 @@ def add_roofline_args(
     parser.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel GPUs (default 1)")
     parser.add_argument(
         "--cost-model",
-        choices=("seed", "full"),
+        type=cost_model_arg,
+        choices=COST_MODEL_CHOICES,
         default=cost_model,
-        help="seed: weights only, the seed explainer's arithmetic; full: + attention FLOPs, KV-cache "
+        help="weights-only (alias seed): the seed explainer's arithmetic; full: + attention FLOPs, KV-cache "
         f"reads and writes, LM head, TP all-reduce (default {cost_model})",
     )
+
+
+COST_MODEL_CHOICES = ("weights-only", "full")
+
+
+def cost_model_arg(text: str) -> str:
+    """``--cost-model`` with its aliases resolved (``seed`` is ``weights-only``)."""
+    from stallfree.sim.cost_model import cost_model_kind
+
+    return cost_model_kind(text)
 
 
 ENGINE_OPTIONS = (

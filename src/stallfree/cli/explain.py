@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from stallfree.cli.common import UsageError, int_list, positive_int
+from stallfree.cli.common import COST_MODEL_CHOICES, UsageError, cost_model_arg, int_list, positive_int
 
 if TYPE_CHECKING:
     from stallfree.explain import Explanation, StepTimer
@@ -50,10 +50,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add("--tp", type=positive_int, default=4, help="roofline: tensor-parallel GPUs (default %(default)s)")
     add(
         "--cost-model",
-        choices=("seed", "full"),
-        default="seed",
-        help="roofline: seed = weights-only, the seed's arithmetic; full = + attention, KV traffic, LM head, "
-        "TP all-reduce (default %(default)s)",
+        type=cost_model_arg,
+        choices=COST_MODEL_CHOICES,
+        default="weights-only",
+        help="roofline: weights-only (alias seed) = the seed's arithmetic; full = + attention, KV traffic, "
+        "LM head, TP all-reduce (default %(default)s)",
     )
     add("--device", help="torch: cpu or cuda (default: cuda when available)")
     add(
@@ -192,7 +193,7 @@ def _torch(
 
 _CHUNK_NOTES = {
     "full": "  [attention over earlier chunks is charged]",
-    "seed": "  [seed model: attention not charged; try --cost-model full]",
+    "weights-only": "  [weights-only model: attention not charged; try --cost-model full]",
 }
 _RIDGE_NOTES = {"measured": " (measured: a mixed step costs <= 1.2x a decode step)"}
 

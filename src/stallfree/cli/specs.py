@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from stallfree.cli.common import add_roofline_args, positive_int
 
 if TYPE_CHECKING:
-    from stallfree.sim.cost_model import CostModel
+    from stallfree.sim.cost_model import CostModel, CostModelConfig
     from stallfree.specs import HardwareSpec, ModelSpec
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_roofline_args(parser, model=None, hardware=None, cost_model="seed")
+    add_roofline_args(parser, model=None, hardware=None, cost_model="weights-only")
     parser.add_argument(
         "--dtype", choices=sorted(DTYPE_BYTES), default="bf16", help="weight/KV dtype (default bf16)"
     )
@@ -137,7 +137,7 @@ def _roofline_figures(cost_model: CostModel, context_tokens: int, prompt_tokens:
         "tp": config.tp,
         "cost_model": config.kind,
         "mem_utilization": MEM_UTILIZATION,
-        "kv_capacity_tokens": cost_model.kv_capacity_tokens(MEM_UTILIZATION),
+        "kv_capacity_tokens": _kv_capacity_tokens(config),
         "context_tokens": context_tokens,
         "decode_step_s": {str(n): cost_model.decode_step_s(n, context_tokens) for n in DECODE_STREAMS},
         "prompt_tokens": prompt_tokens,
@@ -145,6 +145,25 @@ def _roofline_figures(cost_model: CostModel, context_tokens: int, prompt_tokens:
         "prefill_tokens_per_s": prompt_tokens / prefill_s,
         "ridge_tokens": cost_model.ridge_tokens(),
     }
+
+
+def _kv_capacity_tokens(config: CostModelConfig) -> int:
+    """KV tokens one replica holds, as ``simulate`` sizes it by default (0: the weights do not fit)."""
+    from stallfree.core import DEFAULT_TOKEN_BUDGET
+    from stallfree.sim.memory import kv_memory
+
+    try:
+        kv = kv_memory(
+            config.model,
+            config.hardware,
+            tp=config.tp,
+            gpu_memory_utilization=MEM_UTILIZATION,
+            dtype_bytes=config.dtype_bytes,
+            max_num_batched_tokens=DEFAULT_TOKEN_BUDGET,
+        )
+    except ValueError:
+        return 0
+    return kv.num_tokens
 
 
 def _presets_table(models: list[ModelSpec], hardware: list[HardwareSpec]) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stallfree.core import CacheConfig, Request, Scheduler, SchedulerConfig, make_policy
+from stallfree.core import DEFAULT_TOKEN_BUDGET, CacheConfig, Request, Scheduler, SchedulerConfig, make_policy
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.sim.cost_model import CostModel, CostModelConfig, CostModelKind
 from stallfree.sim.memory import KvMemory, kv_memory
@@ -58,7 +58,8 @@ def simulate(
 
     ``workload``: a :class:`~stallfree.workload.Workload` (sampled with ``num_requests`` and
     ``seed``), sampled :class:`~stallfree.workload.WorkloadArrays`, or requests ordered by arrival.
-    ``token_budget`` / ``chunk_tokens`` set the chunked policy's step size (default: a 512-token
+    ``token_budget`` / ``chunk_tokens`` set the chunked policy's step size (default:
+    ``DEFAULT_TOKEN_BUDGET``
     budget); ``max_num_batched_tokens`` caps the tokens prefill-first and decode-first batch in
     one step (default ``max_model_len``, as vLLM without chunked prefill). ``max_model_len``
     defaults to the model's ``max_position_embeddings``. ``step_overhead_s`` is added to every
@@ -118,7 +119,7 @@ def _chunked_step_tokens(token_budget: int | None, chunk_tokens: int | None, max
     """The most tokens one chunked step can hold (decodes ride on top of ``chunk_tokens``)."""
     if chunk_tokens is not None:
         return chunk_tokens + max_num_seqs
-    return 512 if token_budget is None else token_budget
+    return DEFAULT_TOKEN_BUDGET if token_budget is None else token_budget
 
 
 def _requests(

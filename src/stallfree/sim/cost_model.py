@@ -5,7 +5,7 @@ Owns :class:`CostModelConfig`, :class:`StepCost` and :class:`CostModel`. Imports
 
 Step time = max(compute, memory) + all-reduce time + ``overhead_s``, per GPU, with two kinds:
 
-``seed``  the seed explainer's arithmetic, exactly: FLOPs = 2 x ``num_params`` x tokens,
+``weights-only`` (alias ``seed``) the seed explainer's arithmetic, exactly: FLOPs = 2 x ``num_params`` x tokens,
           bytes = all weights once per step. No attention, no KV cache, no communication.
 ``full``  linear FLOPs = 2 x ``num_non_embedding_params`` x tokens, plus the LM head
           (2 x vocab x hidden) for each chunk that samples; attention FLOPs of every chunk
@@ -19,8 +19,8 @@ Step time = max(compute, memory) + all-reduce time + ``overhead_s``, per GPU, wi
 
 A plan's cost depends on four sums over its chunks (tokens, sampling chunks, query-key pairs,
 earlier-context tokens), so every entry point reduces to :meth:`CostModel._duration`; an
-empty plan costs nothing. Invariant: :meth:`decode_stretch_durations` equals
-:meth:`step_time_s` on the equivalent plans.
+empty plan costs nothing. Invariant: :meth:`steady_durations` equals :meth:`step_time_s` on the
+equivalent plans, bit for bit.
 """
 
 from __future__ import annotations
@@ -32,12 +32,18 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from stallfree.core.plan import StepPlan
+from stallfree.core.plan import StepPlan, synthetic_plan
 from stallfree.specs.hardware import HardwareSpec
 from stallfree.specs.model import ModelSpec
 
-CostModelKind = Literal["seed", "full"]
-COST_MODEL_KINDS: tuple[CostModelKind, ...] = ("seed", "full")
+CostModelKind = Literal["weights-only", "full"]
+COST_MODEL_KINDS: tuple[CostModelKind, ...] = ("weights-only", "full")
+COST_MODEL_ALIASES: dict[str, CostModelKind] = {"seed": "weights-only"}
+
+
+def cost_model_kind(name: str) -> str:
+    """``name`` with aliases resolved (``seed`` -> ``weights-only``); other names pass unchanged."""
+    return COST_MODEL_ALIASES.get(name, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +59,11 @@ class CostModelConfig:
     hardware: HardwareSpec
     tp: int = 1
     dtype_bytes: int = 2
-    kind: CostModelKind = "seed"
+    kind: CostModelKind = "weights-only"
     overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", cost_model_kind(self.kind))  # frozen: normalise the alias
         heads, kv_heads = self.model.num_attention_heads, self.model.num_kv_heads
         if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
             raise ValueError(f"tp must be a positive integer, got {self.tp!r}")
@@ -100,8 +107,8 @@ class CostModel:
         self._peak_flops_per_s = hw.peak_flops_per_s * tp
         self._bandwidth_bytes_per_s = hw.mem_bandwidth_bytes_per_s * tp
         self._overhead_s = config.overhead_s
-        self._is_seed = config.kind == "seed"
-        if self._is_seed:
+        self._weights_only = config.kind == "weights-only"
+        if self._weights_only:
             self._flops_per_token = 2.0 * model.num_params
             self._flops_per_sample = 0.0
             self._flops_per_key = 0.0
@@ -119,8 +126,7 @@ class CostModel:
         self._weight_bytes = float(model.num_non_embedding_params * dtype_bytes)
         self._lm_head_bytes = float(model.lm_head_params * dtype_bytes)
         # Summed over GPUs: a replicated KV head is read and written on each GPU holding it.
-        kv_replicas = tp / min(tp, model.num_kv_heads)
-        self._kv_bytes_per_token = model.kv_bytes_per_token(dtype_bytes) * kv_replicas
+        self._kv_bytes_per_token = model.kv_bytes_per_token_on(tp, dtype_bytes)
         if tp == 1:
             self._comm_s_per_token = 0.0
             self._comm_s_per_step = 0.0
@@ -152,7 +158,7 @@ class CostModel:
             compute_s=compute_s,
             memory_s=memory_s,
             comm_s=comm_s,
-            duration_s=max(compute_s, memory_s) + comm_s + self._overhead_s,
+            duration_s=self._combine(compute_s, memory_s, comm_s),
         )
 
     def step_time_s(self, plan: StepPlan) -> float:
@@ -175,39 +181,11 @@ class CostModel:
 
     def decode_step_s(self, num_seqs: int, context_len: int) -> float:
         """One decode step of ``num_seqs`` sequences, each with ``context_len`` tokens cached."""
-        if num_seqs <= 0 or context_len < 0:
-            raise ValueError(f"need num_seqs > 0 and context_len >= 0, got {num_seqs}, {context_len}")
-        return self._duration(num_seqs, num_seqs, num_seqs * (context_len + 1), num_seqs * context_len)
+        return self.step_time_s(synthetic_plan(num_seqs, context_len))
 
     def prefill_time_s(self, num_tokens: int) -> float:
         """A prompt of ``num_tokens`` run alone, whole, in one step (it samples its first token)."""
-        if num_tokens <= 0:
-            raise ValueError(f"num_tokens must be positive, got {num_tokens}")
-        return self._duration(num_tokens, 1, num_tokens * (num_tokens + 1) // 2, 0)
-
-    def decode_stretch_durations(
-        self, num_seqs: int, total_context: int, num_steps: int
-    ) -> npt.NDArray[np.float64]:
-        """Durations of ``num_steps`` decode-only steps of ``num_seqs`` sequences.
-
-        ``total_context`` is the sequences' summed cached tokens before the first step; each step
-        adds one token per sequence. Equal to :meth:`step_time_s` on those plans, element by element
-        (same operations in the same order).
-        """
-        if num_seqs <= 0 or total_context < 0 or num_steps < 0:
-            raise ValueError(
-                f"need num_seqs > 0, total_context >= 0, num_steps >= 0; got {num_seqs}, {total_context}, {num_steps}"
-            )
-        num_context = total_context + num_seqs * np.arange(num_steps, dtype=np.int64)
-        num_keys = num_context + num_seqs
-        fixed_flops = self._flops_per_token * num_seqs + self._flops_per_sample * num_seqs
-        flops = fixed_flops + self._flops_per_key * num_keys
-        fixed_bytes = self._weight_bytes + self._lm_head_bytes
-        bytes_moved = fixed_bytes + self._kv_bytes_per_token * (num_context + num_seqs)
-        compute_s = flops / self._peak_flops_per_s
-        memory_s = bytes_moved / self._bandwidth_bytes_per_s
-        durations: npt.NDArray[np.float64] = np.maximum(compute_s, memory_s) + self._comm_s(num_seqs)
-        return durations + self._overhead_s
+        return self.step_time_s(synthetic_plan(0, 0, num_tokens))
 
     def steady_durations(self, plan: StepPlan, num_steps: int) -> npt.NDArray[np.float64]:
         """Durations of ``num_steps`` steps that repeat ``plan``, each chunk starting where it ended
@@ -221,8 +199,8 @@ class CostModel:
             return np.zeros(num_steps)
         steps = np.arange(num_steps, dtype=np.int64)
         # Shifting a chunk of n tokens by n adds n * n query-key pairs and n earlier tokens.
-        keys = num_keys + (0 if self._is_seed else sum(c.num_tokens**2 for c in plan.chunks)) * steps
-        context = num_context + (0 if self._is_seed else num_tokens) * steps
+        keys = num_keys + (0 if self._weights_only else sum(c.num_tokens**2 for c in plan.chunks)) * steps
+        context = num_context + (0 if self._weights_only else num_tokens) * steps
         flops = self._flops_per_token * num_tokens + self._flops_per_sample * num_samples
         flops_per_step = flops + self._flops_per_key * keys
         fixed_bytes = self._weight_bytes + (self._lm_head_bytes if num_samples else 0.0)
@@ -232,25 +210,12 @@ class CostModel:
         durations: npt.NDArray[np.float64] = np.maximum(compute_s, memory_s) + self._comm_s(num_tokens)
         return durations + self._overhead_s
 
-    def kv_capacity_tokens(self, mem_utilization: float = 0.9) -> int:
-        """KV-cache tokens that fit per replica once the weights are loaded (0 if they do not fit).
-
-        Uses the real stored weights (``num_params``) and KV size whatever the cost-model kind.
-        """
-        if not 0 < mem_utilization <= 1:
-            raise ValueError(f"mem_utilization must be in (0, 1], got {mem_utilization}")
-        model, tp, dtype_bytes = self.config.model, self.config.tp, self.config.dtype_bytes
-        usable_bytes = self.config.hardware.mem_capacity_bytes * mem_utilization * tp
-        free_bytes = usable_bytes - model.weight_bytes(dtype_bytes)
-        kv_bytes_per_token = model.kv_bytes_per_token(dtype_bytes) * tp / min(tp, model.num_kv_heads)
-        return max(0, int(free_bytes // kv_bytes_per_token))
-
     # -- arithmetic -------------------------------------------------------------------------
 
     def _sums(self, plan: StepPlan) -> tuple[int, int, int, int]:
         """(tokens, sampling chunks, query-key pairs, earlier-context tokens) over the plan."""
         num_tokens = num_samples = num_keys = num_context = 0
-        if self._is_seed:
+        if self._weights_only:
             for chunk in plan.chunks:
                 num_tokens += chunk.num_tokens
             return num_tokens, 0, 0, 0
@@ -260,7 +225,7 @@ class CostModel:
             num_context += before
             # Token i of the chunk attends to the `before` earlier tokens and to i + 1 of its own.
             num_keys += n * before + n * (n + 1) // 2
-            if before + n == chunk.num_known_tokens:
+            if chunk.emits_token:
                 num_samples += 1
         return num_tokens, num_samples, num_keys, num_context
 
@@ -280,4 +245,9 @@ class CostModel:
         flops, bytes_moved = self._flops_bytes(num_tokens, num_samples, num_keys, num_context)
         compute_s = flops / self._peak_flops_per_s
         memory_s = bytes_moved / self._bandwidth_bytes_per_s
-        return max(compute_s, memory_s) + self._comm_s(num_tokens) + self._overhead_s
+        return self._combine(compute_s, memory_s, self._comm_s(num_tokens))
+
+    def _combine(self, compute_s: float, memory_s: float, comm_s: float) -> float:
+        """The roofline: compute and memory overlap, communication and overhead do not.
+        (:meth:`steady_durations` does the same on arrays.)"""
+        return max(compute_s, memory_s) + comm_s + self._overhead_s

@@ -87,8 +87,7 @@ def kv_memory(
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
     )
-    # A KV head shared by fewer heads than GPUs is replicated on tp / num_kv_heads of them.
-    kv_per_token = model.kv_bytes_per_token(dtype_bytes) * tp / min(tp, model.num_kv_heads)
+    kv_per_token = model.kv_bytes_per_token_on(tp, dtype_bytes)
     num_blocks = int((usable - weights - reserve) // (kv_per_token * block_size))
     if num_blocks <= 0:
         raise ValueError(

@@ -226,6 +226,11 @@ class ModelSpec:
         """K and V of one token across all layers."""
         return 2 * self.num_layers * self.kv_size * dtype_bytes
 
+    def kv_bytes_per_token_on(self, tp: int, dtype_bytes: int) -> float:
+        """K and V of one token summed over ``tp`` GPUs: with fewer KV heads than GPUs, each KV
+        head is replicated on ``tp / num_kv_heads`` of them (as vLLM does)."""
+        return self.kv_bytes_per_token(dtype_bytes) * tp / min(tp, self.num_kv_heads)
+
 
 def load_model_spec(name_or_path: str) -> ModelSpec:
     """A preset name, a ``config.json`` path, a folder holding ``config.json``, or a GGUF file

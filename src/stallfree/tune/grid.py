@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.core.policy import POLICIES
+from stallfree.sim.cost_model import COST_MODEL_KINDS, cost_model_kind
 from stallfree.tune.slo import Slos
 from stallfree.tune.trial import ARRIVALS
 
@@ -112,7 +113,9 @@ def parse_grid(data: Any, where: str = "grid") -> Grid:
         burstiness=_float(workload.get("burstiness", 1.0), "workload.burstiness", where),
         num_requests=_int(workload.get("num_requests", 1000), "workload.num_requests", where),
         seed=_int(workload.get("seed", 0), "workload.seed", where, minimum=0),
-        cost_model=_choice(data.get("cost_model", "full"), ("seed", "full"), "cost_model", where),
+        cost_model=_choice(
+            cost_model_kind(data.get("cost_model", "full")), COST_MODEL_KINDS, "cost_model", where
+        ),
         gpu_memory_utilization=_float(
             data.get("gpu_memory_utilization", 0.9), "gpu_memory_utilization", where
         ),
