@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-from typing import Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from stallfree.ui.errors import ApiError, check_known, choice, one_value, whole
+
+if TYPE_CHECKING:
+    from stallfree.explain import PolicyRun
 
 MAX_STREAMS_DRAWN = 16
 MAX_PROMPT_TOKENS = 65536
@@ -142,8 +145,8 @@ def payload(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _run_view(run: Any) -> dict[str, Any]:
-    """One policy's run as the timeline draws it; ``run`` is a :class:`stallfree.explain.PolicyRun`."""
+def _run_view(run: PolicyRun) -> dict[str, Any]:
+    """One policy's run as the timeline draws it."""
     from stallfree.explain import PROMPT_ID
 
     streams = sorted((rid for rid in run.token_times_s if rid != PROMPT_ID), key=lambda r: int(r[1:]))

@@ -19,6 +19,7 @@ from stallfree.sim import COST_MODEL_KINDS
 from stallfree.ui.errors import ApiError, check_known, choice, number, one_value, whole
 
 if TYPE_CHECKING:
+    from stallfree.metrics import RequestRecord
     from stallfree.sim import CostModelKind
 
 MAX_REQUESTS = 5000
@@ -70,6 +71,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
 
 def traffic_view(query: dict[str, list[str]]) -> dict[str, Any]:
@@ -116,7 +118,13 @@ def traffic_view(query: dict[str, list[str]]) -> dict[str, Any]:
         "rejected_reasons": result.summary["rejected_reasons"],
         "itl_cdf_ms": _itl_cdf(result.itl.values_s, result.itl.counts),
         "ttft_cdf_ms": _ttft_cdf(result.records),
-        "batch": _window(steps, starts, ends, window_start),
+        "batch": _window(
+            starts,
+            ends,
+            np.frombuffer(steps.num_decode_tokens, dtype=np.int64),
+            np.frombuffer(steps.num_prefill_tokens, dtype=np.int64),
+            window_start,
+        ),
         "kv": _kv_usage(ends, np.frombuffer(steps.kv_blocks_used, dtype=np.int64), result.kv.num_blocks),
         "end_s": end_s,
     }
@@ -143,7 +151,7 @@ def _thin(x: FloatArray, y: FloatArray) -> list[list[float]]:
     return [[float(a), float(b)] for a, b in zip(x, y, strict=True)]
 
 
-def _itl_cdf(values_s: FloatArray, counts: npt.NDArray[np.int64]) -> list[list[float]]:
+def _itl_cdf(values_s: FloatArray, counts: IntArray) -> list[list[float]]:
     keep = counts > 0
     if not keep.any():
         return []
@@ -152,7 +160,7 @@ def _itl_cdf(values_s: FloatArray, counts: npt.NDArray[np.int64]) -> list[list[f
     return _thin(values_s[keep][order] * 1e3, np.cumsum(weights) / weights.sum())
 
 
-def _ttft_cdf(records: list[Any]) -> list[list[float]]:
+def _ttft_cdf(records: list[RequestRecord]) -> list[list[float]]:
     ttfts = np.sort(
         [
             (r.first_token_s - r.arrival_s) * 1e3
@@ -163,18 +171,19 @@ def _ttft_cdf(records: list[Any]) -> list[list[float]]:
     return _thin(ttfts, np.arange(1, ttfts.size + 1) / ttfts.size) if ttfts.size else []
 
 
-def _window(steps: Any, starts: FloatArray, ends: FloatArray, start_s: float) -> dict[str, Any]:
+def _window(
+    starts: FloatArray, ends: FloatArray, decode: IntArray, prompt: IntArray, start_s: float
+) -> dict[str, Any]:
     """Every step row overlapping [start_s, start_s + WINDOW_S]: [start_s, end_s, decode, prompt]."""
     shown = np.flatnonzero((ends > start_s) & (starts < start_s + WINDOW_S))[:MAX_WINDOW_STEPS]
-    decode, prompt = steps.num_decode_tokens, steps.num_prefill_tokens
     return {
         "start_s": start_s,
         "end_s": start_s + WINDOW_S,
-        "steps": [[float(starts[i]), float(ends[i]), decode[i], prompt[i]] for i in shown],
+        "steps": [[float(starts[i]), float(ends[i]), int(decode[i]), int(prompt[i])] for i in shown],
     }
 
 
-def _kv_usage(ends: FloatArray, used: npt.NDArray[np.int64], num_blocks: int) -> dict[str, Any]:
+def _kv_usage(ends: FloatArray, used: IntArray, num_blocks: int) -> dict[str, Any]:
     """The peak share of KV blocks in use in each of KV_BINS time bins."""
     edges = np.linspace(0.0, float(ends[-1]), KV_BINS + 1)
     which = np.clip(np.searchsorted(edges, ends, side="left") - 1, 0, KV_BINS - 1)
