@@ -17,7 +17,7 @@ def explain_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:  # typ
 
 def test_defaults_reproduce_the_seed(capsys: pytest.CaptureFixture[str]) -> None:
     out = explain_json(capsys)
-    assert out["scenario"]["model"] == "llama-3-70b" and out["scenario"]["tp"] == 4
+    assert out["scenario"]["model"] == "llama-3.1-70b" and out["scenario"]["tp"] == 4
     assert out["decode_step_s"] == pytest.approx(0.023, rel=0.05)  # "about 23 milliseconds"
     assert out["ridge_tokens"] == pytest.approx(200, rel=0.05)  # "roughly two hundred tokens"
     assert out["prefill_alone_s"] == pytest.approx(1.84, rel=0.02)  # 16K at ~9,000 tokens/s
@@ -111,3 +111,35 @@ def test_streams_that_do_not_fit_the_kv_cache_together_are_refused() -> None:
     run_scenario(scenario, make_policy("chunked", chunk_tokens=64), SmallCache(cost))  # 4 x 200 fits
     with pytest.raises(ValueError, match="cannot hold 8 streams"):
         run_scenario(Scenario(256, 8, 200, 64), make_policy("chunked", chunk_tokens=64), SmallCache(cost))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--model", "llama-3.1-405b", "--tp", "8", "--hardware", "h100-sxm"],
+        ["--model", "llama-3-70b", "--hardware", "a100-40gb", "--tp", "1"],
+    ],
+)
+def test_weights_that_do_not_fit_are_refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "do not fit" in err
+
+
+def test_what_a_server_could_not_run_is_said_not_hidden(capsys: pytest.CaptureFixture[str]) -> None:
+    """Past the model's context, or past the KV cache: the arithmetic stays, with a warning."""
+    out = explain_json(capsys, "--prompt-tokens", "200000", "--sweep", "256")
+    assert any("131,072-token context" in w for w in out["warnings"])
+    assert any(w.startswith("chunked needs") for w in out["warnings"])
+    assert out["prefill_alone_s"] > 20  # still computed
+    roomy = explain_json(capsys, "--hardware", "h100-sxm", "--tp", "8", "--sweep", "256")
+    assert roomy["warnings"] == []
+    assert main(["explain", "--prompt-tokens", "200000", "--sweep", "256"]) == 0
+    assert "warning: a 200,000-token prompt" in capsys.readouterr().out
+
+
+def test_ridge_marker_sits_on_the_nearest_sweep_point(capsys: pytest.CaptureFixture[str]) -> None:
+    """H100 x 8: the ridge is ~295 tokens, nearest 256 (not 512, the next power of two up)."""
+    assert main(["explain", "--hardware", "h100-sxm", "--tp", "8"]) == 0
+    marked = [line for line in capsys.readouterr().out.splitlines() if "<- ridge" in line]
+    assert len(marked) == 1 and marked[0].split()[0] == "256"

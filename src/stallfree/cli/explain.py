@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stallfree.cli.common import COST_MODEL_CHOICES, UsageError, cost_model_arg, int_list, positive_int
 
 if TYPE_CHECKING:
-    from stallfree.explain import Explanation, StepTimer
+    from stallfree.explain import Explanation, RooflineTimer, Scenario, StepTimer
+    from stallfree.sim.cost_model import CostModelConfig
+
+MEM_UTILIZATION = 0.9  # as simulate's default --gpu-memory-utilization
 
 # The seed's scenario on the roofline; a CPU-sized one on the real engine.
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "roofline": {"model": "llama-3-70b", "prompt_tokens": 16384, "context_tokens": 1024, "chunk_tokens": 256},
+    "roofline": {
+        "model": "llama-3.1-70b",
+        "prompt_tokens": 16384,
+        "context_tokens": 1024,
+        "chunk_tokens": 256,
+    },
     "torch": {"model": "random:medium", "prompt_tokens": 2048, "context_tokens": 256, "chunk_tokens": None},
 }
 ENGINE_SWEEP = (16, 32, 64, 128, 256, 512)
@@ -121,18 +130,22 @@ def explanation(args: argparse.Namespace) -> Explanation:
     prompt = args.prompt_tokens or defaults["prompt_tokens"]
     context = args.context_tokens or defaults["context_tokens"]
     sweep = args.sweep or (DEFAULT_SWEEP if args.engine == "roofline" else ENGINE_SWEEP)
+    roofline: RooflineTimer | None = None
+    timer: StepTimer
     if args.engine == "roofline":
-        timer, echo = _roofline(args, model)
+        roofline, echo = _roofline(args, model)
+        timer = roofline
     else:
         timer, echo = _torch(args, model, prompt, context, sweep)
     chunk = args.chunk_tokens or defaults["chunk_tokens"]
     if chunk is None:
         chunk = int(timer.ridge_tokens(args.decoders, context))
     scenario = Scenario(prompt, args.decoders, context, chunk)
-    return explain(scenario, timer, sweep, echo)
+    warnings = _deployment_warnings(roofline.cost_model.config, scenario) if roofline else []
+    return explain(scenario, timer, sweep, echo, warnings=warnings)
 
 
-def _roofline(args: argparse.Namespace, model_name: str) -> tuple[StepTimer, dict[str, Any]]:
+def _roofline(args: argparse.Namespace, model_name: str) -> tuple[RooflineTimer, dict[str, Any]]:
     from stallfree.explain import RooflineTimer
     from stallfree.sim.cost_model import CostModel, CostModelConfig
     from stallfree.specs import load_hardware_spec, load_model_spec
@@ -140,6 +153,7 @@ def _roofline(args: argparse.Namespace, model_name: str) -> tuple[StepTimer, dic
     model = load_model_spec(model_name)
     hardware = load_hardware_spec(args.hardware)
     cost = CostModel(CostModelConfig(model, hardware, tp=args.tp, kind=args.cost_model))
+    _check_weights_fit(cost.config)
     echo = {
         "model": model.name,
         "hardware": hardware.name,
@@ -148,6 +162,57 @@ def _roofline(args: argparse.Namespace, model_name: str) -> tuple[StepTimer, dic
         "engine": "roofline",
     }
     return RooflineTimer(cost), echo
+
+
+def _check_weights_fit(config: CostModelConfig) -> None:
+    """Refuse a deployment whose weights do not fit (as ``simulate`` does)."""
+    model, hardware, tp = config.model, config.hardware, config.tp
+    usable = hardware.mem_capacity_bytes * tp * MEM_UTILIZATION
+    weights = model.weight_bytes(config.dtype_bytes)
+    if weights >= usable:
+        raise UsageError(
+            f"{model.name}'s weights ({weights / 1e9:,.1f} GB) do not fit on {tp} x {hardware.name} "
+            f"({usable / 1e9:,.1f} GB at utilisation {MEM_UTILIZATION}); raise --tp or pick larger hardware"
+        )
+
+
+def _deployment_warnings(config: CostModelConfig, scenario: Scenario) -> list[str]:
+    """What a real server could not run as shown: the model's context, and each policy's KV memory."""
+    from stallfree.sim.memory import kv_memory
+
+    model, hardware, tp = config.model, config.hardware, config.tp
+    prompt, context, decoders = scenario.prompt_tokens, scenario.context_tokens, scenario.decoders
+    warnings = []
+    limit = model.max_position_embeddings
+    if context + prompt > limit:
+        warnings.append(
+            f"a {prompt:,}-token prompt beside {context:,}-token streams exceeds {model.name}'s "
+            f"{limit:,}-token context: a real server would reject it"
+        )
+    # Each stream grows one token per step: lead and tail steps, plus the prompt's steps.
+    prompt_steps = {"prefill-first": 1, "chunked": -(-prompt // scenario.chunk_tokens)}
+    step_tokens = {"prefill-first": prompt, "chunked": scenario.chunk_tokens + decoders}
+    for policy, steps in prompt_steps.items():
+        needed = decoders * (context + scenario.lead_steps + scenario.tail_steps + steps + 1) + prompt
+        try:
+            kv = kv_memory(
+                model,
+                hardware,
+                tp=tp,
+                gpu_memory_utilization=MEM_UTILIZATION,
+                dtype_bytes=config.dtype_bytes,
+                max_num_batched_tokens=step_tokens[policy],
+            )
+            held = kv.num_tokens
+        except ValueError:
+            held = 0
+        if held < needed:
+            warnings.append(
+                f"{policy} needs {needed:,} KV-cache tokens; beside the weights and its "
+                f"{step_tokens[policy]:,}-token step's activations, {tp} x {hardware.name} holds {held:,}: "
+                "a real server would preempt or queue (the figures assume it does not)"
+            )
+    return warnings
 
 
 def _torch(
@@ -208,6 +273,7 @@ def format_table(out: dict[str, Any]) -> str:
     lines = [
         f"{sc['model']} on {sc['tp']} x {sc['hardware']} ({sc['engine']}, cost model: {sc['cost_model']})",
         f"{sc['decoders']} streams decoding at {sc['context_tokens']:,} tokens of context; a {sc['prompt_tokens']:,}-token prompt arrives.",
+        *(f"warning: {w}" for w in out.get("warnings", ())),
         "",
         f"  decode step ({sc['decoders']} streams)   {_ms(out['decode_step_s'])}",
         f"  prompt prefill alone        {_ms(out['prefill_alone_s'])}",
@@ -232,8 +298,11 @@ def format_table(out: dict[str, Any]) -> str:
         f"  {'chunk':>8}{'longest gap':>14}{'prompt TTFT':>14}{'vs alone':>10}",
     ]
     ridge = out["ridge_tokens"]
+    nearest = min(
+        (row["chunk_tokens"] for row in out["sweep"]), key=lambda c: abs(math.log(c / ridge)), default=0
+    )
     for row in out["sweep"]:
-        mark = "  <- ridge" if row["chunk_tokens"] / 2 < ridge <= row["chunk_tokens"] else ""
+        mark = "  <- ridge" if row["chunk_tokens"] == nearest else ""
         lines.append(
             f"  {row['chunk_tokens']:>8,}{_ms(row['max_gap_s']):>14}{_ms(row['ttft_s']):>14}{row['ttft_vs_alone']:>9.3f}x{mark}"
         )

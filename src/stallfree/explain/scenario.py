@@ -185,11 +185,13 @@ class Explanation:
     prefill_alone_s: float
     runs: dict[str, PolicyRun]
     sweep: tuple[SweepPoint, ...]
+    warnings: tuple[str, ...] = ()  # what a real deployment could not run as shown
 
     def to_json(self) -> dict[str, Any]:
         chunked = self.runs["chunked"].prompt_chunk_steps()
         return {
             "scenario": self.scenario,
+            "warnings": list(self.warnings),
             "ridge_tokens": self.ridge_tokens,
             "decode_step_s": self.decode_step_s,
             "prefill_alone_s": self.prefill_alone_s,
@@ -218,6 +220,8 @@ def explain(
     timer: StepTimer,
     sweep_chunks: Sequence[int] = DEFAULT_SWEEP,
     scenario_echo: dict[str, Any] | None = None,
+    *,
+    warnings: Sequence[str] = (),
 ) -> Explanation:
     """Run both policies and the chunk sweep on ``timer``."""
     alone = timer.step_time_s(synthetic_plan(0, 0, scenario.prompt_tokens))
@@ -241,4 +245,5 @@ def explain(
         prefill_alone_s=alone,
         runs=runs,
         sweep=tuple(sweep),
+        warnings=tuple(warnings),
     )
