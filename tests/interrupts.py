@@ -56,10 +56,12 @@ def interrupt(
     start_timeout_s: float = 60.0,
     env: dict[str, str] | None = None,
     cwd: str | Path | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> Interrupted:
     """Start ``stallfree ARGS``, wait for ``ready()`` (if given) then ``delay_s``, send SIGINT (to
     the process group, as a terminal's Ctrl-C does, or to the CLI alone, as ``timeout -s INT``),
-    and wait for the exit. Whatever survives is listed and then killed."""
+    and wait for the exit. Whatever survives is listed and then killed. ``on_start(pid)`` is
+    told the CLI's pid (its session id) as soon as it runs."""
     env = {"OMP_NUM_THREADS": "1", **os.environ, **(env or {})}
     proc = subprocess.Popen(
         [*CLI, *args],
@@ -70,6 +72,8 @@ def interrupt(
         cwd=cwd,
         start_new_session=True,
     )
+    if on_start is not None:
+        on_start(proc.pid)
     try:
         deadline = time.monotonic() + start_timeout_s
         while ready is not None and not ready():

@@ -8,12 +8,15 @@ terminal does and to the CLI alone as ``timeout -s INT`` does: the race the hang
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from interrupts import CLI, interrupt
+from interrupts import CLI, interrupt, session_pids
+from stallfree.metrics import Summary
+from stallfree.tune.trial import TrialSpec
 
 # Trials of ~0.3-1 s each on two workers: an interrupt lands while some are in flight.
 GRID = """
@@ -56,9 +59,14 @@ def test_sweep_ctrl_c_reaps_workers_exits_130_and_keeps_rows(
     out = tmp_path / "out"
     trials = out / "trials.csv"
     args = ["sweep", str(grid), "--out", str(out), "--workers", "2", "--no-progress"]
-    ready = {"start": None, "running": None, "first-row": lambda: data_rows(trials) >= 1}[when]
-    delay = {"start": 0.8, "running": 3.0, "first-row": 0.0}[when]
-    result = interrupt(args, ready=ready, delay_s=delay, whole_group=whole_group)
+    started: list[int] = []
+
+    def spawning() -> bool:  # the first worker process exists: the pool is starting
+        return bool(started) and len(session_pids(started[0])) > 1
+
+    ready = {"start": spawning, "running": spawning, "first-row": lambda: data_rows(trials) >= 1}[when]
+    delay = {"start": 0.0, "running": 2.0, "first-row": 0.0}[when]
+    result = interrupt(args, ready=ready, delay_s=delay, whole_group=whole_group, on_start=started.append)
     assert result.returncode == 130, result.stderr
     assert result.exit_s < 8, f"took {result.exit_s:.1f} s to exit"
     assert not result.survivors, f"processes left running: {result.survivors}"
@@ -75,3 +83,71 @@ def test_sweep_ctrl_c_reaps_workers_exits_130_and_keeps_rows(
         final = rows(trials)
         assert len(final) == 2 * 3 * 5 and len({r["key"] for r in final}) == len(final)
         assert {r["key"] for r in kept} <= {r["key"] for r in final}
+
+
+def test_tune_ctrl_c_exits_130_without_workers_left() -> None:
+    args = ["tune", "--num-requests", "1000", "--budgets", "256,512,1024,2048", "--workers", "2"]
+    result = interrupt([*args, "--no-progress"], delay_s=4.0, whole_group=True)
+    assert result.returncode == 130, result.stderr
+    assert not result.survivors and "Traceback" not in result.stderr
+    assert result.exit_s < 8
+    assert re.search(r"^INTERRUPTED: \d of 8 \(policy, budget\) searches had finished", result.stdout, re.M)
+
+
+def test_tune_ctrl_c_prints_the_budgets_already_finished(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In process (no timing): Ctrl-C lands at the 12th trial; the search done by then is
+    printed with its capacity, the other is not."""
+    import stallfree.tune.trial as trial_module
+    from stallfree.cli import main
+
+    calls: list[TrialSpec] = []
+
+    def trial(spec: TrialSpec) -> Summary:
+        if len(calls) == 11:
+            raise KeyboardInterrupt
+        calls.append(spec)
+        p99 = spec.qps * spec.token_budget / 10  # TBT grows with QPS x budget
+        return {
+            "p99_itl_ms": p99,
+            "median_scheduling_delay_ms": 1.0,
+            "completed": 10,
+            "total_output_tokens": 99,
+        }
+
+    monkeypatch.setattr(trial_module, "run_trial", trial)
+    args = ["tune", "--budgets", "256,4096", "--policy", "chunked", "--workers", "1", "--no-progress"]
+    code = main([*args, "--slo-tbt-p99-ms", "100", "--qps-start", "4", "--precision", "0.3"])
+    out = capsys.readouterr()
+    assert code == 130 and "interrupted" in out.err
+    assert "INTERRUPTED: 1 of 2 (policy, budget) searches had finished" in out.out
+    rows = re.findall(r"^  chunked +([\d,]+) +\d+ +([\d.]+)", out.out, re.M)
+    assert len(rows) == 1
+    budget, capacity = int(rows[0][0].replace(",", "")), float(rows[0][1])
+    assert 1000 / budget / 1.3 < capacity <= 1000 / budget  # the true capacity, within the precision
+    assert "best budget per policy of the budgets finished" in out.out
+
+
+def test_tune_says_why_a_large_chunked_budget_misses_the_strict_tbt_slo() -> None:
+    done = subprocess.run(
+        [
+            *CLI,
+            "tune",
+            "--num-requests",
+            "200",
+            "--budgets",
+            "512,2048",
+            "--policy",
+            "chunked",
+            "--workers",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    note = done.stdout[done.stdout.index("chunked budgets whose full step") :]
+    assert "2,048 (" in note.splitlines()[0] and "512 (" not in note.splitlines()[0]
+    assert "P99 TBT SLO of 77 ms" in note

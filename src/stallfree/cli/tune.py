@@ -180,9 +180,9 @@ def _progress(args: argparse.Namespace) -> bool:
 
 def run_tune(args: argparse.Namespace) -> int:
     from stallfree.tune.candidates import budget_candidates
-    from stallfree.tune.capacity import TuneConfig, tune
+    from stallfree.tune.capacity import TuneConfig, TuneInterrupted, tune
     from stallfree.tune.slo import SLO_FLAGS, Slos
-    from stallfree.tune.trial import TrialSpec, decode_step_ms, ridge_tokens
+    from stallfree.tune.trial import TrialSpec, decode_step_ms, full_step_ms, ridge_tokens
 
     policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
     base = TrialSpec(
@@ -224,15 +224,27 @@ def run_tune(args: argparse.Namespace) -> int:
         qps_start=args.qps_start,
     )
     started = time.perf_counter()
+    interrupted: TuneInterrupted | None = None
     with _backend(args) as backend:
-        result = tune(config, backend, progress=_progress(args))
+        try:
+            result = tune(config, backend, progress=_progress(args))
+        except TuneInterrupted as error:  # Ctrl-C: report the budgets whose searches finished
+            interrupted, result = error, error.result
         workers = backend.workers
     out = result.to_json()
+    if interrupted is not None:
+        out["interrupted"] = {
+            "searches_finished": len(result.points),
+            "searches": interrupted.num_searches,
+        }
     out["ridge_tokens"] = ridge
+    out["full_step_ms"] = {
+        str(b): full_step_ms(args.model, args.hardware, args.tp, args.cost_model, b) for b in budgets
+    }
     out["slo_notes"] = notes
     out["wall_s"] = time.perf_counter() - started
     out["backend"] = {"name": args.backend, "workers": workers}
-    if args.plot:
+    if args.plot and interrupted is None:
         from stallfree.plots.tune import plot_tune
 
         out["figures"] = [str(path) for path in plot_tune(out, args.plot)]
@@ -242,6 +254,10 @@ def run_tune(args: argparse.Namespace) -> int:
         from stallfree.tune.report import format_tune
 
         print(format_tune(out))
+    if interrupted is not None:
+        sys.stdout.flush()
+        print("stallfree tune: interrupted", file=sys.stderr)
+        return 130
     met = any(entry["best_budget"] is not None for entry in out["policies"].values())
     return 0 if met else 1
 

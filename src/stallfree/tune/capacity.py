@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallfree.specs.model_presets import HF_REPOS
-from stallfree.tune.jobs import Job, TrialRecord, run_jobs
+from stallfree.tune.jobs import Job, JobsInterrupted, TrialRecord, run_jobs
 from stallfree.tune.pools import TrialPool
 from stallfree.tune.search import CapacitySearch, SearchConfig
 from stallfree.tune.slo import Slos
@@ -81,10 +81,29 @@ def tune_searches(config: TuneConfig) -> list[tuple[TrialSpec, CapacitySearch]]:
     return searches
 
 
+class TuneInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`tune`; ``result`` holds only the (policy, budget) searches that had
+    finished, and ``num_searches`` how many there were in all."""
+
+    def __init__(self, result: TuneResult, num_searches: int) -> None:
+        super().__init__()
+        self.result = result
+        self.num_searches = num_searches
+
+
 def tune(config: TuneConfig, pool: TrialPool, *, progress: bool = False) -> TuneResult:
     searches = tune_searches(config)
     jobs = [Job(spec, search) for spec, search in searches]
-    trials = run_jobs(jobs, pool, config.slos, progress=progress, desc="tune")
+    try:
+        trials = run_jobs(jobs, pool, config.slos, progress=progress, desc="tune")
+    except JobsInterrupted as interrupted:
+        finished = [(spec, search) for spec, search in searches if search.is_done]
+        result = TuneResult(config, _points(finished), interrupted.records)
+        raise TuneInterrupted(result, len(searches)) from None
+    return TuneResult(config, _points(searches), trials)
+
+
+def _points(searches: list[tuple[TrialSpec, CapacitySearch]]) -> list[CapacityPoint]:
     points = []
     for spec, search in searches:
         points.append(
@@ -97,7 +116,7 @@ def tune(config: TuneConfig, pool: TrialPool, *, progress: bool = False) -> Tune
                 num_trials=search.num_trials,
             )
         )
-    return TuneResult(config, points, trials)
+    return points
 
 
 @dataclass(frozen=True, slots=True)

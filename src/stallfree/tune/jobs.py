@@ -78,6 +78,14 @@ class TrialRecord:
         }
 
 
+class JobsInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`run_jobs`; ``records`` are the trials finished before it (sorted)."""
+
+    def __init__(self, records: list[TrialRecord]) -> None:
+        super().__init__()
+        self.records = records
+
+
 def run_jobs(
     jobs: Sequence[Job],
     pool: TrialPool,
@@ -91,6 +99,7 @@ def run_jobs(
     """Run every job's probe to the end; ``on_trial`` sees each newly simulated trial.
 
     ``done`` maps trial keys to summaries already known (a resumed sweep): those never run.
+    A Ctrl-C raises :class:`JobsInterrupted` carrying the trials finished so far.
     """
     from tqdm import tqdm
 
@@ -144,6 +153,8 @@ def run_jobs(
                 finish(j, spec, metrics, "repeat" if position else "run")
             for j in waiting:
                 advance(j)
+    except KeyboardInterrupt:
+        raise JobsInterrupted(sorted(records, key=lambda r: (r.job, r.index))) from None
     finally:
         bar.close()
     return sorted(records, key=lambda r: (r.job, r.index))

@@ -87,7 +87,17 @@ class ProcessPool(TrialPool):
         self._futures: dict[cf.Future[Summary], int] = {}
 
     def submit(self, ticket: int, spec: TrialSpec) -> None:
-        self._futures[self._pool.submit(self._trial_fn, spec)] = ticket
+        # A submit may spawn a worker. SIGINT stays blocked meanwhile: the new process inherits
+        # the mask, so a Ctrl-C during its start-up cannot kill it with a traceback before its
+        # initializer ignores SIGINT; here the signal waits and arrives right after.
+        blocked = threading.current_thread() is threading.main_thread()
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            self._futures[self._pool.submit(self._trial_fn, spec)] = ticket
+        finally:
+            if blocked:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     def next_result(self) -> tuple[int, Summary]:
         done, _ = cf.wait(self._futures, return_when=cf.FIRST_COMPLETED)

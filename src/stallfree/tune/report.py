@@ -38,6 +38,14 @@ def format_tune(out: dict[str, Any]) -> str:
         f"capacity = highest QPS meeting every SLO, binary search to within {out['precision']:.0%}; "
         f"{len(out['trials'])} trials in {duration(out['wall_s'])} on {out['backend']['workers']} "
         f"{out['backend']['name']} worker(s)",
+        *(
+            [
+                f"INTERRUPTED: {out['interrupted']['searches_finished']} of {out['interrupted']['searches']} "
+                "(policy, budget) searches had finished; only those are shown"
+            ]
+            if "interrupted" in out
+            else []
+        ),
         "",
         f"  {'policy':<16}{'budget':>8}{'max seqs':>10}{'capacity (QPS)':>16}{'trials':>8}",
     ]
@@ -48,10 +56,15 @@ def format_tune(out: dict[str, Any]) -> str:
             lines.append(
                 f"  {policy:<16}{point['token_budget']:>8,}{point['max_num_seqs']:>10}{cap:>16}{point['num_trials']:>8}{mark}"
             )
-    lines += ["", "best budget per policy (* above):"]
+    finished = " of the budgets finished" if "interrupted" in out else ""
+    lines += _full_step_notes(out)
+    lines += ["", f"best budget per policy{finished} (* above):"]
     for policy, entry in out["policies"].items():
         if entry["best_budget"] is not None:
             lines.append(f"  {policy:<16}budget {entry['best_budget']:,}: {_qps(entry['capacity_qps'])} QPS")
+            continue
+        if "interrupted" in out and not entry["curve"]:
+            lines.append(f"  {policy:<16}no budget finished before the interrupt")
             continue
         lines.append(f"  {policy:<16}no budget meets the SLOs at any QPS tried")
         closest = entry.get("closest")
@@ -74,6 +87,27 @@ def format_tune(out: dict[str, Any]) -> str:
         if path.endswith(".png"):
             lines.append(f"figure: {path}")
     return "\n".join(lines)
+
+
+def _full_step_notes(out: dict[str, Any]) -> list[str]:
+    """Why a large chunked budget holds so little: one step full of prompt tokens is itself a
+    gap longer than the P99 TBT SLO, so the SLO holds only while full steps stay under 1% of
+    the gaps, at a QPS far below what the budget could carry."""
+    limit = out["slos"].get("tbt_p99_ms")
+    steps = out.get("full_step_ms", {})
+    entry = out["policies"].get("chunked")
+    if limit is None or entry is None:
+        return []
+    over = [p for p in entry["curve"] if steps.get(str(p["token_budget"]), 0.0) > limit]
+    if not over:
+        return []
+    budgets = ", ".join(f"{p['token_budget']:,} ({steps[str(p['token_budget'])]:.0f} ms)" for p in over)
+    return [
+        "",
+        f"  chunked budgets whose full step exceeds the P99 TBT SLO of {limit:g} ms: {budgets}.",
+        "  A step holding that many prompt tokens is itself a gap over the SLO for every stream, so these",
+        "  budgets meet it only at a QPS low enough that such steps stay under 1% of the gaps.",
+    ]
 
 
 def _describe_trial(trial: dict[str, Any], slos: dict[str, float]) -> str:

@@ -134,6 +134,12 @@ def decode_step_ms(model: str, hardware: str, tp: int, num_seqs: int, context_le
     return _cost_model(model, hardware, tp, "full").decode_step_s(num_seqs, context_len) * 1000
 
 
+def full_step_ms(model: str, hardware: str, tp: int, cost_model: str, token_budget: int) -> float:
+    """One step filled with ``token_budget`` prompt tokens: the gap a full chunk puts between
+    two tokens of every running stream."""
+    return _cost_model(model, hardware, tp, cost_model).prefill_time_s(token_budget) * 1000
+
+
 @functools.lru_cache(maxsize=16)
 def _cost_model(model: str, hardware: str, tp: int, kind: str) -> CostModel:
     config = CostModelConfig(
