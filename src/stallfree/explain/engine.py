@@ -23,6 +23,7 @@ from stallfree.engine.profiling import measure_ridge, time_plan
 from stallfree.engine.weights import load_model
 
 RIDGE_CHUNKS = (8, 16, 32, 64, 128, 256, 512, 1024)
+REPEATS = 5  # one run of a reference step is too noisy to divide a TTFT by
 FIRST_TOKEN_ID = 3  # ids below are special tokens of the random tokenizer
 
 
@@ -88,9 +89,9 @@ class EngineTimer:
 
     # Reference figures run between scenario runs: the last run's block tables are stale.
     def step_time_s(self, plan: StepPlan) -> float:
-        """The median of a few runs of ``plan`` (one for a step of thousands of tokens)."""
+        """The median of :data:`REPEATS` runs of ``plan`` (after a warm-up run)."""
         self.model_runner.reset()
-        return time_plan(self.model_runner, plan, repeats=5 if plan.num_tokens <= 1024 else 1)
+        return time_plan(self.model_runner, plan, repeats=REPEATS)
 
     def ridge_tokens(self, num_seqs: int, context_len: int) -> float:
         """Largest chunk (of :data:`RIDGE_CHUNKS`) whose mixed step costs <= tolerance x a decode step."""

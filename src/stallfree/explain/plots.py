@@ -9,17 +9,34 @@ a stall is a blank stretch across every line.
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import FuncFormatter
 
 from stallfree.explain.scenario import PROMPT_ID, Explanation, PolicyRun
 from stallfree.plots import DECODE_COLOR, PROMPT_COLOR, save_figures
 
 TICK_COLOR = "#333333"
+
+
+def _plain_number(value: float, _pos: object = None) -> str:
+    return "" if value <= 0 else f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _plain_minor(value: float, _pos: object = None) -> str:
+    """Label only the 2s and 5s between powers of ten, so the minor ticks do not crowd."""
+    mantissa = value / 10 ** math.floor(math.log10(value)) if value > 0 else 0.0
+    return (
+        _plain_number(value) if round(mantissa) in (2, 5) and abs(mantissa - round(mantissa)) < 1e-6 else ""
+    )
+
+
+_PLAIN, _PLAIN_MINOR = FuncFormatter(_plain_number), FuncFormatter(_plain_minor)
 
 
 def plot_explanation(result: Explanation, out_dir: str | Path) -> list[Path]:
@@ -116,6 +133,8 @@ def _draw_run(ax: Axes, run: PolicyRun, title: str, end_s: float) -> None:
     label = f"longest gap {gap * 1e3:,.0f} ms"
     if gap > 0.1 * end_s:
         ax.text(gap_start + gap / 2, -2.6, label, color="crimson", ha="center", fontsize=9)
+    elif gap_start + gap > 0.7 * end_s:  # near the right edge: write it leftwards, inside the axes
+        ax.text(gap_start, -1.6, label + "  ", color="crimson", ha="right", fontsize=9)
     else:
         ax.text(gap_start + gap, -1.6, "  " + label, color="crimson", ha="left", fontsize=9)
     ax.set_xlim(0, end_s)
@@ -152,6 +171,9 @@ def _sweep(result: Explanation) -> Figure:
     ttft_ax.set_title("below the ridge the prompt crawls", loc="left", fontsize=11)
     ttft_ax.set_yscale("log")
     for ax in (gap_ax, ttft_ax):
+        # Plain numbers on the log axes: a range under a decade otherwise reads "2x10^2, 6x10^1".
+        ax.yaxis.set_major_formatter(_PLAIN)
+        ax.yaxis.set_minor_formatter(_PLAIN_MINOR)
         ax.set_xscale("log", base=2)
         ax.set_xticks(chunks)
         ax.set_xticklabels([f"{c:,}" for c in chunks], rotation=45)
