@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stallfree.core import CacheConfig, Request, Scheduler, SchedulerConfig, StepPlan, StepResult, make_policy
+from factories import one_second
+from stallfree.core import CacheConfig, Request, Scheduler, SchedulerConfig, StepPlan, make_policy
 from stallfree.core.scheduler import StepEvents
 from strategies import policy_cases
 
@@ -54,7 +55,7 @@ def drive(
             for rid in decoding:  # stall-free: every decoding request gets exactly one token
                 assert scheduled.get(rid) == 1 or rid in plan.preempted_request_ids
         plans.append(plan)
-        events.append(sched.update_from_output(plan, StepResult(1.0)))
+        events.append(sched.update_from_output(plan, one_second(plan)))
         clock += 1.0
     else:
         raise AssertionError("scheduler did not finish")

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from factories import make_scheduler, one_second
 from stallfree.core import (
-    CacheConfig,
     FinishReason,
     Request,
-    Scheduler,
-    SchedulerConfig,
-    StepPlan,
     StepResult,
     make_policy,
     run_step,
@@ -18,12 +15,8 @@ from stallfree.core import (
 from stallfree.sim.timeline import simulate_timeline
 
 
-def one_second(plan: StepPlan) -> StepResult:
-    return StepResult(duration_s=1.0)
-
-
 def token_times(policy: str, requests: list[Request], **policy_kw: int) -> dict[str, list[float]]:
-    sched = Scheduler(SchedulerConfig(max_num_seqs=8), CacheConfig(), make_policy(policy, **policy_kw))
+    sched = make_scheduler(policy, max_num_seqs=8, **policy_kw)
     tl = simulate_timeline(sched, one_second, requests)
     assert not sched.has_unfinished_requests()
     return tl.token_times_s
@@ -53,7 +46,7 @@ def test_chunked_never_skips_a_decode() -> None:
 def test_chunked_splits_a_long_prompt_under_a_token_budget() -> None:
     """Budget 5 with one decoder: each step carries 1 decode + 4 prompt tokens, so a
     10-token prompt takes ceil(10/4) = 3 steps and its first token lands at t = 1 + 3."""
-    sched = Scheduler(SchedulerConfig(max_num_seqs=4), CacheConfig(), make_policy("chunked", token_budget=5))
+    sched = make_scheduler("chunked", max_num_seqs=4, token_budget=5)
     reqs = [Request("d", 5, 10), Request("p", 10, 1, arrival_time_s=1.0)]
     tl = simulate_timeline(sched, one_second, reqs)
     assert tl.token_times_s["p"] == [4.0]
@@ -69,10 +62,8 @@ def test_preemption_frees_newest_and_recomputes() -> None:
     """4 blocks of 2 tokens. a and b (3-token prompts) fill all 4 blocks after prefill and
     their first decode (4 tokens each). a's second decode needs a 3rd block, so b (newest)
     is preempted and later recomputes its prompt + 2 generated tokens in one chunk."""
-    sched = Scheduler(
-        SchedulerConfig(max_num_seqs=4),
-        CacheConfig(block_size=2, num_blocks=4, watermark=0.0),
-        make_policy("chunked", token_budget=8),
+    sched = make_scheduler(
+        "chunked", max_num_seqs=4, block_size=2, num_blocks=4, watermark=0.0, token_budget=8
     )
     for rid in ("a", "b"):
         assert sched.add_request(Request(rid, 3, 3)) is None
@@ -89,9 +80,7 @@ def test_preemption_frees_newest_and_recomputes() -> None:
 
 
 def test_requests_that_can_never_fit_are_rejected_with_a_reason() -> None:
-    sched = Scheduler(
-        SchedulerConfig(max_model_len=100), CacheConfig(block_size=16, num_blocks=4), make_policy("chunked")
-    )
+    sched = make_scheduler("chunked", max_model_len=100, num_blocks=4)
     too_long = sched.add_request(Request("x", 90, 20))
     assert too_long is not None and "max_model_len" in too_long
     too_big = sched.add_request(Request("y", 60, 20))
@@ -101,7 +90,7 @@ def test_requests_that_can_never_fit_are_rejected_with_a_reason() -> None:
 
 
 def test_stop_and_abort_free_blocks() -> None:
-    sched = Scheduler(SchedulerConfig(), CacheConfig(block_size=4, num_blocks=16), make_policy("chunked"))
+    sched = make_scheduler("chunked", block_size=4, num_blocks=16)
     assert sched.add_request(Request("s", 6, 10)) is None
     assert sched.add_request(Request("k", 6, 10)) is None
     out = run_step(sched, lambda p: StepResult(0.1, stopped_request_ids=frozenset({"s"})))
@@ -127,7 +116,7 @@ def test_chunked_policy_rejects_bad_budgets(kwargs: dict[str, int], message: str
 
 def test_budget_below_max_num_seqs_is_refused() -> None:
     with pytest.raises(ValueError, match="smaller than max_num_seqs"):
-        Scheduler(SchedulerConfig(max_num_seqs=64), CacheConfig(), make_policy("chunked", token_budget=32))
+        make_scheduler("chunked", max_num_seqs=64, token_budget=32)
 
 
 def test_unknown_policy_lists_the_valid_ones() -> None:
@@ -136,7 +125,7 @@ def test_unknown_policy_lists_the_valid_ones() -> None:
 
 
 def test_duplicate_request_id_is_refused() -> None:
-    sched = Scheduler(SchedulerConfig(), CacheConfig(), make_policy("chunked"))
+    sched = make_scheduler("chunked")
     sched.add_request(Request("a", 4, 4))
     with pytest.raises(ValueError, match="already"):
         sched.add_request(Request("a", 4, 4))
@@ -156,11 +145,7 @@ def test_preemption_never_takes_a_request_already_in_the_plan() -> None:
             for seq in ctx.running:
                 ctx.schedule_running(seq, 1, preempt=True)
 
-    sched = Scheduler(
-        SchedulerConfig(max_num_seqs=4),
-        CacheConfig(block_size=4, num_blocks=3, watermark=0.0),
-        AdmitThenDecode(),
-    )
+    sched = make_scheduler(AdmitThenDecode(), max_num_seqs=4, block_size=4, num_blocks=3, watermark=0.0)
     sched.add_request(Request("a", 4, 8))
     first = run_step(sched, one_second)  # a's prompt: one full block
     assert first is not None

@@ -4,11 +4,11 @@ fast path (steady runs) equal to scheduling every step."""
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from factories import OneSecondCosts, make_scheduler
 from stallfree.core import (
     CacheConfig,
     Request,
@@ -24,19 +24,9 @@ from stallfree.specs import HARDWARE_PRESETS, load_model_spec
 from strategies import policy_cases
 
 
-class OneSecond:
-    """Every step takes 1 s: token times are step counts, easy to check by hand."""
-
-    def step_time_s(self, plan: StepPlan) -> float:
-        return 1.0
-
-    def steady_durations(self, plan: StepPlan, num_steps: int) -> npt.NDArray[np.float64]:
-        return np.ones(num_steps)
-
-
 def run(policy: str, requests: list[Request], fast: bool = True, **kw: int) -> TrafficRun:
-    sched = Scheduler(SchedulerConfig(max_num_seqs=4), CacheConfig(), make_policy(policy, **kw))
-    return run_traffic(sched, OneSecond(), requests, fast=fast)
+    sched = make_scheduler(policy, max_num_seqs=4, **kw)
+    return run_traffic(sched, OneSecondCosts(), requests, fast=fast)  # token times are step counts
 
 
 def by_id(result: TrafficRun) -> dict[str, tuple[float | None, float, int, float]]:
@@ -88,13 +78,9 @@ def test_chunked_golden_long_prompt_rides_with_a_decode(fast: bool) -> None:
 
 
 def test_rejected_requests_are_counted_by_reason() -> None:
-    sched = Scheduler(
-        SchedulerConfig(max_num_seqs=4, max_model_len=64),
-        CacheConfig(block_size=4, num_blocks=8),
-        make_policy("chunked"),
-    )
+    sched = make_scheduler("chunked", max_num_seqs=4, max_model_len=64, block_size=4, num_blocks=8)
     reqs = [Request("ok", 8, 4), Request("long", 60, 10), Request("longer", 70, 10), Request("big", 30, 10)]
-    result = run_traffic(sched, OneSecond(), reqs)
+    result = run_traffic(sched, OneSecondCosts(), reqs)
     reasons = {r.request_id: r.finish_reason for r in result.records}
     assert reasons == {"ok": "length", "long": "rejected", "longer": "rejected", "big": "rejected"}
     assert sum(result.rejected_reasons.values()) == 3
@@ -231,12 +217,10 @@ def test_chunked_admits_a_prompt_only_when_all_its_blocks_fit(fast: bool) -> Non
     [0,5), then decodes to t=24 holding 5..10 blocks. b's 24-token prompt needs 6 blocks: never
     free while a runs, so b waits (admitting it on its first chunk's one block would only get it
     preempted as a grows). b then prefills [24,30) and decodes to 33. No preemption."""
-    sched = Scheduler(
-        SchedulerConfig(max_num_seqs=4),
-        CacheConfig(block_size=4, num_blocks=10, watermark=0.0),
-        make_policy("chunked", chunk_tokens=4),
+    sched = make_scheduler(
+        "chunked", max_num_seqs=4, block_size=4, num_blocks=10, watermark=0.0, chunk_tokens=4
     )
-    result = run_traffic(sched, OneSecond(), [Request("a", 20, 20), Request("b", 24, 4)], fast=fast)
+    result = run_traffic(sched, OneSecondCosts(), [Request("a", 20, 20), Request("b", 24, 4)], fast=fast)
     assert by_id(result) == {"a": (5, 24, 20, 1), "b": (30, 33, 4, 1)}
     b = next(r for r in result.records if r.request_id == "b")
     assert b.first_scheduled_s == 24

@@ -8,8 +8,8 @@ import pytest
 
 from stallfree.cli import main
 from stallfree.sim import simulate
-from stallfree.workload import AllAtOnce, FixedLengths, Workload
 from stallfree.specs import HARDWARE_PRESETS, MODEL_PRESETS
+from stallfree.workload import AllAtOnce, FixedLengths, Workload
 
 
 def test_lists_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
