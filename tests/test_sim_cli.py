@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,10 +59,47 @@ def test_json_has_vllm_keys_per_policy(capsys: pytest.CaptureFixture[str]) -> No
     assert body["scenario"]["num_requests"] == 40
 
 
-def test_single_policy_json_is_flat(capsys: pytest.CaptureFixture[str]) -> None:
+def test_single_policy_json_has_the_same_shape(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", *SMALL, "--json", "--cost-model", "seed"]) == 0
     body = json.loads(capsys.readouterr().out)
-    assert body["policy"] == "chunked" and body["scenario"]["cost_model"] == "weights-only"  # the alias resolved
+    assert set(body) == {"scenario", "policies"} and list(body["policies"]) == ["chunked"]
+    assert body["policies"]["chunked"]["policy"] == "chunked"
+    assert body["scenario"]["cost_model"] == "weights-only"  # the alias resolved
+
+
+def test_one_budget_flag_for_every_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's --max-num-batched-tokens caps every policy's step; --token-budget is the same flag."""
+    args = ["simulate", "--lengths", "fixed:3000,20", "--num-requests", "6", "--qps", "50", "--json"]
+    runs = {}
+    for flag in ("--max-num-batched-tokens", "--token-budget"):
+        assert main([*args, "--policy", "chunked,prefill-first", flag, "1024"]) == 0
+        runs[flag] = json.loads(capsys.readouterr().out)["policies"]
+    assert runs["--max-num-batched-tokens"] == {
+        k: {**v, "sim_wall_s": runs["--max-num-batched-tokens"][k]["sim_wall_s"]}
+        for k, v in runs["--token-budget"].items()
+    }
+    assert main([*args, "--policy", "prefill-first"]) == 0
+    whole = json.loads(capsys.readouterr().out)["policies"]["prefill-first"]
+    capped = runs["--token-budget"]["prefill-first"]
+    # 3,000-token prompts batched whole under 1,024: one prompt a step, not several.
+    assert capped["num_steps"] > whole["num_steps"] or capped["mean_ttft_ms"] > whole["mean_ttft_ms"]
+
+
+def test_all_rejected_has_no_latencies(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--lengths", "fixed:20000,100", "--num-requests", "5"]
+    assert main([*args, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)["policies"]["chunked"]
+    assert summary["completed"] == 0 and summary["rejected"] == 5
+    for key in ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_itl_ms", "max_itl_ms", "p99_e2el_ms"):
+        assert summary[key] is None, key
+    assert summary["rejected_reasons"] == {
+        "prompt (20000) + max_tokens (100) exceeds max_model_len (8192)": 5
+    }
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"TTFT mean \(ms\) +-$", out, re.M) and re.search(r"ITL max \(ms\) +-$", out, re.M)
+    assert "rejected 5, e.g.: prompt (20000) + max_tokens (100) exceeds max_model_len (8192)" in out
+    assert "(N)" not in out and "no request completed, so it has no latencies" in out
 
 
 def test_replaying_a_trace_with_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

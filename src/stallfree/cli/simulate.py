@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stallfree.cli.common import UsageError, add_roofline_args
+from stallfree.cli.common import UsageError, add_roofline_args, measured_profile, positive_int
 
 if TYPE_CHECKING:
     from stallfree.sim import SimulationResult
@@ -52,7 +52,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("model and hardware")
-    add_roofline_args(g, model="llama-3-8b", hardware="a100-80gb", cost_model="full")
+    add_roofline_args(g, model=None, hardware="a100-80gb", cost_model="full")
+    g.add_argument(
+        "--dtype",
+        choices=("bf16", "fp16", "fp32", "fp8"),
+        help="weight and KV dtype (default bf16, or the profile's with --profile)",
+    )
+    g.add_argument(
+        "--sampling",
+        choices=("greedy", "temperature", "top-p"),
+        default="greedy",
+        help="--cost-model measured: the sampler every request uses (default greedy)",
+    )
     g.add_argument(
         "--step-overhead-ms",
         type=float,
@@ -66,17 +77,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="policy or comma list: chunked, prefill-first, decode-first (default %(default)s)",
     )
     g.add_argument(
-        "--token-budget", type=int, help="chunked: tokens per step, decodes included (default 512)"
+        "--max-num-batched-tokens",
+        "--token-budget",
+        dest="token_budget",
+        type=int,
+        metavar="N",
+        help="vLLM's per-step token budget, for every policy: chunked: tokens per step, decodes included "
+        "(default 512); prefill-first/decode-first: prompt tokens batched whole in one step (default "
+        "max-model-len). --token-budget is the same flag",
     )
     g.add_argument("--chunk-tokens", type=int, help="chunked: prompt tokens per step on top of the decodes")
-    g.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        help="prefill-first/decode-first: prompt tokens batched whole in one step (default max-model-len)",
-    )
     g.add_argument("--max-num-seqs", type=int, default=256, help="running requests at most (default 256)")
     g.add_argument("--max-model-len", type=int, help="prompt + output limit (default: the model's context)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    g.add_argument(
+        "--num-blocks",
+        type=positive_int,
+        help="KV-cache blocks, as the engine's --num-blocks (default: sized from the hardware's memory)",
+    )
     g.add_argument(
         "--gpu-memory-utilization",
         type=float,
@@ -110,7 +128,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="METRIC:MS",
         help="SLOs such as ttft:500 tpot:50 (as vllm bench serve)",
     )
-    g.add_argument("--json", action="store_true", help="print the summary as JSON (an object per policy)")
+    g.add_argument(
+        "--json",
+        action="store_true",
+        help='print JSON: {"scenario", "policies": {POLICY: summary}}, one policy or several',
+    )
     g.add_argument(
         "--requests-out", metavar="CSV", help="per-request records (one file per policy if several)"
     )
@@ -132,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
     from stallfree.workload import sample
 
     policies = _policies(args.policy)
+    profile = measured_profile(args)
+    if args.model is None:
+        args.model = _profiled_model(profile) if profile else "llama-3-8b"
     if not args.step_overhead_ms >= 0:
         raise UsageError(f"--step-overhead-ms must be >= 0, got {args.step_overhead_ms}")
     workload, num_requests = _workload(args)
@@ -147,11 +172,16 @@ def run(args: argparse.Namespace) -> int:
             hardware=args.hardware,
             tp=args.tp,
             cost_model=args.cost_model,
+            profile=profile,
+            sampling=args.sampling,
+            dtype_bytes=_DTYPE_BYTES[args.dtype] if args.dtype else None,
+            num_blocks=args.num_blocks,
             step_overhead_s=args.step_overhead_ms / 1000,
             policy=policy,
-            token_budget=args.token_budget,
+            # One budget flag: the step's budget for chunked, the whole-prompt batch cap otherwise.
+            token_budget=args.token_budget if policy == "chunked" else None,
             chunk_tokens=args.chunk_tokens,
-            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_batched_tokens=None if policy == "chunked" else args.token_budget,
             max_num_seqs=args.max_num_seqs,
             max_model_len=args.max_model_len,
             block_size=args.block_size,
@@ -179,17 +209,23 @@ def run(args: argparse.Namespace) -> int:
         outputs += [str(path) for path in plot_traffic(results, args.plot)]
     scenario = _scenario(args, workload, len(requests))
     if args.json:
-        body: dict[str, Any] = {"scenario": scenario}
-        if len(results) == 1:
-            body.update(results[0].summary)
-        else:
-            body["policies"] = {r.policy: r.summary for r in results}
+        # One shape whether one policy ran or several.
+        body: dict[str, Any] = {"scenario": scenario, "policies": {r.policy: r.summary for r in results}}
         if outputs:
             body["outputs"] = outputs
         print(json.dumps(body, indent=2))
     else:
         print(format_table(scenario, [r.summary for r in results], outputs))
     return 0
+
+
+_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+
+
+def _profiled_model(profile: str) -> str:
+    from stallfree.specs.step_profile import load_profile
+
+    return str(load_profile(profile).fingerprint.get("model", "profiled"))
 
 
 def _policies(text: str) -> list[str]:
@@ -239,6 +275,7 @@ def _scenario(args: argparse.Namespace, workload: Any, num_requests: int) -> dic
         "hardware": args.hardware,
         "tp": args.tp,
         "cost_model": args.cost_model,
+        "profile": args.profile,
         "step_overhead_ms": args.step_overhead_ms,
         "num_requests": num_requests,
         "workload": _describe(workload),
@@ -320,7 +357,14 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
         lines.append(f"  {label:<24}" + "".join(f"{'-' if c is None else fmt.format(c):>16}" for c in cells))
     for s in summaries:
         for reason, count in s["rejected_reasons"].items():
-            lines.append(f"  {s['policy']}: rejected {count:,} x {reason}")
+            example = ", e.g." if count > 1 else ""
+            lines.append(f"  {s['policy']}: rejected {count:,}{example}: {reason}")
+        if not s["completed"]:
+            lines.append(
+                f"  {s['policy']}: no request completed, so it has no latencies (-); see the rejections above"
+                if s["rejected"]
+                else f"  {s['policy']}: no request completed, so it has no latencies (-)"
+            )
     if outputs:
         lines += ["", "  wrote: " + ", ".join(outputs)]
     return "\n".join(lines)

@@ -226,7 +226,8 @@ def summarize(
     goodput: Mapping[str, float] | None = None,
 ) -> Summary:
     """vLLM-style summary of a run that lasted ``duration_s``; ``goodput`` maps metric -> SLO in ms
-    (see :func:`parse_goodput`); ``request_goodput`` is None without SLOs, as in vLLM."""
+    (see :func:`parse_goodput`); ``request_goodput`` is None without SLOs, as in vLLM. With no
+    completed request every latency statistic is None (vLLM prints 0, which reads as fast)."""
     if not (math.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration must be a positive number of seconds, got {duration_s}")
     records = list(records)
@@ -278,8 +279,9 @@ def summarize(
         ("e2el", _unweighted_stats(e2els_s)),
     ):
         for stat in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES)):
-            summary[f"{stat}_{name}_ms"] = stats[stat] * 1000
-    summary["max_itl_ms"] = itl_stats["max"] * 1000
+            # Nothing completed, no latency: None (null in JSON), never a 0 that reads as fast.
+            summary[f"{stat}_{name}_ms"] = stats[stat] * 1000 if done else None
+    summary["max_itl_ms"] = itl_stats["max"] * 1000 if done else None
     delay_stats = _unweighted_stats(delays_s) if delays_s else None
     for stat in ("mean", "median", "p99"):
         summary[f"{stat}_scheduling_delay_ms"] = delay_stats[stat] * 1000 if delay_stats else None

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from stallfree.core import DEFAULT_TOKEN_BUDGET, CacheConfig, Request, Scheduler, SchedulerConfig, make_policy
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.sim.cost_model import CostModel, CostModelConfig, CostModelKind
-from stallfree.sim.memory import KvMemory, kv_memory
-from stallfree.sim.traffic import StepTrace, run_traffic
+from stallfree.sim.measured import MeasuredCostModel
+from stallfree.sim.memory import KvMemory, fixed_kv_memory, kv_memory
+from stallfree.sim.traffic import SteadyCostModel, StepTrace, run_traffic
 from stallfree.specs import HardwareSpec, ModelSpec, load_hardware_spec, load_model_spec
+from stallfree.specs.step_profile import StepProfile, load_profile
 from stallfree.workload import Workload, WorkloadArrays, sample
 
 
@@ -35,10 +37,14 @@ class SimulationResult:
 def simulate(
     workload: Workload | WorkloadArrays | Iterable[Request],
     *,
-    model: str | ModelSpec = "llama-3-8b",
+    model: str | ModelSpec | None = None,
     hardware: str | HardwareSpec = "a100-80gb",
     tp: int = 1,
-    cost_model: CostModelKind = "full",
+    cost_model: CostModelKind | Literal["measured"] = "full",
+    profile: str | StepProfile | MeasuredCostModel | None = None,
+    sampling: str = "greedy",
+    dtype_bytes: int | None = None,
+    num_blocks: int | None = None,
     step_overhead_s: float = 0.0,
     policy: str = "chunked",
     token_budget: int | None = None,
@@ -66,14 +72,46 @@ def simulate(
     step (scheduling, sampling, kernel launches: what a roofline leaves out). ``goodput`` maps ``ttft`` / ``tpot`` /
     ``e2el`` to SLOs in ms. ``fast=False`` schedules every step (the reference the fast path equals).
 
+    ``cost_model="measured"`` (implied by ``profile``) prices steps from a step profile of the
+    real engine (:class:`~stallfree.sim.measured.MeasuredCostModel`; ``sampling`` is the mode
+    every sampled row pays: greedy, temperature or top-p), and ``model`` defaults to the
+    profiled one (otherwise ``llama-3-8b``). ``dtype_bytes`` sizes weights and KV (default 2, or
+    the profile's). ``num_blocks`` fixes the KV cache instead of sizing it from ``hardware``.
+
     The summary holds :func:`stallfree.metrics.summarize`'s keys plus ``policy``, ``num_steps``,
     ``num_kv_blocks``, ``kv_block_size`` and ``rejected_reasons`` (reason -> count).
     """
-    model_spec = load_model_spec(model) if isinstance(model, str) else model
     hardware_spec = load_hardware_spec(hardware) if isinstance(hardware, str) else hardware
-    costs = CostModel(
-        CostModelConfig(model_spec, hardware_spec, tp=tp, kind=cost_model, overhead_s=step_overhead_s)
-    )
+    costs: SteadyCostModel
+    if profile is not None or cost_model == "measured":
+        if profile is None:
+            raise ValueError("cost_model 'measured' needs a profile (a stallfree profile file)")
+        measured = (
+            profile
+            if isinstance(profile, MeasuredCostModel)
+            else MeasuredCostModel(
+                load_profile(profile) if isinstance(profile, str) else profile,
+                sampling=sampling,
+                overhead_s=step_overhead_s,
+            )
+        )
+        profiled = model is None or model == measured.profile.fingerprint.get("model")
+        model_spec = measured.model_spec() if profiled else _model_spec(model)  # type: ignore[arg-type]
+        dtype_bytes = measured.dtype_bytes if dtype_bytes is None else dtype_bytes
+        costs = measured
+    else:
+        model_spec = _model_spec("llama-3-8b" if model is None else model)
+        dtype_bytes = 2 if dtype_bytes is None else dtype_bytes
+        costs = CostModel(
+            CostModelConfig(
+                model_spec,
+                hardware_spec,
+                tp=tp,
+                dtype_bytes=dtype_bytes,
+                kind=cost_model,
+                overhead_s=step_overhead_s,
+            )
+        )
     model_len = model_spec.max_position_embeddings if max_model_len is None else max_model_len
     if policy == "chunked":
         scheduler_policy = make_policy(policy, token_budget=token_budget, chunk_tokens=chunk_tokens)
@@ -82,15 +120,19 @@ def simulate(
         batched = model_len if max_num_batched_tokens is None else max_num_batched_tokens
         scheduler_policy = make_policy(policy, token_budget=batched)
         step_tokens = max(batched, model_len)  # the first prompt of a step runs whole even past the cap
-    kv = kv_memory(
-        model_spec,
-        hardware_spec,
-        tp=tp,
-        gpu_memory_utilization=gpu_memory_utilization,
-        block_size=block_size,
-        max_num_batched_tokens=step_tokens,
-        max_num_seqs=max_num_seqs,
-    )
+    if num_blocks is not None:
+        kv = fixed_kv_memory(model_spec, num_blocks, tp=tp, block_size=block_size, dtype_bytes=dtype_bytes)
+    else:
+        kv = kv_memory(
+            model_spec,
+            hardware_spec,
+            tp=tp,
+            gpu_memory_utilization=gpu_memory_utilization,
+            block_size=block_size,
+            dtype_bytes=dtype_bytes,
+            max_num_batched_tokens=step_tokens,
+            max_num_seqs=max_num_seqs,
+        )
     scheduler = Scheduler(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=model_len),
         CacheConfig(block_size=block_size, num_blocks=kv.num_blocks),
@@ -106,13 +148,19 @@ def simulate(
         "policy": policy,
         **summarize(run.records, run.itl, run.duration_s, goodput),
         # exact, where the ITL samples are rounded to 16 significant bits
-        "max_itl_ms": max((r.max_itl_s for r in run.records), default=0.0) * 1000,
+        "max_itl_ms": max((r.max_itl_s for r in run.records), default=0.0) * 1000
+        if any(r.is_completed for r in run.records)
+        else None,
         "num_steps": run.num_steps,
         "num_kv_blocks": kv.num_blocks,
         "kv_block_size": block_size,
         "rejected_reasons": run.rejected_reasons,
     }
     return SimulationResult(policy, summary, run.records, run.itl, kv, run.steps)
+
+
+def _model_spec(model: str | ModelSpec) -> ModelSpec:
+    return load_model_spec(model) if isinstance(model, str) else model
 
 
 def _chunked_step_tokens(token_budget: int | None, chunk_tokens: int | None, max_num_seqs: int) -> int:

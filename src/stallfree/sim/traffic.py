@@ -67,7 +67,8 @@ class StepTrace:
 @dataclass(slots=True)
 class TrafficRun:
     """What :func:`run_traffic` measured. ``records`` are in arrival order (one per request,
-    rejected ones included); ``rejected_reasons`` counts rejections by reason (numbers replaced by N)."""
+    rejected ones included); ``rejected_reasons`` counts rejections by kind of reason (reasons that
+    differ only in their numbers count together), keyed by the first such reason's text."""
 
     records: list[RequestRecord]
     itl: ItlAccumulator
@@ -129,6 +130,7 @@ def run_traffic(
     arrival_order = array("q")  # records[i] is the arrival_order[i]-th request to arrive
     num_arrived = 0
     rejected: dict[str, int] = {}
+    shown: dict[str, str] = {}  # reason with numbers as N -> the first real reason of that kind
     itl = ItlSamples()
     trace = StepTrace() if keep_steps else None
     clock = 0.0
@@ -145,7 +147,9 @@ def run_traffic(
             else:
                 records.append(_rejected_record(upcoming))
                 arrival_order.append(num_arrived)
-                key = _NUMBER.sub("N", reason)
+                # Reasons that differ only in their numbers count together, under the first
+                # one's real text (a representative: "prompt (20000) + ... (8192)").
+                key = shown.setdefault(_NUMBER.sub("N", reason), reason)
                 rejected[key] = rejected.get(key, 0) + 1
             num_arrived += 1
             upcoming = next(pending, None)
