@@ -20,7 +20,17 @@ from stallfree import __version__
 from stallfree.cli.common import UsageError
 
 # Subcommand modules, in the order ``stallfree --help`` lists them.
-COMMAND_MODULES = ("explain", "specs", "simulate", "tune", "generate", "serve", "bench", "ui")
+COMMAND_MODULES = (
+    "explain",
+    "specs",
+    "simulate",
+    "tune",
+    "generate",
+    "serve",
+    "bench",
+    "profile",
+    "ui",
+)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -69,11 +69,26 @@ def add_roofline_args(
         choices=COST_MODEL_CHOICES,
         default=cost_model,
         help="weights-only (alias seed): the seed explainer's arithmetic; full: + attention FLOPs, KV-cache "
-        f"reads and writes, LM head, TP all-reduce (default {cost_model})",
+        "reads and writes, LM head, TP all-reduce; measured: fitted to a `stallfree profile` file "
+        f"(--profile) of the real engine (default {cost_model})",
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="step profile from `stallfree profile` (implies --cost-model measured)",
     )
 
 
-COST_MODEL_CHOICES = ("weights-only", "full")
+COST_MODEL_CHOICES = ("weights-only", "full", "measured")
+
+
+def measured_profile(args: argparse.Namespace) -> str | None:
+    """The profile file of ``--cost-model measured`` (``--profile`` alone implies it), else None."""
+    if args.profile is not None:
+        args.cost_model = "measured"
+    elif args.cost_model == "measured":
+        raise UsageError("--cost-model measured needs --profile FILE (write one with `stallfree profile`)")
+    return str(args.profile) if args.profile is not None else None
 
 
 def cost_model_arg(text: str) -> str:

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
-from stallfree.cli.common import add_roofline_args, positive_int
+from stallfree.cli.common import add_roofline_args, measured_profile, positive_int
 
 if TYPE_CHECKING:
     from stallfree.sim.cost_model import CostModel, CostModelConfig
@@ -66,6 +66,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     from stallfree.specs import HARDWARE_PRESETS, MODEL_PRESETS, load_hardware_spec, load_model_spec
 
+    profile = measured_profile(args)
+    if profile is not None:
+        from stallfree.cli.profile import print_profile_figures
+
+        return print_profile_figures(profile, as_json=args.json)
     if args.model is None and args.hardware is None:
         models = [load_model_spec(name) for name in MODEL_PRESETS]
         hardware = list(HARDWARE_PRESETS.values())

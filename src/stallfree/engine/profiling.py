@@ -1,14 +1,19 @@
-"""Time synthetic steps on the real model: decode batches, with or without a prompt chunk.
+"""Time synthetic steps on the real model: any plan, decode batches, with or without a prompt chunk.
 
 For measurements that need no requests: the cost of a pure decode step, of a mixed step
 (decodes + one chunk), and the *ridge* — the largest chunk a step can carry while costing
 at most ``tolerance`` x a pure decode step (the chunk size stall-free batching should use
 on this machine). Synthetic steps write garbage K/V into the cache, so they run only on an
 idle runner (no live block tables) and leave none behind.
+
+:class:`CpuMeter` says how much CPU *other* processes used while something was measured
+(``/proc/stat`` minus this process's own times), so a profile can tell a quiet measurement
+from one that shared its cores. :mod:`stallfree.engine.profiler` builds profiles from these.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -38,7 +43,9 @@ def time_step(
 ) -> float:
     """Median wall time of one step: ``num_decodes`` decodes at ``decode_context`` tokens of
     context, plus (if ``chunk_tokens``) one prompt chunk after ``chunk_context`` computed tokens."""
-    return time_plan(runner, synthetic_plan(num_decodes, decode_context, chunk_tokens, chunk_context), repeats)
+    return time_plan(
+        runner, synthetic_plan(num_decodes, decode_context, chunk_tokens, chunk_context), repeats
+    )
 
 
 def time_plan(runner: ModelRunner, plan: StepPlan, repeats: int = 3) -> float:
@@ -46,6 +53,13 @@ def time_plan(runner: ModelRunner, plan: StepPlan, repeats: int = 3) -> float:
 
     Every chunk gets KV blocks for its whole context, filled with garbage; none are left behind.
     """
+    return statistics.median(plan_times(runner, plan, repeats))
+
+
+def plan_times(runner: ModelRunner, plan: StepPlan, repeats: int = 3, warmups: int = 1) -> list[float]:
+    """Wall time of each of ``repeats`` runs of ``plan`` after ``warmups`` unmeasured ones
+    (see :func:`time_plan`); plans from a real scheduler work too (ids past the context are
+    known but not run)."""
     if runner.block_tables:
         raise ValueError("synthetic steps need an idle runner (requests hold KV blocks)")
     if repeats <= 0:
@@ -62,7 +76,8 @@ def time_plan(runner: ModelRunner, plan: StepPlan, repeats: int = 3) -> float:
         next_block += count
     token_ids = {c.request_id: [3] * c.num_known_tokens for c in plan.chunks}
     try:
-        runner.execute(plan, token_ids)  # warm-up
+        for _ in range(warmups):
+            runner.execute(plan, token_ids)
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
@@ -72,7 +87,53 @@ def time_plan(runner: ModelRunner, plan: StepPlan, repeats: int = 3) -> float:
             times.append(time.perf_counter() - start)
     finally:
         runner.reset()
-    return statistics.median(times)
+    return times
+
+
+class CpuMeter:
+    """CPU seconds the rest of the machine used between :meth:`start` and :meth:`stop`.
+
+    All CPUs' busy time from ``/proc/stat`` (user, nice, system, irq, softirq, steal) minus
+    this process's user + system time (all its threads). ``None`` where ``/proc/stat`` is
+    unreadable (not Linux).
+    """
+
+    def __init__(self) -> None:
+        self.tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
+        self._start: tuple[float, float] | None = None
+
+    @staticmethod
+    def num_cpus() -> int:
+        return os.cpu_count() or 1
+
+    def _machine_busy_s(self) -> float | None:
+        try:
+            with open("/proc/stat") as stat:  # noqa: PTH123 - a Linux pseudo-file
+                fields = stat.readline().split()
+        except OSError:
+            return None
+        if not fields or fields[0] != "cpu":
+            return None
+        user, nice, system, _idle, _iowait, irq, softirq, *rest = (int(v) for v in fields[1:])
+        steal = rest[0] if rest else 0
+        return (user + nice + system + irq + softirq + steal) * self.tick_s
+
+    @staticmethod
+    def _own_s() -> float:
+        times = os.times()
+        return times.user + times.system
+
+    def start(self) -> None:
+        machine = self._machine_busy_s()
+        self._start = None if machine is None else (machine, self._own_s())
+
+    def stop(self) -> float | None:
+        """Other processes' CPU seconds since :meth:`start` (>= 0), or None."""
+        machine = self._machine_busy_s()
+        if self._start is None or machine is None:
+            return None
+        machine0, own0 = self._start
+        return max(0.0, (machine - machine0) - (self._own_s() - own0))
 
 
 def measure_ridge(

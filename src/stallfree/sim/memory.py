@@ -103,3 +103,23 @@ def kv_memory(
         block_size=block_size,
         num_blocks=num_blocks,
     )
+
+
+def fixed_kv_memory(
+    model: ModelSpec, num_blocks: int, *, tp: int = 1, block_size: int = 16, dtype_bytes: int = 2
+) -> KvMemory:
+    """A KV cache of exactly ``num_blocks`` blocks (an engine's ``--num-blocks``), whatever the memory."""
+    if num_blocks <= 0 or block_size <= 0 or tp <= 0:
+        raise ValueError(
+            f"num_blocks, block_size and tp must be positive, got {num_blocks}, {block_size}, {tp}"
+        )
+    kv_per_token = model.kv_bytes_per_token(dtype_bytes) * tp / min(tp, model.num_kv_heads)
+    weights = model.weight_bytes(dtype_bytes)
+    return KvMemory(
+        usable_bytes=weights + num_blocks * block_size * kv_per_token,
+        weight_bytes=weights,
+        activation_reserve_bytes=0,
+        kv_bytes_per_token=kv_per_token,
+        block_size=block_size,
+        num_blocks=num_blocks,
+    )

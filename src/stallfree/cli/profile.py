@@ -1,0 +1,153 @@
+"""``stallfree profile``: measure the real engine on this machine into a step-profile JSON file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from stallfree.cli.common import positive_float, positive_int
+
+_DESCRIPTION = """\
+Measure the PyTorch engine on this machine over a grid of synthetic steps that covers what the
+scheduler produces: pure decode batches (1 .. --max-num-seqs) across contexts, prompt chunks
+across sizes and earlier context, mixed steps, the sampler per row (greedy / temperature /
+top-p), the linear layers alone, and real engine steps for the cost outside the model. Each
+point repeats (median and IQR kept); a point during which other processes used more than
+--busy-fraction of the CPU is re-measured, and the run warns if some never got quiet.
+The JSON file (schema stallfree-step-profile v1, see stallfree.specs.step_profile) carries a
+fingerprint: model, dtype, device and its name, threads, torch version, date.
+Use it with --cost-model measured --profile FILE (simulate, tune, sweep, specs, explain) and
+with stallfree validate.
+"""
+
+_EPILOG = """\
+examples:
+  stallfree profile --model random:medium --out medium.profile.json        # a few minutes on 2 cores
+  stallfree profile --model random:tiny --quick --out tiny.profile.json    # seconds
+  stallfree specs --profile medium.profile.json                            # what was measured
+"""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "profile",
+        help="measure the real engine on this machine: a step profile for --cost-model measured",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--model", default="random:medium", help="random:<preset> or a local HF folder (default %(default)s)"
+    )
+    p.add_argument("--out", required=True, help="profile JSON file to write")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default %(default)s)")
+    p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
+    p.add_argument(
+        "--max-num-seqs",
+        type=positive_int,
+        default=64,
+        help="largest decode batch to measure (default %(default)s)",
+    )
+    p.add_argument("--quick", action="store_true", help="a sparse grid, 3 repeats (well under a minute)")
+    p.add_argument(
+        "--busy-fraction",
+        type=positive_float,
+        default=0.25,
+        help="re-measure a point when other processes used more than this share of the CPU (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=positive_int,
+        default=3,
+        help="measurements of a busy point at most (default 3)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stallfree.engine.profiler import run_profile
+    from stallfree.specs.step_profile import save_profile
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr)
+
+    kwargs: dict[str, Any] = {
+        "dtype": args.dtype,
+        "device": args.device,
+        "threads": args.threads,
+        "max_num_seqs": args.max_num_seqs,
+        "quick": args.quick,
+        "busy_fraction": args.busy_fraction,
+        "max_attempts": args.max_attempts,
+        "progress": False if args.no_progress else None,
+        "log": log,
+    }
+    profile = run_profile(args.model, **kwargs)
+    path = save_profile(profile, args.out)
+    print(
+        f"wrote {path}: {len(profile.steps)} steps, {len(profile.sampling)} sampling, "
+        f"{len(profile.linear)} linear, {len(profile.overhead)} overhead points; {profile.describe()}"
+    )
+    return 0
+
+
+def print_profile_figures(path: str, *, as_json: bool = False) -> int:
+    """``stallfree specs --profile FILE``: the measured model's fitted parameters, readable."""
+    from stallfree.sim.measured import MeasuredCostModel
+
+    params = MeasuredCostModel.from_file(path).parameters()
+    if as_json:
+        print(json.dumps(params, indent=2))
+        return 0
+    print(profile_figures_text(params))
+    return 0
+
+
+def profile_figures_text(p: dict[str, Any]) -> str:
+    def ms(seconds: float) -> str:
+        return f"{seconds * 1e3:.3f} ms"
+
+    def rate(value: float | None, unit: str, scale: float) -> str:
+        return "-" if value is None else f"{value / scale:,.1f} {unit}"
+
+    lines = [
+        f"measured    {p['profile']}",
+        f"  fixed step cost          {ms(p['fixed_step_s'])} (a 1-token forward, weights included)",
+        f"  weight streaming         {rate(p['weight_stream_bytes_per_s'], 'GB/s', 1e9)} (linear layers at 1 token)",
+        f"  KV read by decodes       {rate(p['kv_read_bytes_per_s'], 'GB/s', 1e9)} effective"
+        f" ({p['per_kv_token_s'] * 1e9:.1f} ns per cached token)",
+        f"  attention (chunks)       {rate(p['attention_flops_per_s'], 'GFLOP/s', 1e9)} effective"
+        f" ({p['per_pair_s'] * 1e9:.3f} ns per query-key pair), "
+        f"{p['per_gather_token_s'] * 1e9:.1f} ns per gathered context token, {ms(p['per_chunk_s'])} per chunk",
+        f"  per decode row           {ms(p['per_decode_s'])}",
+        "  LM head by sampled rows  "
+        + ", ".join(
+            f"{lo}-{hi}: {ms(s)}/row"
+            for lo, hi, s in zip(
+                p["lm_head_knots"], p["lm_head_knots"][1:], p["lm_head_per_row_s_by_segment"], strict=False
+            )
+        ),
+        "  sampler per row          "
+        + ", ".join(f"{mode} {ms(s)}" for mode, s in p["sampling_per_row_s"].items()),
+        f"  engine outside the model {ms(p['engine_overhead_step_s'])} a step + {ms(p['engine_overhead_per_row_s'])} a row",
+        "  by tokens per step       forward (fixed + linear)    achieved      linear alone",
+    ]
+    for tokens, entry in p["by_tokens_per_step"].items():
+        alone = (
+            f"{ms(entry['linear_s']):>12} {entry['linear_flops_per_s'] / 1e9:8.1f} GFLOP/s"
+            if "linear_s" in entry
+            else ""
+        )
+        lines.append(
+            f"    {tokens:>6} tokens        {ms(entry['forward_s']):>12}"
+            f"  {(entry['flops_per_s'] or 0) / 1e9:8.1f} GFLOP/s  {alone}"
+        )
+    lines.append(
+        f"  fit error (in sample)    median {p['fit_median_abs_error']:.1%}, p90 {p['fit_p90_abs_error']:.1%},"
+        f" max {p['fit_max_abs_error']:.1%} over {p['num_step_points']} step points"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,438 @@
+"""``stallfree profile``: measure the real engine on this machine into a step profile.
+
+A :class:`ProfileGrid` covers what the scheduler produces: pure decode batches (1 ..
+``max_num_seqs``) across contexts, prompt chunks across sizes and earlier context, mixed steps
+(decodes + a chunk), the sampler per row by mode, the linear layers alone, and real engine
+steps for the per-step cost outside the executor. Each point repeats; a point during which
+other processes used more than ``busy_fraction`` of the machine's CPU is re-measured (up to
+``max_attempts``, keeping the quietest attempt) and flagged ``busy`` if it never got quiet.
+The result is a :class:`~stallfree.specs.step_profile.StepProfile` (schema in that module).
+"""
+
+from __future__ import annotations
+
+import platform
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from functools import partial
+from typing import Any
+
+import torch
+
+from stallfree import __version__
+from stallfree.core import SamplingParams, ScheduledChunk, StepPlan
+from stallfree.engine.engine import LLMEngine
+from stallfree.engine.profiling import CpuMeter, plan_times
+from stallfree.engine.sampler import sample
+from stallfree.specs import ModelSpec
+from stallfree.specs.step_profile import (
+    SAMPLING_MODES,
+    LinearPoint,
+    OverheadPoint,
+    SamplingPoint,
+    Stats,
+    StepPoint,
+    StepProfile,
+)
+
+_PARAMS = {
+    "greedy": SamplingParams(temperature=0.0),
+    "temperature": SamplingParams(temperature=1.0),
+    "top-p": SamplingParams(temperature=1.0, top_p=0.9),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileGrid:
+    """What to measure. Decode points with more than ``max_decode_kv_tokens`` cached tokens in
+    all are skipped (they would only measure memory bandwidth for minutes)."""
+
+    decode_batches: tuple[int, ...]
+    decode_contexts: tuple[int, ...]
+    chunk_tokens: tuple[int, ...]
+    chunk_contexts: tuple[int, ...]
+    mixed_decodes: tuple[int, ...]
+    mixed_decode_contexts: tuple[int, ...]
+    mixed_chunk_tokens: tuple[int, ...]
+    mixed_chunk_contexts: tuple[int, ...]
+    sampling_rows: tuple[int, ...]
+    linear_tokens: tuple[int, ...]
+    overhead_rows: tuple[int, ...]
+    repeats: int = 5
+    max_decode_kv_tokens: int = 65536
+
+    def step_points(self) -> Iterator[tuple[str, tuple[int, ...], tuple[tuple[int, int, bool], ...]]]:
+        """(kind, decode contexts, chunks) of every step point, in measuring order."""
+        for ctx in self.decode_contexts:
+            for n in self.decode_batches:
+                if n * ctx <= self.max_decode_kv_tokens:
+                    yield "decode", (ctx,) * n, ()
+        for before in self.chunk_contexts:
+            for tokens in self.chunk_tokens:
+                yield "prefill", (), ((tokens, before, False),)
+        for dctx in self.mixed_decode_contexts:
+            for n in self.mixed_decodes:
+                for before in self.mixed_chunk_contexts:
+                    for tokens in self.mixed_chunk_tokens:
+                        # Alternate: a middle chunk (no logits) and a last chunk (samples).
+                        yield "mixed", (dctx,) * n, ((tokens, before, (tokens + before) % 2 == 0),)
+
+    def num_points(self) -> int:
+        return (
+            sum(1 for _ in self.step_points())
+            + len(self.sampling_rows) * len(SAMPLING_MODES)
+            + len(self.linear_tokens)
+            + len(self.overhead_rows)
+        )
+
+    def max_kv_tokens(self, block_size: int) -> int:
+        """KV slots the largest step point needs (rounded up to blocks per sequence)."""
+
+        def blocks(n: int) -> int:
+            return -(-n // block_size)
+
+        most = 0
+        for _kind, decodes, chunks in self.step_points():
+            need = sum(blocks(c + 1) for c in decodes) + sum(blocks(n + b) for n, b, _ in chunks)
+            most = max(most, need)
+        return most * block_size
+
+
+def default_grid(max_num_seqs: int, max_model_len: int, *, quick: bool = False) -> ProfileGrid:
+    """The default grid (a few minutes for ``random:medium`` on 2 cores); ``quick``: a sparse one."""
+
+    def upto(values: tuple[int, ...], limit: int) -> tuple[int, ...]:
+        kept = tuple(v for v in values if v <= limit)
+        return kept or (min(values[0], limit),)
+
+    context_limit = max(1, max_model_len - 1)
+    batches = upto((1, 2, 4, 8, 16, 32, 64, 128, 256), max_num_seqs)
+    if batches[-1] != max_num_seqs and max_num_seqs <= 256:
+        batches = (*batches, max_num_seqs)
+    if quick:
+        return ProfileGrid(
+            decode_batches=tuple(dict.fromkeys((*batches[:: max(1, len(batches) // 3)], batches[-1]))),
+            decode_contexts=upto((16, 512), context_limit),
+            chunk_tokens=upto((16, 64, 256), context_limit),
+            chunk_contexts=(0, *upto((256,), max(0, context_limit - 256))),
+            mixed_decodes=upto((4,), max_num_seqs),
+            mixed_decode_contexts=upto((128,), context_limit),
+            mixed_chunk_tokens=upto((32, 128), context_limit),
+            mixed_chunk_contexts=(0,),
+            sampling_rows=(1, 8),
+            linear_tokens=(1, 64),
+            overhead_rows=(1, min(8, max_num_seqs)),
+            repeats=3,
+        )
+    return ProfileGrid(
+        decode_batches=tuple(dict.fromkeys(batches)),
+        decode_contexts=upto((16, 256, 1024, 2048), context_limit),
+        chunk_tokens=upto((8, 16, 32, 64, 128, 256, 512), context_limit),
+        chunk_contexts=(0, *upto((512, 1536), max(0, context_limit - 512))),
+        mixed_decodes=upto((1, 4, 16), max_num_seqs),
+        mixed_decode_contexts=upto((256, 1024), context_limit),
+        mixed_chunk_tokens=upto((16, 48, 128, 256), context_limit),
+        mixed_chunk_contexts=(0, *upto((512,), max(0, context_limit - 256))),
+        sampling_rows=(1, 4, 16, 64),
+        linear_tokens=(1, 4, 16, 64, 256, 512),
+        overhead_rows=tuple(dict.fromkeys(upto((1, 8, 32), max_num_seqs))),
+    )
+
+
+class _Measurer:
+    """Runs one measurement, re-measuring while other processes keep the machine busy."""
+
+    def __init__(self, busy_fraction: float, max_attempts: int) -> None:
+        self.busy_fraction = busy_fraction
+        self.max_attempts = max_attempts
+        self.meter = CpuMeter()
+        self.num_busy = 0
+        self.num_remeasured = 0
+
+    def __call__(self, run: Callable[[], list[float]]) -> Stats:
+        best: Stats | None = None
+        capacity = CpuMeter.num_cpus()
+        for attempt in range(1, self.max_attempts + 1):
+            self.meter.start()
+            start = time.perf_counter()
+            times = run()
+            wall = time.perf_counter() - start
+            other = self.meter.stop()
+            # /proc/stat counts in ticks (10 ms): fewer than two is below its resolution.
+            busy = other is not None and other > max(
+                self.busy_fraction * wall * capacity, 2 * self.meter.tick_s
+            )
+            stats = Stats(tuple(times), other, wall, attempt, busy)
+            if best is None or _load(stats) < _load(best):
+                best = stats
+            if not busy:
+                break
+            if attempt < self.max_attempts:
+                self.num_remeasured += 1
+                time.sleep(0.2 * attempt)  # let a neighbour's burst pass
+        assert best is not None
+        best = replace(best, attempts=attempt)
+        self.num_busy += best.busy
+        return best
+
+
+def _load(stats: Stats) -> float:
+    return 0.0 if stats.other_cpu_s is None else stats.other_cpu_s / max(stats.wall_s, 1e-9)
+
+
+def synthetic_step(decode_contexts: tuple[int, ...], chunks: tuple[tuple[int, int, bool], ...]) -> StepPlan:
+    """The plan of one profile point: decode ``i`` has ``decode_contexts[i]`` cached tokens; a chunk
+    that does not sample knows one token more than it runs (a middle chunk of a longer prompt)."""
+    planned = [ScheduledChunk(f"decode-{i}", c, 1, c + 1) for i, c in enumerate(decode_contexts)]
+    for i, (n, before, samples) in enumerate(chunks):
+        planned.append(ScheduledChunk(f"chunk-{i}", before, n, before + n + (0 if samples else 1)))
+    return StepPlan(tuple(planned))
+
+
+def run_profile(
+    model: str = "random:medium",
+    *,
+    dtype: str = "auto",
+    device: str | None = None,
+    threads: int | None = None,
+    max_num_seqs: int = 64,
+    quick: bool = False,
+    grid: ProfileGrid | None = None,
+    busy_fraction: float = 0.25,
+    max_attempts: int = 3,
+    block_size: int = 16,
+    progress: bool | None = None,
+    log: Callable[[str], None] | None = None,
+) -> StepProfile:
+    """Measure ``model`` on this machine; see the module docstring. ``progress``: a tqdm bar
+    (default: when stderr is a terminal)."""
+    from tqdm import tqdm
+
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"threads must be positive, got {threads}")
+        torch.set_num_threads(threads)
+    # The largest default grid (no context limit) bounds the KV cache any model's grid needs.
+    sizing = grid or default_grid(max_num_seqs, 1 << 30, quick=quick)
+    num_blocks = -(-sizing.max_kv_tokens(block_size) // block_size) + 8
+    engine = LLMEngine(
+        model,
+        dtype=dtype,
+        device=device,
+        num_blocks=max(num_blocks, -(-(max(sizing.overhead_rows) * 64) // block_size) + 8),
+        block_size=block_size,
+        max_num_seqs=max(max_num_seqs, *sizing.overhead_rows),
+        policy="chunked",
+        token_budget=max(512, *sizing.overhead_rows),
+    )
+    spec = engine.model.spec
+    grid = grid or default_grid(max_num_seqs, engine.max_model_len, quick=quick)
+    measure = _Measurer(busy_fraction, max_attempts)
+    show = sys.stderr.isatty() if progress is None else progress
+    steps: list[StepPoint] = []
+    sampling: list[SamplingPoint] = []
+    linear: list[LinearPoint] = []
+    overhead: list[OverheadPoint] = []
+    started = time.perf_counter()
+    runner = engine.model_runner
+    # Warm up: first calls of each kernel (oneDNN primitives, allocator growth) are slow.
+    for _kind, decodes, chunks in list(grid.step_points())[:: max(1, grid.num_points() // 6)]:
+        plan_times(runner, synthetic_step(decodes, chunks), 1)
+    with tqdm(total=grid.num_points(), disable=not show, unit="point", file=sys.stderr) as bar:
+        for kind, decodes, chunks in grid.step_points():
+            plan = synthetic_step(decodes, chunks)
+            stats = measure(partial(plan_times, runner, plan, grid.repeats))
+            steps.append(StepPoint(kind, decodes, chunks, stats))
+            bar.update()
+        for mode in SAMPLING_MODES:
+            for rows in grid.sampling_rows:
+                stats = measure(partial(_sampling_times, engine, mode, rows, grid.repeats))
+                sampling.append(SamplingPoint(mode, rows, stats))
+                bar.update()
+        for tokens in grid.linear_tokens:
+            stats = measure(partial(_linear_times, engine, tokens, grid.repeats))
+            linear.append(LinearPoint(tokens, stats))
+            bar.update()
+        for rows in grid.overhead_rows:
+            stats = measure(partial(_overhead_times, engine, rows, grid.repeats))
+            overhead.append(OverheadPoint(rows, stats))
+            bar.update()
+    elapsed = time.perf_counter() - started
+    if log is not None:
+        total = grid.num_points()
+        log(f"measured {total} points in {elapsed:.0f} s")
+        if measure.num_busy:
+            log(
+                f"warning: {measure.num_busy} of {total} points stayed busy after {max_attempts} attempts "
+                f"(other processes used > {busy_fraction:.0%} of the CPU); the profile is noisy — rerun on a quiet machine"
+            )
+        elif measure.num_remeasured:
+            log(f"note: {measure.num_remeasured} re-measurements while the machine was busy")
+    return StepProfile(
+        fingerprint=_fingerprint(model, engine),
+        model=model_dims(spec, _dtype_bytes(engine.dtype)),
+        settings={
+            "block_size": block_size,
+            "num_blocks": engine.model_runner.kv_cache.num_blocks,
+            "max_num_seqs": max_num_seqs,
+            "repeats": grid.repeats,
+            "quick": quick,
+            "busy_fraction": busy_fraction,
+            "max_attempts": max_attempts,
+            "elapsed_s": elapsed,
+            "num_busy_points": measure.num_busy,
+        },
+        steps=tuple(steps),
+        sampling=tuple(sampling),
+        linear=tuple(linear),
+        overhead=tuple(overhead),
+        model_config=spec.to_hf_config(),
+    )
+
+
+def model_dims(spec: ModelSpec, dtype_bytes: int) -> dict[str, int]:
+    return {
+        "num_params": spec.num_params,
+        "num_non_embedding_params": spec.num_non_embedding_params,
+        "lm_head_params": spec.lm_head_params,
+        "num_layers": spec.num_layers,
+        "hidden_size": spec.hidden_size,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "intermediate_size": spec.intermediate_size,
+        "vocab_size": spec.vocab_size,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "weight_bytes": spec.weight_bytes(dtype_bytes),
+        "kv_bytes_per_token": spec.kv_bytes_per_token(dtype_bytes),
+    }
+
+
+def _dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def _fingerprint(model: str, engine: LLMEngine) -> dict[str, Any]:
+    device = engine.device
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    return {
+        "model": model,
+        "model_name": engine.model.spec.name,
+        "dtype": str(engine.dtype).removeprefix("torch."),
+        "dtype_bytes": _dtype_bytes(engine.dtype),
+        "device": device.type,
+        "device_name": device_name,
+        "threads": torch.get_num_threads(),
+        "num_cpus": CpuMeter.num_cpus(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "stallfree": __version__,
+        "python": platform.python_version(),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "hostname": socket.gethostname(),
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:  # noqa: PTH123 - a Linux pseudo-file
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _sampling_times(engine: LLMEngine, mode: str, rows: int, repeats: int) -> list[float]:
+    """The sampler on ``rows`` rows of fp32 logits, all in ``mode``."""
+    vocab = engine.model.spec.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    logits = (torch.randn(rows, vocab, generator=generator) * 4).to(engine.device)
+    params = [_PARAMS[mode]] * rows
+    gens = [torch.Generator(device=engine.device).manual_seed(i) for i in range(rows)]
+    sample(logits, params, gens)  # warm-up
+    times = []
+    for _ in range(repeats):
+        _sync(engine.device)
+        start = time.perf_counter()
+        sample(logits, params, gens)
+        _sync(engine.device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _linear_times(engine: LLMEngine, num_tokens: int, repeats: int) -> list[float]:
+    """Every decoder layer's four matmuls (qkv, o, gate+up, down) on ``num_tokens`` rows."""
+    model, spec = engine.model, engine.model.spec
+    dtype, device = engine.dtype, engine.device
+    x = torch.randn(num_tokens, spec.hidden_size, dtype=dtype, device=device)
+    attn = torch.randn(num_tokens, spec.q_size, dtype=dtype, device=device)
+    act = torch.randn(num_tokens, spec.intermediate_size, dtype=dtype, device=device)
+
+    linear = _linear_op(model)
+
+    def run() -> None:
+        with torch.inference_mode():
+            for layer in model.decoder_layers():
+                linear(x, layer.qkv_proj, layer.qkv_bias)
+                linear(attn, layer.o_proj)
+                linear(x, layer.gate_up_proj)
+                linear(act, layer.down_proj)
+
+    run()
+    times = []
+    for _ in range(repeats):
+        _sync(engine.device)
+        start = time.perf_counter()
+        run()
+        _sync(engine.device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _linear_op(model: Any) -> Callable[..., torch.Tensor]:
+    """The model's own matmul (pre-packed weights on CPU), wherever this version keeps it."""
+    weights = getattr(model, "weights", None)
+    op = getattr(weights, "linear", None) or getattr(model, "_linear", None)
+    if op is None:
+        return torch.nn.functional.linear
+    return op  # type: ignore[no-any-return]
+
+
+def _overhead_times(engine: LLMEngine, rows: int, repeats: int) -> list[float]:
+    """Real engine decode steps of ``rows`` greedy requests: ``step()`` wall time minus the
+    executor's (scheduling, bookkeeping and detokenising: what a step costs beyond the model)."""
+    params = SamplingParams(max_tokens=4 * repeats + 16, temperature=0.0, ignore_eos=True)
+    rids = [
+        engine.add_request(prompt_token_ids=[5 + i % 50] * 8, sampling_params=params) for i in range(rows)
+    ]
+    try:
+        engine.step()
+        while engine.scheduler.num_waiting or (
+            engine.last_step is not None and engine.last_step.plan.num_prefill_tokens
+        ):
+            engine.step()
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            engine.step()
+            wall = time.perf_counter() - start
+            assert engine.last_step is not None
+            times.append(max(0.0, wall - engine.last_step.result.duration_s))
+        return times[1:]
+    finally:
+        for rid in rids:
+            engine.abort_request(rid)
+        while engine.has_unfinished_requests():
+            engine.step()
+        engine.model_runner.reset()  # aborted requests' tables: no plan came to drop them

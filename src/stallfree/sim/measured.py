@@ -1,0 +1,431 @@
+"""Measured cost model: step durations fitted to a step profile of the real engine.
+
+Owns :class:`MeasuredCostModel` (the same step-pricing interface as the roofline
+:class:`~stallfree.sim.cost_model.CostModel`: ``step_time_s``, ``steady_durations``,
+``decode_step_s``, ``prefill_time_s``, ``ridge_tokens``) and :func:`fit_forward` (numpy only,
+never torch). A step's time is additive:
+
+    forward   fixed per step                                          ``fixed_s``
+            + linear layers by tokens per step: a monotone piecewise-linear curve through
+              knots at 1, 2, 4, ... tokens (a soft knee, no ``max()`` corner)     ``token_curve``
+            + LM head by sampled rows: the same kind of curve from 0 rows (its first
+              segment is streaming the head's weights once)                       ``sample_curve``
+            + per decode row, per KV token a decode reads (its context)            ``per_decode_s``, ``per_kv_token_s``
+            + per prompt chunk, per query-key pair of a chunk's attention, and per
+              context token a chunk with earlier context gathers                   ``per_chunk_s``, ``per_pair_s``, ``per_gather_token_s``
+    sampler   per sampled row, by mode (greedy / temperature / top-p)               ``sampling``
+    engine    outside the executor: per step and per sampled row                    ``overhead``
+
+The forward terms are fitted to the profile's step points by non-negative least squares on
+relative error (every coefficient >= 0, so durations never shrink as contexts grow, which the
+traffic driver's fast path relies on); sampler and engine terms are straight lines through
+their own points. Invariant: element ``j`` of :meth:`MeasuredCostModel.steady_durations`
+equals :meth:`MeasuredCostModel.step_time_s` of the plan shifted by ``j`` steps bit for bit
+(the same float operations in the same order, scalar or vectorised).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from stallfree.core.plan import ScheduledChunk, StepPlan
+from stallfree.specs.model import ModelSpec
+from stallfree.specs.step_profile import SAMPLING_MODES, StepPoint, StepProfile, load_profile
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """A monotone piecewise-linear function: ``slopes[j]`` per unit over ``[knots[j], knots[j+1]]``,
+    the last slope continuing past the last knot; 0 at ``knots[0]`` and below."""
+
+    knots: tuple[int, ...]
+    slopes: tuple[float, ...]
+
+    def __call__(self, x: int) -> float:
+        total = 0.0
+        knots = self.knots
+        for j, slope in enumerate(self.slopes):
+            low = knots[j]
+            if x <= low:
+                break
+            width = x - low if j + 1 == len(knots) - 1 else min(x, knots[j + 1]) - low
+            total = total + slope * width
+        return total
+
+    def basis(self, x: int) -> list[float]:
+        """The ramps whose weighted sum is the curve (one per slope)."""
+        out = []
+        for j in range(len(self.slopes)):
+            low, high = self.knots[j], self.knots[j + 1]
+            last = j + 1 == len(self.knots) - 1
+            out.append(float(max(0, (x if last else min(x, high)) - low)))
+        return out
+
+
+def _knots(start: int, values: Sequence[int], ratio: float = 1.5) -> tuple[int, ...]:
+    """Knots at measured values only (every segment is bracketed by data), each at least
+    ``ratio`` x the one before, from ``start``; at least two knots."""
+    knots = [start]
+    for value in sorted(set(values)):
+        if value > knots[-1] and (value >= ratio * knots[-1] or knots[-1] == 0):
+            knots.append(value)
+    largest = max(values, default=start)
+    if largest > knots[-1]:
+        knots.append(largest)
+    if len(knots) == 1:
+        knots.append(start + 1)
+    return tuple(knots)
+
+
+@dataclass(frozen=True, slots=True)
+class StepFeatures:
+    """The plan sums the forward terms price."""
+
+    num_tokens: int
+    num_samples: int
+    num_decodes: int
+    num_chunks: int
+    kv_tokens: int  # context tokens decodes read (their own included)
+    pairs: int  # query-key pairs of multi-token chunks
+    gather_tokens: int  # context tokens gathered by chunks with earlier context
+
+
+def plan_features(chunks: Sequence[ScheduledChunk] | Sequence[tuple[int, int, bool]]) -> StepFeatures:
+    """Features of a plan's chunks (``ScheduledChunk`` or ``(num_tokens, before, samples)``).
+
+    As the engine runs them: a one-token chunk is a decode row (batched attention over its
+    context); longer chunks attend one by one, gathering their context if they have one.
+    """
+    tokens = samples = decodes = num_chunks = kv = pairs = gather = 0
+    for chunk in chunks:
+        if isinstance(chunk, ScheduledChunk):
+            n, before = chunk.num_tokens, chunk.num_computed_tokens
+            sampling = before + n == chunk.num_known_tokens
+        else:
+            n, before, sampling = chunk
+        tokens += n
+        samples += 1 if sampling else 0
+        if n == 1:
+            decodes += 1
+            kv += before + 1
+        else:
+            num_chunks += 1
+            pairs += n * before + n * (n + 1) // 2
+            if before:
+                gather += before + n
+    return StepFeatures(tokens, samples, decodes, num_chunks, kv, pairs, gather)
+
+
+def _point_features(point: StepPoint) -> StepFeatures:
+    chunks = [(1, c, True) for c in point.decode_contexts] + list(point.chunks)
+    return plan_features(chunks)
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardFit:
+    fixed_s: float
+    token_curve: Curve
+    sample_curve: Curve
+    per_decode_s: float
+    per_kv_token_s: float
+    per_chunk_s: float
+    per_pair_s: float
+    per_gather_token_s: float
+
+    def base_s(self, f: StepFeatures) -> float:
+        """Every forward term that stays the same along a steady run."""
+        t = self.fixed_s + self.token_curve(f.num_tokens)
+        t = t + self.sample_curve(f.num_samples)
+        t = t + self.per_decode_s * f.num_decodes
+        return t + self.per_chunk_s * f.num_chunks
+
+    def __call__(self, f: StepFeatures) -> float:
+        t = self.base_s(f) + self.per_kv_token_s * f.kv_tokens
+        t = t + self.per_pair_s * f.pairs
+        return t + self.per_gather_token_s * f.gather_tokens
+
+
+def nnls(a: FloatArray, b: FloatArray, max_iter: int = 500) -> FloatArray:
+    """min ||a x - b|| subject to x >= 0 (Lawson and Hanson's active-set method)."""
+    _, n = a.shape
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = a.T @ (b - a @ x)
+    tol = 1e-12 * max(1.0, float(np.abs(a).max())) * n
+    for _ in range(max_iter):
+        if passive.all() or w[~passive].max(initial=-np.inf) <= tol:
+            break
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            bad = passive & (z <= 0)
+            alpha = float(np.min(x[bad] / (x[bad] - z[bad])))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+            x[~passive] = 0.0
+        w = a.T @ (b - a @ x)
+    return x
+
+
+def fit_forward(
+    points: Sequence[tuple[StepFeatures, float]],
+    token_knots: tuple[int, ...] | None = None,
+    sample_knots: tuple[int, ...] | None = None,
+) -> ForwardFit:
+    """Fit the forward terms to ``(features, seconds)`` points by NNLS on relative error."""
+    if len(points) < 3:
+        raise ValueError(f"a fit needs at least 3 step points, got {len(points)}")
+    feats = [f for f, _ in points]
+    token_knots = token_knots or _knots(1, [f.num_tokens for f in feats])
+    sample_knots = sample_knots or _knots(0, [f.num_samples for f in feats])
+    tokens0 = Curve(token_knots, (0.0,) * (len(token_knots) - 1))
+    samples0 = Curve(sample_knots, (0.0,) * (len(sample_knots) - 1))
+    rows = []
+    for f in feats:
+        rows.append(
+            [
+                1.0,
+                *tokens0.basis(f.num_tokens),
+                *samples0.basis(f.num_samples),
+                *(float(v) for v in (f.num_decodes, f.kv_tokens, f.num_chunks, f.pairs, f.gather_tokens)),
+            ]
+        )
+    a = np.array(rows)
+    y = np.array([s for _, s in points], dtype=np.float64)
+    if not (y > 0).all():
+        raise ValueError("step times must be positive")
+    # Relative error: scale each row by 1 / its time; columns to unit size for conditioning.
+    a_rel = a / y[:, None]
+    scale = np.abs(a_rel).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef = nnls(a_rel / scale, np.ones(len(y))) / scale
+    # One robust pass: drop points far off the fit (a neighbour's burst during a measurement).
+    residual = np.abs(a @ coef / y - 1)
+    keep = residual <= max(0.25, 5 * float(np.median(residual)))
+    if 3 <= keep.sum() < len(y):
+        coef = nnls(a_rel[keep] / scale, np.ones(int(keep.sum()))) / scale
+    nt, ns = len(token_knots) - 1, len(sample_knots) - 1
+    values = [float(v) for v in coef]
+    return ForwardFit(
+        fixed_s=values[0],
+        token_curve=Curve(token_knots, tuple(values[1 : 1 + nt])),
+        sample_curve=Curve(sample_knots, tuple(values[1 + nt : 1 + nt + ns])),
+        per_decode_s=values[1 + nt + ns],
+        per_kv_token_s=values[2 + nt + ns],
+        per_chunk_s=values[3 + nt + ns],
+        per_pair_s=values[4 + nt + ns],
+        per_gather_token_s=values[5 + nt + ns],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """``intercept_s + per_row_s x rows`` (both >= 0)."""
+
+    intercept_s: float
+    per_row_s: float
+
+    def __call__(self, rows: int) -> float:
+        return self.intercept_s + self.per_row_s * rows if rows else 0.0
+
+
+def fit_line(points: Sequence[tuple[int, float]]) -> Line:
+    if not points:
+        return Line(0.0, 0.0)
+    x = np.array([float(r) for r, _ in points])
+    y = np.array([t for _, t in points])
+    if len(set(x.tolist())) < 2:
+        return Line(0.0, float(np.median(y / x)))
+    a = np.stack([np.ones_like(x), x], axis=1) / y[:, None]
+    coef = nnls(a, np.ones(len(y)))
+    return Line(float(coef[0]), float(coef[1]))
+
+
+class MeasuredCostModel:
+    """Prices plans from a :class:`StepProfile`; stateless after construction.
+
+    ``sampling`` is the sampling mode every sampled row pays (the workload's; default greedy).
+    """
+
+    kind = "measured"
+
+    def __init__(self, profile: StepProfile, *, sampling: str = "greedy", overhead_s: float = 0.0) -> None:
+        if sampling not in SAMPLING_MODES:
+            raise ValueError(f"sampling must be one of {', '.join(SAMPLING_MODES)}, got {sampling!r}")
+        self.profile = profile
+        self.sampling_mode = sampling
+        self.forward = fit_forward([(_point_features(p), p.stats.median_s) for p in profile.steps])
+        self.sampling = {
+            mode: fit_line([(p.rows, p.stats.median_s) for p in profile.sampling if p.mode == mode])
+            for mode in SAMPLING_MODES
+        }
+        self.overhead = fit_line([(p.rows, p.stats.median_s) for p in profile.overhead])
+        self._sampler = self.sampling[sampling]
+        self._extra_s = overhead_s
+        self._base_cache: dict[tuple[int, int, int, int], float] = {}
+
+    @classmethod
+    def from_file(cls, path: str, **kwargs: Any) -> MeasuredCostModel:
+        return cls(load_profile(path), **kwargs)
+
+    def model_spec(self) -> ModelSpec:
+        """The profiled model's spec (from the profile's ``model_config``)."""
+        config = self.profile.model_config
+        if config is None:
+            raise ValueError("the profile has no model_config; pass the model explicitly")
+        return ModelSpec.from_hf_config(
+            config, name=str(self.profile.fingerprint.get("model_name", "profiled"))
+        )
+
+    @property
+    def dtype_bytes(self) -> int:
+        return int(self.profile.fingerprint.get("dtype_bytes", 2))
+
+    # -- plans ------------------------------------------------------------------------------
+
+    def _base_s(self, f: StepFeatures) -> float:
+        key = (f.num_tokens, f.num_samples, f.num_decodes, f.num_chunks)
+        base = self._base_cache.get(key)
+        if base is None:
+            base = self.forward.base_s(f) + self._sampler(f.num_samples)
+            base = base + self.overhead.intercept_s + self.overhead.per_row_s * f.num_samples
+            base = base + self._extra_s
+            self._base_cache[key] = base
+        return base
+
+    def features_time_s(self, f: StepFeatures) -> float:
+        if f.num_tokens == 0:
+            return 0.0
+        t = self._base_s(f) + self.forward.per_kv_token_s * f.kv_tokens
+        t = t + self.forward.per_pair_s * f.pairs
+        return t + self.forward.per_gather_token_s * f.gather_tokens
+
+    def step_time_s(self, plan: StepPlan) -> float:
+        return self.features_time_s(plan_features(plan.chunks))
+
+    def forward_time_s(self, plan: StepPlan) -> float:
+        """The model's forward alone (what the profile's step points measured)."""
+        f = plan_features(plan.chunks)
+        return self.forward(f) if f.num_tokens else 0.0
+
+    def steady_durations(self, plan: StepPlan, num_steps: int) -> FloatArray:
+        """Durations of ``num_steps`` repeats of ``plan``, each chunk advancing by its tokens."""
+        if num_steps < 0:
+            raise ValueError(f"num_steps must be >= 0, got {num_steps}")
+        f = plan_features(plan.chunks)
+        if f.num_tokens == 0:
+            return np.zeros(num_steps)
+        steps = np.arange(num_steps, dtype=np.int64)
+        kv = np.full(num_steps, 0, dtype=np.int64)
+        pairs = np.full(num_steps, 0, dtype=np.int64)
+        gather = np.full(num_steps, 0, dtype=np.int64)
+        for c in plan.chunks:
+            n = c.num_tokens
+            before = c.num_computed_tokens + n * steps
+            if n == 1:
+                kv += before + 1
+            else:
+                pairs += n * before + n * (n + 1) // 2
+                gather += np.where(before > 0, before + n, 0)
+        fw = self.forward
+        t = self._base_s(f) + fw.per_kv_token_s * kv.astype(np.float64)
+        t = t + fw.per_pair_s * pairs.astype(np.float64)
+        durations: FloatArray = t + fw.per_gather_token_s * gather.astype(np.float64)
+        return durations
+
+    # -- helpers for explain / specs --------------------------------------------------------
+
+    def decode_step_s(self, num_seqs: int, context_len: int) -> float:
+        if num_seqs <= 0 or context_len < 0:
+            raise ValueError(f"need num_seqs > 0 and context_len >= 0, got {num_seqs}, {context_len}")
+        chunks = [(1, context_len, True)] * num_seqs
+        return self.features_time_s(plan_features(chunks))
+
+    def prefill_time_s(self, num_tokens: int) -> float:
+        if num_tokens <= 0:
+            raise ValueError(f"num_tokens must be positive, got {num_tokens}")
+        return self.features_time_s(plan_features([(num_tokens, 0, True)]))
+
+    def ridge_tokens(self, num_seqs: int = 16, context_len: int = 512, tolerance: float = 1.2) -> float:
+        """Largest chunk a ``num_seqs``-stream decode step carries at <= ``tolerance`` x its time."""
+        decode = [(1, context_len, True)] * num_seqs
+        base = self.features_time_s(plan_features(decode))
+        low, high = 0, 1
+        while (
+            high < 1 << 20
+            and self.features_time_s(plan_features([*decode, (high, 0, False)])) <= tolerance * base
+        ):
+            low, high = high, high * 2
+        while high - low > 1:
+            mid = (low + high) // 2
+            if self.features_time_s(plan_features([*decode, (mid, 0, False)])) <= tolerance * base:
+                low = mid
+            else:
+                high = mid
+        return float(low)
+
+    def fit_errors(self) -> FloatArray:
+        """Relative error (predicted / measured - 1) of the forward on each profile step point."""
+        return np.array([self.forward(_point_features(p)) / p.stats.median_s - 1 for p in self.profile.steps])
+
+    def parameters(self) -> dict[str, Any]:
+        """The fitted parameters as a person reads them (see ``stallfree specs --profile``)."""
+        fw, dims = self.forward, self.profile.model
+        weight_bytes = dims["num_non_embedding_params"] * self.dtype_bytes
+        flops_per_token = 2.0 * dims["num_non_embedding_params"]
+        linear = {p.num_tokens: p.stats.median_s for p in self.profile.linear}
+        by_tokens = {}
+        for tokens in sorted({1, 4, 16, 64, 256, 512, *linear}):
+            step_s = fw.fixed_s + fw.token_curve(tokens)
+            entry: dict[str, float | None] = {
+                "forward_s": step_s,
+                "flops_per_s": flops_per_token * tokens / step_s if step_s > 0 else None,
+            }
+            if tokens in linear:
+                entry["linear_s"] = linear[tokens]
+                entry["linear_flops_per_s"] = flops_per_token * tokens / linear[tokens]
+            by_tokens[str(tokens)] = entry
+        errors = np.abs(self.fit_errors())
+        kv_bytes = dims["kv_bytes_per_token"]
+        return {
+            "profile": self.profile.describe(),
+            "fixed_step_s": fw.fixed_s,
+            "token_knots": list(fw.token_curve.knots),
+            "per_token_s_by_segment": list(fw.token_curve.slopes),
+            "lm_head_knots": list(fw.sample_curve.knots),
+            "lm_head_per_row_s_by_segment": list(fw.sample_curve.slopes),
+            "per_decode_s": fw.per_decode_s,
+            "per_kv_token_s": fw.per_kv_token_s,
+            "kv_read_bytes_per_s": kv_bytes / fw.per_kv_token_s if fw.per_kv_token_s else None,
+            "per_chunk_s": fw.per_chunk_s,
+            "per_pair_s": fw.per_pair_s,
+            "attention_flops_per_s": (
+                4.0 * dims["num_attention_heads"] * dims["head_dim"] * dims["num_layers"]
+            )
+            / fw.per_pair_s
+            if fw.per_pair_s
+            else None,
+            "per_gather_token_s": fw.per_gather_token_s,
+            "weight_stream_bytes_per_s": weight_bytes / linear.get(1, fw.fixed_s or 1.0),
+            "by_tokens_per_step": by_tokens,
+            "sampling_per_row_s": {m: line.per_row_s for m, line in self.sampling.items()},
+            "sampling_per_call_s": {m: line.intercept_s for m, line in self.sampling.items()},
+            "engine_overhead_step_s": self.overhead.intercept_s,
+            "engine_overhead_per_row_s": self.overhead.per_row_s,
+            "fit_median_abs_error": float(np.median(errors)),
+            "fit_p90_abs_error": float(np.percentile(errors, 90)),
+            "fit_max_abs_error": float(errors.max()),
+            "num_step_points": len(self.profile.steps),
+        }

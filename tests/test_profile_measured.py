@@ -1,0 +1,180 @@
+"""Step profiles and the measured cost model: the fit recovers known costs; the profile file
+round-trips; steady runs equal step-by-step pricing bit for bit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stallfree.core import ScheduledChunk, StepPlan
+from stallfree.sim.measured import Curve, MeasuredCostModel, StepFeatures, fit_forward, nnls, plan_features
+from stallfree.specs.step_profile import (
+    SamplingPoint,
+    Stats,
+    StepPoint,
+    StepProfile,
+    load_profile,
+    profile_from_dict,
+    profile_to_dict,
+    save_profile,
+)
+
+MODEL = {
+    "num_params": 1000,
+    "num_non_embedding_params": 800,
+    "lm_head_params": 200,
+    "num_layers": 2,
+    "hidden_size": 16,
+    "num_attention_heads": 2,
+    "num_kv_heads": 1,
+    "head_dim": 8,
+    "intermediate_size": 32,
+    "vocab_size": 64,
+    "max_position_embeddings": 4096,
+    "weight_bytes": 2000,
+    "kv_bytes_per_token": 64,
+}
+
+
+def true_time(f: StepFeatures) -> float:
+    """A machine with a soft knee: tokens cost 5 us each up to 32 a step, 40 us each after."""
+    tokens = 5e-6 * min(f.num_tokens - 1, 31) + 4e-5 * max(0, f.num_tokens - 32)
+    lm_head = (3e-4 if f.num_samples else 0.0) + 2e-5 * max(0, f.num_samples - 1)
+    return (
+        2e-3
+        + tokens
+        + lm_head
+        + 1e-5 * f.num_decodes
+        + 2e-7 * f.kv_tokens
+        + 1e-4 * f.num_chunks
+        + 3e-9 * f.pairs
+        + 5e-7 * f.gather_tokens
+    )
+
+
+def synthetic_profile() -> StepProfile:
+    points = []
+    for ctx in (16, 256, 1024):
+        for n in (1, 2, 4, 8, 16, 32, 64):
+            points.append(("decode", (ctx,) * n, ()))
+    for before in (0, 512, 1536):
+        for tokens in (8, 16, 32, 64, 128, 256, 512):
+            points.append(("prefill", (), ((tokens, before, False),)))
+    for n in (1, 4, 16):
+        for before in (0, 512):
+            for tokens in (16, 48, 128, 256):
+                points.append(("mixed", (300,) * n, ((tokens, before, tokens % 32 == 0),)))
+    steps = []
+    for kind, decodes, chunks in points:
+        f = plan_features([(1, c, True) for c in decodes] + list(chunks))
+        steps.append(StepPoint(kind, decodes, chunks, Stats((true_time(f),) * 3)))
+    sampling = [
+        SamplingPoint(mode, rows, Stats(((1e-5 + per_row * rows),) * 3))
+        for mode, per_row in (("greedy", 1e-6), ("temperature", 5e-4), ("top-p", 1e-3))
+        for rows in (1, 4, 16)
+    ]
+    return StepProfile(
+        fingerprint={"model": "synthetic", "dtype_bytes": 2},
+        model=MODEL,
+        settings={},
+        steps=tuple(steps),
+        sampling=tuple(sampling),
+    )
+
+
+def test_nnls_matches_the_unconstrained_solution_when_it_is_positive_and_clips_otherwise() -> None:
+    rng = np.random.default_rng(0)
+    a = rng.random((40, 5))
+    x = np.array([1.0, 2.0, 0.5, 3.0, 0.1])
+    assert np.allclose(nnls(a, a @ x), x)
+    clipped = nnls(a, a @ np.array([1.0, -2.0, 0.5, 3.0, 0.1]))
+    assert (clipped >= 0).all() and clipped[1] == 0
+
+
+def test_the_fit_recovers_a_known_machine() -> None:
+    model = MeasuredCostModel(synthetic_profile())
+    assert np.abs(model.fit_errors()).max() < 1e-6
+    fw = model.forward
+    assert fw.fixed_s == pytest.approx(2e-3, rel=1e-4)
+    assert fw.per_kv_token_s == pytest.approx(2e-7, rel=1e-4)
+    assert fw.per_pair_s == pytest.approx(3e-9, rel=1e-4)
+    assert fw.per_gather_token_s == pytest.approx(5e-7, rel=1e-4)
+    # The knee: 5 us a token below 32 tokens a step, 40 us above.
+    assert fw.token_curve(32) - fw.token_curve(16) == pytest.approx(16 * 5e-6, rel=1e-3)
+    assert fw.token_curve(512) - fw.token_curve(256) == pytest.approx(256 * 4e-5, rel=1e-3)
+    assert model.sampling["temperature"].per_row_s == pytest.approx(5e-4, rel=1e-6)
+    # A plan the profile never saw: 10 decodes at 700 tokens + a 37-token middle chunk at 200.
+    chunks = [(1, 700, True)] * 10 + [(37, 200, False)]
+    decodes = [ScheduledChunk(f"d{i}", 700, 1, 701) for i in range(10)]
+    plan = StepPlan((*decodes, ScheduledChunk("p", 200, 37, 300)))
+    expected = true_time(plan_features(chunks)) + 1e-5 + 1e-6 * 10  # + greedy sampling of 10 rows
+    assert model.step_time_s(plan) == pytest.approx(expected, rel=1e-4)
+    params = model.parameters()
+    assert params["kv_read_bytes_per_s"] == pytest.approx(64 / 2e-7, rel=1e-3)
+    assert params["fit_median_abs_error"] < 1e-6
+
+
+def test_a_sampling_mode_prices_every_sampled_row() -> None:
+    profile = synthetic_profile()
+    greedy, top_p = MeasuredCostModel(profile), MeasuredCostModel(profile, sampling="top-p")
+    plan = StepPlan(tuple(ScheduledChunk(f"d{i}", 100, 1, 101) for i in range(8)))
+    assert top_p.step_time_s(plan) - greedy.step_time_s(plan) == pytest.approx(8 * (1e-3 - 1e-6), rel=1e-6)
+    with pytest.raises(ValueError, match="sampling"):
+        MeasuredCostModel(profile, sampling="beam")
+
+
+def test_steady_durations_equal_step_time_of_each_shifted_plan_exactly() -> None:
+    model = MeasuredCostModel(synthetic_profile())
+    plan = StepPlan(
+        (
+            ScheduledChunk("a", 40, 1, 41),
+            ScheduledChunk("b", 0, 1, 1),
+            ScheduledChunk("c", 0, 30, 200),
+            ScheduledChunk("d", 64, 17, 500),
+        )
+    )
+    durations = model.steady_durations(plan, 6)
+    for j in range(6):
+        shifted = StepPlan(
+            tuple(
+                ScheduledChunk(
+                    c.request_id,
+                    c.num_computed_tokens + j * c.num_tokens,
+                    c.num_tokens,
+                    c.num_known_tokens + (j if c.num_tokens == 1 else 0),
+                )
+                for c in plan.chunks
+            )
+        )
+        assert durations[j] == model.step_time_s(shifted)
+    assert (np.diff(durations) >= 0).all()
+    assert model.steady_durations(StepPlan(()), 3).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_curve_is_zero_at_its_first_knot_and_extrapolates_its_last_slope() -> None:
+    curve = Curve((1, 2, 4), (1.0, 0.5))
+    assert [curve(x) for x in (1, 2, 3, 4, 8)] == [0.0, 1.0, 1.5, 2.0, 4.0]
+    assert sum(s * b for s, b in zip(curve.slopes, curve.basis(8), strict=True)) == curve(8)
+
+
+def test_a_fit_needs_points() -> None:
+    with pytest.raises(ValueError, match="at least 3"):
+        fit_forward([])
+
+
+def test_profile_round_trips_and_rejects_other_files(tmp_path: Path) -> None:
+    profile = synthetic_profile()
+    path = save_profile(profile, tmp_path / "p.json")
+    again = load_profile(path)
+    assert profile_to_dict(again) == profile_to_dict(profile)
+    data = json.loads(path.read_text())
+    assert data["schema"] == "stallfree-step-profile" and data["version"] == 1
+    assert data["steps"][0]["median_s"] == data["steps"][0]["times_s"][0]
+    with pytest.raises(ValueError, match="not a step profile"):
+        profile_from_dict({"schema": "other"})
+    data["version"] = 99
+    with pytest.raises(ValueError, match="version"):
+        profile_from_dict(data)
