@@ -8,6 +8,7 @@ import importlib.util
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 import torch
 from gguf.quants import dequantize, quantize
@@ -267,3 +268,33 @@ def test_smollm2_served_to_the_openai_client() -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
+
+
+def test_k_quant_blocks_are_read_in_place(tmp_path: Path) -> None:
+    """Q4_K/Q5_K/Q6_K (256-value super-blocks) and the tensors after them: offsets, alignment
+    and row layout, against the gguf package's dequantizer on the same bytes."""
+    from stallfree.engine.gguf import read_gguf_tensor
+    from stallfree.specs.gguf import read_gguf
+
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(str(tmp_path / "k.gguf"), arch="llama")
+    blocks: dict[str, tuple[Q, np.ndarray]] = {}
+    for name, qtype in (("a", Q.Q4_K), ("b", Q.Q5_K), ("c", Q.Q6_K), ("d", Q.Q8_0)):
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        # bytes below 0x3C keep every fp16 scale finite and small
+        raw = rng.integers(0, 0x3C, size=(3, 512 // block * size), dtype=np.uint8)
+        writer.add_tensor(name, raw, raw_dtype=qtype)
+        blocks[name] = (qtype, raw)
+    tail = rng.standard_normal((2, 5)).astype(np.float32)
+    writer.add_tensor("tail", tail)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    header = read_gguf(tmp_path / "k.gguf")
+    for name, (qtype, raw) in blocks.items():
+        assert header.tensors[name].shape == (3, 512)
+        want = torch.from_numpy(dequantize(raw, qtype))
+        assert torch.isfinite(want).all()
+        assert torch.equal(read_gguf_tensor(header, name), want), qtype.name
+    assert torch.equal(read_gguf_tensor(header, "tail"), torch.from_numpy(tail))

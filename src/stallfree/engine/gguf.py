@@ -85,7 +85,7 @@ def load_gguf_model(
     load_hf_weights(model, gguf_tensor_reader(header, spec))
     freqs = header.tensors.get("rope_freqs.weight")
     if freqs is not None:
-        divisors = _read_tensor(header, freqs.name)
+        divisors = read_gguf_tensor(header, freqs.name)
         if divisors.shape != model.inv_freq.shape:
             raise ValueError(f"{path.name}: rope_freqs.weight has shape {tuple(divisors.shape)}")
         model.inv_freq.div_(divisors)
@@ -100,7 +100,7 @@ def gguf_tensor_reader(header: GGUFHeader, spec: ModelSpec) -> Callable[[str], t
         name = gguf_name(hf_name)
         if name not in header.tensors:
             raise ValueError(f"{header.path.name} lacks tensor {name} ({hf_name})")
-        tensor = _read_tensor(header, name)
+        tensor = read_gguf_tensor(header, name)
         if permuted and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = spec.num_attention_heads if "q_proj" in hf_name else spec.num_kv_heads
             tensor = unpermute_rope_rows(tensor, heads)
@@ -151,7 +151,8 @@ def _check_types(header: GGUFHeader) -> None:
         )
 
 
-def _read_tensor(header: GGUFHeader, name: str) -> torch.Tensor:
+def read_gguf_tensor(header: GGUFHeader, name: str) -> torch.Tensor:
+    """One tensor of the file as stored (GGUF row order), dequantized to fp32."""
     import gguf
     from gguf.quants import dequantize
 
