@@ -220,3 +220,39 @@ def test_unknown_routes_and_methods_answer_openai_errors(server: ServerThread) -
         "/v1/completions",
         "/v1/chat/completions",
     }
+
+
+def test_malformed_json_error_names_no_parameter(server: ServerThread) -> None:
+    response = httpx.post(
+        f"{server.base_url}/v1/completions",
+        content=b'{"model": "random:tiny", "prompt": "hi",,}',
+        headers={**AUTH, "content-type": "application/json"},
+    )
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] is None
+    assert (
+        error["message"].startswith("the request body is not valid JSON")
+        and "at character" in error["message"]
+    )
+
+
+def test_unknown_chat_role_is_400(server: ServerThread) -> None:
+    body = {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}], "max_tokens": 1}
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, headers=AUTH)
+    assert response.status_code == 400
+    assert "unknown role 'wizard'" in response.json()["error"]["message"]
+
+
+def test_health_has_a_body(server: ServerThread) -> None:
+    response = httpx.get(f"{server.base_url}/health")
+    assert response.status_code == 200 and response.json() == {"status": "ok"}
+
+
+def test_tokenize_counts_as_completions_do(server: ServerThread, client: openai.OpenAI) -> None:
+    prompt = "count these words, please"
+    response = httpx.post(
+        f"{server.base_url}/tokenize", json={"model": MODEL, "prompt": prompt}, headers=AUTH
+    )
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+    assert out.usage is not None and response.json()["count"] == out.usage.prompt_tokens
+    assert httpx.post(f"{server.base_url}/tokenize", json={"prompt": prompt}).status_code == 401

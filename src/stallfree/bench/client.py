@@ -68,11 +68,13 @@ async def discover(
     except httpx.HTTPError as exc:
         raise ValueError(f"cannot reach {base_url}: {type(exc).__name__}: {exc or 'no answer'}") from None
     if response.status_code == 401:
+        if api_key:
+            raise ValueError(f"{base_url} rejected the API key given with --api-key (401)")
         raise ValueError(f"{base_url} wants an API key (pass --api-key)")
     try:
         response.raise_for_status()
         cards = response.json()["data"]
-        listed = {str(card["id"]): card.get("max_model_len") for card in cards}
+        listed = {str(card["id"]): _context_size(card) for card in cards}
     except (httpx.HTTPStatusError, ValueError, KeyError, TypeError):
         raise ValueError(
             f"{base_url}/v1/models answered {response.status_code} without a model list: "
@@ -84,8 +86,46 @@ async def discover(
         model = next(iter(listed))
     elif listed and model not in listed:
         raise ValueError(f"{base_url} does not serve {model!r}; it serves: {', '.join(listed)}")
-    max_len = listed.get(model)
-    return model, int(max_len) if isinstance(max_len, int) else None
+    return model, listed.get(model)
+
+
+def _context_size(card: Mapping[str, Any]) -> int | None:
+    """Where servers list the context: vLLM and stallfree ``max_model_len``, llama.cpp's
+    llama-server ``meta.n_ctx`` (its slots' context, not the model's ``n_ctx_train``)."""
+    meta = card.get("meta")
+    for value in (card.get("max_model_len"), meta.get("n_ctx") if isinstance(meta, Mapping) else None):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+async def count_tokens(http: httpx.AsyncClient, endpoint: Endpoint, text: str) -> int | None:
+    """The server's own count of ``text`` as a completions prompt, from its tokenize route
+    (vLLM, SGLang and stallfree ``POST /tokenize`` -> ``count``; llama.cpp ``POST /tokenize``
+    -> ``tokens``, asked with ``add_special`` so the BOS a completion adds is counted); None when
+    the server has no such route."""
+    body = {
+        "model": endpoint.model,
+        "prompt": text,
+        "add_special_tokens": True,
+        "content": text,
+        "add_special": True,
+    }
+    try:
+        response = await http.post(f"{endpoint.base_url}/tokenize", json=body, headers=endpoint.headers)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    try:
+        answer = response.json()
+    except ValueError:
+        return None
+    count = answer.get("count") if isinstance(answer, dict) else None
+    if isinstance(count, int):
+        return count
+    tokens = answer.get("tokens") if isinstance(answer, dict) else None
+    return len(tokens) if isinstance(tokens, list) else None
 
 
 async def complete(
@@ -125,6 +165,7 @@ async def stream_completion(
         "stream_options": {"include_usage": True},
     }
     times: list[float] = []
+    empty_close = False  # the last chunk had a finish_reason and no text
     usage: dict[str, Any] = {}
     finish_reason: str | None = None
     sent_s = time.perf_counter()
@@ -148,8 +189,10 @@ async def stream_completion(
                 if "error" in chunk:
                     return _partial(sent_s, times, "failed", usage, _error_text(data))
                 if chunk.get("choices"):
+                    choice = chunk["choices"][0]
+                    finish_reason = choice.get("finish_reason") or finish_reason
+                    empty_close = finish_reason is not None and not _chunk_text(choice)
                     times.append(now_s)
-                    finish_reason = chunk["choices"][0].get("finish_reason") or finish_reason
                     if on_chunk is not None:
                         on_chunk(len(times))
                     if stop is not None and stop.is_set() and finish_reason is None:
@@ -158,9 +201,22 @@ async def stream_completion(
                     usage = chunk["usage"]
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         return _partial(sent_s, times, "failed", usage, f"{type(exc).__name__}: {exc}")
+    # llama.cpp closes a stream with an extra chunk of no text that only carries finish_reason:
+    # not a token (stamping it adds a fake near-zero gap). A last token whose text is empty (a
+    # special token, a held-back partial character) is one: usage tells them apart.
+    num_output = usage.get("completion_tokens")
+    if empty_close and len(times) > (num_output if isinstance(num_output, int) else 1):
+        times.pop()
     if finish_reason is None:
         return _partial(sent_s, times, "failed", usage, "the stream ended without a finish_reason")
     return _partial(sent_s, times, finish_reason, usage, None)
+
+
+def _chunk_text(choice: Mapping[str, Any]) -> str:
+    text = choice.get("text")
+    if text is None and isinstance(choice.get("delta"), Mapping):
+        text = choice["delta"].get("content")
+    return text if isinstance(text, str) else ""
 
 
 def _partial(

@@ -6,7 +6,8 @@ that line on the server itself: two non-streamed probes (``max_tokens=1``; 128 c
 as many as the listed context surely holds, up to 4,096) and their ``usage.prompt_tokens``, so
 the fixed part (BOS, templates) and the slope are both the server's.
 Counts are approximate (words tokenize unevenly); the benchmark reports the server's real
-counts from ``usage``.
+counts from ``usage``. Where a length is a cap, :func:`fit_prompts` trims each prompt until the
+server's own tokenizer (its ``/tokenize`` route) counts at most the requested tokens.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from stallfree.bench.client import Endpoint, complete
+from stallfree.bench.client import Endpoint, complete, count_tokens
 
 _WORDS_TEXT = (
     "the of and to in is was that for on with as by at from his her they this have are be not but "
@@ -92,3 +93,37 @@ async def calibrate(http: httpx.AsyncClient, endpoint: Endpoint, seed: int = 0) 
     if slope <= 0:
         raise ValueError(f"calibration probes of {c1} and {c2} characters gave {t1} and {t2} tokens")
     return PromptSizer(tokens_per_char=slope, fixed_tokens=max(0.0, t1 - slope * c1))
+
+
+# Without a tokenize route a cap is kept by aiming this much short of it (the calibration line
+# is off by a few percent and a few tokens at most on random words).
+FALLBACK_MARGIN = 0.05
+FALLBACK_TOKENS = 4
+
+
+async def fit_prompts(
+    http: httpx.AsyncClient, endpoint: Endpoint, texts: list[str], targets: list[int]
+) -> tuple[list[str], bool]:
+    """Trim each text until the server counts at most its target tokens; the texts and whether
+    the server could count them (False: no tokenize route; the texts are returned unchanged and
+    the caller must size with :data:`FALLBACK_MARGIN` instead)."""
+    fitted = []
+    for text, target in zip(texts, targets, strict=True):
+        count = await count_tokens(http, endpoint, text)
+        if count is None:
+            return texts, False
+        for _ in range(8):
+            if count <= target or len(text) <= 1:
+                break
+            # Cut in proportion, at least one character, then ask again.
+            text = text[: max(1, min(len(text) - 1, int(len(text) * target / count)))]
+            new_count = await count_tokens(http, endpoint, text)
+            if new_count is None:
+                return texts, False
+            count = new_count
+        fitted.append(text)
+    return fitted, True
+
+
+def fallback_target(num_tokens: int) -> int:
+    return max(1, int(num_tokens * (1 - FALLBACK_MARGIN)) - FALLBACK_TOKENS)

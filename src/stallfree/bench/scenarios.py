@@ -42,8 +42,10 @@ class BenchRun:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def per_request(self) -> dict[str, list[Any]]:
-        """vLLM's per-request arrays (seconds), plus our requested lengths and errors."""
+        """vLLM's per-request arrays (seconds), plus our arrival times (from the run's start),
+        requested lengths and errors: enough for ``stallfree simulate --replay`` / ``validate``."""
         return {
+            "arrival_times": [r.arrival_s for r in self.records],
             "input_lens": [r.num_prompt_tokens for r in self.records],
             "output_lens": [r.num_output_tokens for r in self.records],
             "ttfts": [
@@ -91,11 +93,16 @@ async def run_workload(
     *,
     seed: int = 0,
     on_done: Callable[[], None] | None = None,
+    texts: Sequence[str] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> BenchRun:
-    """Send row ``i`` at ``arrival_time_s[i]`` seconds after the start; wait for all."""
+    """Send row ``i`` at ``arrival_time_s[i]`` seconds after the start; wait for all, or until
+    ``stop`` is set (Ctrl-C): then the requests in flight are cancelled and the run holds the
+    ones that had finished (``extra["interrupted"]`` says how many of how many)."""
     rng = random.Random(seed)
     prompts = arrays.num_prompt_tokens.tolist()
-    texts = [sizer.prompt(n, rng) for n in prompts]  # built up front: arrivals stay on time
+    if texts is None:
+        texts = [sizer.prompt(n, rng) for n in prompts]  # built up front: arrivals stay on time
 
     async def one(i: int, delay_s: float, max_tokens: int) -> StreamResult:
         await asyncio.sleep(max(0.0, start_s + delay_s - time.perf_counter()))
@@ -106,13 +113,24 @@ async def run_workload(
 
     start_s = time.perf_counter()
     tasks = [
-        one(i, delay_s, max_tokens)
+        asyncio.ensure_future(one(i, delay_s, max_tokens))
         for i, (delay_s, max_tokens) in enumerate(
             zip(arrays.arrival_time_s.tolist(), arrays.max_tokens.tolist(), strict=True)
         )
     ]
-    results = list(await asyncio.gather(*tasks))
-    return _build(results, prompts, start_s, time.perf_counter())
+    if stop is None:
+        results = list(await asyncio.gather(*tasks))
+        return _build(results, prompts, start_s, time.perf_counter())
+    await _wait_any(stop, tasks)
+    end_s = time.perf_counter()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    finished = [i for i, task in enumerate(tasks) if not task.cancelled() and task.exception() is None]
+    run = _build([tasks[i].result() for i in finished], [prompts[i] for i in finished], start_s, end_s)
+    if len(finished) < len(tasks):
+        run.extra["interrupted"] = {"finished": len(finished), "requests": len(tasks)}
+    return run
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +237,7 @@ async def run_long_prompt(
     return run
 
 
-async def _wait_any(event: asyncio.Event, tasks: Sequence[asyncio.Future[StreamResult]]) -> None:
+async def _wait_any(event: asyncio.Event, tasks: Sequence[asyncio.Future[Any]]) -> None:
     """Wait for ``event``, or until every task has ended (a failure must not hang the run)."""
     waiter: asyncio.Future[Any] = asyncio.ensure_future(event.wait())
     pending: set[asyncio.Future[Any]] = set(tasks)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
+import random
+import signal
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,7 +35,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--model", help="model to ask for (default: the first of /v1/models)")
     p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
     p.add_argument("--scenario", choices=SCENARIOS, required=True)
-    p.add_argument("--seed", type=int, default=0, help="seed of arrivals, lengths and prompt text")
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="seed of arrivals, lengths and prompt text (default: a new one each run, so no server's "
+        "prompt cache sees a repeated prompt; the seed used is in the result)",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        help="the server's context in tokens (default: what /v1/models lists: max_model_len, or "
+        "llama.cpp's meta.n_ctx)",
+    )
+    s = p.add_argument_group("sampling (sent with every request; default: the server's)")
+    s.add_argument("--temperature", type=float, help="temperature")
+    s.add_argument("--top-p", type=float, help="top_p")
+    s.add_argument("--top-k", type=int, help="top_k (vLLM, SGLang, llama.cpp)")
+    s.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        help="every request's max_tokens (poisson/gamma/trace: replaces the output lengths; long-prompt: "
+        "the streams' --stream-max-tokens)",
+    )
     p.add_argument(
         "--no-ignore-eos",
         dest="ignore_eos",
@@ -46,7 +70,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--timeout", type=positive_float, default=600.0, help="seconds per request (default %(default)s)"
     )
     p.add_argument("--save-result", metavar="FILE", help="write the result JSON (vLLM's keys) to FILE")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no progress bar (never drawn off a TTY)"
+    )
 
     g = p.add_argument_group("long-prompt")
     g.add_argument("--streams", type=positive_int, help="streams decoding (default 16)")
@@ -92,14 +118,48 @@ def run(args: argparse.Namespace) -> int:
     if args.scenario != "long-prompt" and args.streams is not None:
         raise UsageError("--streams applies only to the long-prompt scenario")
     goodput = parse_goodput(args.goodput) if args.goodput else None
+    if args.save_result:
+        _check_writable(Path(args.save_result))
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(2**31)
     result = asyncio.run(_run(args, goodput))
+    interrupted = result.get("interrupted")
     _print(result)
     if args.save_result:
         path = Path(args.save_result)
-        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"saved {path}", file=sys.stderr)
+    if interrupted:
+        print(
+            f"stallfree bench: interrupted; {interrupted['finished']} of {interrupted['requests']} requests "
+            "had finished (the table covers those)",
+            file=sys.stderr,
+        )
+        return 130
     return 0 if result["completed"] else 1
+
+
+def _check_writable(path: Path) -> None:
+    """Fail now, not after minutes of benchmarking, if the result cannot be written there."""
+    if path.is_dir():
+        raise UsageError(f"--save-result {path} is a directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        existed = path.exists()
+        with path.open("a"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as error:
+        raise UsageError(f"--save-result {path}: {error.strerror or error}") from None
+
+
+def _sampling_body(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {"ignore_eos": True} if args.ignore_eos else {}
+    for name in ("temperature", "top_p", "top_k"):
+        if getattr(args, name) is not None:
+            body[name] = getattr(args, name)
+    return body
 
 
 async def _run(args: argparse.Namespace, goodput: dict[str, float] | None) -> dict[str, Any]:
@@ -119,13 +179,16 @@ async def _run(args: argparse.Namespace, goodput: dict[str, float] | None) -> di
         stream_max_tokens=args.stream_max_tokens,
         prompt_max_tokens=args.prompt_max_tokens,
     )
+    if args.max_tokens is not None and args.scenario == "long-prompt":
+        options = dataclasses.replace(options, stream_max_tokens=args.max_tokens)
     async with bc.client(args.timeout) as http:
         model, max_model_len = await bc.discover(http, args.base_url, args.api_key, args.model)
+        max_model_len = args.max_model_len or max_model_len
         endpoint = bc.Endpoint(
             base_url=args.base_url.rstrip("/"),
             model=model,
             api_key=args.api_key,
-            extra_body={"ignore_eos": True} if args.ignore_eos else {},
+            extra_body=_sampling_body(args),
             max_model_len=max_model_len,
         )
         if args.chars_per_token:
@@ -146,8 +209,29 @@ async def _run(args: argparse.Namespace, goodput: dict[str, float] | None) -> di
                 cap = int(max_model_len * (1 - _CONTEXT_MARGIN))
                 workload = Workload(workload.arrivals, workload.lengths, workload.max_prompt_tokens, cap)
             arrays = sample(workload, args.num_requests, args.seed)
-            with tqdm(total=len(arrays), disable=not args.progress, unit="req", file=sys.stderr) as bar:
-                run = await run_workload(http, endpoint, arrays, sizer, seed=args.seed, on_done=bar.update)
+            if args.max_tokens is not None:
+                arrays.max_tokens[:] = args.max_tokens
+            texts, capped = await _capped_prompts(http, endpoint, sizer, arrays, workload, args.seed)
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: keep what finished
+            progress = args.progress and sys.stderr.isatty()
+            try:
+                with tqdm(total=len(arrays), disable=not progress, unit="req", file=sys.stderr) as bar:
+                    run = await run_workload(
+                        http,
+                        endpoint,
+                        arrays,
+                        sizer,
+                        seed=args.seed,
+                        on_done=bar.update,
+                        texts=texts,
+                        stop=stop,
+                    )
+            finally:
+                loop.remove_signal_handler(signal.SIGINT)
+            if capped is not None:
+                run.extra["prompt_caps"] = capped
     summary = summarize(run.records, run.itl, run.duration_s, goodput)
     return {
         "date": datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"),
@@ -158,11 +242,37 @@ async def _run(args: argparse.Namespace, goodput: dict[str, float] | None) -> di
         "num_prompts": len(run.records),
         "request_rate": args.qps if args.qps is not None else "inf",
         "burstiness": args.burstiness if args.burstiness is not None else 1.0,
+        "seed": args.seed,
+        "sampling": {k: v for k, v in endpoint.extra_body.items() if k != "ignore_eos"},
         "tokens_per_char": sizer.tokens_per_char,
         **summary,
         **run.extra,
         **run.per_request(),
     }
+
+
+async def _capped_prompts(
+    http: Any, endpoint: Any, sizer: Any, arrays: Any, workload: Any, seed: int
+) -> tuple[list[str] | None, str | None]:
+    """With a length cap (given, or the server's context), prompts the server itself counts
+    within their requested length, so ``prompt <= --max-prompt-tokens`` and ``prompt + max_tokens
+    <= --max-total-tokens`` hold on its tokenizer; None, None when nothing is capped."""
+    from stallfree.bench.prompts import fallback_target, fit_prompts
+
+    if workload.max_prompt_tokens is None and workload.max_total_tokens is None:
+        return None, None
+    targets = [int(n) for n in arrays.num_prompt_tokens.tolist()]
+    rng = random.Random(seed)
+    texts = [sizer.prompt(n, rng) for n in targets]
+    texts, counted = await fit_prompts(http, endpoint, texts, targets)
+    if counted:
+        return texts, "server-counted"
+    rng = random.Random(seed)
+    print(
+        "note: the server has no /tokenize route; prompts are sized 5% short of the caps (approximate)",
+        file=sys.stderr,
+    )
+    return [sizer.prompt(fallback_target(n), rng) for n in targets], "margin"
 
 
 def _workload(args: argparse.Namespace) -> Any:
@@ -220,6 +330,11 @@ def _print(result: dict[str, Any]) -> None:
         value = result.get(key)
         if value is not None:
             print(f"{label + ':':<42}{fmt.format(value):>18}")
+    if result.get("interrupted"):
+        done = result["interrupted"]
+        print(
+            f"INTERRUPTED: {done['finished']} of {done['requests']} requests had finished; the table covers those"
+        )
     if result.get("streams_not_decoding_to_the_end"):
         print(
             f"warning: {result['streams_not_decoding_to_the_end']} streams stopped before the measurement ended "

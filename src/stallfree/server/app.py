@@ -73,6 +73,10 @@ def build_app(engine_thread: EngineThread, config: ServerConfig) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":  # its loc is a character offset, not a parameter
+            offset = next((part for part in first.get("loc", ()) if isinstance(part, int)), None)
+            where = f" at character {offset}" if offset is not None else ""
+            return _error_response(400, f"the request body is not valid JSON ({first['msg']}{where})")
         loc = [str(part) for part in first.get("loc", ()) if part != "body"]
         where = ".".join(loc)
         return _error_response(400, f"{where}: {first['msg']}" if where else str(first["msg"]), where or None)
@@ -85,7 +89,7 @@ def build_app(engine_thread: EngineThread, config: ServerConfig) -> FastAPI:
     async def _check_api_key(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
-        if config.api_key is not None and request.url.path.startswith("/v1"):
+        if config.api_key is not None and request.url.path.startswith(("/v1", "/tokenize")):
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), config.api_key.encode()):
                 return _error_response(
@@ -96,7 +100,7 @@ def build_app(engine_thread: EngineThread, config: ServerConfig) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         if engine_thread.is_healthy:
-            return Response(status_code=200)
+            return JSONResponse({"status": "ok"})
         return _error_response(503, engine_thread.dead_reason or "the engine is not running")
 
     @app.get("/metrics")
@@ -107,6 +111,12 @@ def build_app(engine_thread: EngineThread, config: ServerConfig) -> FastAPI:
     async def models() -> dict[str, Any]:
         card = {"id": model_name, "object": "model", "created": 0, "owned_by": "stallfree"}
         return {"object": "list", "data": [{**card, "max_model_len": max_model_len}]}
+
+    @app.post("/tokenize")
+    async def tokenize(body: p.TokenizeRequest) -> dict[str, Any]:
+        """vLLM's route: the prompt's token ids as /v1/completions would count them."""
+        ids = tokenizer.encode(body.prompt)
+        return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids}
 
     def check_common(body: p.CompletionRequest | p.ChatCompletionRequest) -> None:
         if body.model != model_name:

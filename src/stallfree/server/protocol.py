@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from stallfree.core import SamplingParams
 
@@ -63,14 +63,32 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
 
 
+class TokenizeRequest(_Body):
+    """``POST /tokenize`` (vLLM's): a completions prompt to count."""
+
+    prompt: str
+    model: str | None = None
+
+
 class TextPart(_Body):
     type: Literal["text"]
     text: str
 
 
+# OpenAI's chat roles; anything else is a 400, as OpenAI answers.
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
 class ChatMessage(_Body):
     role: str
     content: str | list[TextPart] | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, role: str) -> str:
+        if role not in CHAT_ROLES:
+            raise ValueError(f"unknown role {role!r}; expected one of {', '.join(CHAT_ROLES)}")
+        return role
 
     def text(self) -> str:
         if isinstance(self.content, list):
