@@ -1,10 +1,10 @@
 """GGUF checkpoints (llama.cpp's format) into the engine: spec, tokenizer and dequantized weights.
 
-:func:`load_gguf_model` reads the spec from the header (:mod:`stallfree.specs.gguf`), the
+:func:`open_gguf` reads the spec from the header (:mod:`stallfree.specs.gguf`), the
 tokenizer and chat template from the metadata (:mod:`stallfree.engine.gguf_tokenizer`), and
-every tensor through the ``gguf`` package's dequantizer, converted to the engine's dtype.
-The weights go in through :func:`stallfree.engine.weights.load_hf_weights` under Hugging
-Face's names, so there is one place that knows our parameter layout.
+gives a reader of every tensor through the ``gguf`` package's dequantizer. The weights go in
+through :func:`stallfree.engine.weights.load_hf_weights` under Hugging Face's names (fp32,
+converted to the engine's dtype there), so one place knows our parameter layout.
 
 Two things llama.cpp's converter does to a checkpoint are undone here: it renames tensors
 (``blk.0.attn_q.weight``), and for llama-architecture models it permutes the rows of
@@ -17,6 +17,7 @@ applied to the model's inverse frequencies.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,6 @@ import numpy as np
 import torch
 
 from stallfree.engine.gguf_tokenizer import gguf_tokenizer
-from stallfree.engine.model import LlamaModel
 from stallfree.engine.tokenizer import Tokenizer
 from stallfree.specs import ModelSpec
 from stallfree.specs.gguf import GGUFHeader, hf_config_from_gguf, read_gguf
@@ -69,27 +69,32 @@ _GLOBAL_NAMES = {
 }
 
 
-def load_gguf_model(
-    path: Path, dtype: torch.dtype, device: torch.device | str
-) -> tuple[LlamaModel, Tokenizer]:
-    """A GGUF file -> (model, tokenizer); one-line ValueError for what it cannot run."""
-    from stallfree.engine.weights import load_hf_weights
+@dataclass(frozen=True, slots=True)
+class GGUFCheckpoint:
+    """What a GGUF file holds, ready for :func:`stallfree.engine.weights.load_model` to build
+    the model from: ``read`` maps HF tensor names to fp32 tensors in HF's layout;
+    ``rope_freq_divisors`` (Llama 3.1's ``rope_freqs.weight``) divide the inverse frequencies."""
 
+    spec: ModelSpec
+    tokenizer: Tokenizer
+    read: Callable[[str], torch.Tensor]
+    rope_freq_divisors: torch.Tensor | None
+
+
+def open_gguf(path: Path) -> GGUFCheckpoint:
+    """Spec, tokenizer and a tensor reader of a GGUF file; one-line ValueError for what it cannot run."""
     if not path.is_file():
         raise ValueError(f"GGUF file not found: {path}")
     header = read_gguf(path)
     spec = ModelSpec.from_hf_config(hf_config_from_gguf(header), name=path.stem)
     _check_types(header)
     tokenizer = gguf_tokenizer(header.metadata, path.name)
-    model = LlamaModel(spec, dtype, "cpu")
-    load_hf_weights(model, gguf_tensor_reader(header, spec))
-    freqs = header.tensors.get("rope_freqs.weight")
-    if freqs is not None:
-        divisors = read_gguf_tensor(header, freqs.name)
-        if divisors.shape != model.inv_freq.shape:
+    divisors = None
+    if "rope_freqs.weight" in header.tensors:
+        divisors = read_gguf_tensor(header, "rope_freqs.weight")
+        if tuple(divisors.shape) != (spec.head_dim // 2,):
             raise ValueError(f"{path.name}: rope_freqs.weight has shape {tuple(divisors.shape)}")
-        model.inv_freq.div_(divisors)
-    return model.to(device), tokenizer
+    return GGUFCheckpoint(spec, tokenizer, gguf_tensor_reader(header, spec), divisors)
 
 
 def gguf_tensor_reader(header: GGUFHeader, spec: ModelSpec) -> Callable[[str], torch.Tensor]:

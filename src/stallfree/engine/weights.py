@@ -43,9 +43,7 @@ def load_model(
         return build_random_model(spec, dtype, device, seed), random_tokenizer(spec.vocab_size)
     gguf_path = resolve_known_gguf(name_or_path)
     if gguf_path is not None or is_gguf_path(name_or_path):
-        from stallfree.engine.gguf import load_gguf_model
-
-        return load_gguf_model(gguf_path or Path(name_or_path).expanduser(), dtype, device)
+        return _load_gguf(gguf_path or Path(name_or_path).expanduser(), dtype, device)
     folder = Path(name_or_path).expanduser()
     if not folder.is_dir():
         raise ValueError(f"model {name_or_path!r} is neither random:<preset> nor a local folder")
@@ -58,6 +56,17 @@ def load_model(
     model = LlamaModel(spec, dtype, device)
     load_hf_weights(model, _tensor_reader(folder))
     return model, tokenizer
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str) -> tuple[LlamaModel, Tokenizer]:
+    from stallfree.engine.gguf import open_gguf
+
+    checkpoint = open_gguf(path)
+    model = LlamaModel(checkpoint.spec, dtype, "cpu")  # filled on the CPU, then moved
+    load_hf_weights(model, checkpoint.read)
+    if checkpoint.rope_freq_divisors is not None:
+        model.inv_freq.div_(checkpoint.rope_freq_divisors)
+    return model.to(device), checkpoint.tokenizer
 
 
 def build_random_model(

@@ -6,7 +6,8 @@ It reads no tensor data, needs neither torch nor the ``gguf`` package, so the si
 ``--model file.gguf`` on a light install. :func:`hf_config_from_gguf` turns llama.cpp's
 metadata keys (``llama.block_count``, ...) into the Hugging Face ``config.json`` dict they
 stand for, so a GGUF model goes through :meth:`ModelSpec.from_hf_config` and its validation
-like any checkpoint. :func:`resolve_known_gguf` maps short names (``smollm2``) to GGUF files
+like any checkpoint (:func:`stallfree.specs.load_model_spec` does that, naming the spec after
+the file). :func:`resolve_known_gguf` maps short names (``smollm2``) to GGUF files
 shipped by pip packages, found without importing them.
 
 Invariants: tensor shapes are in PyTorch order (rows first: GGUF stores ``ne0`` innermost,
@@ -24,8 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from stallfree.specs.model import ModelSpec
 
 GGUF_MAGIC = b"GGUF"
 GGUF_SUFFIX = ".gguf"
@@ -118,13 +117,6 @@ def read_gguf(path: Path) -> GGUFHeader:
         raise ValueError(f"cannot read GGUF file {path}: {exc.strerror or exc}") from None
     except (struct.error, UnicodeDecodeError, IndexError) as exc:
         raise ValueError(f"{path} is not a readable GGUF file (truncated or corrupt: {exc})") from None
-
-
-def gguf_model_spec(path: Path) -> ModelSpec:
-    """The spec of a GGUF file, named after the file (``SmolLM2-135M-Instruct.Q4_1``)."""
-    if not path.is_file():
-        raise ValueError(f"GGUF file not found: {path} (stallfree downloads nothing: give a local file)")
-    return ModelSpec.from_hf_config(hf_config_from_gguf(read_gguf(path)), name=path.stem)
 
 
 def hf_config_from_gguf(header: GGUFHeader) -> dict[str, Any]:

@@ -235,14 +235,19 @@ class ModelSpec:
 def load_model_spec(name_or_path: str) -> ModelSpec:
     """A preset name, a ``config.json`` path, a folder holding ``config.json``, or a GGUF file
     (a ``.gguf`` path or a short name such as ``smollm2``)."""
-    from stallfree.specs.gguf import gguf_model_spec, is_gguf_path, resolve_known_gguf
+    from stallfree.specs.gguf import hf_config_from_gguf, is_gguf_path, read_gguf, resolve_known_gguf
     from stallfree.specs.model_presets import MODEL_PRESETS
 
     if name_or_path in MODEL_PRESETS:
         return ModelSpec.from_hf_config(MODEL_PRESETS[name_or_path], name=name_or_path)
     known_gguf = resolve_known_gguf(name_or_path)
     if known_gguf is not None or is_gguf_path(name_or_path):
-        return gguf_model_spec(known_gguf or Path(name_or_path).expanduser())
+        gguf_path = known_gguf or Path(name_or_path).expanduser()
+        if not gguf_path.is_file():
+            raise ValueError(
+                f"GGUF file not found: {gguf_path} (stallfree downloads nothing: give a local file)"
+            )
+        return ModelSpec.from_hf_config(hf_config_from_gguf(read_gguf(gguf_path)), name=gguf_path.stem)
     path = Path(name_or_path)
     if path.is_dir():
         path = path / "config.json"
