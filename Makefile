@@ -26,7 +26,7 @@ demo: install
 	@echo "figures written to out/explain/"
 	@echo "a real chat answer: SmolLM2-135M-Instruct (Q4_1 GGUF) through the engine, greedy"
 	$(BIN)/stallfree generate --model smollm2 --chat --temperature 0 --max-tokens 40 \
-		--prompt "In one sentence, why does a long prompt stall other streams in an LLM server?"
+		--prompt "What is the capital of France?"
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks
