@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -57,11 +58,13 @@ def interrupt(
     env: dict[str, str] | None = None,
     cwd: str | Path | None = None,
     on_start: Callable[[int], None] | None = None,
+    banner: Callable[[str], None] | None = None,
 ) -> Interrupted:
     """Start ``stallfree ARGS``, wait for ``ready()`` (if given) then ``delay_s``, send SIGINT (to
     the process group, as a terminal's Ctrl-C does, or to the CLI alone, as ``timeout -s INT``),
     and wait for the exit. Whatever survives is listed and then killed. ``on_start(pid)`` is
-    told the CLI's pid (its session id) as soon as it runs."""
+    told the CLI's pid (its session id) as soon as it runs; ``banner(line)`` the first line it
+    writes to stderr (a server's address), read as it comes."""
     env = {"OMP_NUM_THREADS": "1", **os.environ, **(env or {})}
     proc = subprocess.Popen(
         [*CLI, *args],
@@ -74,6 +77,19 @@ def interrupt(
     )
     if on_start is not None:
         on_start(proc.pid)
+    err_lines: list[str] = []
+    reader = None
+    if banner is not None:
+
+        def read_stderr() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                if not err_lines:
+                    banner(line)
+                err_lines.append(line)
+
+        reader = threading.Thread(target=read_stderr, daemon=True)
+        reader.start()
     try:
         deadline = time.monotonic() + start_timeout_s
         while ready is not None and not ready():
@@ -90,10 +106,10 @@ def interrupt(
         else:
             proc.send_signal(signal.SIGINT)
         try:
-            out, err = proc.communicate(timeout=exit_timeout_s)
+            out, err = _communicate(proc, exit_timeout_s, reader, err_lines)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
+            out, err = _communicate(proc, None, reader, err_lines)
             raise AssertionError(f"still running {exit_timeout_s} s after SIGINT:\n{out}\n{err}") from None
         exit_s = time.monotonic() - sent
         time.sleep(0.2)  # a worker the CLI terminated needs a moment to be gone
@@ -106,3 +122,17 @@ def interrupt(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _communicate(
+    proc: subprocess.Popen[str],
+    timeout_s: float | None,
+    reader: threading.Thread | None,
+    err_lines: list[str],
+) -> tuple[str, str]:
+    if reader is None:
+        return proc.communicate(timeout=timeout_s)
+    proc.wait(timeout_s)
+    reader.join(5)
+    assert proc.stdout is not None
+    return proc.stdout.read(), "".join(err_lines)

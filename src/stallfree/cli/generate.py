@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.cli.common import UsageError, add_engine_args, engine_kwargs, non_negative_int, positive_int
+from stallfree.cli.device import check_device
 
 
 def register(subparsers: Any) -> None:
@@ -59,6 +60,7 @@ def run_generate(args: argparse.Namespace) -> int:
         stop=tuple(args.stop),
         ignore_eos=args.ignore_eos,
     )
+    check_device(args.device)
     llm = LLM(args.model, **engine_kwargs(args))
     prompts: list[str] | list[list[int]] = args.prompt
     if args.chat:

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from stallfree.cli.common import add_engine_args, engine_kwargs, positive_int
+from stallfree.cli.device import check_device
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"port must be in 0..65535, got {args.port}")
+    check_device(args.device)
     sock = bind(args.host, args.port)  # before loading the model: a busy port fails fast
     try:
         app = build_server(

@@ -215,6 +215,9 @@ class EngineThread:
             self.dead_reason = reason
             streams = list(self._streams.values())
             streams += [c.stream for c in self._take_commands(0.0) if isinstance(c, _Add)]
+        for request_id in list(self._streams):  # free their KV blocks (a broken engine may refuse)
+            with contextlib.suppress(Exception):
+                self.engine.abort_request(request_id)
         self._streams.clear()
         error = EngineDeadError(reason)
         self._deliver([functools.partial(stream._put, error) for stream in streams])

@@ -6,6 +6,7 @@ port 0 gives a free port whose number the caller can read (tests and benchmarks 
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -54,11 +55,25 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    """uvicorn, but a shutdown first stops the engine: every open stream then ends at once with
+    an error event and ``[DONE]`` (its KV blocks freed) instead of holding the graceful wait
+    until uvicorn cancels it (a CancelledError traceback and a stream cut with no end)."""
+
+    def __init__(self, config: uvicorn.Config, engine_thread: EngineThread) -> None:
+        super().__init__(config)
+        self._engine_thread = engine_thread
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await asyncio.to_thread(self._engine_thread.stop)
+        await super().shutdown(sockets)
+
+
 def _uvicorn_server(app: FastAPI, log_level: str) -> uvicorn.Server:
     config = uvicorn.Config(
         app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5, lifespan="on"
     )
-    return uvicorn.Server(config)
+    return _Server(config, app.state.engine_thread)
 
 
 def serve(app: FastAPI, sock: socket.socket, log_level: str = "info") -> None:
