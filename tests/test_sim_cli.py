@@ -181,3 +181,9 @@ def test_simulate_runs_without_torch() -> None:
 
 def test_negative_step_overhead(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--step-overhead-ms must be >= 0" in error_line(capsys, "--step-overhead-ms", "-1")
+
+
+def test_no_arguments_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert "simulate" in err and "bench" in err and "tune" in err and "usage: stallfree" in err

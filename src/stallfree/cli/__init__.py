@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):
+        parser.print_help(sys.stderr)  # no command: show them all, not only "arguments are required"
+        return 2
     args = parser.parse_args(argv)
     try:
         code: int = args.handler(args)
