@@ -178,3 +178,17 @@ def test_profile_round_trips_and_rejects_other_files(tmp_path: Path) -> None:
     data["version"] = 99
     with pytest.raises(ValueError, match="version"):
         profile_from_dict(data)
+
+
+def test_explain_prices_the_scenario_with_the_measured_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stallfree.cli import main
+
+    path = save_profile(synthetic_profile(), tmp_path / "p.json")
+    args = ["explain", "--profile", str(path), "--prompt-tokens", "512", "--context-tokens", "100"]
+    assert main([*args, "--decoders", "4", "--chunk-tokens", "64", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    model = MeasuredCostModel(synthetic_profile())
+    assert body["decode_step_s"] == pytest.approx(model.decode_step_s(4, 100), rel=0.05)
+    assert body["policies"]["prefill-first"]["max_gap_s"] > body["policies"]["chunked"]["max_gap_s"]

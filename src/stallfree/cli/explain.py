@@ -65,6 +65,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="roofline: weights-only (alias seed) = the seed's arithmetic; full = + attention, KV traffic, "
         "LM head, TP all-reduce (default %(default)s)",
     )
+    add("--profile", metavar="FILE", help="a `stallfree profile` file: steps priced by the measured model")
     add("--device", help="torch: cpu or cuda (default: cuda when available)")
     add(
         "--dtype",
@@ -125,14 +126,18 @@ def explanation(args: argparse.Namespace) -> Explanation:
     """What ``stallfree explain`` reports for parsed ``args`` (``stallfree ui`` calls it too)."""
     from stallfree.explain import DEFAULT_SWEEP, Scenario, explain
 
-    defaults = DEFAULTS[args.engine]
+    measured = args.engine == "roofline" and (args.profile is not None or args.cost_model == "measured")
+    # A profile is of the engine: the scenario defaults are --engine torch's, for a like-for-like run.
+    defaults = DEFAULTS["torch" if measured else args.engine]
     model = args.model or defaults["model"]
     prompt = args.prompt_tokens or defaults["prompt_tokens"]
     context = args.context_tokens or defaults["context_tokens"]
     sweep = args.sweep or (DEFAULT_SWEEP if args.engine == "roofline" else ENGINE_SWEEP)
     roofline: RooflineTimer | None = None
     timer: StepTimer
-    if args.engine == "roofline":
+    if measured:
+        timer, echo = _measured(args)
+    elif args.engine == "roofline":
         roofline, echo = _roofline(args, model)
         timer = roofline
     else:
@@ -162,6 +167,25 @@ def _roofline(args: argparse.Namespace, model_name: str) -> tuple[RooflineTimer,
         "engine": "roofline",
     }
     return RooflineTimer(cost), echo
+
+
+def _measured(args: argparse.Namespace) -> tuple[StepTimer, dict[str, Any]]:
+    from stallfree.cli.common import measured_profile
+    from stallfree.sim.measured import MeasuredCostModel, MeasuredTimer
+
+    path = measured_profile(args)
+    assert path is not None
+    cost = MeasuredCostModel.from_file(path)
+    fp = cost.profile.fingerprint
+    echo = {
+        "model": str(fp.get("model")),
+        "hardware": f"{fp.get('device')} ({fp.get('device_name')})",
+        "tp": 1,
+        "cost_model": "measured",
+        "profile": path,
+        "engine": "measured profile",
+    }
+    return MeasuredTimer(cost), echo
 
 
 def _check_weights_fit(config: CostModelConfig) -> None:
