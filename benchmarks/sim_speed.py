@@ -25,6 +25,7 @@ STARTED = time.perf_counter()
 def one(num_requests: int, policy: str, fast: bool) -> dict[str, float]:
     import resource
 
+    from stallfree.core.serving import ServingConfig
     from stallfree.sim import simulate
     from stallfree.workload import TraceLengths, Workload, poisson
 
@@ -35,8 +36,7 @@ def one(num_requests: int, policy: str, fast: bool) -> dict[str, float]:
         workload,
         model="llama-3-8b",
         hardware="a100-80gb",
-        policy=policy,
-        token_budget=512 if policy == "chunked" else None,
+        serving=ServingConfig(policy=policy),
         num_requests=num_requests,
         seed=0,
         fast=fast,

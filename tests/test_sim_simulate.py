@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from stallfree.core import Request
+from stallfree.core.serving import ServingConfig
 from stallfree.sim import simulate
 from stallfree.workload import FixedLengths, TraceLengths, Workload, poisson
 
@@ -15,7 +16,10 @@ ARXIV = Workload(poisson(2.0), TraceLengths("arxiv"))  # prompts of ~2,600 token
 
 
 def test_chunked_has_a_far_lower_p99_itl_than_prefill_first_at_equal_throughput() -> None:
-    runs = {p: simulate(ARXIV, policy=p, num_requests=300).summary for p in ("chunked", "prefill-first")}
+    runs = {
+        p: simulate(ARXIV, serving=ServingConfig(policy=p), num_requests=300).summary
+        for p in ("chunked", "prefill-first")
+    }
     chunked, prefill_first = runs["chunked"], runs["prefill-first"]
     assert chunked["completed"] == prefill_first["completed"] == 300
     assert chunked["request_throughput"] == pytest.approx(prefill_first["request_throughput"], rel=0.02)
@@ -26,8 +30,8 @@ def test_chunked_has_a_far_lower_p99_itl_than_prefill_first_at_equal_throughput(
 
 
 def test_decode_first_starves_new_prompts() -> None:
-    chunked = simulate(ARXIV, policy="chunked", num_requests=200).summary
-    decode_first = simulate(ARXIV, policy="decode-first", num_requests=200).summary
+    chunked = simulate(ARXIV, serving=ServingConfig(policy="chunked"), num_requests=200).summary
+    decode_first = simulate(ARXIV, serving=ServingConfig(policy="decode-first"), num_requests=200).summary
     assert decode_first["mean_ttft_ms"] > 10 * chunked["mean_ttft_ms"]
     assert decode_first["max_itl_ms"] <= chunked["max_itl_ms"]  # nothing ever interrupts its decodes
 
@@ -41,7 +45,11 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 def test_memory_pressure_preempts_and_the_fast_path_still_equals_the_slow_one() -> None:
     """A quarter of the GPU leaves room for ~19K tokens of KV: a few long prompts fill it."""
-    kw: dict[str, Any] = {"policy": "chunked", "num_requests": 120, "gpu_memory_utilization": 0.22}
+    kw: dict[str, Any] = {
+        "serving": ServingConfig(policy="chunked"),
+        "num_requests": 120,
+        "gpu_memory_utilization": 0.22,
+    }
     heavy = Workload(poisson(4.0), TraceLengths("arxiv"))
     fast = simulate(heavy, **kw)
     slow = simulate(heavy, fast=False, **kw)

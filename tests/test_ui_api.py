@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from stallfree.cli import main
+from stallfree.core.serving import ServingConfig
 from stallfree.sim import simulate
 from stallfree.ui.api import handle
 from stallfree.ui.server import serve_in_thread
@@ -123,7 +124,7 @@ def test_simulate_is_the_simulator() -> None:
     direct = simulate(
         Workload(gamma(4.0, 0.5), TraceLengths("sharegpt")),
         num_requests=300,
-        policy="prefill-first",
+        serving=ServingConfig(policy="prefill-first", max_num_batched_tokens=256),
         keep_steps=True,
     ).summary
     assert view["summary"] == {key: direct[key] for key in view["summary"]}

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stallfree.core.serving import ServingConfig
 
 
 class UsageError(Exception):
@@ -98,23 +101,90 @@ def cost_model_arg(text: str) -> str:
     return cost_model_kind(text)
 
 
-ENGINE_OPTIONS = (
-    "dtype",
-    "device",
-    "policy",
-    "token_budget",
-    "chunk_tokens",
-    "max_num_seqs",
-    "max_model_len",
-    "num_blocks",
-    "block_size",
-)
+SERVING_FLAGS: dict[str, tuple[str, ...]] = {
+    "policy": ("--policy",),
+    "max_num_batched_tokens": ("--max-num-batched-tokens", "--token-budget"),
+    "chunk_tokens": ("--chunk-tokens",),
+    "max_num_seqs": ("--max-num-seqs",),
+    "max_model_len": ("--max-model-len",),
+    "block_size": ("--block-size",),
+    "num_blocks": ("--num-blocks",),
+    "watermark": ("--kv-watermark",),
+}
+"""The command-line flags of each :class:`~stallfree.core.serving.ServingConfig` field (vLLM's
+names; ``--token-budget`` is Sarathi-Serve's name for the same budget)."""
+
+_SERVING_HELP = {
+    "max_num_batched_tokens": "tokens per step, for every policy: chunked: the budget, decodes included "
+    "(default {budget}); prefill-first/decode-first: prompt tokens batched whole in one step "
+    "(default max-model-len)",
+    "chunk_tokens": "chunked: prompt tokens per step on top of the decodes, instead of a budget",
+    "max_num_seqs": "running requests at most (default {seqs}, and at most a chunked budget)",
+    "max_model_len": "prompt + output limit (default: the model's context)",
+    "block_size": "tokens per KV block (default {block})",
+    "num_blocks": "KV-cache blocks (default: sized from memory)",
+    "watermark": "share of KV blocks admission keeps free (default {watermark})",
+}
+
+
+def add_serving_args(parser: argparse._ActionsContainer, *, policy_list: bool = False) -> None:
+    """One flag per :class:`ServingConfig` field (:data:`SERVING_FLAGS`), defaults from the config.
+
+    ``policy_list``: ``--policy`` takes a comma list (simulate compares policies).
+    """
+    from stallfree.core import DEFAULT_TOKEN_BUDGET, POLICIES
+    from stallfree.core.serving import DEFAULT_MAX_NUM_SEQS, ServingConfig
+
+    defaults = ServingConfig()
+    fill = {
+        "budget": DEFAULT_TOKEN_BUDGET,
+        "seqs": DEFAULT_MAX_NUM_SEQS,
+        "block": defaults.block_size,
+        "watermark": defaults.watermark,
+    }
+    if policy_list:
+        parser.add_argument(
+            "--policy",
+            default=defaults.policy,
+            help=f"policy or comma list: {', '.join(POLICIES)} (default %(default)s)",
+        )
+    else:
+        parser.add_argument(
+            "--policy",
+            choices=POLICIES,
+            default=defaults.policy,
+            help="scheduling policy (default %(default)s)",
+        )
+    for name, flags in SERVING_FLAGS.items():
+        if name == "policy":
+            continue
+        value_type = float if name == "watermark" else positive_int
+        parser.add_argument(
+            *flags,
+            dest=name,
+            type=value_type,
+            default=getattr(defaults, name),
+            metavar="N",
+            help=_SERVING_HELP[name].format(**fill),
+        )
+
+
+def serving_config(args: argparse.Namespace, policy: str | None = None) -> ServingConfig:
+    """The parsed serving flags as a :class:`ServingConfig` (``policy`` overrides ``--policy``);
+    a combination that cannot work is a :class:`UsageError`."""
+    from stallfree.core.serving import ServingConfig
+
+    fields = {name: getattr(args, name) for name in SERVING_FLAGS}
+    if policy is not None:
+        fields["policy"] = policy
+    try:
+        return ServingConfig(**fields)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def add_engine_args(parser: argparse._ActionsContainer) -> None:
-    """The PyTorch engine's options (``--model`` and :data:`ENGINE_OPTIONS`), for generate and serve."""
-    from stallfree.core import POLICIES
-
+    """The PyTorch engine's options: ``--model --dtype --device`` and the serving flags (generate, serve)."""
     parser.add_argument(
         "--model", default="random:small", help="random:<preset> or a local HF folder (default %(default)s)"
     )
@@ -122,28 +192,9 @@ def add_engine_args(parser: argparse._ActionsContainer) -> None:
         "--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default %(default)s)"
     )
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    parser.add_argument(
-        "--policy", choices=POLICIES, default="chunked", help="scheduling policy (default %(default)s)"
-    )
-    parser.add_argument("--token-budget", type=positive_int, help="tokens per step (chunked default 512)")
-    parser.add_argument(
-        "--chunk-tokens", type=positive_int, help="chunked: prompt tokens per step instead of a budget"
-    )
-    parser.add_argument(
-        "--max-num-seqs",
-        type=positive_int,
-        default=256,
-        help="running requests at most (default %(default)s)",
-    )
-    parser.add_argument("--max-model-len", type=positive_int, help="context length (default: the model's)")
-    parser.add_argument(
-        "--num-blocks", type=positive_int, help="KV-cache blocks (default: sized from free memory)"
-    )
-    parser.add_argument(
-        "--block-size", type=positive_int, default=16, help="tokens per KV block (default 16)"
-    )
+    add_serving_args(parser)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """:data:`ENGINE_OPTIONS` from parsed ``args``, as ``LLMEngine`` keyword arguments."""
-    return {name: getattr(args, name) for name in ENGINE_OPTIONS}
+    """The engine options of parsed ``args``, as ``LLMEngine`` keyword arguments."""
+    return {"dtype": args.dtype, "device": args.device, "serving": serving_config(args)}

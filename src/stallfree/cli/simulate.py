@@ -9,7 +9,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stallfree.cli.common import UsageError, add_roofline_args, measured_profile, positive_int
+from stallfree.cli.common import (
+    UsageError,
+    add_roofline_args,
+    add_serving_args,
+    measured_profile,
+    serving_config,
+)
 
 if TYPE_CHECKING:
     from stallfree.sim import SimulationResult
@@ -71,30 +77,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="fixed time added to every step: scheduling, sampling, launches (default 0)",
     )
     g = p.add_argument_group("scheduler")
-    g.add_argument(
-        "--policy",
-        default="chunked",
-        help="policy or comma list: chunked, prefill-first, decode-first (default %(default)s)",
-    )
-    g.add_argument(
-        "--max-num-batched-tokens",
-        "--token-budget",
-        dest="token_budget",
-        type=int,
-        metavar="N",
-        help="vLLM's per-step token budget, for every policy: chunked: tokens per step, decodes included "
-        "(default 512); prefill-first/decode-first: prompt tokens batched whole in one step (default "
-        "max-model-len). --token-budget is the same flag",
-    )
-    g.add_argument("--chunk-tokens", type=int, help="chunked: prompt tokens per step on top of the decodes")
-    g.add_argument("--max-num-seqs", type=int, default=256, help="running requests at most (default 256)")
-    g.add_argument("--max-model-len", type=int, help="prompt + output limit (default: the model's context)")
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
-    g.add_argument(
-        "--num-blocks",
-        type=positive_int,
-        help="KV-cache blocks, as the engine's --num-blocks (default: sized from the hardware's memory)",
-    )
+    add_serving_args(g, policy_list=True)
     g.add_argument(
         "--gpu-memory-utilization",
         type=float,
@@ -115,6 +98,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--lengths", help=f"length distribution or trace (default {DEFAULT_LENGTHS} unless --trace)"
     )
     g.add_argument("--trace", help="replay this trace's arrival times (and its lengths unless --lengths)")
+    g.add_argument(
+        "--replay",
+        metavar="RESULT.json",
+        help="re-create the exact requests (arrivals, lengths) of a `stallfree bench --save-result` file",
+    )
     g.add_argument(
         "--num-requests",
         type=int,
@@ -159,9 +147,14 @@ def run(args: argparse.Namespace) -> int:
         args.model = _profiled_model(profile) if profile else "llama-3-8b"
     if not args.step_overhead_ms >= 0:
         raise UsageError(f"--step-overhead-ms must be >= 0, got {args.step_overhead_ms}")
-    workload, num_requests = _workload(args)
     goodput = parse_goodput(args.goodput) if args.goodput else None
-    requests = sample(workload, num_requests, args.seed)
+    if args.replay:
+        from stallfree.workload.bench_result import load_bench_result
+
+        workload, requests = None, load_bench_result(args.replay).arrays
+    else:
+        workload, num_requests = _workload(args)
+        requests = sample(workload, num_requests, args.seed)
     keep_steps = bool(args.trace_out or args.plot)
     results: list[SimulationResult] = []
     for policy in policies:
@@ -175,16 +168,8 @@ def run(args: argparse.Namespace) -> int:
             profile=profile,
             sampling=args.sampling,
             dtype_bytes=_DTYPE_BYTES[args.dtype] if args.dtype else None,
-            num_blocks=args.num_blocks,
             step_overhead_s=args.step_overhead_ms / 1000,
-            policy=policy,
-            # One budget flag: the step's budget for chunked, the whole-prompt batch cap otherwise.
-            token_budget=args.token_budget if policy == "chunked" else None,
-            chunk_tokens=args.chunk_tokens,
-            max_num_batched_tokens=None if policy == "chunked" else args.token_budget,
-            max_num_seqs=args.max_num_seqs,
-            max_model_len=args.max_model_len,
-            block_size=args.block_size,
+            serving=serving_config(args, policy),
             gpu_memory_utilization=args.gpu_memory_utilization,
             goodput=goodput,
             keep_steps=keep_steps,
@@ -270,6 +255,7 @@ def _per_policy_path(path: str, policy: str, num_policies: int) -> Path:
 
 
 def _scenario(args: argparse.Namespace, workload: Any, num_requests: int) -> dict[str, Any]:
+    chunked = serving_config(args, "chunked")  # the header describes the chunked policy's step
     return {
         "model": args.model,
         "hardware": args.hardware,
@@ -278,12 +264,12 @@ def _scenario(args: argparse.Namespace, workload: Any, num_requests: int) -> dic
         "profile": args.profile,
         "step_overhead_ms": args.step_overhead_ms,
         "num_requests": num_requests,
-        "workload": _describe(workload),
+        "workload": _describe(workload) if workload is not None else f"replayed from {args.replay}",
         "seed": args.seed,
-        "token_budget": args.token_budget if args.chunk_tokens is None else None,
-        "chunk_tokens": args.chunk_tokens,
-        "max_num_seqs": args.max_num_seqs,
-        "block_size": args.block_size,
+        "token_budget": chunked.token_budget,
+        "chunk_tokens": chunked.chunk_tokens,
+        "max_num_seqs": chunked.num_seqs_limit,
+        "block_size": chunked.block_size,
         "gpu_memory_utilization": args.gpu_memory_utilization,
     }
 
@@ -336,9 +322,7 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
 def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outputs: list[str]) -> str:
     """Policies as columns, metrics as rows."""
     sc = scenario
-    budget = (
-        f"chunk {sc['chunk_tokens']}" if sc["chunk_tokens"] else f"token budget {sc['token_budget'] or 512}"
-    )
+    budget = f"chunk {sc['chunk_tokens']}" if sc["chunk_tokens"] else f"token budget {sc['token_budget']}"
     lines = [
         f"{sc['model']} on {sc['tp']} x {sc['hardware']} (cost model: {sc['cost_model']}"
         + (f" + {sc['step_overhead_ms']:g} ms a step" if sc["step_overhead_ms"] else "")

@@ -18,6 +18,7 @@ from stallfree.core.policy import (
 )
 from stallfree.core.request import FinishReason, Request, SamplingParams
 from stallfree.core.scheduler import Scheduler, StepEvents
+from stallfree.core.serving import ServingConfig
 from stallfree.core.state import SchedulerState, Sequence
 from stallfree.core.steady import SteadyRun
 from stallfree.core.step import Executor, StepCostModel, priced_executor, run_step
@@ -40,6 +41,7 @@ __all__ = [
     "SchedulerConfig",
     "SchedulerState",
     "Sequence",
+    "ServingConfig",
     "Steadiness",
     "SteadyRun",
     "StepCostModel",

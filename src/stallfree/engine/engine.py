@@ -21,23 +21,22 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from stallfree.core import (
-    CacheConfig,
-    ChunkedPolicy,
     Policy,
     Request,
     SamplingParams,
     Scheduler,
-    SchedulerConfig,
     StepEvents,
     StepPlan,
     StepResult,
-    make_policy,
+    ceil_div,
     run_step,
 )
+from stallfree.core.serving import ServingConfig
 from stallfree.engine.kv_cache import KVCache, kv_bytes_per_block
 from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.requests import RequestOutput, RequestState
@@ -97,42 +96,40 @@ class LLMEngine:
         *,
         dtype: str = "auto",
         device: str | None = None,
-        policy: str | Policy = "chunked",
-        token_budget: int | None = None,
-        chunk_tokens: int | None = None,
-        max_num_seqs: int = 256,
-        max_model_len: int | None = None,
-        block_size: int = 16,
-        num_blocks: int | None = None,
+        serving: ServingConfig | None = None,
+        scheduler_policy: Policy | None = None,
         kv_cache_memory_fraction: float | None = None,
         seed: int = 0,
+        **serving_options: Any,
     ) -> None:
+        """``serving`` (or its fields as keyword options: ``policy``, ``token_budget`` /
+        ``max_num_batched_tokens``, ``chunk_tokens``, ``max_num_seqs``, ``max_model_len``,
+        ``block_size``, ``num_blocks``) says how to schedule; ``scheduler_policy`` runs a custom
+        :class:`Policy` under its limits instead of the named one."""
+        if serving is not None and serving_options:
+            raise ValueError("give either serving or its options, not both")
+        serving = serving or ServingConfig.from_options(**serving_options)
+        self.serving = serving
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = resolve_dtype(dtype, self.device)
-        if isinstance(policy, str):
-            policy = make_policy(policy, token_budget=token_budget, chunk_tokens=chunk_tokens)
         self.model, self.tokenizer = load_model(model, self.dtype, self.device, seed)
         self.model.prepack_cpu_weights()
         spec = self.model.spec
-        self.max_model_len = max_model_len or spec.max_position_embeddings
-        if self.max_model_len > spec.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len {self.max_model_len} exceeds the model's context of {spec.max_position_embeddings}"
-            )
-        if isinstance(policy, ChunkedPolicy) and policy.token_budget is not None:
-            # Every running request needs its decode token inside the budget (the policy
-            # refuses a config with more sequences than budget).
-            max_num_seqs = min(max_num_seqs, policy.token_budget)
+        context = spec.max_position_embeddings
+        self.max_model_len = serving.model_len(context)
+        block_size = serving.block_size
+        num_blocks = serving.num_blocks
         if num_blocks is None:
-            num_blocks = self._default_num_blocks(block_size, max_num_seqs, kv_cache_memory_fraction)
+            num_blocks = self._default_num_blocks(
+                block_size, serving.num_seqs_limit, kv_cache_memory_fraction
+            )
         self.model_runner = ModelRunner(
             self.model, KVCache(spec, num_blocks, block_size, self.dtype, self.device)
         )
-        self.scheduler = Scheduler(
-            SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=self.max_model_len),
-            CacheConfig(block_size=block_size, num_blocks=num_blocks),
-            policy,
-        )
+        scheduler = serving.make_scheduler(context, num_blocks)
+        if scheduler_policy is not None:
+            scheduler = Scheduler(scheduler.config, scheduler.cache_config, scheduler_policy)
+        self.scheduler = scheduler
         # The latest step that ran (kept for drivers written against it; prefer step()'s value).
         self.last_step: EngineStep | None = None
         self._requests: dict[str, RequestState] = {}
@@ -237,8 +234,8 @@ class LLMEngine:
             raise ValueError(f"kv_cache_memory_fraction must be in (0, 1], got {fraction}")
         per_block = kv_bytes_per_block(self.model.spec, block_size, self.dtype)
         num_blocks = int(fraction * _free_memory_bytes(self.device)) // per_block
-        needed = max_num_seqs * -(-self.max_model_len // block_size)
-        blocks_per_seq = -(-self.max_model_len // block_size)
+        blocks_per_seq = ceil_div(self.max_model_len, block_size)
+        needed = max_num_seqs * blocks_per_seq
         if num_blocks < blocks_per_seq:
             raise ValueError(
                 f"the KV cache fits only {num_blocks} blocks of {block_size} tokens, fewer than one "

@@ -11,7 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from stallfree.core import DEFAULT_TOKEN_BUDGET, CacheConfig, Request, Scheduler, SchedulerConfig, make_policy
+from stallfree.core import Request
+from stallfree.core.serving import ServingConfig
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.sim.cost_model import CostModel, CostModelConfig, CostModelKind
 from stallfree.sim.measured import MeasuredCostModel
@@ -44,15 +45,8 @@ def simulate(
     profile: str | StepProfile | MeasuredCostModel | None = None,
     sampling: str = "greedy",
     dtype_bytes: int | None = None,
-    num_blocks: int | None = None,
     step_overhead_s: float = 0.0,
-    policy: str = "chunked",
-    token_budget: int | None = None,
-    chunk_tokens: int | None = None,
-    max_num_batched_tokens: int | None = None,
-    max_num_seqs: int = 256,
-    max_model_len: int | None = None,
-    block_size: int = 16,
+    serving: ServingConfig | None = None,
     gpu_memory_utilization: float = 0.9,
     num_requests: int | None = None,
     seed: int = 0,
@@ -60,15 +54,13 @@ def simulate(
     keep_steps: bool = False,
     fast: bool = True,
 ) -> SimulationResult:
-    """Simulate ``workload`` served by ``policy`` on ``tp`` x ``hardware`` running ``model``.
+    """Simulate ``workload`` served as ``serving`` says on ``tp`` x ``hardware`` running ``model``.
 
     ``workload``: a :class:`~stallfree.workload.Workload` (sampled with ``num_requests`` and
     ``seed``), sampled :class:`~stallfree.workload.WorkloadArrays`, or requests ordered by arrival.
-    ``token_budget`` / ``chunk_tokens`` set the chunked policy's step size (default:
-    ``DEFAULT_TOKEN_BUDGET``
-    budget); ``max_num_batched_tokens`` caps the tokens prefill-first and decode-first batch in
-    one step (default ``max_model_len``, as vLLM without chunked prefill). ``max_model_len``
-    defaults to the model's ``max_position_embeddings``. ``step_overhead_s`` is added to every
+    ``serving`` is the scheduling configuration (default: chunked at
+    :data:`~stallfree.core.DEFAULT_TOKEN_BUDGET` tokens per step); its ``max_model_len``
+    defaults to the model's ``max_position_embeddings`` and its ``num_blocks`` to what fits. ``step_overhead_s`` is added to every
     step (scheduling, sampling, kernel launches: what a roofline leaves out). ``goodput`` maps ``ttft`` / ``tpot`` /
     ``e2el`` to SLOs in ms. ``fast=False`` schedules every step (the reference the fast path equals).
 
@@ -76,7 +68,7 @@ def simulate(
     real engine (:class:`~stallfree.sim.measured.MeasuredCostModel`; ``sampling`` is the mode
     every sampled row pays: greedy, temperature or top-p), and ``model`` defaults to the
     profiled one (otherwise ``llama-3-8b``). ``dtype_bytes`` sizes weights and KV (default 2, or
-    the profile's). ``num_blocks`` fixes the KV cache instead of sizing it from ``hardware``.
+    the profile's). ``serving.num_blocks`` fixes the KV cache instead of sizing it from ``hardware``.
 
     The summary holds :func:`stallfree.metrics.summarize`'s keys plus ``policy``, ``num_steps``,
     ``num_kv_blocks``, ``kv_block_size`` and ``rejected_reasons`` (reason -> count).
@@ -112,32 +104,24 @@ def simulate(
                 overhead_s=step_overhead_s,
             )
         )
-    model_len = model_spec.max_position_embeddings if max_model_len is None else max_model_len
-    if policy == "chunked":
-        scheduler_policy = make_policy(policy, token_budget=token_budget, chunk_tokens=chunk_tokens)
-        step_tokens = _chunked_step_tokens(token_budget, chunk_tokens, max_num_seqs)
-    else:
-        batched = model_len if max_num_batched_tokens is None else max_num_batched_tokens
-        scheduler_policy = make_policy(policy, token_budget=batched)
-        step_tokens = max(batched, model_len)  # the first prompt of a step runs whole even past the cap
-    if num_blocks is not None:
-        kv = fixed_kv_memory(model_spec, num_blocks, tp=tp, block_size=block_size, dtype_bytes=dtype_bytes)
+    serving = serving or ServingConfig()
+    context = model_spec.max_position_embeddings
+    if serving.num_blocks is not None:
+        kv = fixed_kv_memory(
+            model_spec, serving.num_blocks, tp=tp, block_size=serving.block_size, dtype_bytes=dtype_bytes
+        )
     else:
         kv = kv_memory(
             model_spec,
             hardware_spec,
             tp=tp,
             gpu_memory_utilization=gpu_memory_utilization,
-            block_size=block_size,
+            block_size=serving.block_size,
             dtype_bytes=dtype_bytes,
-            max_num_batched_tokens=step_tokens,
-            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=serving.step_token_cap(context),
+            max_num_seqs=serving.num_seqs_limit,
         )
-    scheduler = Scheduler(
-        SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=model_len),
-        CacheConfig(block_size=block_size, num_blocks=kv.num_blocks),
-        scheduler_policy,
-    )
+    scheduler = serving.make_scheduler(context, kv.num_blocks)
     run = run_traffic(
         scheduler, costs, _requests(workload, num_requests, seed), fast=fast, keep_steps=keep_steps
     )
@@ -145,7 +129,7 @@ def simulate(
         reasons = "; ".join(f"{count} x {reason}" for reason, count in run.rejected_reasons.items())
         raise ValueError(f"no request could run: {reasons or 'the workload is empty'}")
     summary: dict[str, Any] = {
-        "policy": policy,
+        "policy": serving.policy,
         **summarize(run.records, run.itl, run.duration_s, goodput),
         # exact, where the ITL samples are rounded to 16 significant bits
         "max_itl_ms": max((r.max_itl_s for r in run.records), default=0.0) * 1000
@@ -153,21 +137,14 @@ def simulate(
         else None,
         "num_steps": run.num_steps,
         "num_kv_blocks": kv.num_blocks,
-        "kv_block_size": block_size,
+        "kv_block_size": serving.block_size,
         "rejected_reasons": run.rejected_reasons,
     }
-    return SimulationResult(policy, summary, run.records, run.itl, kv, run.steps)
+    return SimulationResult(serving.policy, summary, run.records, run.itl, kv, run.steps)
 
 
 def _model_spec(model: str | ModelSpec) -> ModelSpec:
     return load_model_spec(model) if isinstance(model, str) else model
-
-
-def _chunked_step_tokens(token_budget: int | None, chunk_tokens: int | None, max_num_seqs: int) -> int:
-    """The most tokens one chunked step can hold (decodes ride on top of ``chunk_tokens``)."""
-    if chunk_tokens is not None:
-        return chunk_tokens + max_num_seqs
-    return DEFAULT_TOKEN_BUDGET if token_budget is None else token_budget
 
 
 def _requests(

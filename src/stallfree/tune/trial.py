@@ -19,9 +19,11 @@ import json
 import math
 from dataclasses import dataclass
 
+from stallfree.core.serving import ServingConfig
 from stallfree.metrics import Summary
 from stallfree.sim.api import SimulationResult, simulate
 from stallfree.sim.cost_model import COST_MODEL_KINDS, CostModel, CostModelConfig, CostModelKind
+from stallfree.sim.measured import MeasuredCostModel
 from stallfree.specs import load_hardware_spec, load_model_spec
 from stallfree.workload import Workload, gamma, parse_lengths, sample
 
@@ -65,6 +67,13 @@ class TrialSpec:
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
 
+    @property
+    def serving(self) -> ServingConfig:
+        """How the trial schedules: ``token_budget`` is the chunked budget or the batch cap."""
+        return ServingConfig(
+            policy=self.policy, max_num_batched_tokens=self.token_budget, max_num_seqs=self.max_num_seqs
+        )
+
     def key(self) -> str:
         """A stable 16-hex-digit name of this trial (same fields, same key, in any process)."""
         text = json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -93,19 +102,15 @@ def run_trial(spec: TrialSpec) -> Summary:
 
 
 def _simulate(spec: TrialSpec) -> SimulationResult:
-    # For chunked the budget is the step's token budget; for the whole-prompt policies it caps
-    # the prompt tokens one step batches (vLLM's --max-num-batched-tokens without chunking).
-    chunked = spec.policy == "chunked"
+    profile = _profile_path(spec.cost_model)
     return simulate(
         _workload(spec),
         model=spec.model,
         hardware=spec.hardware,
         tp=spec.tp,
-        cost_model=_cost_model_kind(spec.cost_model),
-        policy=spec.policy,
-        token_budget=spec.token_budget if chunked else None,
-        max_num_batched_tokens=None if chunked else spec.token_budget,
-        max_num_seqs=spec.max_num_seqs,
+        cost_model="measured" if profile else _cost_model_kind(spec.cost_model),
+        profile=profile,
+        serving=spec.serving,
         gpu_memory_utilization=spec.gpu_memory_utilization,
         num_requests=spec.num_requests,
         seed=spec.seed,
@@ -129,9 +134,13 @@ def ridge_tokens(model: str, hardware: str, tp: int, cost_model: str = "full") -
     return _cost_model(model, hardware, tp, cost_model).ridge_tokens()
 
 
-def decode_step_ms(model: str, hardware: str, tp: int, num_seqs: int, context_len: int) -> float:
-    """One decode step with no prompt in it (the yardstick of Sarathi-Serve's TBT SLOs)."""
-    return _cost_model(model, hardware, tp, "full").decode_step_s(num_seqs, context_len) * 1000
+def decode_step_ms(
+    model: str, hardware: str, tp: int, num_seqs: int, context_len: int, cost_model: str = "full"
+) -> float:
+    """One decode step with no prompt in it (the yardstick of Sarathi-Serve's TBT SLOs); the
+    roofline's ``full`` kind unless ``cost_model`` is measured."""
+    kind = cost_model if cost_model.startswith("measured:") else "full"
+    return _cost_model(model, hardware, tp, kind).decode_step_s(num_seqs, context_len) * 1000
 
 
 def full_step_ms(model: str, hardware: str, tp: int, cost_model: str, token_budget: int) -> float:
@@ -141,11 +150,21 @@ def full_step_ms(model: str, hardware: str, tp: int, cost_model: str, token_budg
 
 
 @functools.lru_cache(maxsize=16)
-def _cost_model(model: str, hardware: str, tp: int, kind: str) -> CostModel:
+def _cost_model(model: str, hardware: str, tp: int, kind: str) -> CostModel | MeasuredCostModel:
+    """``kind`` is a roofline kind, or ``measured:<profile path>`` (a spec holds only strings)."""
+    profile = _profile_path(kind)
+    if profile is not None:
+        return MeasuredCostModel.from_file(profile)
     config = CostModelConfig(
         load_model_spec(model), load_hardware_spec(hardware), tp=tp, kind=_cost_model_kind(kind)
     )
     return CostModel(config)
+
+
+def _profile_path(kind: str) -> str | None:
+    if kind == "measured":
+        raise ValueError("cost model 'measured' needs a profile: measured:<profile file>")
+    return kind.removeprefix("measured:") if kind.startswith("measured:") else None
 
 
 def _cost_model_kind(kind: str) -> CostModelKind:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import numpy.typing as npt
 
+from stallfree.core.serving import ServingConfig
 from stallfree.sim import COST_MODEL_KINDS
 from stallfree.ui.errors import ApiError, check_known, choice, number, one_value, whole
 
@@ -102,8 +103,7 @@ def traffic_view(query: dict[str, list[str]]) -> dict[str, Any]:
         hardware=choice(query, "hardware", DEFAULTS["hardware"], tuple(HARDWARE_PRESETS)),
         tp=whole(query, "tp", DEFAULTS["tp"], minimum=1, maximum=64),
         cost_model=cast("CostModelKind", choice(query, "cost_model", "full", COST_MODEL_KINDS)),
-        policy=policy,
-        token_budget=budget if policy == "chunked" else None,
+        serving=ServingConfig(policy=policy, max_num_batched_tokens=budget),  # every policy, as the CLI
         keep_steps=True,
     )
     steps = result.steps

@@ -1,0 +1,133 @@
+"""How one replica schedules, in one place: the simulator, the engine, the server and tune all
+build their scheduler from a :class:`ServingConfig` (field names are vLLM's engine arguments).
+
+Rules that used to be re-derived by each (and drifted apart) live here:
+
+- the chunked policy's budget defaults to :data:`DEFAULT_TOKEN_BUDGET`;
+- ``max_num_seqs`` defaults to 256 and, for a chunked budget, to at most the budget (every
+  running request needs its decode token inside it); an explicit value above the budget is an
+  error, as in vLLM;
+- the whole-prompt policies batch prompts up to ``max_num_batched_tokens``, by default
+  ``max_model_len`` (vLLM without chunked prefill);
+- ``max_model_len`` defaults to the model's context and may not exceed it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stallfree.core.config import DEFAULT_TOKEN_BUDGET, CacheConfig, SchedulerConfig
+from stallfree.core.policy import POLICIES, ChunkedPolicy, Policy, make_policy
+from stallfree.core.scheduler import Scheduler
+
+DEFAULT_MAX_NUM_SEQS = 256
+OPTION_ALIASES = {"token_budget": "max_num_batched_tokens"}  # the Sarathi-Serve name
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServingConfig:
+    """The scheduling half of a deployment (the model and hardware are the other half).
+
+    ``max_num_batched_tokens``: the chunked policy's per-step token budget, decodes included
+    (vLLM's ``--max-num-batched-tokens``, SGLang's ``--chunked-prefill-size``); for the
+    whole-prompt policies, how many prompt tokens one step batches. ``chunk_tokens`` instead
+    gives chunked a fixed number of prompt tokens per step on top of the decodes (the seed's
+    view). ``num_blocks`` None: the runner sizes the KV cache from memory.
+    """
+
+    policy: str = "chunked"
+    max_num_batched_tokens: int | None = None
+    chunk_tokens: int | None = None
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    block_size: int = 16
+    num_blocks: int | None = None
+    watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose from: {', '.join(POLICIES)}")
+        for name in ("max_num_batched_tokens", "chunk_tokens", "max_num_seqs", "max_model_len", "num_blocks"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if self.chunk_tokens is not None:
+            if self.policy != ChunkedPolicy.name:
+                raise ValueError(f"chunk_tokens applies to the chunked policy only, not {self.policy}")
+            if self.max_num_batched_tokens is not None:
+                raise ValueError("chunked: give either a token budget or chunk_tokens, not both")
+        CacheConfig(block_size=self.block_size, watermark=self.watermark)  # validates both
+        budget = self.token_budget
+        if budget is not None and self.max_num_seqs is not None and self.max_num_seqs > budget:
+            raise ValueError(
+                f"token budget {budget} is smaller than max_num_seqs {self.max_num_seqs}: every running "
+                "request needs its decode token each step; raise the budget or lower max_num_seqs"
+            )
+
+    @classmethod
+    def from_options(cls, **options: Any) -> ServingConfig:
+        """Build from keyword options (``token_budget`` is ``max_num_batched_tokens``)."""
+        fields = {OPTION_ALIASES.get(name, name): value for name, value in options.items()}
+        unknown = sorted(set(fields) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown serving option(s): {', '.join(unknown)}")
+        return cls(**fields)
+
+    @property
+    def token_budget(self) -> int | None:
+        """The chunked policy's tokens per step, decodes included (None: not a budgeted chunked run)."""
+        if self.policy != ChunkedPolicy.name or self.chunk_tokens is not None:
+            return None
+        return DEFAULT_TOKEN_BUDGET if self.max_num_batched_tokens is None else self.max_num_batched_tokens
+
+    @property
+    def num_seqs_limit(self) -> int:
+        """``max_num_seqs`` as it applies: the default is capped at a chunked budget."""
+        if self.max_num_seqs is not None:
+            return self.max_num_seqs
+        budget = self.token_budget
+        return DEFAULT_MAX_NUM_SEQS if budget is None else min(DEFAULT_MAX_NUM_SEQS, budget)
+
+    def model_len(self, model_context: int) -> int:
+        """``max_model_len`` for a model whose context is ``model_context`` tokens."""
+        if self.max_model_len is None:
+            return model_context
+        if self.max_model_len > model_context:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} exceeds the model's context of {model_context}"
+            )
+        return self.max_model_len
+
+    def step_token_cap(self, model_context: int) -> int:
+        """The most tokens one step can hold (what activation memory is sized for)."""
+        if self.chunk_tokens is not None:
+            return self.chunk_tokens + self.num_seqs_limit  # decodes ride on top of the chunk
+        if self.token_budget is not None:
+            return self.token_budget
+        # The first prompt of a step runs whole even past the cap.
+        return max(self.whole_prompt_cap(model_context), self.model_len(model_context))
+
+    def whole_prompt_cap(self, model_context: int) -> int:
+        """Prompt tokens a prefill-first or decode-first step batches."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return self.model_len(model_context)
+
+    def make_policy(self, model_context: int) -> Policy:
+        if self.policy == ChunkedPolicy.name:
+            return make_policy(self.policy, token_budget=self.token_budget, chunk_tokens=self.chunk_tokens)
+        return make_policy(self.policy, token_budget=self.whole_prompt_cap(model_context))
+
+    def make_scheduler(self, model_context: int, num_blocks: int | None = None) -> Scheduler:
+        """A scheduler for a model of ``model_context`` tokens over ``num_blocks`` KV blocks
+        (this config's ``num_blocks`` wins; None for both: unbounded)."""
+        return Scheduler(
+            SchedulerConfig(max_num_seqs=self.num_seqs_limit, max_model_len=self.model_len(model_context)),
+            CacheConfig(
+                block_size=self.block_size,
+                num_blocks=self.num_blocks if self.num_blocks is not None else num_blocks,
+                watermark=self.watermark,
+            ),
+            self.make_policy(model_context),
+        )
