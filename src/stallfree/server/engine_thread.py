@@ -63,12 +63,15 @@ class RequestStream:
         self.has_output = False
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 
-    def _put(self, item: RequestOutput | BaseException) -> None:
+    # put / accept run on the event loop only (the engine thread schedules them there).
+    def put(self, item: RequestOutput | BaseException) -> None:
+        """Queue an output, or an error that ends the stream."""
         if isinstance(item, BaseException) and not self.accepted.done():
             self.accepted.set_exception(item)
         self._queue.put_nowait(item)
 
-    def _accept(self) -> None:
+    def accept(self) -> None:
+        """The engine took the request: ``accepted`` resolves."""
         if not self.accepted.done():
             self.accepted.set_result(None)
 
@@ -220,7 +223,7 @@ class EngineThread:
                 self.engine.abort_request(request_id)
         self._streams.clear()
         error = EngineDeadError(reason)
-        self._deliver([functools.partial(stream._put, error) for stream in streams])
+        self._deliver([functools.partial(stream.put, error) for stream in streams])
 
     def _take_commands(self, wait_s: float | None) -> list[_Command]:
         """Every queued command; first waits up to ``wait_s`` for one (None: until one comes)."""
@@ -245,11 +248,11 @@ class EngineThread:
                 sampling_params=command.params,
             )
         except Exception as exc:  # a bad request fails alone; the engine keeps going
-            deliveries.append(functools.partial(stream._put, RequestRejected(str(exc))))
+            deliveries.append(functools.partial(stream.put, RequestRejected(str(exc))))
             return
         self._streams[stream.request_id] = stream
         self._arrival_s[stream.request_id] = command.arrival_s
-        deliveries.append(stream._accept)
+        deliveries.append(stream.accept)
 
     def _abort(self, request_id: str) -> None:
         if self._streams.pop(request_id, None) is None:
@@ -276,7 +279,7 @@ class EngineThread:
                 itls_s.append(now_s - last_s)
             self._last_token_s[rid] = now_s
             num_generated_tokens += len(out.new_token_ids)
-            deliveries.append(functools.partial(stream._put, out))
+            deliveries.append(functools.partial(stream.put, out))
             if out.finished:
                 self.metrics.request_finished(out.finish_reason or "stop")
                 del self._streams[rid]
