@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stallfree.cli.common import COST_MODEL_CHOICES, UsageError, cost_model_arg, int_list, positive_int
+from stallfree.core.config import ceil_div
 
 if TYPE_CHECKING:
     from stallfree.explain import Explanation, RooflineTimer, Scenario, StepTimer
@@ -214,7 +215,7 @@ def _deployment_warnings(config: CostModelConfig, scenario: Scenario) -> list[st
             f"{limit:,}-token context: a real server would reject it"
         )
     # Each stream grows one token per step: lead and tail steps, plus the prompt's steps.
-    prompt_steps = {"prefill-first": 1, "chunked": -(-prompt // scenario.chunk_tokens)}
+    prompt_steps = {"prefill-first": 1, "chunked": ceil_div(prompt, scenario.chunk_tokens)}
     step_tokens = {"prefill-first": prompt, "chunked": scenario.chunk_tokens + decoders}
     for policy, steps in prompt_steps.items():
         needed = decoders * (context + scenario.lead_steps + scenario.tail_steps + steps + 1) + prompt
@@ -253,7 +254,7 @@ def _torch(
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     smallest = min([*sweep, args.chunk_tokens or 8])
     # Streams grow by one token per step; a chunked run takes at most prompt / chunk steps.
-    stream_tokens = context + -(-prompt // smallest) + 32
+    stream_tokens = context + ceil_div(prompt, smallest) + 32
     timer = EngineTimer(
         model_name,
         max_tokens=args.decoders * stream_tokens + prompt + 64,

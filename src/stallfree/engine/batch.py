@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from stallfree.core import ScheduledChunk
+from stallfree.core.config import ceil_div
 from stallfree.engine.attention import AttentionMetadata, ChunkAttention, DecodeGroup, gather_rows
 from stallfree.engine.kv_cache import KVCache
 
@@ -82,7 +83,7 @@ def build_inputs(
     chunk_attn = []
     for c in multis:
         rid, start, n = c.request_id, c.num_computed_tokens, c.num_tokens
-        blocks = torch.tensor(block_tables[rid][: -(-(start + n) // block_size)], dtype=torch.long)
+        blocks = torch.tensor(block_tables[rid][: ceil_div(start + n, block_size)], dtype=torch.long)
         chunk_pos = torch.arange(start, start + n)
         row = len(ids)
         ids.extend(token_ids[rid][start : start + n])

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from stallfree.core import StepPlan
+from stallfree.core.config import ceil_div
 from stallfree.core.plan import synthetic_plan
 from stallfree.engine.model_runner import ModelRunner
 
@@ -65,7 +66,7 @@ def plan_times(runner: ModelRunner, plan: StepPlan, repeats: int = 3, warmups: i
     if repeats <= 0:
         raise ValueError(f"repeats must be positive, got {repeats}")
     block_size = runner.kv_cache.block_size
-    needed = {c.request_id: -(-c.context_len // block_size) for c in plan.chunks}
+    needed = {c.request_id: ceil_div(c.context_len, block_size) for c in plan.chunks}
     if sum(needed.values()) > runner.kv_cache.num_blocks:
         raise ValueError(
             f"the step needs {sum(needed.values())} KV blocks; the cache has {runner.kv_cache.num_blocks}"

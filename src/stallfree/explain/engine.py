@@ -17,6 +17,7 @@ import time
 import torch
 
 from stallfree.core import CacheConfig, Executor, StepPlan, StepResult
+from stallfree.core.config import ceil_div
 from stallfree.engine.kv_cache import KVCache, kv_bytes_per_block
 from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.profiling import measure_ridge, time_plan
@@ -44,7 +45,7 @@ class EngineTimer:
         self.model, _ = load_model(model, dtype, device, seed)
         self.model.prepack_cpu_weights()
         spec = self.model.spec
-        num_blocks = -(-max_tokens // block_size) + 64  # headroom: partly-filled last blocks
+        num_blocks = ceil_div(max_tokens, block_size) + 64  # headroom: partly-filled last blocks
         self.kv_bytes = num_blocks * kv_bytes_per_block(spec, block_size, dtype)
         self.model_runner = ModelRunner(
             self.model, KVCache(spec, num_blocks, block_size, dtype, self.model.device)

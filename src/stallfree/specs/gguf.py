@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from stallfree.core.config import ceil_div
+
 GGUF_MAGIC = b"GGUF"
 GGUF_SUFFIX = ".gguf"
 _DEFAULT_ALIGNMENT = 32
@@ -235,7 +237,7 @@ def _parse(path: Path, data: memoryview) -> GGUFHeader:
         pos += 4 + 8 * n_dims + 12
         infos.append((name, tuple(reversed(dims)), ggml_type, offset))
     alignment = int(metadata.get("general.alignment", _DEFAULT_ALIGNMENT))
-    data_start = -(-pos // alignment) * alignment
+    data_start = ceil_div(pos, alignment) * alignment
     tensors = {
         name: GGUFTensorInfo(name, shape, ggml_type, data_start + offset)
         for name, shape, ggml_type, offset in infos

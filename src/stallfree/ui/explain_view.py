@@ -13,6 +13,7 @@ import argparse
 import itertools
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
+from stallfree.core.config import ceil_div
 from stallfree.ui.errors import ApiError, check_known, choice, one_value, whole
 
 if TYPE_CHECKING:
@@ -92,10 +93,10 @@ def argv_from_query(query: dict[str, list[str]]) -> list[str]:
     context = whole(query, "context_tokens", default["context_tokens"], minimum=1, maximum=MAX_CONTEXT_TOKENS)
     prompt = whole(query, "prompt_tokens", default["prompt_tokens"], minimum=1, maximum=MAX_PROMPT_TOKENS)
     chunk = _chunk_tokens(query, decoders, default["chunk_tokens"])
-    if -(-prompt // chunk) > MAX_CHUNK_STEPS:
+    if ceil_div(prompt, chunk) > MAX_CHUNK_STEPS:
         raise ApiError(
             f"a {prompt:,}-token prompt in {chunk}-token chunks takes more than {MAX_CHUNK_STEPS:,} steps; "
-            f"use chunks of at least {-(-prompt // MAX_CHUNK_STEPS)} tokens",
+            f"use chunks of at least {ceil_div(prompt, MAX_CHUNK_STEPS)} tokens",
             param="chunk_tokens",
         )
     return [
