@@ -13,8 +13,13 @@ median gap and the prompt's TTFT (alone and with the streams), side by side.
     .venv/bin/python benchmarks/server_overhead.py            # both parts, ~3 minutes on 2 cores
     .venv/bin/python benchmarks/server_overhead.py --part overhead --streams 16
 
-Numbers are wall-clock on a shared CPU machine. Both sides use ``--threads`` torch threads (default
-1: with two cores shared with other jobs, multi-threaded kernels stall badly when descheduled).
+Numbers are wall-clock on a shared CPU machine. The in-process engine uses ``--threads`` torch
+threads (default 1: with two cores shared with other jobs, multi-threaded kernels stall badly when
+descheduled), the server ``--server-threads`` (default: the same), passed as ``serve --threads``.
+Single-stream ITL served vs in process (the issue's "the server does not slow the engine down"):
+
+    .venv/bin/python benchmarks/server_overhead.py --part overhead --streams 1 --dtype bfloat16 \
+        --model PATH --threads 2 --server-threads 1 --max-tokens 64
 """
 
 from __future__ import annotations
@@ -60,8 +65,7 @@ def serving(serve_args: list[str]) -> Iterator[tuple[str, int]]:
     """``stallfree serve`` in a subprocess; yields its base URL and pid once /health answers."""
     port = _free_port()
     argv = [sys.executable, "-c", "import sys; from stallfree.cli import main; sys.exit(main())", "serve"]
-    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}  # the same threads as in-process
-    proc = subprocess.Popen([*argv, *serve_args, "--port", str(port), "--log-level", "warning"], env=env)
+    proc = subprocess.Popen([*argv, *serve_args, "--port", str(port), "--log-level", "warning"])
     base_url = f"http://127.0.0.1:{port}"
     try:
         deadline_s = time.monotonic() + 120
@@ -86,7 +90,7 @@ class EngineAlone:
     def __init__(self, args: argparse.Namespace) -> None:
         from stallfree.engine.engine import LLMEngine
 
-        self.engine = LLMEngine(args.model, dtype="float32", device="cpu", token_budget=args.token_budget)
+        self.engine = LLMEngine(args.model, dtype=args.dtype, device="cpu", token_budget=args.token_budget)
         self.args = args
         self.rng = random.Random(0)
 
@@ -138,8 +142,8 @@ async def http_once(
 
 
 def part_overhead(args: argparse.Namespace) -> None:
-    serve_args = ["--model", args.model, "--dtype", "float32", "--device", "cpu"]
-    serve_args += ["--token-budget", str(args.token_budget)]
+    serve_args = ["--model", args.model, "--dtype", args.dtype, "--device", "cpu"]
+    serve_args += ["--token-budget", str(args.token_budget), "--threads", str(args.server_threads)]
     alone = EngineAlone(args)
     rows = []
     with serving(serve_args) as (base_url, pid):
@@ -158,7 +162,8 @@ def part_overhead(args: argparse.Namespace) -> None:
                 http_runs.append(asyncio.run(http_run(n)))
             rows.append((n, min(alone_runs), min(http_runs, key=lambda r: r.server_cpu_s)))
     print(
-        f"\n{args.model}, prompt {args.prompt_tokens} tokens, {args.max_tokens} output tokens per stream, CPU fp32"
+        f"\n{args.model}, prompt {args.prompt_tokens} tokens, {args.max_tokens} output tokens per stream, "
+        f"CPU {args.dtype}, {args.threads} threads in process, {args.server_threads} in the server"
     )
     print(
         "| streams | engine alone: CPU ms/step | server: CPU ms/step | server overhead per token: CPU us "
@@ -187,9 +192,11 @@ def part_long_prompt(args: argparse.Namespace) -> None:
             "--model",
             args.model,
             "--dtype",
-            "float32",
+            args.dtype,
             "--device",
             "cpu",
+            "--threads",
+            str(args.server_threads),
             "--policy",
             policy,
             *extra,
@@ -251,9 +258,12 @@ def main() -> None:
         "--threads",
         type=int,
         default=1,
-        help="torch threads, here and in the server (default 1: stable when shared)",
+        help="torch threads in this process (default 1: stable when shared)",
     )
+    parser.add_argument("--server-threads", type=int, help="serve --threads (default: --threads)")
+    parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
+    args.server_threads = args.server_threads or args.threads
     torch.set_num_threads(args.threads)
     if args.part in ("overhead", "both"):
         part_overhead(args)

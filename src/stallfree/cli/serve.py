@@ -34,6 +34,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="requests waiting for a first token before new ones get 429 (default %(default)s)",
     )
     p.add_argument(
+        "--threads",
+        type=positive_int,
+        help="torch threads for the engine (default: every core but one, which the HTTP event loop keeps)",
+    )
+    p.add_argument(
         "--log-level",
         default="info",
         choices=("critical", "error", "warning", "info", "debug"),
@@ -55,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name,
             api_key=args.api_key,
             max_waiting_requests=args.max_waiting_requests,
+            num_threads=args.threads,
             **engine_kwargs(args),
             seed=args.seed,
         )
@@ -62,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         engine = app.state.engine_thread.engine
         print(
             f"stallfree serve: {args.served_model_name or args.model} ({args.policy}, context {engine.max_model_len}, "
-            f"{engine.scheduler.block_manager.num_blocks} KV blocks) on http://{host}:{port}",
+            f"{engine.scheduler.block_manager.num_blocks} KV blocks, "
+            f"{app.state.engine_thread.num_threads} engine threads) on http://{host}:{port}",
             file=sys.stderr,
             flush=True,
         )

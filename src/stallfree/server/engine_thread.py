@@ -11,7 +11,10 @@ Invariants:
   which aborts it if it has not finished (a client that went away);
 - a request the engine refuses fails alone (:class:`RequestRejected`); an exception from a step
   kills the thread: every stream then fails with :class:`EngineDeadError`, new requests fail at
-  once, and :attr:`EngineThread.dead_reason` says why (``/health`` answers 503).
+  once, and :attr:`EngineThread.dead_reason` says why (``/health`` answers 503);
+- the engine's kernels get ``num_threads`` torch threads, by default every core but one: the
+  event loop (HTTP, SSE framing, detokenized text going out) keeps a core of its own instead of
+  preempting an OpenMP worker, which stalls every kernel of the step at its barrier.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -39,6 +43,15 @@ _log = logging.getLogger(__name__)
 
 # How long an engine that has requests but cannot schedule any waits for a command.
 _STALLED_WAIT_S = 0.01
+
+
+def default_num_threads() -> int:
+    """Torch threads for the engine: the cores this process may use, less one for the event loop."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
 
 
 class EngineDeadError(RuntimeError):
@@ -110,10 +123,20 @@ _Command = _Add | _Abort | _Stop
 class EngineThread:
     """Owns the engine's thread. :meth:`add` / :meth:`release` are called on the event loop."""
 
-    def __init__(self, engine: LLMEngine, metrics: ServerMetrics, *, max_waiting_requests: int = 256) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        metrics: ServerMetrics,
+        *,
+        max_waiting_requests: int = 256,
+        num_threads: int | None = None,
+    ) -> None:
         if max_waiting_requests <= 0:
             raise ValueError(f"max_waiting_requests must be positive, got {max_waiting_requests}")
+        if num_threads is not None and num_threads <= 0:
+            raise ValueError(f"num_threads must be positive, got {num_threads}")
         self.engine = engine
+        self.num_threads = num_threads or default_num_threads()
         self.metrics = metrics
         self.max_waiting_requests = max_waiting_requests
         self.dead_reason: str | None = None
@@ -187,6 +210,9 @@ class EngineThread:
     # -- the engine thread -----------------------------------------------------------------
 
     def _run(self) -> None:
+        import torch  # the server already holds the engine, so torch is loaded; not at import
+
+        torch.set_num_threads(self.num_threads)  # before this thread's first kernel
         stalled = False
         try:
             while True:

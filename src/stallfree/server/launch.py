@@ -26,14 +26,19 @@ def build_server(
     served_model_name: str | None = None,
     api_key: str | None = None,
     max_waiting_requests: int = 256,
+    num_threads: int | None = None,
     **engine_kwargs: Any,
 ) -> FastAPI:
-    """Load the engine (ValueError on bad options) and wrap it in the app; ``app.state.engine_thread``."""
+    """Load the engine (ValueError on bad options) and wrap it in the app; ``app.state.engine_thread``.
+
+    ``num_threads``: torch threads for the engine (default: every core but one, see EngineThread)."""
     from stallfree.engine.engine import LLMEngine
 
     engine = LLMEngine(model, **engine_kwargs)
     name = served_model_name or model
-    thread = EngineThread(engine, ServerMetrics(name), max_waiting_requests=max_waiting_requests)
+    thread = EngineThread(
+        engine, ServerMetrics(name), max_waiting_requests=max_waiting_requests, num_threads=num_threads
+    )
     return build_app(thread, ServerConfig(served_model_name=name, api_key=api_key))
 
 

@@ -1,0 +1,43 @@
+"""The engine thread's torch thread budget: every core but one by default, or what serve is told."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+import torch
+
+from stallfree.server.engine_thread import EngineThread, default_num_threads
+from stallfree.server.launch import ServerThread, build_server
+
+MODEL = "random:tiny"
+
+
+def test_default_leaves_the_event_loop_a_core() -> None:
+    assert default_num_threads() == max(1, len(os.sched_getaffinity(0)) - 1)
+
+
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_steps_run_with_the_engine_threads_budget(num_threads: int) -> None:
+    app = build_server(MODEL, dtype="float32", device="cpu", num_threads=num_threads)
+    engine_thread = app.state.engine_thread
+    assert engine_thread.num_threads == num_threads
+    seen: list[int] = []
+    real_step = engine_thread.engine.step
+
+    def step():  # type: ignore[no-untyped-def]
+        seen.append(torch.get_num_threads())
+        return real_step()
+
+    engine_thread.engine.step = step
+    with ServerThread(app) as server:
+        body = {"model": MODEL, "prompt": "a", "max_tokens": 3, "ignore_eos": True}
+        assert httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=30).status_code == 200
+    assert seen and set(seen) == {num_threads}
+
+
+def test_a_non_positive_thread_count_is_refused() -> None:
+    app = build_server(MODEL, dtype="float32", device="cpu")
+    with pytest.raises(ValueError, match="num_threads"):
+        EngineThread(app.state.engine_thread.engine, app.state.engine_thread.metrics, num_threads=0)
