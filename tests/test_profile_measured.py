@@ -192,3 +192,20 @@ def test_explain_prices_the_scenario_with_the_measured_model(
     model = MeasuredCostModel(synthetic_profile())
     assert body["decode_step_s"] == pytest.approx(model.decode_step_s(4, 100), rel=0.05)
     assert body["policies"]["prefill-first"]["max_gap_s"] > body["policies"]["chunked"]["max_gap_s"]
+
+
+def test_simulate_with_the_measured_model_fast_path_equals_step_by_step() -> None:
+    from stallfree.core.serving import ServingConfig
+    from stallfree.sim import simulate
+    from stallfree.workload import UniformLengths, Workload, poisson
+
+    workload = Workload(poisson(8.0), UniformLengths(20, 300, 2, 40))
+    model = MeasuredCostModel(synthetic_profile())
+    for policy in ("chunked", "prefill-first"):
+        serving = ServingConfig(policy=policy, max_num_batched_tokens=64, max_num_seqs=16, num_blocks=300)
+        runs = [
+            simulate(workload, model="llama-3-8b", profile=model, serving=serving, num_requests=80, fast=fast)
+            for fast in (True, False)
+        ]
+        assert runs[0].records == runs[1].records
+        assert runs[0].summary["num_steps"] == runs[1].summary["num_steps"] > 80

@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "serve",
     "bench",
     "profile",
+    "validate",
     "ui",
 )
 

@@ -14,6 +14,7 @@ from stallfree.cli.common import (
     UsageError,
     add_roofline_args,
     int_list,
+    measured_profile,
     non_negative_int,
     positive_float,
     positive_int,
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
 
 STRICT_TBT_MULTIPLE = 5  # Sarathi-Serve's strict P99 TBT SLO: 5 x a decode step without prefill
 STRICT_TBT_BATCH, STRICT_TBT_CONTEXT = 32, 4096
+
+
+DEFAULT_MODEL = "mistral-7b"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -108,7 +112,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _add_deployment_args(p: argparse.ArgumentParser) -> None:
-    add_roofline_args(p, model="mistral-7b", hardware="a100-80gb", cost_model="full")
+    add_roofline_args(p, model=DEFAULT_MODEL, hardware="a100-80gb", cost_model="full")
     p.add_argument(
         "--gpu-memory-utilization",
         type=positive_float,
@@ -184,6 +188,14 @@ def run_tune(args: argparse.Namespace) -> int:
     from stallfree.tune.slo import SLO_FLAGS, Slos
     from stallfree.tune.trial import TrialSpec, decode_step_ms, full_step_ms, ridge_tokens
 
+    profile = measured_profile(args)
+    if profile is not None:  # a trial spec holds strings: the profile rides in the kind
+        args.cost_model = f"measured:{profile}"
+        if args.model == DEFAULT_MODEL:  # the profiled model unless one is named
+            from stallfree.specs.step_profile import load_profile
+
+            args.model = str(load_profile(profile).fingerprint.get("model", args.model))
+
     policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
     base = TrialSpec(
         model=args.model,
@@ -204,7 +216,9 @@ def run_tune(args: argparse.Namespace) -> int:
     }
     notes = {}
     if "tbt_p99_ms" not in limits:
-        step_ms = decode_step_ms(args.model, args.hardware, args.tp, STRICT_TBT_BATCH, STRICT_TBT_CONTEXT)
+        step_ms = decode_step_ms(
+            args.model, args.hardware, args.tp, STRICT_TBT_BATCH, STRICT_TBT_CONTEXT, args.cost_model
+        )
         limits = {"tbt_p99_ms": round(STRICT_TBT_MULTIPLE * step_ms, 1), **limits}
         notes["tbt_p99_ms"] = (
             f"strict: {STRICT_TBT_MULTIPLE} x a {STRICT_TBT_BATCH}-sequence decode step at "

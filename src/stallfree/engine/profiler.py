@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from stallfree import __version__
-from stallfree.core import SamplingParams, ScheduledChunk, StepPlan
+from stallfree.core import SamplingParams, ScheduledChunk, StepPlan, ceil_div
 from stallfree.engine.engine import LLMEngine
 from stallfree.engine.profiling import CpuMeter, plan_times
 from stallfree.engine.sampler import sample
@@ -93,7 +93,7 @@ class ProfileGrid:
         """KV slots the largest step point needs (rounded up to blocks per sequence)."""
 
         def blocks(n: int) -> int:
-            return -(-n // block_size)
+            return ceil_div(n, block_size)
 
         most = 0
         for _kind, decodes, chunks in self.step_points():
@@ -218,12 +218,12 @@ def run_profile(
         torch.set_num_threads(threads)
     # The largest default grid (no context limit) bounds the KV cache any model's grid needs.
     sizing = grid or default_grid(max_num_seqs, 1 << 30, quick=quick)
-    num_blocks = -(-sizing.max_kv_tokens(block_size) // block_size) + 8
+    num_blocks = ceil_div(sizing.max_kv_tokens(block_size), block_size) + 8
     engine = LLMEngine(
         model,
         dtype=dtype,
         device=device,
-        num_blocks=max(num_blocks, -(-(max(sizing.overhead_rows) * 64) // block_size) + 8),
+        num_blocks=max(num_blocks, ceil_div(max(sizing.overhead_rows) * 64, block_size) + 8),
         block_size=block_size,
         max_num_seqs=max(max_num_seqs, *sizing.overhead_rows),
         policy="chunked",

@@ -1,0 +1,125 @@
+"""Profile the engine on this machine and check the measured cost model against real runs.
+
+For each dtype (bf16, fp32): ``stallfree profile --model random:medium``, then
+``stallfree validate`` (the real engine in process vs the simulator with the profile) on
+Poisson arrivals with 512-token prompts and 64-token outputs, chunked (budget 64) and
+prefill-first, at ``--load`` (default 0.65) x the capacity the measured model predicts for
+the slower policy (all requests at once: completed / duration). Prints per-step errors and
+end-to-end ratios as markdown rows, with the machine's load average around each phase, and
+keeps every JSON under ``--out``. Run on a quiet machine: timings are the measurement.
+
+    .venv/bin/python benchmarks/validate_cpu.py                       # ~25-35 min on 2 cores
+    .venv/bin/python benchmarks/validate_cpu.py --dtypes bf16 --num-requests 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+LENGTHS = "fixed:512,64"
+BUDGET = 64
+
+
+def stallfree(*args: str, capture: bool = False) -> str:
+    command = [str(Path(sys.executable).parent / "stallfree"), *args]
+    print("$ stallfree " + " ".join(args), file=sys.stderr, flush=True)
+    done = subprocess.run(command, check=True, text=True, capture_output=capture)
+    return done.stdout if capture else ""
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f}/{five:.2f}/{fifteen:.2f}"
+
+
+def capacity_qps(profile: Path, policy: str, num_requests: int) -> float:
+    """Requests per second the measured model says the engine sustains, all arriving at once."""
+    from stallfree.core.serving import ServingConfig
+    from stallfree.sim import simulate
+    from stallfree.workload import WorkloadOptions, workload_from_options
+
+    serving = ServingConfig(
+        policy=policy,
+        max_num_batched_tokens=BUDGET if policy == "chunked" else None,
+        max_num_seqs=BUDGET,
+    )
+    workload = workload_from_options(WorkloadOptions(arrival="all-at-once", lengths=LENGTHS))
+    result = simulate(workload, profile=str(profile), serving=serving, num_requests=num_requests)
+    return float(result.summary["request_throughput"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("out/validate-cpu"))
+    parser.add_argument("--dtypes", default="bf16,fp32")
+    parser.add_argument("--num-requests", type=int, default=150, help="bf16 run (fp32 runs a third)")
+    parser.add_argument("--load", type=float, default=0.65, help="share of the predicted capacity")
+    parser.add_argument("--skip-profile", action="store_true", help="reuse the profiles under --out")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[str] = []
+    for dtype in args.dtypes.split(","):
+        profile = args.out / f"medium-{dtype}.profile.json"
+        before = load()
+        started = time.perf_counter()
+        if not (args.skip_profile and profile.exists()):
+            stallfree(
+                "profile",
+                "--model",
+                "random:medium",
+                "--dtype",
+                DTYPES[dtype],
+                "--out",
+                str(profile),
+                "--no-progress",
+            )
+        profile_s = time.perf_counter() - started
+        rows.append(f"profile {dtype}: {profile_s:.0f} s, load {before} -> {load()}")
+        capacity = min(capacity_qps(profile, p, 60) for p in ("chunked", "prefill-first"))
+        qps = round(args.load * capacity, 3)
+        num_requests = args.num_requests if dtype == "bf16" else max(20, args.num_requests // 3)
+        before = load()
+        started = time.perf_counter()
+        out = stallfree(
+            "validate", "--profile", str(profile), "--qps", str(qps), "--lengths", LENGTHS,
+            "--num-requests", str(num_requests), "--policy", "chunked,prefill-first",
+            "--token-budget", str(BUDGET), "--max-num-seqs", str(BUDGET), "--json", "--no-progress",
+            "--plot", str(args.out / f"plots-{dtype}"),
+            capture=True,
+        )  # fmt: skip
+        validate_s = time.perf_counter() - started
+        body: dict[str, Any] = json.loads(out)
+        body["bench"] = {"capacity_qps": capacity, "qps": qps, "load_before": before, "load_after": load(),
+                         "wall_s": validate_s}  # fmt: skip
+        (args.out / f"validate-{dtype}.json").write_text(json.dumps(body, indent=2))
+        rows.append(
+            f"validate {dtype}: predicted capacity {capacity:.3f} req/s, run at {qps} QPS, "
+            f"{num_requests} requests, {validate_s:.0f} s, load {before} -> {load()}"
+        )
+        for policy, r in body["policies"].items():
+            s, m = r["per_step"], r["metrics"]
+            rows.append(
+                f"| {dtype} | {policy} | {s['num_steps']} | {s['median_abs_error']:.1%} | {s['p90_abs_error']:.1%} "
+                f"| {s['median_error']:+.1%} | "
+                + " | ".join(
+                    f"{m[k]['measured']:.1f} / {m[k]['predicted']:.1f} ({m[k]['ratio']:.2f})"
+                    for k in ("median_ttft_ms", "median_tpot_ms", "p99_itl_ms", "max_itl_ms")
+                )
+                + " |"
+            )
+        if "ordering" in body:
+            rows.append(f"ordering {dtype}: {body['ordering']}")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Run timed requests through :class:`LLMEngine` on the wall clock, keeping every step.
+
+The in-process twin of the simulator's traffic driver, for ``stallfree validate``: each
+:class:`~stallfree.core.Request` is added when the wall clock passes its ``arrival_time_s``
+(checked between steps, as the simulator checks its clock), steps run back to back while
+anything is unfinished, and the driver sleeps until the next arrival when nothing is. Every
+step's plan and wall time (the whole ``LLMEngine.step`` call) are kept, and every token's
+time, so the run is scored by the same metrics code as a simulated one.
+
+Prompts are random token ids (seeded) of the requested length; outputs run to ``max_tokens``
+(``ignore_eos``), so the token counts are exactly the simulator's.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from stallfree.core import Request, SamplingParams, StepPlan
+from stallfree.engine.engine import LLMEngine
+from stallfree.metrics import ItlAccumulator, RequestRecord, record_from_token_times
+
+FIRST_TOKEN_ID = 3  # ids below are special tokens of the random tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class TimedStep:
+    """One engine step: its plan, when it started and ended (run clock), the executor's share."""
+
+    plan: StepPlan
+    start_s: float
+    end_s: float
+    executor_s: float
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(slots=True)
+class ReplayRun:
+    records: list[RequestRecord]
+    itl: ItlAccumulator
+    duration_s: float
+    steps: list[TimedStep] = field(default_factory=list)
+
+
+def replay(
+    engine: LLMEngine,
+    requests: Sequence[Request],
+    *,
+    sampling: SamplingParams | None = None,
+    seed: int = 0,
+    on_finish: Callable[[], None] | None = None,
+) -> ReplayRun:
+    """Serve ``requests`` (any order; sorted by arrival) on the wall clock; the clock starts at 0.
+
+    ``sampling`` is every request's template (its ``max_tokens`` is replaced by the request's;
+    default greedy). Returns records in arrival order, every ITL, and every step.
+    """
+    template = sampling or SamplingParams(temperature=0.0)
+    ordered = sorted(requests, key=lambda r: r.arrival_time_s)
+    rng = random.Random(seed)
+    vocab = engine.model.spec.vocab_size
+    prompts = [[rng.randrange(FIRST_TOKEN_ID, vocab) for _ in range(r.num_prompt_tokens)] for r in ordered]
+    token_times: dict[str, list[float]] = {r.request_id: [] for r in ordered}
+    first_scheduled: dict[str, float] = {}
+    finish_reason: dict[str, str] = {}
+    steps: list[TimedStep] = []
+    next_index = 0
+    start = time.perf_counter()
+
+    def now() -> float:
+        return time.perf_counter() - start
+
+    while next_index < len(ordered) or engine.has_unfinished_requests():
+        clock = now()
+        while next_index < len(ordered) and ordered[next_index].arrival_time_s <= clock:
+            request = ordered[next_index]
+            params = _with_max_tokens(template, request.max_tokens)
+            engine.add_request(
+                request.request_id, prompt_token_ids=prompts[next_index], sampling_params=params
+            )
+            next_index += 1
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, ordered[next_index].arrival_time_s - now()))
+            continue
+        step_start = now()
+        out = engine.step()
+        step_end = now()
+        if out.step is None:  # nothing schedulable: wait for an arrival or a finish
+            time.sleep(0.001)
+            continue
+        steps.append(TimedStep(out.step.plan, step_start, step_end, out.step.result.duration_s))
+        for chunk in out.step.plan.chunks:
+            first_scheduled.setdefault(chunk.request_id, step_start)
+        for output in out.outputs:
+            token_times[output.request_id].append(step_end)
+            if output.finish_reason is not None:
+                finish_reason[output.request_id] = output.finish_reason
+                if on_finish is not None:
+                    on_finish()
+    duration = now()
+    itl = ItlAccumulator()
+    records = [
+        record_from_token_times(
+            request_id=r.request_id,
+            arrival_s=r.arrival_time_s,
+            token_times_s=token_times[r.request_id],
+            num_prompt_tokens=r.num_prompt_tokens,
+            itl=itl,
+            finish_reason=finish_reason.get(r.request_id, "failed"),
+            first_scheduled_s=first_scheduled.get(r.request_id),
+        )
+        for r in ordered
+    ]
+    return ReplayRun(records, itl, duration, steps)
+
+
+def _with_max_tokens(template: SamplingParams, max_tokens: int) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=template.temperature,
+        top_k=template.top_k,
+        top_p=template.top_p,
+        seed=template.seed,
+        ignore_eos=True,
+    )

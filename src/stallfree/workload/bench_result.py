@@ -1,0 +1,80 @@
+"""Read a ``stallfree bench --save-result`` file back: its exact requests and what was measured.
+
+The file (vLLM's result keys) carries per-request arrays: ``arrival_times`` (seconds from the
+run's start; ours), ``input_lens``, ``output_lens``, ``ttfts`` (null for a failed request) and
+``itls`` (the gaps between streamed chunks). :func:`load_bench_result` rebuilds the requests as
+:class:`~stallfree.workload.WorkloadArrays` (so ``stallfree simulate --replay`` runs the very
+same arrivals and lengths) and the measured records and ITLs (so ``stallfree validate`` scores
+the served run with the same metrics code as a simulated one). Files without
+``arrival_times`` (other tools, older stallfree) are refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stallfree.metrics import ItlAccumulator, RequestRecord, record_from_token_times
+from stallfree.workload.requests import WorkloadArrays
+
+
+@dataclass(frozen=True, slots=True)
+class BenchResult:
+    arrays: WorkloadArrays
+    records: list[RequestRecord]
+    itl: ItlAccumulator
+    duration_s: float
+    data: dict[str, Any]
+
+
+def load_bench_result(path: str | Path) -> BenchResult:
+    source = Path(path)
+    try:
+        data = json.loads(source.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{source}: not JSON ({exc})") from None
+    if not isinstance(data, dict) or "input_lens" not in data or "output_lens" not in data:
+        raise ValueError(f"{source}: not a bench result (no per-request input_lens / output_lens)")
+    if "arrival_times" not in data:
+        raise ValueError(
+            f"{source}: the result has no per-request arrival_times; save it with this stallfree's "
+            "`stallfree bench --save-result`"
+        )
+    arrivals = [float(t) for t in data["arrival_times"]]
+    inputs = [int(n) for n in data["input_lens"]]
+    outputs = [int(n) for n in data["output_lens"]]
+    ttfts = data.get("ttfts") or [None] * len(inputs)
+    itls = data.get("itls") or [[] for _ in inputs]
+    if not len(arrivals) == len(inputs) == len(outputs) == len(ttfts) == len(itls):
+        raise ValueError(f"{source}: per-request arrays of different lengths")
+    order = np.argsort(np.array(arrivals), kind="stable")
+    itl = ItlAccumulator()
+    records = []
+    for i in order.tolist():
+        times: list[float] = []
+        if ttfts[i] is not None:
+            times = [arrivals[i] + float(ttfts[i])]
+            for gap in itls[i]:
+                times.append(times[-1] + float(gap))
+        records.append(
+            record_from_token_times(
+                request_id=str(i),
+                arrival_s=arrivals[i],
+                token_times_s=times,
+                num_prompt_tokens=inputs[i],
+                num_output_tokens=outputs[i] if times else 0,
+                itl=itl,
+                finish_reason="length" if times else "failed",
+            )
+        )
+    arrays = WorkloadArrays(
+        arrival_time_s=np.array([arrivals[i] for i in order], dtype=np.float64),
+        num_prompt_tokens=np.array([max(1, inputs[i]) for i in order], dtype=np.int64),
+        max_tokens=np.array([max(1, outputs[i]) for i in order], dtype=np.int64),
+    )
+    duration = float(data.get("duration", max((r.finish_s for r in records), default=0.0)))
+    return BenchResult(arrays, records, itl, duration, data)

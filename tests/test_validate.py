@@ -1,0 +1,125 @@
+"""``stallfree validate``: one small workload through the real engine (random:tiny) and the
+measured simulator; per-step errors come from the engine's real steps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from stallfree.cli import main
+from stallfree.engine.profiler import model_dims
+from stallfree.engine.random_models import random_spec
+from stallfree.sim.measured import plan_features
+from stallfree.specs.step_profile import SamplingPoint, Stats, StepPoint, StepProfile, save_profile
+from stallfree.workload.bench_result import load_bench_result
+
+
+def tiny_profile(path: Path) -> Path:
+    """A synthetic profile of random:tiny (costs made up, the model real): no measuring needed."""
+    spec = random_spec("tiny")
+    points = []
+    for n in (1, 2, 4, 8):
+        points.append(((64,) * n, ()))
+    for tokens in (8, 32, 64):
+        points += [
+            ((), ((tokens, 0, False),)),
+            ((), ((tokens, 32, True),)),
+            ((16,) * 2, ((tokens, 16, False),)),
+        ]
+    steps = []
+    for decodes, chunks in points:
+        f = plan_features([(1, c, True) for c in decodes] + list(chunks))
+        seconds = 1e-3 + 2e-5 * f.num_tokens + 1e-4 * f.num_samples + 1e-7 * f.kv_tokens + 1e-9 * f.pairs
+        kind = "mixed" if decodes and chunks else "decode" if decodes else "prefill"
+        steps.append(StepPoint(kind, decodes, chunks, Stats((seconds,))))
+    profile = StepProfile(
+        fingerprint={
+            "model": "random:tiny",
+            "model_name": spec.name,
+            "dtype": "float32",
+            "dtype_bytes": 4,
+            "device": "cpu",
+        },
+        model=model_dims(spec, 4),
+        settings={},
+        steps=tuple(steps),
+        sampling=(SamplingPoint("greedy", 1, Stats((1e-5,))), SamplingPoint("greedy", 8, Stats((2e-5,)))),
+        model_config=spec.to_hf_config(),
+    )
+    return save_profile(profile, path)
+
+
+def test_validate_runs_both_sides_on_the_same_requests(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = tiny_profile(tmp_path / "tiny.json")
+    args = ["validate", "--profile", str(profile), "--qps", "20", "--lengths", "fixed:40,5"]
+    args += ["--num-requests", "6", "--policy", "chunked,prefill-first", "--token-budget", "16"]
+    assert main([*args, "--max-num-seqs", "4", "--json", "--plot", str(tmp_path / "plots")]) == 0
+    body = json.loads(capsys.readouterr().out)
+    for policy in ("chunked", "prefill-first"):
+        result = body["policies"][policy]
+        assert result["completed"] == {"measured": 6, "predicted": 6}
+        steps = result["per_step"]
+        # chunked at 16 tokens a step: each 40-token prompt takes >= 3 steps, then 4 more decodes.
+        assert steps["num_steps"] >= (7 if policy == "chunked" else 5)
+        assert steps["median_abs_error"] >= 0 and steps["measured_step_s_total"] > 0
+        ttft = result["metrics"]["median_ttft_ms"]
+        assert ttft["measured"] > 0 and ttft["predicted"] > 0
+        assert ttft["ratio"] == pytest.approx(ttft["predicted"] / ttft["measured"])
+    assert body["policies"]["chunked"]["max_num_seqs"] == 4
+    assert set(body["ordering"]) >= {"median_ttft_ms", "p99_itl_ms"}
+    assert all(Path(p).is_file() for p in body["outputs"])
+
+
+def write_bench_result(path: Path) -> Path:
+    data = {
+        "duration": 3.0,
+        "arrival_times": [0.5, 0.0, 1.0],
+        "input_lens": [30, 20, 10],
+        "output_lens": [3, 2, 4],
+        "ttfts": [0.1, 0.2, 0.05],
+        "itls": [[0.02, 0.03], [0.04], [0.01, 0.01, 0.02]],
+    }
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_bench_result_gives_back_its_requests_and_measurements(tmp_path: Path) -> None:
+    result = load_bench_result(write_bench_result(tmp_path / "r.json"))
+    assert result.arrays.arrival_time_s.tolist() == [0.0, 0.5, 1.0]
+    assert result.arrays.num_prompt_tokens.tolist() == [20, 30, 10]
+    assert result.arrays.max_tokens.tolist() == [2, 3, 4]
+    first = result.records[1]
+    assert first.first_token_s == pytest.approx(0.6) and first.finish_s == pytest.approx(0.65)
+    assert result.itl.num_samples == 6
+    (tmp_path / "old.json").write_text(json.dumps({"input_lens": [1], "output_lens": [1]}))
+    with pytest.raises(ValueError, match="arrival_times"):
+        load_bench_result(tmp_path / "old.json")
+
+
+def test_validate_takes_a_bench_result_as_the_measured_side(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = tiny_profile(tmp_path / "tiny.json")
+    bench = write_bench_result(tmp_path / "r.json")
+    args = ["validate", "--profile", str(profile), "--measured", str(bench), "--num-blocks", "64"]
+    assert main([*args, "--token-budget", "32", "--max-num-seqs", "8", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)["policies"]["chunked"]
+    assert result["completed"] == {"measured": 3, "predicted": 3}
+    assert result["per_step"] is None
+    assert result["metrics"]["median_ttft_ms"]["measured"] == pytest.approx(100.0)
+
+
+def test_simulate_replays_a_bench_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = write_bench_result(tmp_path / "r.json")
+    assert main(["simulate", "--replay", str(bench), "--model", "llama-3-8b", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    summary = body["policies"]["chunked"]
+    assert summary["completed"] == 3
+    assert summary["total_input_tokens"] == 60 and summary["total_output_tokens"] == 9
+    assert body["scenario"]["workload"] == f"replayed from {bench}"
