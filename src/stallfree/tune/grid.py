@@ -36,6 +36,7 @@ _FIELDS = (
     "max_num_seqs",
     "workload",
     "cost_model",
+    "profile",
     "gpu_memory_utilization",
     "qps",
     "capacity",
@@ -113,9 +114,7 @@ def parse_grid(data: Any, where: str = "grid") -> Grid:
         burstiness=_float(workload.get("burstiness", 1.0), "workload.burstiness", where),
         num_requests=_int(workload.get("num_requests", 1000), "workload.num_requests", where),
         seed=_int(workload.get("seed", 0), "workload.seed", where, minimum=0),
-        cost_model=_choice(
-            cost_model_kind(data.get("cost_model", "full")), COST_MODEL_KINDS, "cost_model", where
-        ),
+        cost_model=_cost_model(data, where),
         gpu_memory_utilization=_float(
             data.get("gpu_memory_utilization", 0.9), "gpu_memory_utilization", where
         ),
@@ -205,6 +204,19 @@ def _float(value: Any, name: str, where: str) -> float:
     ):
         raise ValueError(f"{where}: field '{name}' must be a positive number, got {value!r}")
     return float(value)
+
+
+def _cost_model(data: dict[str, Any], where: str) -> str:
+    """A roofline kind, or ``measured`` with a ``profile`` file (``measured:<path>`` in the trial spec)."""
+    kind = cost_model_kind(_string(data.get("cost_model", "full"), "cost_model", where))
+    profile = data.get("profile")
+    if kind == "measured" or profile is not None:
+        if profile is None:
+            raise ValueError(
+                f"{where}: cost_model 'measured' needs a 'profile' file (from stallfree profile)"
+            )
+        return f"measured:{_string(profile, 'profile', where)}"
+    return _choice(kind, COST_MODEL_KINDS, "cost_model", where)
 
 
 def _choice(value: Any, choices: tuple[str, ...], name: str, where: str) -> str:
