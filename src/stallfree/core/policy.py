@@ -160,15 +160,19 @@ class ChunkedPolicy(Policy):
         return Steadiness.IGNORES_ARRIVALS if full else Steadiness.NONE
 
 
-class PrefillFirstPolicy(Policy):
-    """Waiting prompts first, whole, in their own step; then one decode step for all."""
-
-    name = "prefill-first"
+class _WholePromptPolicy(Policy):
+    """Prompts run whole, batched up to ``max_num_batched_tokens`` prompt tokens a step (None: no cap)."""
 
     def __init__(self, max_num_batched_tokens: int | None = None) -> None:
         if max_num_batched_tokens is not None and max_num_batched_tokens <= 0:
             raise ValueError(f"max_num_batched_tokens must be positive, got {max_num_batched_tokens}")
         self.max_num_batched_tokens = max_num_batched_tokens
+
+
+class PrefillFirstPolicy(_WholePromptPolicy):
+    """Waiting prompts first, whole, in their own step; then one decode step for all."""
+
+    name = "prefill-first"
 
     def schedule(self, ctx: StepContext) -> None:
         if ctx.waiting and self._admit_whole(ctx, self.max_num_batched_tokens):
@@ -181,15 +185,10 @@ class PrefillFirstPolicy(Policy):
         return Steadiness.UNTIL_ARRIVAL if self._decodes_everything(plan, num_running) else Steadiness.NONE
 
 
-class DecodeFirstPolicy(Policy):
+class DecodeFirstPolicy(_WholePromptPolicy):
     """Request-level batching: decode while anything runs; admit prompts only when idle."""
 
     name = "decode-first"
-
-    def __init__(self, max_num_batched_tokens: int | None = None) -> None:
-        if max_num_batched_tokens is not None and max_num_batched_tokens <= 0:
-            raise ValueError(f"max_num_batched_tokens must be positive, got {max_num_batched_tokens}")
-        self.max_num_batched_tokens = max_num_batched_tokens
 
     def schedule(self, ctx: StepContext) -> None:
         if ctx.num_running:
