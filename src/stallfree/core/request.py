@@ -35,7 +35,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    logprobs: bool = False
+    logprobs: bool = False  # the sampled token's logprob at each generated position
+    top_logprobs: int = 0  # and this many most likely alternatives (with logprobs)
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:
@@ -46,6 +47,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_logprobs < 0:
+            raise ValueError(f"top_logprobs must be >= 0, got {self.top_logprobs}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -219,7 +219,7 @@ class LLMEngine:
         stopped = frozenset(
             s.request_id
             for s, pick in zip(states, picks, strict=True)
-            if s.append(pick.token_id, pick.logprob, self.tokenizer)
+            if s.append(pick.token_id, pick.logprob, self.tokenizer, pick.top_logprobs)
         )
         sampled = {rid: pick.token_id for rid, pick in zip(rids, picks, strict=True)}
         return StepResult(time.perf_counter() - start, sampled, stopped)

@@ -33,6 +33,8 @@ class RequestOutput:
     new_text: str = ""
     new_token_ids: tuple[int, ...] = ()
     logprobs: tuple[float, ...] | None = None
+    # Per generated token, its top_logprobs alternatives as (token id, logprob); None unless asked.
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
 
 
 class RequestState:
@@ -60,6 +62,7 @@ class RequestState:
         self._stop_token_ids = frozenset(stops)
         self.text = ""
         self.logprobs: list[float] = []
+        self.top_logprobs: list[tuple[tuple[int, float], ...]] = []
         self._prefix_offset = max(0, self.num_prompt_tokens - _DETOKENIZE_CONTEXT)
         self._read_offset = self.num_prompt_tokens
         self._stopped_by_string = False
@@ -70,11 +73,19 @@ class RequestState:
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
 
-    def append(self, token_id: int, logprob: float | None, tokenizer: Tokenizer) -> bool:
+    def append(
+        self,
+        token_id: int,
+        logprob: float | None,
+        tokenizer: Tokenizer,
+        top_logprobs: tuple[tuple[int, float], ...] = (),
+    ) -> bool:
         """Record a sampled token; True if it ends the request (stop token or stop string)."""
         self.token_ids.append(token_id)
         if logprob is not None:
             self.logprobs.append(logprob)
+            if self.params.top_logprobs:
+                self.top_logprobs.append(top_logprobs)
         if token_id in self._stop_token_ids:
             return True
         if self.params.stop:
@@ -112,6 +123,9 @@ class RequestState:
             new_text=self.text[self._emitted_chars :],
             new_token_ids=tuple(output_ids[self._emitted_tokens :]),
             logprobs=tuple(self.logprobs) if self.params.logprobs else None,
+            top_logprobs=tuple(self.top_logprobs)
+            if self.params.logprobs and self.params.top_logprobs
+            else None,
         )
         self._emitted_tokens = len(output_ids)
         self._emitted_chars = len(self.text)

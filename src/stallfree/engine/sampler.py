@@ -3,7 +3,8 @@
 Each request brings its own ``torch.Generator``, so what it samples depends only on its
 seed and its own logits, never on which other requests share the step. Logprobs are of
 the chosen token under the model's raw distribution (before temperature / top-k / top-p),
-as vLLM reports them by default.
+as vLLM reports them by default; ``top_logprobs`` alternatives come from the same distribution
+(one ``topk`` over the rows that ask, nothing for the others).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ GREEDY_TEMPERATURE = 1e-5
 class SampledToken:
     token_id: int
     logprob: float | None = None
+    # (token id, logprob) of the most likely tokens, most likely first; empty unless asked for.
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 def sample(
@@ -38,11 +41,19 @@ def sample(
     token_ids = chosen.tolist()
     wants_logprobs = [row for row, p in enumerate(params) if p.logprobs]
     logprobs: dict[int, float] = {}
+    tops: dict[int, tuple[tuple[int, float], ...]] = {}
     if wants_logprobs:
         rows = torch.tensor(wants_logprobs, device=logits.device)
-        picked = torch.log_softmax(logits[rows], dim=-1).gather(1, chosen[rows, None]).squeeze(1)
+        log_probs = torch.log_softmax(logits[rows], dim=-1)
+        picked = log_probs.gather(1, chosen[rows, None]).squeeze(1)
         logprobs = dict(zip(wants_logprobs, picked.tolist(), strict=True))
-    return [SampledToken(tok, logprobs.get(row)) for row, tok in enumerate(token_ids)]
+        k = min(max(params[row].top_logprobs for row in wants_logprobs), log_probs.shape[-1])
+        if k > 0:
+            values, indices = log_probs.topk(k, dim=-1)
+            for i, row in enumerate(wants_logprobs):
+                n = params[row].top_logprobs
+                tops[row] = tuple(zip(indices[i, :n].tolist(), values[i, :n].tolist(), strict=True))
+    return [SampledToken(tok, logprobs.get(row), tops.get(row, ())) for row, tok in enumerate(token_ids)]
 
 
 def _sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> torch.Tensor:
