@@ -5,7 +5,8 @@ A :class:`ProfileGrid` covers what the scheduler produces: pure decode batches (
 (decodes + a chunk), the sampler per row by mode, the linear layers alone, and real engine
 steps for the per-step cost outside the executor. Each point repeats; a point during which
 other processes used more than ``busy_fraction`` of the machine's CPU is re-measured (up to
-``max_attempts``, keeping the quietest attempt) and flagged ``busy`` if it never got quiet.
+``max_attempts``, keeping the quietest attempt) and flagged ``busy`` if it never got quiet;
+after five busy points in a row each point is measured once until the machine quiets down.
 The result is a :class:`~stallfree.specs.step_profile.StepProfile` (schema in that module).
 """
 
@@ -152,11 +153,15 @@ class _Measurer:
         self.meter = CpuMeter()
         self.num_busy = 0
         self.num_remeasured = 0
+        self._busy_streak = 0
 
     def __call__(self, run: Callable[[], list[float]]) -> Stats:
         best: Stats | None = None
         capacity = CpuMeter.num_cpus()
-        for attempt in range(1, self.max_attempts + 1):
+        # A machine busy point after point stays busy: re-measuring then only costs time, so
+        # after five busy points in a row measure once until a quiet one comes.
+        attempts = 1 if self._busy_streak >= 5 else self.max_attempts
+        for attempt in range(1, attempts + 1):
             self.meter.start()
             start = time.perf_counter()
             times = run()
@@ -171,12 +176,13 @@ class _Measurer:
                 best = stats
             if not busy:
                 break
-            if attempt < self.max_attempts:
+            if attempt < attempts:
                 self.num_remeasured += 1
                 time.sleep(0.2 * attempt)  # let a neighbour's burst pass
         assert best is not None
         best = replace(best, attempts=attempt)
         self.num_busy += best.busy
+        self._busy_streak = self._busy_streak + 1 if best.busy else 0
         return best
 
 
