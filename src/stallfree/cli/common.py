@@ -110,13 +110,14 @@ SERVING_FLAGS: dict[str, tuple[str, ...]] = {
     "block_size": ("--block-size",),
     "num_blocks": ("--num-blocks",),
     "watermark": ("--kv-watermark",),
+    "step_budget_ms": ("--step-budget-ms",),
 }
 """The command-line flags of each :class:`~stallfree.core.serving.ServingConfig` field (vLLM's
 names; ``--token-budget`` is Sarathi-Serve's name for the same budget)."""
 
 _SERVING_HELP = {
     "max_num_batched_tokens": "tokens per step, for every policy: chunked: the budget, decodes included "
-    "(default {budget}); prefill-first/decode-first: prompt tokens batched whole in one step "
+    "(default {budget}; with --step-budget-ms a cap, default {step_cap}); prefill-first/decode-first: prompt tokens batched whole in one step "
     "(default max-model-len)",
     "chunk_tokens": "chunked: prompt tokens per step on top of the decodes, instead of a budget",
     "max_num_seqs": "running requests at most (default {seqs}, and at most a chunked budget)",
@@ -124,6 +125,9 @@ _SERVING_HELP = {
     "block_size": "tokens per KV block (default {block})",
     "num_blocks": "KV-cache blocks (default: sized from memory)",
     "watermark": "share of KV blocks admission keeps free (default {watermark})",
+    "step_budget_ms": "chunked: size prompt chunks so each step's predicted time stays within MS "
+    "(decodes always run; a token budget given with it is a cap, default {step_cap}); needs a step-time "
+    "predictor: the simulator's cost model, or the engine's measured --profile",
 }
 
 
@@ -132,12 +136,13 @@ def add_serving_args(parser: argparse._ActionsContainer, *, policy_list: bool = 
 
     ``policy_list``: ``--policy`` takes a comma list (simulate compares policies).
     """
-    from stallfree.core import DEFAULT_TOKEN_BUDGET, POLICIES
+    from stallfree.core import DEFAULT_STEP_TOKEN_CAP, DEFAULT_TOKEN_BUDGET, POLICIES
     from stallfree.core.serving import DEFAULT_MAX_NUM_SEQS, ServingConfig
 
     defaults = ServingConfig()
     fill = {
         "budget": DEFAULT_TOKEN_BUDGET,
+        "step_cap": DEFAULT_STEP_TOKEN_CAP,
         "seqs": DEFAULT_MAX_NUM_SEQS,
         "block": defaults.block_size,
         "watermark": defaults.watermark,
@@ -158,13 +163,13 @@ def add_serving_args(parser: argparse._ActionsContainer, *, policy_list: bool = 
     for name, flags in SERVING_FLAGS.items():
         if name == "policy":
             continue
-        value_type = float if name == "watermark" else positive_int
+        value_type = {"watermark": float, "step_budget_ms": positive_float}.get(name, positive_int)
         parser.add_argument(
             *flags,
             dest=name,
             type=value_type,
             default=getattr(defaults, name),
-            metavar="N",
+            metavar="MS" if name == "step_budget_ms" else "N",
             help=_SERVING_HELP[name].format(**fill),
         )
 

@@ -5,7 +5,13 @@ Everything else (simulator, engine, server) drives this package through
 """
 
 from stallfree.core.block_manager import BlockManager
-from stallfree.core.config import DEFAULT_TOKEN_BUDGET, CacheConfig, SchedulerConfig, ceil_div
+from stallfree.core.config import (
+    DEFAULT_STEP_TOKEN_CAP,
+    DEFAULT_TOKEN_BUDGET,
+    CacheConfig,
+    SchedulerConfig,
+    ceil_div,
+)
 from stallfree.core.plan import ScheduledChunk, StepPlan, StepResult, synthetic_plan
 from stallfree.core.policy import (
     POLICIES,
@@ -22,8 +28,10 @@ from stallfree.core.serving import ServingConfig
 from stallfree.core.state import SchedulerState, Sequence
 from stallfree.core.steady import SteadyRun
 from stallfree.core.step import Executor, StepCostModel, priced_executor, run_step
+from stallfree.core.time_budget import StepTimePredictor
 
 __all__ = [
+    "DEFAULT_STEP_TOKEN_CAP",
     "DEFAULT_TOKEN_BUDGET",
     "POLICIES",
     "BlockManager",
@@ -48,6 +56,7 @@ __all__ = [
     "StepEvents",
     "StepPlan",
     "StepResult",
+    "StepTimePredictor",
     "ceil_div",
     "make_policy",
     "priced_executor",

@@ -1,7 +1,8 @@
 """What the scheduler is configured with: sequence limits and KV memory (vLLM's names).
 
 Values only: frozen, validated on construction. :data:`DEFAULT_TOKEN_BUDGET` is the chunked
-policy's step size when none is given, everywhere (simulator, engine, server, tune).
+policy's step size when none is given, everywhere (simulator, engine, server, tune);
+:data:`DEFAULT_STEP_TOKEN_CAP` the token cap of a time-budgeted one.
 """
 
 from __future__ import annotations
@@ -10,6 +11,11 @@ from dataclasses import dataclass
 
 DEFAULT_TOKEN_BUDGET = 512
 """Tokens per step, decodes included, when a chunked run names no budget (vLLM's V0 chunked default)."""
+
+DEFAULT_STEP_TOKEN_CAP = 16384
+"""Tokens per step at most when a time-budgeted chunked run names no token cap: the step-time
+target decides the chunks, this only bounds the activation memory a step may need (SGLang's
+default ``--max-prefill-tokens``)."""
 
 
 def ceil_div(a: int, b: int) -> int:

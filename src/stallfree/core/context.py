@@ -6,6 +6,9 @@ never runs past a request's known tokens, KV blocks are allocated for every sche
 (preempting the newest running request, by recompute, when they run out), new requests are
 admitted only within ``max_num_seqs`` and above the KV watermark, and no request is scheduled
 twice in one step.
+
+:meth:`StepContext.preview` lets a policy price a candidate before it commits: the plan as it
+would be with one more chunk, built without allocating, preempting or changing anything.
 """
 
 from __future__ import annotations
@@ -48,6 +51,29 @@ class StepContext:
     @property
     def num_running(self) -> int:
         return len(self._state.running)
+
+    def preview(self, seq: Sequence | None = None, num_tokens: int = 0) -> StepPlan:
+        """The step's chunks so far plus, if ``seq`` is given, a chunk of ``num_tokens`` of it.
+
+        For pricing a candidate (a step-time predictor reads chunks only): the extra chunk
+        starts after ``seq``'s computed tokens, exactly as :meth:`schedule_running` or
+        :meth:`admit` would schedule it, and comes last. Nothing changes: no block is
+        allocated, nobody is preempted, ``seq`` is not scheduled, and the plan carries no
+        block ids, preemptions or frees (whether the chunk would get its blocks is not
+        checked: a preview prices, the actions decide). ``ValueError`` if ``seq`` is already
+        scheduled or ``num_tokens`` is not in ``1..seq.num_uncomputed_tokens``.
+        """
+        if seq is None:
+            return StepPlan(tuple(self._chunks))
+        if seq.request_id in self._scheduled:
+            raise ValueError(f"preview: request {seq.request_id} is already in this step")
+        if not 0 < num_tokens <= seq.num_uncomputed_tokens:
+            raise ValueError(
+                f"preview: request {seq.request_id} has {seq.num_uncomputed_tokens} tokens to run, "
+                f"asked for {num_tokens}"
+            )
+        chunk = ScheduledChunk(seq.request_id, seq.num_computed_tokens, num_tokens, seq.num_known_tokens)
+        return StepPlan((*self._chunks, chunk))
 
     # -- actions ----------------------------------------------------------------
     def schedule_running(self, seq: Sequence, num_tokens: int, *, preempt: bool) -> int:

@@ -8,7 +8,8 @@ class registered in :data:`POLICIES`; the scheduler loop never changes.
 
 - ``chunked`` — stall-free batching (Sarathi-Serve): every decoding request
   gets its token, then prompts part-way through prefill, then new prompts,
-  chunked to fill the step's token budget.
+  chunked to fill the step's token budget, or, with ``step_budget_s`` and a
+  step-time predictor, its time target (:mod:`stallfree.core.time_budget`).
 - ``prefill-first`` — vLLM's old default: waiting prompts run whole, batched
   up to ``max_num_batched_tokens``, in a step of their own; decodes pause.
 - ``decode-first`` — request-level batching: prompts are admitted only when
@@ -25,6 +26,7 @@ from stallfree.core.config import DEFAULT_TOKEN_BUDGET, SchedulerConfig
 from stallfree.core.context import StepContext
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import Request
+from stallfree.core.time_budget import StepTimePredictor, fill_prompts_by_time
 
 
 class Steadiness(enum.Enum):
@@ -96,23 +98,58 @@ class Policy(abc.ABC):
 
 
 class ChunkedPolicy(Policy):
-    """Stall-free batching under a per-step token budget.
+    """Stall-free batching under a per-step token budget or step-time target.
 
     Give exactly one of ``token_budget`` (total tokens per step, decodes
     included: Sarathi-Serve's and vLLM's ``max_num_batched_tokens``) or
     ``chunk_tokens`` (prompt tokens per step on top of the decodes: the seed's view).
+
+    ``step_budget_s`` sizes prompt chunks by time instead: each step gets the prompt tokens whose
+    predicted step time (``predictor``, required with it) stays within the target; a
+    ``token_budget`` or ``chunk_tokens`` given with it is a cap on top (neither: no cap). The
+    decodes always run, even when they alone exceed the target. ``num_guarded_steps`` counts
+    steps whose first prompt got the starvation guard's minimum chunk past the target, and
+    ``num_decode_overruns`` those of them whose decodes alone were predicted over it.
     """
 
     name = "chunked"
 
-    def __init__(self, token_budget: int | None = None, chunk_tokens: int | None = None) -> None:
-        if (token_budget is None) == (chunk_tokens is None):
-            raise ValueError("chunked policy: give exactly one of token_budget or chunk_tokens")
+    def __init__(
+        self,
+        token_budget: int | None = None,
+        chunk_tokens: int | None = None,
+        *,
+        step_budget_s: float | None = None,
+        predictor: StepTimePredictor | None = None,
+    ) -> None:
+        both = token_budget is not None and chunk_tokens is not None
+        if both or (step_budget_s is None and token_budget is None and chunk_tokens is None):
+            raise ValueError(
+                "chunked policy: give exactly one of token_budget or chunk_tokens "
+                "(with step_budget_s, at most one of them, as a cap)"
+            )
+        if step_budget_s is None:
+            if predictor is not None:
+                raise ValueError("chunked policy: a step-time predictor needs a step_budget_s to aim at")
+        else:
+            if not (step_budget_s > 0 and step_budget_s != float("inf")):
+                raise ValueError(
+                    f"chunked policy: step_budget_s must be positive and finite, got {step_budget_s}"
+                )
+            if predictor is None:
+                raise ValueError(
+                    "chunked policy: step_budget_s needs a step-time predictor (a function StepPlan -> "
+                    "seconds, such as a cost model's step_time_s)"
+                )
         for label, value in (("token_budget", token_budget), ("chunk_tokens", chunk_tokens)):
             if value is not None and value <= 0:
                 raise ValueError(f"chunked policy: {label} must be positive, got {value}")
         self.token_budget = token_budget
         self.chunk_tokens = chunk_tokens
+        self.step_budget_s = step_budget_s
+        self.predictor = predictor
+        self.num_guarded_steps = 0
+        self.num_decode_overruns = 0
 
     def check_config(self, config: SchedulerConfig) -> None:
         if self.token_budget is not None and self.token_budget < config.max_num_seqs:
@@ -124,6 +161,16 @@ class ChunkedPolicy(Policy):
     def schedule(self, ctx: StepContext) -> None:
         # 1. Every decoding request gets exactly one token: the stall-free property.
         ctx.schedule_decodes()
+        if self.step_budget_s is not None:
+            assert self.predictor is not None  # required with a step budget (checked in __init__)
+            if self.chunk_tokens is not None:
+                cap: int | None = self.chunk_tokens
+            else:
+                cap = None if self.token_budget is None else self.token_budget - ctx.num_scheduled_tokens
+            fill = fill_prompts_by_time(ctx, self.predictor, self.step_budget_s, cap)
+            self.num_guarded_steps += fill.guarded
+            self.num_decode_overruns += fill.decodes_over
+            return
         if self.chunk_tokens is not None:
             budget = self.chunk_tokens
         else:
@@ -147,6 +194,11 @@ class ChunkedPolicy(Policy):
         # shrink while nothing finishes), but a new arrival may fit.
         if self._decodes_everything(plan, num_running):
             return Steadiness.UNTIL_ARRIVAL
+        if self.step_budget_s is not None:
+            # Contexts grow every step, so a time-sized chunk need not repeat: schedule each step.
+            # (Only decodes, above, does repeat: the waiting head was refused for slots or blocks,
+            # since the guard admits it whatever the time, and those only shrink.)
+            return Steadiness.NONE
         # Decodes plus one prompt chunk that used up the budget: the same prompt gets the same
         # leftover next step (the scheduler checks it does not reach its last token); arrivals
         # find no budget left and only queue.
@@ -208,20 +260,35 @@ POLICIES: dict[str, type[Policy]] = {
 }
 
 
-def make_policy(name: str, *, token_budget: int | None = None, chunk_tokens: int | None = None) -> Policy:
+def make_policy(
+    name: str,
+    *,
+    token_budget: int | None = None,
+    chunk_tokens: int | None = None,
+    step_budget_s: float | None = None,
+    predictor: StepTimePredictor | None = None,
+) -> Policy:
     """Build a policy by name; ``token_budget`` is the per-step token cap for every policy.
 
     For ``chunked`` exactly one of ``token_budget`` / ``chunk_tokens`` is needed
-    (default: :data:`~stallfree.core.config.DEFAULT_TOKEN_BUDGET`); for the whole-prompt policies it caps how many
-    prompt tokens one step batches (``None``: no cap).
+    (default: :data:`~stallfree.core.config.DEFAULT_TOKEN_BUDGET`) unless ``step_budget_s`` (with
+    its ``predictor``) sizes chunks by time, when either is an optional cap; for the whole-prompt
+    policies it caps how many prompt tokens one step batches (``None``: no cap).
     """
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose from: {', '.join(POLICIES)}")
     if name == ChunkedPolicy.name:
-        if token_budget is None and chunk_tokens is None:
+        if token_budget is None and chunk_tokens is None and step_budget_s is None:
             token_budget = DEFAULT_TOKEN_BUDGET
-        return ChunkedPolicy(token_budget=token_budget, chunk_tokens=chunk_tokens)
+        return ChunkedPolicy(
+            token_budget=token_budget,
+            chunk_tokens=chunk_tokens,
+            step_budget_s=step_budget_s,
+            predictor=predictor,
+        )
     if chunk_tokens is not None:
         raise ValueError(f"--chunk-tokens applies to the chunked policy only, not {name}")
+    if step_budget_s is not None:
+        raise ValueError(f"a step-time budget applies to the chunked policy only, not {name}")
     cls = PrefillFirstPolicy if name == PrefillFirstPolicy.name else DecodeFirstPolicy
     return cls(max_num_batched_tokens=token_budget)

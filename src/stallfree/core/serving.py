@@ -9,17 +9,22 @@ Rules that used to be re-derived by each (and drifted apart) live here:
   error, as in vLLM;
 - the whole-prompt policies batch prompts up to ``max_num_batched_tokens``, by default
   ``max_model_len`` (vLLM without chunked prefill);
-- ``max_model_len`` defaults to the model's context and may not exceed it.
+- ``max_model_len`` defaults to the model's context and may not exceed it;
+- ``step_budget_ms`` (chunked only) sizes chunks by a step-time target; the scheduler then needs
+  a step-time predictor from whoever builds it, and the token cap defaults to
+  :data:`DEFAULT_STEP_TOKEN_CAP` (what activation memory is sized for).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from stallfree.core.config import DEFAULT_TOKEN_BUDGET, CacheConfig, SchedulerConfig
+from stallfree.core.config import DEFAULT_STEP_TOKEN_CAP, DEFAULT_TOKEN_BUDGET, CacheConfig, SchedulerConfig
 from stallfree.core.policy import POLICIES, ChunkedPolicy, Policy, make_policy
 from stallfree.core.scheduler import Scheduler
+from stallfree.core.time_budget import StepTimePredictor
 
 DEFAULT_MAX_NUM_SEQS = 256
 OPTION_ALIASES = {"token_budget": "max_num_batched_tokens"}  # the Sarathi-Serve name
@@ -34,6 +39,10 @@ class ServingConfig:
     whole-prompt policies, how many prompt tokens one step batches. ``chunk_tokens`` instead
     gives chunked a fixed number of prompt tokens per step on top of the decodes (the seed's
     view). ``num_blocks`` None: the runner sizes the KV cache from memory.
+
+    ``step_budget_ms``: chunked steps hold the prompt tokens whose predicted step time stays
+    within this many milliseconds (decodes always run); a token budget or ``chunk_tokens`` given
+    with it caps the step on top. Building its scheduler needs a step-time predictor.
     """
 
     policy: str = "chunked"
@@ -44,6 +53,7 @@ class ServingConfig:
     block_size: int = 16
     num_blocks: int | None = None
     watermark: float = 0.01
+    step_budget_ms: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -57,6 +67,11 @@ class ServingConfig:
                 raise ValueError(f"chunk_tokens applies to the chunked policy only, not {self.policy}")
             if self.max_num_batched_tokens is not None:
                 raise ValueError("chunked: give either a token budget or chunk_tokens, not both")
+        if self.step_budget_ms is not None:
+            if not (math.isfinite(self.step_budget_ms) and self.step_budget_ms > 0):
+                raise ValueError(f"step_budget_ms must be positive, got {self.step_budget_ms}")
+            if self.policy != ChunkedPolicy.name:
+                raise ValueError(f"step_budget_ms applies to the chunked policy only, not {self.policy}")
         CacheConfig(block_size=self.block_size, watermark=self.watermark)  # validates both
         budget = self.token_budget
         if budget is not None and self.max_num_seqs is not None and self.max_num_seqs > budget:
@@ -79,7 +94,14 @@ class ServingConfig:
         """The chunked policy's tokens per step, decodes included (None: not a budgeted chunked run)."""
         if self.policy != ChunkedPolicy.name or self.chunk_tokens is not None:
             return None
-        return DEFAULT_TOKEN_BUDGET if self.max_num_batched_tokens is None else self.max_num_batched_tokens
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return DEFAULT_STEP_TOKEN_CAP if self.step_budget_ms is not None else DEFAULT_TOKEN_BUDGET
+
+    @property
+    def step_budget_s(self) -> float | None:
+        """``step_budget_ms`` in seconds (None: chunks sized by tokens)."""
+        return None if self.step_budget_ms is None else self.step_budget_ms / 1000
 
     @property
     def num_seqs_limit(self) -> int:
@@ -114,14 +136,30 @@ class ServingConfig:
             return self.max_num_batched_tokens
         return self.model_len(model_context)
 
-    def make_policy(self, model_context: int) -> Policy:
+    def make_policy(self, model_context: int, predictor: StepTimePredictor | None = None) -> Policy:
+        """The named policy; ``predictor`` (a function ``StepPlan -> seconds``) is required with
+        ``step_budget_ms`` and unused without it."""
         if self.policy == ChunkedPolicy.name:
-            return make_policy(self.policy, token_budget=self.token_budget, chunk_tokens=self.chunk_tokens)
+            if self.step_budget_ms is not None and predictor is None:
+                raise ValueError(
+                    "step_budget_ms needs a step-time predictor: the simulator passes its cost model, "
+                    "the engine a measured profile (stallfree profile, then --profile FILE)"
+                )
+            return make_policy(
+                self.policy,
+                token_budget=self.token_budget,
+                chunk_tokens=self.chunk_tokens,
+                step_budget_s=self.step_budget_s,
+                predictor=predictor if self.step_budget_ms is not None else None,
+            )
         return make_policy(self.policy, token_budget=self.whole_prompt_cap(model_context))
 
-    def make_scheduler(self, model_context: int, num_blocks: int | None = None) -> Scheduler:
+    def make_scheduler(
+        self, model_context: int, num_blocks: int | None = None, predictor: StepTimePredictor | None = None
+    ) -> Scheduler:
         """A scheduler for a model of ``model_context`` tokens over ``num_blocks`` KV blocks
-        (this config's ``num_blocks`` wins; None for both: unbounded)."""
+        (this config's ``num_blocks`` wins; None for both: unbounded); ``predictor`` prices steps
+        for ``step_budget_ms`` (see :meth:`make_policy`)."""
         return Scheduler(
             SchedulerConfig(max_num_seqs=self.num_seqs_limit, max_model_len=self.model_len(model_context)),
             CacheConfig(
@@ -129,5 +167,5 @@ class ServingConfig:
                 num_blocks=self.num_blocks if self.num_blocks is not None else num_blocks,
                 watermark=self.watermark,
             ),
-            self.make_policy(model_context),
+            self.make_policy(model_context, predictor),
         )
