@@ -1,17 +1,28 @@
 """``stallfree generate`` (text from the PyTorch engine) and ``stallfree save-model``.
 
+``generate`` streams: every prompt runs at once in the engine, and the text is written as the
+engine steps, prompt after prompt in order (a later prompt's text waits in memory until the ones
+before it end, then catches up). Ctrl-C keeps what was generated: the text so far is printed
+(with ``--json``, the records, ``finish_reason`` ``"abort"`` for the unfinished), exit 130.
 torch is imported inside the handlers only, so ``stallfree --help`` stays light.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stallfree.cli.common import UsageError, add_engine_args, engine_kwargs, non_negative_int, positive_int
 from stallfree.cli.device import check_device
+
+if TYPE_CHECKING:
+    from stallfree.engine.engine import LLMEngine
+    from stallfree.engine.requests import RequestOutput
 
 
 def register(subparsers: Any) -> None:
@@ -62,24 +73,114 @@ def run_generate(args: argparse.Namespace) -> int:
     )
     check_device(args.device)
     llm = LLM(args.model, **engine_kwargs(args))
+    engine = llm.engine
     prompts: list[str] | list[list[int]] = args.prompt
     if args.chat:
-        tokenizer = llm.engine.tokenizer
+        tokenizer = engine.tokenizer
         prompts = [tokenizer.encode_chat([{"role": "user", "content": p}]) for p in args.prompt]
-    outputs = llm.generate(prompts, params)
-    for prompt, out in zip(args.prompt, outputs, strict=True):
-        if args.json:
-            record = {
-                "prompt": prompt,
-                "text": out.text,
-                "token_ids": list(out.token_ids),
-                "prompt_token_ids": list(out.prompt_token_ids),
-                "finish_reason": out.finish_reason,
-            }
-            print(json.dumps(record))
+    request_ids = _add_all(engine, prompts, params)
+    latest: dict[str, RequestOutput] = {}
+    holdback = max((len(stop) for stop in params.stop), default=1) - 1
+    printer = _Printer(request_ids, holdback) if not args.json else None
+    try:
+        while engine.has_unfinished_requests():
+            for out in engine.step().outputs:
+                latest[out.request_id] = out
+                if printer is not None:
+                    printer.update(out)
+    except KeyboardInterrupt:
+        for rid in request_ids:
+            with contextlib.suppress(Exception):  # whatever state the interrupted step left
+                engine.abort_request(rid)
+        if printer is not None:
+            printer.flush_all(latest)
         else:
-            print(out.text)
+            _print_json(args.prompt, request_ids, latest)
+        print("stallfree generate: interrupted; the text above is what was generated", file=sys.stderr)
+        return 130
+    if args.json:
+        _print_json(args.prompt, request_ids, latest)
     return 0
+
+
+def _add_all(engine: LLMEngine, prompts: Sequence[str | Sequence[int]], params: Any) -> list[str]:
+    """Queue every prompt; a bad one leaves nothing queued."""
+    request_ids: list[str] = []
+    try:
+        for prompt in prompts:
+            if isinstance(prompt, str):
+                request_ids.append(engine.add_request(prompt=prompt, sampling_params=params))
+            else:
+                request_ids.append(engine.add_request(prompt_token_ids=list(prompt), sampling_params=params))
+    except ValueError:
+        for rid in request_ids:
+            engine.abort_request(rid)
+        raise
+    return request_ids
+
+
+class _Printer:
+    """Writes each request's text in prompt order: the current one live, later ones on catching up."""
+
+    def __init__(self, request_ids: list[str], holdback: int) -> None:
+        self.request_ids = request_ids
+        # An unfinished text's last ``holdback`` characters may start a stop string that the
+        # engine will cut away: they wait (stop strings up to holdback + 1 characters long).
+        self.holdback = holdback
+        self.current = 0
+        self.written: dict[str, int] = {}  # characters of each request's text already written
+        self.finished: set[str] = set()
+        self.texts: dict[str, str] = {}
+
+    def update(self, out: RequestOutput) -> None:
+        self.texts[out.request_id] = out.text
+        if out.finished:
+            self.finished.add(out.request_id)
+        self._advance()
+
+    def _advance(self) -> None:
+        while self.current < len(self.request_ids):
+            rid = self.request_ids[self.current]
+            if rid not in self.finished:
+                self._write(rid, self.holdback)
+                return
+            self._write(rid)
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            self.current += 1
+
+    def _write(self, rid: str, holdback: int = 0) -> None:
+        text = self.texts.get(rid, "")
+        text = text[: len(text) - holdback] if holdback else text
+        done = self.written.get(rid, 0)
+        if len(text) > done:
+            sys.stdout.write(text[done:])
+            sys.stdout.flush()
+            self.written[rid] = len(text)
+
+    def flush_all(self, latest: dict[str, RequestOutput]) -> None:
+        """After an interrupt: every request's text so far, each on its own line."""
+        for out in latest.values():
+            self.texts[out.request_id] = out.text
+        for rid in self.request_ids[self.current :]:
+            self._write(rid)
+            sys.stdout.write("\n")
+        sys.stdout.flush()
+        self.current = len(self.request_ids)
+
+
+def _print_json(prompts: list[str], request_ids: list[str], latest: dict[str, RequestOutput]) -> None:
+    for prompt, rid in zip(prompts, request_ids, strict=True):
+        out = latest.get(rid)
+        finished = out is not None and out.finished
+        record = {
+            "prompt": prompt,
+            "text": out.text if out is not None else "",
+            "token_ids": list(out.token_ids) if out is not None else [],
+            "prompt_token_ids": list(out.prompt_token_ids) if out is not None else None,
+            "finish_reason": out.finish_reason if finished and out is not None else "abort",
+        }
+        print(json.dumps(record))
 
 
 def run_save_model(args: argparse.Namespace) -> int:
