@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
             sampling=args.sampling,
             dtype_bytes=_DTYPE_BYTES[args.dtype] if args.dtype else None,
             step_overhead_s=args.step_overhead_ms / 1000,
-            serving=serving_config(args, policy),
+            serving=_serving(args, policy),
             gpu_memory_utilization=args.gpu_memory_utilization,
             goodput=goodput,
             keep_steps=keep_steps,
@@ -202,6 +202,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_table(scenario, [r.summary for r in results], outputs))
     return 0
+
+
+def _serving(args: argparse.Namespace, policy: str) -> Any:
+    """``policy``'s serving config; --step-budget-ms is the chunked policy's, so the baselines
+    beside it run without it."""
+    if policy != "chunked" and args.step_budget_ms is not None:
+        args = argparse.Namespace(**{**vars(args), "step_budget_ms": None})
+    return serving_config(args, policy)
 
 
 _DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
@@ -268,6 +276,7 @@ def _scenario(args: argparse.Namespace, workload: Any, num_requests: int) -> dic
         "seed": args.seed,
         "token_budget": chunked.token_budget,
         "chunk_tokens": chunked.chunk_tokens,
+        "step_budget_ms": chunked.step_budget_ms,
         "max_num_seqs": chunked.num_seqs_limit,
         "block_size": chunked.block_size,
         "gpu_memory_utilization": args.gpu_memory_utilization,
@@ -315,14 +324,23 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
     ("preemptions", "num_preemptions", "{:,}"),
     ("KV blocks", "num_kv_blocks", "{:,}"),
     ("steps", "num_steps", "{:,}"),
+    ("step max (ms)", "max_step_ms", "{:,.1f}"),
+    ("steps over budget", "num_steps_over_budget", "{:,}"),
+    ("  first prompt guarded", "num_guarded_steps", "{:,}"),
+    ("  decodes alone over", "num_decode_overruns", "{:,}"),
     ("simulation wall (s)", "sim_wall_s", "{:.2f}"),
 )
+
+
+_OPTIONAL_ROWS = {"request_goodput", "num_steps_over_budget", "num_guarded_steps", "num_decode_overruns"}
 
 
 def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outputs: list[str]) -> str:
     """Policies as columns, metrics as rows."""
     sc = scenario
     budget = f"chunk {sc['chunk_tokens']}" if sc["chunk_tokens"] else f"token budget {sc['token_budget']}"
+    if sc.get("step_budget_ms"):
+        budget = f"step budget {sc['step_budget_ms']:g} ms (cap: {budget})"
     lines = [
         f"{sc['model']} on {sc['tp']} x {sc['hardware']} (cost model: {sc['cost_model']}"
         + (f" + {sc['step_overhead_ms']:g} ms a step" if sc["step_overhead_ms"] else "")
@@ -335,7 +353,7 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
         f"  {'':<24}" + "".join(f"{s['policy']:>16}" for s in summaries),
     ]
     for label, key, fmt in _ROWS:
-        if key == "request_goodput" and summaries[0].get(key) is None:
+        if key in _OPTIONAL_ROWS and all(s.get(key) is None for s in summaries):
             continue
         cells = [s.get(key) for s in summaries]
         lines.append(f"  {label:<24}" + "".join(f"{'-' if c is None else fmt.format(c):>16}" for c in cells))

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from stallfree.core import Request
+from stallfree.core import ChunkedPolicy, Request, Scheduler
 from stallfree.core.serving import ServingConfig
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.sim.cost_model import CostModel, CostModelConfig, CostModelKind
@@ -71,7 +71,12 @@ def simulate(
     the profile's). ``serving.num_blocks`` fixes the KV cache instead of sizing it from ``hardware``.
 
     The summary holds :func:`stallfree.metrics.summarize`'s keys plus ``policy``, ``num_steps``,
-    ``num_kv_blocks``, ``kv_block_size`` and ``rejected_reasons`` (reason -> count).
+    ``max_step_ms``, ``num_kv_blocks``, ``kv_block_size`` and ``rejected_reasons`` (reason ->
+    count). ``serving.step_budget_ms`` sizes chunked steps by time with the cost model as the
+    step-time predictor; the summary then adds ``step_budget_ms``, ``num_steps_over_budget``
+    (steps that took longer), ``num_guarded_steps`` (steps whose first prompt got the 16-token
+    starvation guard past the target) and ``num_decode_overruns`` (of those, steps whose decodes
+    alone were over it).
     """
     hardware_spec = load_hardware_spec(hardware) if isinstance(hardware, str) else hardware
     costs: SteadyCostModel
@@ -121,9 +126,15 @@ def simulate(
             max_num_batched_tokens=serving.step_token_cap(context),
             max_num_seqs=serving.num_seqs_limit,
         )
-    scheduler = serving.make_scheduler(context, kv.num_blocks)
+    # The cost model is the step-time predictor of a time-budgeted policy (unused otherwise).
+    scheduler = serving.make_scheduler(context, kv.num_blocks, predictor=costs.step_time_s)
     run = run_traffic(
-        scheduler, costs, _requests(workload, num_requests, seed), fast=fast, keep_steps=keep_steps
+        scheduler,
+        costs,
+        _requests(workload, num_requests, seed),
+        fast=fast,
+        keep_steps=keep_steps,
+        step_budget_s=serving.step_budget_s,
     )
     if not run.duration_s > 0:
         reasons = "; ".join(f"{count} x {reason}" for reason, count in run.rejected_reasons.items())
@@ -136,11 +147,26 @@ def simulate(
         if any(r.is_completed for r in run.records)
         else None,
         "num_steps": run.num_steps,
+        "max_step_ms": run.max_step_s * 1000,
+        **_step_budget_summary(serving, scheduler, run.num_steps_over_budget),
         "num_kv_blocks": kv.num_blocks,
         "kv_block_size": serving.block_size,
         "rejected_reasons": run.rejected_reasons,
     }
     return SimulationResult(serving.policy, summary, run.records, run.itl, kv, run.steps)
+
+
+def _step_budget_summary(serving: ServingConfig, scheduler: Scheduler, num_over: int) -> dict[str, Any]:
+    """A time-budgeted run's step-time target and what missed it (nothing without a budget)."""
+    policy = scheduler.policy
+    if serving.step_budget_ms is None or not isinstance(policy, ChunkedPolicy):
+        return {}
+    return {
+        "step_budget_ms": serving.step_budget_ms,
+        "num_steps_over_budget": num_over,
+        "num_guarded_steps": policy.num_guarded_steps,
+        "num_decode_overruns": policy.num_decode_overruns,
+    }
 
 
 def _model_spec(model: str | ModelSpec) -> ModelSpec:

@@ -78,6 +78,8 @@ class TrafficRun:
     num_preemptions: int
     rejected_reasons: dict[str, int]
     steps: StepTrace | None
+    max_step_s: float = 0.0
+    num_steps_over_budget: int = 0  # steps longer than run_traffic's step_budget_s (0 without one)
 
 
 class _Live:
@@ -117,11 +119,13 @@ def run_traffic(
     *,
     fast: bool = True,
     keep_steps: bool = False,
+    step_budget_s: float | None = None,
 ) -> TrafficRun:
     """Run ``requests`` (ordered by ``arrival_time_s``) through ``scheduler`` until all are done.
 
     The clock starts at 0. Requests the scheduler rejects become records with finish reason
     ``rejected``. ``keep_steps`` keeps a :class:`StepTrace` (for figures and Perfetto traces).
+    ``step_budget_s``: count the steps whose duration exceeds it (``num_steps_over_budget``).
     """
     pending = iter(requests)
     upcoming = next(pending, None)
@@ -134,7 +138,8 @@ def run_traffic(
     itl = ItlSamples()
     trace = StepTrace() if keep_steps else None
     clock = 0.0
-    num_steps = num_plans = num_preemptions = 0
+    num_steps = num_plans = num_preemptions = num_over = 0
+    max_step_s = 0.0
     last_arrival_s = 0.0
     while True:
         while upcoming is not None and upcoming.arrival_time_s <= clock:
@@ -169,13 +174,20 @@ def run_traffic(
         steps = run.num_steps
         if steps == 1:
             ends: FloatArray | None = None
-            clock = start + cost_model.step_time_s(plan)
+            duration_s = cost_model.step_time_s(plan)
+            clock = start + duration_s
             events = scheduler.update_from_output(plan, StepResult(clock - start))
             first_end = clock
+            max_step_s = max(max_step_s, duration_s)
+            if step_budget_s is not None and duration_s > step_budget_s:
+                num_over += 1
         else:
             next_arrival_s = upcoming.arrival_time_s if run.ends_at_arrival and upcoming is not None else None
-            ends = _steady_ends(cost_model, plan, start, steps, next_arrival_s)
+            ends, durations = _steady_ends(cost_model, plan, start, steps, next_arrival_s)
             steps = len(ends)
+            max_step_s = max(max_step_s, float(durations.max()))
+            if step_budget_s is not None:
+                num_over += int(np.count_nonzero(durations > step_budget_s))
             first_end = float(ends[0])
             clock = float(ends[-1])
             events = scheduler.update_steady(plan, steps)
@@ -198,14 +210,17 @@ def run_traffic(
         num_preemptions=num_preemptions,
         rejected_reasons=rejected,
         steps=trace,
+        max_step_s=max_step_s,
+        num_steps_over_budget=num_over,
     )
 
 
 def _steady_ends(
     cost_model: SteadyCostModel, plan: StepPlan, start: float, steps: int, next_arrival_s: float | None
-) -> FloatArray:
-    """End times of the steady run's steps, summed one by one from ``start`` like the slow path,
-    cut before the first step that would start at or after ``next_arrival_s``."""
+) -> tuple[FloatArray, FloatArray]:
+    """End times and durations of the steady run's steps, the ends summed one by one from
+    ``start`` like the slow path, cut before the first step that would start at or after
+    ``next_arrival_s``."""
     wanted = steps
     if next_arrival_s is not None:
         # Durations never shrink along a steady run (contexts only grow), so the first one
@@ -216,11 +231,11 @@ def _steady_ends(
         durations = cost_model.steady_durations(plan, wanted)
         ends: FloatArray = np.cumsum(np.concatenate(([start], durations)))[1:]
         if next_arrival_s is None:
-            return ends
+            return ends, durations
         # Step j >= 2 starts at ends[j - 2]; it runs only if it starts before the arrival.
         num = 1 + int(np.searchsorted(ends[:-1], next_arrival_s, side="left"))
         if num < wanted or wanted == steps:
-            return ends[:num]
+            return ends[:num], durations[:num]
         wanted = min(steps, 2 * wanted)  # float rounding beat the margin: price more
 
 
