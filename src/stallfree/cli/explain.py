@@ -8,7 +8,14 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from stallfree.cli.common import COST_MODEL_CHOICES, UsageError, cost_model_arg, int_list, positive_int
+from stallfree.cli.common import (
+    COST_MODEL_CHOICES,
+    UsageError,
+    cost_model_arg,
+    int_list,
+    positive_float,
+    positive_int,
+)
 from stallfree.core.config import ceil_div
 
 if TYPE_CHECKING:
@@ -87,6 +94,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="prompt tokens per chunked step (default 256; torch: the measured ridge)",
     )
     add(
+        "--step-budget-ms",
+        type=positive_float,
+        metavar="MS",
+        help="chunked sizes its chunks by time: each step's predicted time stays within MS (chunks shrink "
+        "along the prompt as attention over its earlier chunks grows); torch: needs --profile, the "
+        "measured model that predicts",
+    )
+    add(
         "--sweep",
         type=int_list,
         metavar="C1,C2,...",
@@ -127,6 +142,12 @@ def explanation(args: argparse.Namespace) -> Explanation:
     """What ``stallfree explain`` reports for parsed ``args`` (``stallfree ui`` calls it too)."""
     from stallfree.explain import DEFAULT_SWEEP, Scenario, explain
 
+    if getattr(args, "step_budget_ms", None) and args.engine == "torch" and args.profile is None:
+        # The engine's timer runs plans; a time budget needs a prediction before running one.
+        raise UsageError(
+            "--engine torch --step-budget-ms needs --profile FILE (a `stallfree profile` of this "
+            "machine): its measured model predicts each candidate step"
+        )
     measured = args.engine == "roofline" and (args.profile is not None or args.cost_model == "measured")
     # A profile is of the engine: the scenario defaults are --engine torch's, for a like-for-like run.
     defaults = DEFAULTS["torch" if measured else args.engine]
@@ -146,9 +167,20 @@ def explanation(args: argparse.Namespace) -> Explanation:
     chunk = args.chunk_tokens or defaults["chunk_tokens"]
     if chunk is None:
         chunk = int(timer.ridge_tokens(args.decoders, context))
-    scenario = Scenario(prompt, args.decoders, context, chunk)
+    budget_ms = getattr(args, "step_budget_ms", None)
+    scenario = Scenario(
+        prompt, args.decoders, context, chunk, step_budget_s=budget_ms / 1000 if budget_ms else None
+    )
     warnings = _deployment_warnings(roofline.cost_model.config, scenario) if roofline else []
-    return explain(scenario, timer, sweep, echo, warnings=warnings)
+    predictor = None
+    if budget_ms and args.engine == "torch":
+        from stallfree.sim.measured import MeasuredCostModel
+
+        predictor = MeasuredCostModel.from_file(args.profile).step_time_s
+        echo["profile"] = args.profile
+    if budget_ms:
+        echo["step_budget_ms"] = budget_ms
+    return explain(scenario, timer, sweep, echo, warnings=warnings, predictor=predictor)
 
 
 def _roofline(args: argparse.Namespace, model_name: str) -> tuple[RooflineTimer, dict[str, Any]]:
@@ -288,6 +320,13 @@ _CHUNK_NOTES = {
 _RIDGE_NOTES = {"measured": " (measured: a mixed step costs <= 1.2x a decode step)"}
 
 
+def _chunking(sc: dict[str, Any]) -> str:
+    """How the chunked run cut the prompt: by a step-time target or a fixed chunk."""
+    if sc.get("step_budget_ms"):
+        return f"{sc['step_budget_ms']:g} ms steps"
+    return f"{sc['chunk_tokens']}-token chunks"
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.2f} s"
 
@@ -308,7 +347,7 @@ def format_table(out: dict[str, Any]) -> str:
         f"  {'policy':<28}{'longest gap':>14}{'median gap':>14}{'prompt TTFT':>14}{'vs alone':>10}",
     ]
     for name, p in out["policies"].items():
-        label = f"{name} ({sc['chunk_tokens']}-token chunks)" if name == "chunked" else name
+        label = f"{name} ({_chunking(sc)})" if name == "chunked" else name
         lines.append(
             f"  {label:<28}{_ms(p['max_gap_s']):>14}{_ms(p['median_gap_s']):>14}{_ms(p['ttft_s']):>14}{p['ttft_vs_alone']:>9.3f}x"
         )
@@ -318,6 +357,20 @@ def format_table(out: dict[str, Any]) -> str:
         f"  chunked: the prompt's {pc['num_steps']} chunk steps cost {_ms(pc['first_step_s'])} (first) to "
         f"{_ms(pc['last_step_s'])} (last): {pc['last_vs_first']:.2f}x"
         + _CHUNK_NOTES.get(sc["cost_model"], ""),
+    ]
+    if sc.get("step_budget_ms"):
+        sizes = pc["chunk_tokens"]
+        over = pc["num_steps_over_budget"]
+        lines.append(
+            f"  chunk sizes along the prompt: {sizes[0]:,} (first) to {sizes[-2] if len(sizes) > 1 else sizes[0]:,} "
+            f"(last full one) tokens; longest step {_ms(pc['max_step_s'])}; "
+            + (
+                f"{over} step(s) over the {sc['step_budget_ms']:g} ms target"
+                if over
+                else "every step within the target"
+            )
+        )
+    lines += [
         "",
         f"  chunk sweep (ridge ~{out['ridge_tokens']:,.0f} tokens):",
         f"  {'chunk':>8}{'longest gap':>14}{'prompt TTFT':>14}{'vs alone':>10}",

@@ -49,13 +49,19 @@ def _timeline(result: Explanation) -> Figure:
     end_s = max(r.steps[-1].end_s for r in runs)
     fig, axes = plt.subplots(2, 1, figsize=(12, 6.5), sharex=True)
     sc = result.scenario
+    budget_ms = sc.get("step_budget_ms")
     for ax, run in zip(axes, runs, strict=True):
-        title = (
-            "prefill-first"
-            if run.policy == "prefill-first"
-            else f"chunked ({sc['chunk_tokens']}-token chunks)"
-        )
-        _draw_run(ax, run, title, end_s)
+        if run.policy == "prefill-first":
+            _draw_run(ax, run, "prefill-first", end_s)
+        elif budget_ms:
+            sizes = run.prompt_chunk_tokens()
+            title = (
+                f"chunked ({budget_ms:g} ms steps: chunks of {sizes[0]:,} down to "
+                f"{sizes[-2] if len(sizes) > 1 else sizes[0]:,} tokens; orange height = the step's chunk)"
+            )
+            _draw_run(ax, run, title, end_s, chunk_heights=True)
+        else:
+            _draw_run(ax, run, f"chunked ({sc['chunk_tokens']}-token chunks)", end_s)
     axes[-1].set_xlabel("time since every stream was decoding (s)")
     fig.suptitle(
         f"A {sc['prompt_tokens']:,}-token prompt arrives while {sc['decoders']} streams decode — "
@@ -76,13 +82,19 @@ def _timeline(result: Explanation) -> Figure:
     return fig
 
 
-def _draw_run(ax: Axes, run: PolicyRun, title: str, end_s: float) -> None:
+def _draw_run(ax: Axes, run: PolicyRun, title: str, end_s: float, *, chunk_heights: bool = False) -> None:
+    """One policy's row. ``chunk_heights``: the orange part's height is the step's prompt chunk
+    relative to the run's largest (so time-sized chunks are seen shrinking), not its token share."""
     streams = sorted((rid for rid in run.token_times_s if rid != PROMPT_ID), key=lambda r: int(r[1:]))
     n = len(streams)
     box_y, box_h = n + 1.0, 3.0
+    largest = max((s.num_prefill_tokens for s in run.steps), default=0) or 1
     for step in run.steps:
         total = step.num_decode_tokens + step.num_prefill_tokens
-        prompt_share = step.num_prefill_tokens / total if total else 0.0
+        if chunk_heights:
+            prompt_share = step.num_prefill_tokens / largest
+        else:
+            prompt_share = step.num_prefill_tokens / total if total else 0.0
         ax.add_patch(
             Rectangle(
                 (step.start_s, box_y), step.duration_s, box_h * (1 - prompt_share), color=DECODE_COLOR, lw=0

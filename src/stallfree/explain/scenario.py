@@ -17,7 +17,17 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from stallfree.core import CacheConfig, Executor, Policy, Request, Scheduler, SchedulerConfig, make_policy
+from stallfree.core import (
+    DEFAULT_STEP_TOKEN_CAP,
+    CacheConfig,
+    Executor,
+    Policy,
+    Request,
+    Scheduler,
+    SchedulerConfig,
+    StepTimePredictor,
+    make_policy,
+)
 from stallfree.core.context import StepContext
 from stallfree.core.plan import synthetic_plan
 from stallfree.core.step import StepCostModel
@@ -75,11 +85,14 @@ class Scenario:
     chunk_tokens: int = 256
     lead_steps: int = 4
     tail_steps: int = 4
+    step_budget_s: float | None = None  # chunked sizes its chunks by this step-time target instead
 
     def __post_init__(self) -> None:
         for name in ("prompt_tokens", "decoders", "context_tokens", "chunk_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.step_budget_s is not None and not self.step_budget_s > 0:
+            raise ValueError(f"step-budget-ms must be positive, got {self.step_budget_s * 1000}")
         if self.lead_steps < 2 or self.tail_steps < 0:
             raise ValueError("lead_steps must be >= 2 (so every run has a gap) and tail_steps >= 0")
 
@@ -116,6 +129,10 @@ class PolicyRun:
     def prompt_chunk_steps(self) -> list[TimelineStep]:
         """The steps that carried a chunk of the prompt, in order."""
         return [s for s in self.steps if any(rid == PROMPT_ID for rid, _ in s.tokens_by_request)]
+
+    def prompt_chunk_tokens(self) -> list[int]:
+        """The prompt's chunk sizes, step by step."""
+        return [n for s in self.steps for rid, n in s.tokens_by_request if rid == PROMPT_ID]
 
 
 def run_scenario(scenario: Scenario, policy: Policy, timer: StepTimer) -> PolicyRun:
@@ -189,6 +206,7 @@ class Explanation:
 
     def to_json(self) -> dict[str, Any]:
         chunked = self.runs["chunked"].prompt_chunk_steps()
+        budget_s = self.scenario.get("step_budget_s")
         return {
             "scenario": self.scenario,
             "warnings": list(self.warnings),
@@ -210,6 +228,11 @@ class Explanation:
                 "last_step_s": chunked[-1].duration_s,
                 "max_step_s": max(s.duration_s for s in chunked),
                 "last_vs_first": chunked[-1].duration_s / chunked[0].duration_s,
+                "chunk_tokens": self.runs["chunked"].prompt_chunk_tokens(),
+                "step_s": [s.duration_s for s in chunked],
+                "num_steps_over_budget": None
+                if budget_s is None
+                else sum(1 for s in chunked if s.duration_s > budget_s),
             },
             "sweep": [asdict(p) for p in self.sweep],
         }
@@ -222,18 +245,33 @@ def explain(
     scenario_echo: dict[str, Any] | None = None,
     *,
     warnings: Sequence[str] = (),
+    predictor: StepTimePredictor | None = None,
 ) -> Explanation:
-    """Run both policies and the chunk sweep on ``timer``."""
+    """Run both policies and the chunk sweep on ``timer``.
+
+    With ``scenario.step_budget_s`` the chunked run sizes its chunks by time: ``predictor``
+    (default: ``timer.step_time_s``, right for a cost model; a real engine's timer runs the plan,
+    so it needs a model's prediction) prices each candidate step. The sweep stays fixed chunks.
+    """
     alone = timer.step_time_s(synthetic_plan(0, 0, scenario.prompt_tokens))
+    if scenario.step_budget_s is None:
+        chunked = make_policy("chunked", chunk_tokens=scenario.chunk_tokens)
+    else:
+        chunked = make_policy(
+            "chunked",
+            token_budget=DEFAULT_STEP_TOKEN_CAP,
+            step_budget_s=scenario.step_budget_s,
+            predictor=predictor or timer.step_time_s,
+        )
     runs = {
         "prefill-first": run_scenario(scenario, make_policy("prefill-first"), timer),
-        "chunked": run_scenario(scenario, make_policy("chunked", chunk_tokens=scenario.chunk_tokens), timer),
+        "chunked": run_scenario(scenario, chunked, timer),
     }
     sweep = []
     for chunk in sweep_chunks:
         run = (
             runs["chunked"]  # already measured: on a real engine a run is seconds
-            if chunk == scenario.chunk_tokens
+            if chunk == scenario.chunk_tokens and scenario.step_budget_s is None
             else run_scenario(scenario, make_policy("chunked", chunk_tokens=chunk), timer)
         )
         sweep.append(SweepPoint(chunk, run.max_gap_s, run.ttft_s, run.ttft_s / alone))
