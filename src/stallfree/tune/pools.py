@@ -100,7 +100,11 @@ class ProcessPool(TrialPool):
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     def next_result(self) -> tuple[int, Summary]:
-        done, _ = cf.wait(self._futures, return_when=cf.FIRST_COMPLETED)
+        # Wake up a few times a second: a Ctrl-C taken by one of the pool's threads is only
+        # handled when the main thread runs Python code, not while it sleeps in a bare wait.
+        done: set[cf.Future[Summary]] = set()
+        while not done:
+            done, _ = cf.wait(self._futures, timeout=0.2, return_when=cf.FIRST_COMPLETED)
         future = min(done, key=self._futures.__getitem__)  # lowest ticket: a stable order
         return self._futures.pop(future), future.result()
 
