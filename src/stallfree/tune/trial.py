@@ -19,6 +19,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from stallfree.core import DEFAULT_TOKEN_BUDGET
 from stallfree.core.serving import ServingConfig
 from stallfree.metrics import Summary
 from stallfree.sim.api import SimulationResult, simulate
@@ -39,7 +40,7 @@ class TrialSpec:
     hardware: str
     tp: int = 1
     policy: str = "chunked"
-    token_budget: int = 512
+    token_budget: int = DEFAULT_TOKEN_BUDGET
     max_num_seqs: int = 256
     qps: float = 1.0
     lengths: str = "sharegpt"
