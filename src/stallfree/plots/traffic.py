@@ -3,9 +3,12 @@
 - ``itl_cdf``: the share of inter-token gaps at or below each latency (weighted samples, so a
   step that decoded 30 streams counts 30 times); a stall shows as a long tail to the right.
 - ``ttft_cdf``: time to first token of completed requests.
-- ``batch_composition``: per policy, decode vs prompt tokens of every step in a window of
-  ``WINDOW_S`` seconds from the middle of the run (a run has far more steps than pixels).
-- ``kv_usage``: the fraction of KV blocks in use over time (the bin's peak), per policy.
+- ``batch_composition``: per policy, two panels over every step in a window of ``WINDOW_S``
+  seconds from the middle of the run (a run has far more steps than pixels): prompt tokens per
+  step, and beneath on its own scale decode tokens per step (a few beside thousands of prompt
+  tokens), dark where the step also carried prompt tokens (decodes riding with a chunk).
+- ``kv_usage``: the fraction of KV blocks in use over time (the bin's peak), per policy, each
+  labelled with its own block count.
 """
 
 from __future__ import annotations
@@ -32,11 +35,16 @@ FloatArray = npt.NDArray[np.float64]
 
 def plot_traffic(results: Sequence[SimulationResult], out_dir: str | Path) -> list[Path]:
     """Write the four figures (PNG and SVG) for one or more policies' runs; return the paths."""
+    return save_figures(traffic_figures(results), out_dir, dpi=130)
+
+
+def traffic_figures(results: Sequence[SimulationResult]) -> list[tuple[str, Figure]]:
+    """``(name, figure)`` of each figure; the step figures need runs with ``keep_steps``."""
     figures = [("itl_cdf", _itl_cdf(results)), ("ttft_cdf", _ttft_cdf(results))]
     traced = [r for r in results if r.steps is not None and len(r.steps)]
     if traced:
         figures += [("batch_composition", _batch_composition(traced)), ("kv_usage", _kv_usage(traced))]
-    return save_figures(figures, out_dir, dpi=130)
+    return figures
 
 
 def _title(results: Sequence[SimulationResult]) -> str:
@@ -105,6 +113,9 @@ def _ttft_cdf(results: Sequence[SimulationResult]) -> Figure:
     return fig.done()
 
 
+RIDING_COLOR = "#1F3B5C"  # decode tokens of a step that also ran prompt tokens
+
+
 def _batch_composition(results: Sequence[SimulationResult]) -> Figure:
     # A whole run has far more steps than a figure has pixels: show every step of one window
     # from the middle of the run, the same window for every policy.
@@ -112,10 +123,16 @@ def _batch_composition(results: Sequence[SimulationResult]) -> Figure:
     window_start_s = end_s / 2
     window_end_s = min(end_s, window_start_s + WINDOW_S)
     fig, axes = plt.subplots(
-        len(results), 1, figsize=(12, 2.4 * len(results) + 0.8), sharex=True, squeeze=False
+        2 * len(results),
+        1,
+        figsize=(12, 3.4 * len(results) + 1.0),
+        sharex=True,
+        squeeze=False,
+        gridspec_kw={"height_ratios": [2, 1] * len(results)},
     )
-    for ax, r in zip(axes[:, 0], results, strict=True):
+    for i, r in enumerate(results):
         assert r.steps is not None  # filtered by the caller
+        prompt_ax, decode_ax = axes[2 * i, 0], axes[2 * i + 1, 0]
         t = r.steps
         starts = np.frombuffer(t.start_s, dtype=np.float64)
         ends = np.frombuffer(t.end_s, dtype=np.float64)
@@ -123,24 +140,43 @@ def _batch_composition(results: Sequence[SimulationResult]) -> Figure:
         x, widths = starts[shown], (ends - starts)[shown]
         decode = np.frombuffer(t.num_decode_tokens, dtype=np.int64)[shown]
         prompt = np.frombuffer(t.num_prefill_tokens, dtype=np.int64)[shown]
-        ax.bar(x, decode, widths, align="edge", color=DECODE_COLOR, label="decode tokens", linewidth=0)
-        ax.bar(
-            x,
-            prompt,
-            widths,
-            bottom=decode,
+        prompt_ax.bar(x, prompt, widths, align="edge", color=PROMPT_COLOR, label="prompt tokens", linewidth=0)
+        prompt_ax.set_ylabel("prompt tokens\nper step")
+        prompt_ax.set_title(
+            f"{r.policy}: prompt tokens (top) and decode tokens (bottom) of each step", fontsize=10
+        )
+        riding = prompt > 0
+        decode_ax.bar(
+            x[~riding],
+            decode[~riding],
+            widths[~riding],
             align="edge",
-            color=PROMPT_COLOR,
-            label="prompt tokens",
+            color=DECODE_COLOR,
+            label="decode tokens (decode-only step)",
             linewidth=0,
         )
-        ax.set_ylabel("tokens per step")
-        ax.set_title(
-            f"{r.policy}: what each step carries (a bar spans the identical steps run in a row)", fontsize=10
+        decode_ax.bar(
+            x[riding],
+            decode[riding],
+            widths[riding],
+            align="edge",
+            color=RIDING_COLOR,
+            label="decode tokens riding with prompt tokens",
+            linewidth=0,
         )
-        ax.legend(loc="upper right", fontsize=8)
+        decode_ax.set_ylabel("decode tokens\nper step")
+        decode_ax.set_ylim(0, max(1, int(decode.max(initial=0))) * 1.15)
+        for ax in (prompt_ax, decode_ax):
+            ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+            ax.grid(True, axis="y", alpha=0.3)
     axes[-1, 0].set_xlim(window_start_s, window_end_s)
     axes[-1, 0].set_xlabel("simulated time (s)")
+    fig.suptitle(
+        f"Batch composition: every step from {window_start_s:,.1f} to {window_end_s:,.1f} s, a "
+        f"{window_end_s - window_start_s:.0f}-s window from the middle of {end_s:,.0f} s simulated\n"
+        "(a run has far more steps than pixels; a bar spans the identical steps run in a row)",
+        fontsize=10,
+    )
     fig.tight_layout()
     return fig
 
@@ -155,13 +191,12 @@ def _kv_usage(results: Sequence[SimulationResult]) -> Figure:
         which = np.clip(np.searchsorted(edges, ends, side="left") - 1, 0, NUM_BINS - 1)
         peak = np.zeros(NUM_BINS)
         np.maximum.at(peak, which, used)
-        ax.plot((edges[:-1] + edges[1:]) / 2, peak * 100, label=r.policy)
+        label = f"{r.policy}: {r.kv.num_blocks:,} blocks of {r.kv.block_size} tokens"
+        ax.plot((edges[:-1] + edges[1:]) / 2, peak * 100, label=label)
     ax.set_ylim(0, 101)
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("KV blocks in use (%)")
-    ax.set_title(
-        f"KV-cache usage, peak per bin — {results[0].kv.num_blocks:,} blocks of {results[0].kv.block_size} tokens"
-    )
+    ax.set_title("KV-cache usage, peak per bin (% of each policy's own KV blocks)")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper right")
     return fig
