@@ -11,9 +11,14 @@ A step's tokens come in two groups (the batch builder orders them so):
 
 Grouped-query attention never copies K/V per query head and never asks SDPA for
 ``enable_gqa`` (many times slower in bf16 on CPU): decodes fold each KV head's group of
-query heads into extra query rows; chunks put the group in SDPA's batch dimension over
-expanded (stride-0) K/V views, which keeps SDPA on its flash kernel. Masks are built
-once per step by the batch builder and shared by all layers.
+query heads into extra query rows. A chunk with no earlier context puts the group in
+SDPA's batch dimension over expanded (stride-0) K/V views and asks for plain causal
+attention (the flash kernel then skips the masked half). A chunk after earlier context
+folds the group into query rows too, so the flash kernel reads each KV head's context once
+for all its query heads instead of once per query head, under an additive mask in the
+model dtype (SDPA would otherwise convert a boolean mask to one in every layer): 1.5x
+faster than the batch-dimension form at 1,500-3,000 tokens of context on CPU, and the same
+numbers. Masks are built once per step by the batch builder and shared by all layers.
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ class ChunkAttention:
     num_tokens: int
     num_computed_tokens: int
     gather_rows: torch.Tensor  # [kv_heads * blocks holding the context]
-    # [num_tokens, context_len] bool, True = attend; None: no earlier context, plain causal
-    # (SDPA's flash kernel then skips the masked half instead of computing and discarding it).
+    # [num_tokens * query_group, context_len] additive (0 = attend, -inf = not), model dtype,
+    # rows token-major (token t's query heads of one KV head are rows t*group .. t*group+group-1);
+    # None: no earlier context, plain causal (the flash kernel skips the masked half).
     mask: torch.Tensor | None
 
     @property
@@ -108,26 +114,20 @@ def paged_attention(
     for chunk in meta.chunks:
         rows = slice(chunk.start, chunk.start + chunk.num_tokens)
         n = chunk.num_tokens
-        # Query heads as [group, kv_heads, n, D]: batch g, head h is query head h * group + g,
-        # and K/V broadcast over the group as expanded views (no copies).
-        cq = q[rows].view(n, kv_heads, group, head_dim).permute(2, 1, 0, 3)
-        if chunk.num_computed_tokens == 0:  # the whole context is this chunk: plain causal
-            ck, cv = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
-        else:
-            ck = key_rows.index_select(0, chunk.gather_rows).view(kv_heads, -1, head_dim)[
-                :, : chunk.context_len
-            ]
-            cv = value_rows.index_select(0, chunk.gather_rows).view(kv_heads, -1, head_dim)[
-                :, : chunk.context_len
-            ]
-        shape = (group, kv_heads, chunk.context_len, head_dim)
-        cout = F.scaled_dot_product_attention(
-            cq,
-            ck.expand(shape),
-            cv.expand(shape),
-            attn_mask=chunk.mask,
-            is_causal=chunk.mask is None,
-            scale=scale,
-        )
-        out[rows] = cout.permute(2, 1, 0, 3).reshape(n, num_heads * head_dim)
+        if chunk.mask is None:  # the whole context is this chunk: plain causal
+            # Query heads as [group, kv_heads, n, D]: batch g, head h is query head h * group + g,
+            # and K/V broadcast over the group as expanded views (no copies).
+            cq = q[rows].view(n, kv_heads, group, head_dim).permute(2, 1, 0, 3)
+            shape = (group, kv_heads, n, head_dim)
+            ck, cv = k[rows].transpose(0, 1).expand(shape), v[rows].transpose(0, 1).expand(shape)
+            cout = F.scaled_dot_product_attention(cq, ck, cv, is_causal=True, scale=scale)
+            out[rows] = cout.permute(2, 1, 0, 3).reshape(n, num_heads * head_dim)
+            continue
+        # [1, kv_heads, n * group, D]: each KV head's query heads folded into its query rows.
+        fq = q[rows].view(n, kv_heads, group, head_dim).transpose(0, 1).reshape(1, kv_heads, -1, head_dim)
+        ctx = chunk.context_len
+        ck = key_rows.index_select(0, chunk.gather_rows).view(1, kv_heads, -1, head_dim)[:, :, :ctx]
+        cv = value_rows.index_select(0, chunk.gather_rows).view(1, kv_heads, -1, head_dim)[:, :, :ctx]
+        cout = F.scaled_dot_product_attention(fq, ck, cv, attn_mask=chunk.mask, scale=scale)
+        out[rows] = cout.view(kv_heads, n, group, head_dim).transpose(0, 1).reshape(n, num_heads * head_dim)
     return out

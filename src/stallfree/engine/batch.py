@@ -38,8 +38,11 @@ def build_inputs(
     token_ids: Mapping[str, Sequence[int]],
     block_tables: Mapping[str, Sequence[int]],
     kv_cache: KVCache,
+    *,
+    query_group: int,
 ) -> ModelInputs:
-    device = kv_cache.key.device
+    """``query_group``: query heads per KV head (the row folding of a chunk's attention mask)."""
+    device, dtype = kv_cache.key.device, kv_cache.key.dtype
     block_size, num_blocks, kv_heads = kv_cache.block_size, kv_cache.num_blocks, kv_cache.num_kv_heads
     # Decodes sorted by context length: each group then pads its contexts only a little.
     decodes = sorted((c for c in chunks if c.num_tokens == 1), key=lambda c: c.num_computed_tokens)
@@ -92,7 +95,10 @@ def build_inputs(
         if c.emits_token:
             logit_rows.append(row + n - 1)
             sample_ids.append(rid)
-        chunk_mask = (torch.arange(start + n)[None, :] <= chunk_pos[:, None]).to(device) if start else None
+        chunk_mask = None
+        if start:  # earlier context: all of it visible, causal inside the chunk
+            hidden = (torch.arange(start + n)[None, :] > chunk_pos[:, None]).repeat_interleave(query_group, 0)
+            chunk_mask = torch.zeros(hidden.shape, dtype=dtype).masked_fill_(hidden, float("-inf")).to(device)
         chunk_attn.append(
             ChunkAttention(
                 start=row,

@@ -38,7 +38,14 @@ class ModelRunner:
             self.block_tables.setdefault(rid, []).extend(blocks)
         if not plan.chunks:
             return (), torch.empty(0, self.model.spec.vocab_size)
-        inputs = build_inputs(plan.chunks, token_ids, self.block_tables, self.kv_cache)
+        spec = self.model.spec
+        inputs = build_inputs(
+            plan.chunks,
+            token_ids,
+            self.block_tables,
+            self.kv_cache,
+            query_group=spec.num_attention_heads // spec.num_kv_heads,
+        )
         logits = self.model(
             inputs.input_ids, inputs.positions, self.kv_cache, inputs.attn, inputs.logits_indices
         )
