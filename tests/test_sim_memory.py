@@ -49,7 +49,7 @@ def test_reserve_grows_with_the_step() -> None:
 
 
 def test_a_model_that_does_not_fit_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match=r"does not fit on 1 x a100-40gb.*weights 131\.\d GiB"):
+    with pytest.raises(ValueError, match=r"does not fit on 1 x a100-40gb.*weights 141\.1 GB"):
         kv_memory(load_model_spec("llama-3-70b"), HARDWARE_PRESETS["a100-40gb"])
 
 

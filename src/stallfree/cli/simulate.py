@@ -263,10 +263,14 @@ def _per_policy_path(path: str, policy: str, num_policies: int) -> Path:
 
 
 def _scenario(args: argparse.Namespace, workload: Any, num_requests: int) -> dict[str, Any]:
+    from stallfree.specs import HARDWARE_PRESETS, load_hardware_spec
+
     chunked = serving_config(args, "chunked")  # the header describes the chunked policy's step
+    hardware_file = None if args.hardware in HARDWARE_PRESETS else args.hardware
     return {
         "model": args.model,
-        "hardware": args.hardware,
+        "hardware": load_hardware_spec(args.hardware).name,  # a JSON file's own name, not its path
+        "hardware_file": hardware_file,
         "tp": args.tp,
         "cost_model": args.cost_model,
         "profile": args.profile,

@@ -213,7 +213,8 @@ def _report_text(report: dict[str, Any]) -> str:
         lines += [
             f"hardware    {hw['name']}",
             f"  peak compute         {hw['peak_flops_per_s'] / 1e12:.0f} TFLOP/s",
-            f"  memory               {hw['mem_capacity_bytes'] / 2**30:.0f} GiB at"
+            f"  memory               {hw['mem_capacity_bytes'] / 1e9:.1f} GB"
+            f" ({hw['mem_capacity_bytes'] / 2**30:.0f} GiB) at"
             f" {hw['mem_bandwidth_bytes_per_s'] / 1e12:.3f} TB/s",
             f"  interconnect         {hw['interconnect_bandwidth_bytes_per_s'] / 1e9:.0f} GB/s per direction",
         ]

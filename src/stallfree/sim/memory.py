@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from stallfree.specs.hardware import HardwareSpec
 from stallfree.specs.model import ModelSpec
 
-_GIB = 2**30
+_GB = 1e9  # what users read: every size shown is decimal GB, as `specs` and `explain` show them
 _LOGIT_BYTES = 4  # samplers work on float32 logits
 
 
@@ -92,8 +92,8 @@ def kv_memory(
     if num_blocks <= 0:
         raise ValueError(
             f"{model.name} does not fit on {tp} x {hardware.name} at gpu_memory_utilization "
-            f"{gpu_memory_utilization}: {usable / _GIB:.1f} GiB usable, weights {weights / _GIB:.1f} GiB, "
-            f"activations {reserve / _GIB:.1f} GiB, no room for the KV cache; raise --tp or the utilisation"
+            f"{gpu_memory_utilization}: {usable / _GB:.1f} GB usable, weights {weights / _GB:.1f} GB, "
+            f"activations {reserve / _GB:.1f} GB, no room for the KV cache; raise --tp or the utilisation"
         )
     return KvMemory(
         usable_bytes=usable,
