@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -131,6 +132,9 @@ _SERVING_HELP = {
 }
 
 
+_SERVING_TYPES: dict[str, Callable[[str], Any]] = {"watermark": float, "step_budget_ms": positive_float}
+
+
 def add_serving_args(parser: argparse._ActionsContainer, *, policy_list: bool = False) -> None:
     """One flag per :class:`ServingConfig` field (:data:`SERVING_FLAGS`), defaults from the config.
 
@@ -163,7 +167,7 @@ def add_serving_args(parser: argparse._ActionsContainer, *, policy_list: bool = 
     for name, flags in SERVING_FLAGS.items():
         if name == "policy":
             continue
-        value_type = {"watermark": float, "step_budget_ms": positive_float}.get(name, positive_int)
+        value_type = _SERVING_TYPES.get(name, positive_int)
         parser.add_argument(
             *flags,
             dest=name,
@@ -198,8 +202,30 @@ def add_engine_args(parser: argparse._ActionsContainer) -> None:
     )
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     add_serving_args(parser)
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="a `stallfree profile` of this machine: its measured model predicts step times for "
+        "--step-budget-ms (which needs it)",
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The engine options of parsed ``args``, as ``LLMEngine`` keyword arguments."""
-    return {"dtype": args.dtype, "device": args.device, "serving": serving_config(args)}
+    """The engine options of parsed ``args``, as ``LLMEngine`` keyword arguments; with
+    ``--step-budget-ms`` the ``--profile``'s measured model is the step-time predictor."""
+    serving = serving_config(args)
+    kwargs: dict[str, Any] = {"dtype": args.dtype, "device": args.device, "serving": serving}
+    profile = getattr(args, "profile", None)
+    if serving.step_budget_ms is not None:
+        if profile is None:
+            raise UsageError(
+                "--step-budget-ms needs --profile FILE: a `stallfree profile` of this machine, whose "
+                "measured model predicts each candidate step's time"
+            )
+        from stallfree.sim.measured import MeasuredCostModel
+
+        try:
+            kwargs["step_time_predictor"] = MeasuredCostModel.from_file(profile).step_time_s
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--profile {profile}: {exc}") from None
+    return kwargs

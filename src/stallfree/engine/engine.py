@@ -33,6 +33,7 @@ from stallfree.core import (
     StepEvents,
     StepPlan,
     StepResult,
+    StepTimePredictor,
     ceil_div,
     run_step,
 )
@@ -77,6 +78,31 @@ class StepOutputs:
 _IDLE = StepOutputs((), None)
 
 
+@dataclass(slots=True)
+class StepBudgetStats:
+    """How a time-budgeted engine's real steps compared with the target and the prediction.
+
+    ``prediction_error`` sums ``|predicted - measured| / measured`` over the steps (its mean is
+    the predictor's error on this machine, now)."""
+
+    step_budget_s: float
+    num_steps: int = 0
+    num_steps_over_budget: int = 0
+    max_step_s: float = 0.0
+    prediction_error: float = 0.0
+
+    def add(self, predicted_s: float, measured_s: float) -> None:
+        self.num_steps += 1
+        self.num_steps_over_budget += measured_s > self.step_budget_s
+        self.max_step_s = max(self.max_step_s, measured_s)
+        if measured_s > 0:
+            self.prediction_error += abs(predicted_s - measured_s) / measured_s
+
+    @property
+    def mean_prediction_error(self) -> float:
+        return self.prediction_error / self.num_steps if self.num_steps else 0.0
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """``auto``: bf16 on CUDA and on CPUs with AVX-512 (fast bf16 matmuls), else fp32."""
     if name == "auto":
@@ -100,12 +126,17 @@ class LLMEngine:
         scheduler_policy: Policy | None = None,
         kv_cache_memory_fraction: float | None = None,
         seed: int = 0,
+        step_time_predictor: StepTimePredictor | None = None,
         **serving_options: Any,
     ) -> None:
         """``serving`` (or its fields as keyword options: ``policy``, ``token_budget`` /
         ``max_num_batched_tokens``, ``chunk_tokens``, ``max_num_seqs``, ``max_model_len``,
-        ``block_size``, ``num_blocks``) says how to schedule; ``scheduler_policy`` runs a custom
-        :class:`Policy` under its limits instead of the named one."""
+        ``block_size``, ``num_blocks``, ``step_budget_ms``) says how to schedule;
+        ``scheduler_policy`` runs a custom :class:`Policy` under its limits instead of the named
+        one. ``step_budget_ms`` needs ``step_time_predictor`` (``StepPlan -> seconds``, such as a
+        measured profile's model of this machine: ``MeasuredCostModel.step_time_s``; the engine
+        imports no cost model itself); ``step_budget_stats`` then compares every real step with
+        the target and the prediction."""
         if serving is not None and serving_options:
             raise ValueError("give either serving or its options, not both")
         serving = serving or ServingConfig.from_options(**serving_options)
@@ -126,7 +157,11 @@ class LLMEngine:
         self.model_runner = ModelRunner(
             self.model, KVCache(spec, num_blocks, block_size, self.dtype, self.device)
         )
-        scheduler = serving.make_scheduler(context, num_blocks)
+        scheduler = serving.make_scheduler(context, num_blocks, predictor=step_time_predictor)
+        self._predictor = step_time_predictor
+        self.step_budget_stats = (
+            None if serving.step_budget_s is None else StepBudgetStats(serving.step_budget_s)
+        )
         if scheduler_policy is not None:
             scheduler = Scheduler(scheduler.config, scheduler.cache_config, scheduler_policy)
         self.scheduler = scheduler
@@ -198,6 +233,8 @@ class LLMEngine:
             return _IDLE
         plan, result, events = out
         step = self.last_step = EngineStep(plan, result, events)
+        if self.step_budget_stats is not None and self._predictor is not None:
+            self.step_budget_stats.add(self._predictor(plan), result.duration_s)
         finish = dict(events.finished)
         outputs = []
         for rid in events.new_token_request_ids:
