@@ -148,6 +148,7 @@ def profile_figures_text(p: dict[str, Any]) -> str:
         )
     lines.append(
         f"  fit error (in sample)    median {p['fit_median_abs_error']:.1%}, p90 {p['fit_p90_abs_error']:.1%},"
-        f" max {p['fit_max_abs_error']:.1%} over {p['num_step_points']} step points"
+        f" max {p['fit_max_abs_error']:.1%} over {p['num_fit_points']} of {p['num_step_points']} step points"
+        + (f" ({p['num_busy_points']} measured while busy)" if p["num_busy_points"] else "")
     )
     return "\n".join(lines)

@@ -268,7 +268,11 @@ class MeasuredCostModel:
             raise ValueError(f"sampling must be one of {', '.join(SAMPLING_MODES)}, got {sampling!r}")
         self.profile = profile
         self.sampling_mode = sampling
-        self.forward = fit_forward([(_point_features(p), p.stats.median_s) for p in profile.steps])
+        quiet = [p for p in profile.steps if not p.stats.busy]
+        # Points measured while other processes held the CPU are slower by 2-100x (the engine's
+        # threads wait for cores), not noisier: leave them out when enough quiet ones remain.
+        self.fit_points = quiet if len(quiet) >= max(12, len(profile.steps) // 4) else list(profile.steps)
+        self.forward = fit_forward([(_point_features(p), p.stats.median_s) for p in self.fit_points])
         self.sampling = {
             mode: fit_line([(p.rows, p.stats.median_s) for p in profile.sampling if p.mode == mode])
             for mode in SAMPLING_MODES
@@ -379,8 +383,8 @@ class MeasuredCostModel:
         return float(low)
 
     def fit_errors(self) -> FloatArray:
-        """Relative error (predicted / measured - 1) of the forward on each profile step point."""
-        return np.array([self.forward(_point_features(p)) / p.stats.median_s - 1 for p in self.profile.steps])
+        """Relative error (predicted / measured - 1) of the forward on each step point it was fitted to."""
+        return np.array([self.forward(_point_features(p)) / p.stats.median_s - 1 for p in self.fit_points])
 
     def parameters(self) -> dict[str, Any]:
         """The fitted parameters as a person reads them (see ``stallfree specs --profile``)."""
@@ -430,6 +434,8 @@ class MeasuredCostModel:
             "fit_p90_abs_error": float(np.percentile(errors, 90)),
             "fit_max_abs_error": float(errors.max()),
             "num_step_points": len(self.profile.steps),
+            "num_fit_points": len(self.fit_points),
+            "num_busy_points": sum(p.stats.busy for p in self.profile.steps),
         }
 
 
