@@ -146,8 +146,12 @@ def test_failed_requests_stay_out_of_latencies() -> None:
 
 
 def test_bad_duration_is_rejected() -> None:
-    with pytest.raises(ValueError, match="duration"):
-        summarize([], ItlAccumulator(), 0.0)
+    for duration_s in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="duration"):
+            summarize([], ItlAccumulator(), duration_s)
+    # Nothing completed (every request rejected on arrival) may take no time: rates are 0.
+    empty = summarize([], ItlAccumulator(), 0.0)
+    assert empty["request_throughput"] == 0.0 and empty["mean_ttft_ms"] is None
 
 
 # --- weighted ITL samples ----------------------------------------------------------------------

@@ -85,20 +85,36 @@ def test_one_budget_flag_for_every_policy(capsys: pytest.CaptureFixture[str]) ->
     assert capped["num_steps"] > whole["num_steps"] or capped["mean_ttft_ms"] > whole["mean_ttft_ms"]
 
 
-def test_all_rejected_has_no_latencies(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["simulate", "--lengths", "fixed:20000,100", "--num-requests", "5"]
+@pytest.mark.parametrize(
+    ("extra", "num"),
+    [([], 5), (["--workload", "all-at-once"], 5), ([], 1), (["--policy", "prefill-first,chunked"], 1)],
+)
+def test_all_rejected_has_no_latencies(
+    extra: list[str], num: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Later arrivals, all at once, or one request: the same answer (exit 0, nulls, the note)."""
+    args = ["simulate", "--lengths", "fixed:20000,100", "--num-requests", str(num), *extra]
     assert main([*args, "--json"]) == 0
-    summary = json.loads(capsys.readouterr().out)["policies"]["chunked"]
-    assert summary["completed"] == 0 and summary["rejected"] == 5
-    for key in ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_itl_ms", "max_itl_ms", "p99_e2el_ms"):
-        assert summary[key] is None, key
-    assert summary["rejected_reasons"] == {
-        "prompt (20000) + max_tokens (100) exceeds max_model_len (8192)": 5
-    }
+    for summary in json.loads(capsys.readouterr().out)["policies"].values():
+        assert summary["completed"] == 0 and summary["rejected"] == num
+        for key in (
+            "mean_ttft_ms",
+            "p99_ttft_ms",
+            "mean_tpot_ms",
+            "median_itl_ms",
+            "max_itl_ms",
+            "p99_e2el_ms",
+        ):
+            assert summary[key] is None, key
+        assert summary["rejected_reasons"] == {
+            "prompt (20000) + max_tokens (100) exceeds max_model_len (8192)": num
+        }
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert re.search(r"TTFT mean \(ms\) +-$", out, re.M) and re.search(r"ITL max \(ms\) +-$", out, re.M)
-    assert "rejected 5, e.g.: prompt (20000) + max_tokens (100) exceeds max_model_len (8192)" in out
+    assert re.search(r"TTFT mean \(ms\) +-", out, re.M) and re.search(r"ITL max \(ms\) +-", out, re.M)
+    assert (
+        f"rejected {num}" in out and "prompt (20000) + max_tokens (100) exceeds max_model_len (8192)" in out
+    )
     assert "(N)" not in out and "no request completed, so it has no latencies" in out
 
 

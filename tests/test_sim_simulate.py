@@ -10,7 +10,7 @@ import pytest
 from stallfree.core import Request
 from stallfree.core.serving import ServingConfig
 from stallfree.sim import simulate
-from stallfree.workload import FixedLengths, TraceLengths, Workload, poisson
+from stallfree.workload import AllAtOnce, FixedLengths, TraceLengths, Workload, poisson
 
 ARXIV = Workload(poisson(2.0), TraceLengths("arxiv"))  # prompts of ~2,600 tokens, outputs ~290
 
@@ -72,8 +72,25 @@ def test_requests_that_can_never_fit_are_rejected_and_counted() -> None:
     assert list(s["rejected_reasons"].values()) == [2]
     # The first rejection's own text, no placeholders; both prompts of that kind counted under it.
     assert next(iter(s["rejected_reasons"])) == "prompt (9000) + max_tokens (10) exceeds max_model_len (8192)"
-    with pytest.raises(ValueError, match="no request could run: 1 x prompt"):
-        simulate(Workload(poisson(1.0), FixedLengths(9000, 10)), num_requests=1)
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        Workload(poisson(1.0), FixedLengths(9000, 10)),  # one request: it arrives at 0
+        Workload(AllAtOnce(), FixedLengths(9000, 10)),  # every request at 0
+        Workload(poisson(50.0), FixedLengths(9000, 10)),  # later arrivals: a positive duration
+    ],
+)
+@pytest.mark.parametrize("num_requests", [1, 5])
+def test_every_request_rejected_is_a_result_with_no_latencies(workload: Workload, num_requests: int) -> None:
+    s = simulate(workload, num_requests=num_requests).summary
+    assert (s["completed"], s["rejected"]) == (0, num_requests)
+    assert s["p99_ttft_ms"] is None and s["mean_itl_ms"] is None and s["max_itl_ms"] is None
+    assert s["request_throughput"] == 0.0 and s["duration"] >= 0
+    assert list(s["rejected_reasons"].values()) == [num_requests]
+    with pytest.raises(ValueError, match="the workload is empty"):
+        simulate([])
 
 
 def test_same_seed_same_result_other_seed_other_result() -> None:

@@ -219,6 +219,11 @@ def record_from_token_times(
     return record
 
 
+def _rate(count: float, duration_s: float) -> float:
+    """Per second; 0 when nothing ran (a zero duration comes only with nothing completed)."""
+    return count / duration_s if duration_s > 0 else 0.0
+
+
 def summarize(
     records: Iterable[RequestRecord],
     itl: ItlAccumulator,
@@ -228,10 +233,11 @@ def summarize(
     """vLLM-style summary of a run that lasted ``duration_s``; ``goodput`` maps metric -> SLO in ms
     (see :func:`parse_goodput`); ``request_goodput`` is None without SLOs, as in vLLM. With no
     completed request every latency statistic is None (vLLM prints 0, which reads as fast)."""
-    if not (math.isfinite(duration_s) and duration_s > 0):
-        raise ValueError(f"duration must be a positive number of seconds, got {duration_s}")
     records = list(records)
     done = [r for r in records if r.is_completed]
+    # A run where nothing completed may last no time at all (every request rejected on arrival).
+    if not (math.isfinite(duration_s) and (duration_s > 0 or (duration_s == 0 and not done))):
+        raise ValueError(f"duration must be a positive number of seconds, got {duration_s}")
     ttfts_s = [r.first_token_s - r.arrival_s for r in done if r.first_token_s is not None]
     e2els_s = [r.finish_s - r.arrival_s for r in done]
     # TPOT is 0 for single-token requests when judging goodput, but left out of the statistics.
@@ -254,10 +260,10 @@ def summarize(
         "failed": len(records) - len(done) - rejected,
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
-        "request_throughput": len(done) / duration_s,
+        "request_throughput": _rate(len(done), duration_s),
         "request_goodput": None,
-        "output_throughput": total_output / duration_s,
-        "total_token_throughput": (total_input + total_output) / duration_s,
+        "output_throughput": _rate(total_output, duration_s),
+        "total_token_throughput": _rate(total_input + total_output, duration_s),
     }
     if goodput:
         per_metric = {"ttft": ttfts_s, "tpot": all_tpots_s, "e2el": e2els_s}
@@ -270,7 +276,7 @@ def summarize(
         checks = [
             [value_s <= slo_ms / 1000 for value_s in per_metric[name]] for name, slo_ms in goodput.items()
         ]
-        summary["request_goodput"] = sum(all(row) for row in zip(*checks, strict=True)) / duration_s
+        summary["request_goodput"] = _rate(sum(all(row) for row in zip(*checks, strict=True)), duration_s)
     itl_stats = itl.stats()
     for name, stats in (
         ("ttft", _unweighted_stats(ttfts_s)),

@@ -75,7 +75,10 @@ class _CdfFigure:
         self.tail.step(x[keep], above[keep], where="post", label=label)
 
     def done(self) -> Figure:
-        self.cdf.legend(loc="lower right", fontsize=8)
+        if self.cdf.get_legend_handles_labels()[0]:
+            self.cdf.legend(loc="lower right", fontsize=8)
+        else:  # every request was rejected
+            self.cdf.text(0.5, 0.5, "no request completed", ha="center", transform=self.cdf.transAxes)
         self.fig.tight_layout()
         return self.fig
 
