@@ -57,6 +57,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "roofline ridge, rounded to multiples of 64 (default %(default)s)",
     )
     p.add_argument(
+        "--step-budgets-ms",
+        metavar="auto|MS1,MS2,...",
+        help="also try chunked with chunks sized by time (--step-budget-ms): these step-time targets; "
+        "auto: 0.5, 0.75 and 1 x the P99 TBT SLO (default: none)",
+    )
+    p.add_argument(
         "--max-num-seqs",
         type=positive_int,
         default=256,
@@ -226,6 +232,9 @@ def run_tune(args: argparse.Namespace) -> int:
         )
     if args.precision >= 1:
         raise UsageError(f"--precision must be below 1, got {args.precision}")
+    step_budgets = _step_budgets(args.step_budgets_ms, limits.get("tbt_p99_ms"))
+    if step_budgets and "chunked" not in policies:
+        raise UsageError("--step-budgets-ms are chunked candidates: include chunked in --policy")
     if args.plot:
         _make_dir(args.plot, "--plot")
     config = TuneConfig(
@@ -236,6 +245,7 @@ def run_tune(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         precision=args.precision,
         qps_start=args.qps_start,
+        step_budgets_ms=step_budgets,
     )
     started = time.perf_counter()
     interrupted: TuneInterrupted | None = None
@@ -256,6 +266,15 @@ def run_tune(args: argparse.Namespace) -> int:
         str(b): full_step_ms(args.model, args.hardware, args.tp, args.cost_model, b) for b in budgets
     }
     out["slo_notes"] = notes
+    best_time = out.get("time_budget", {}).get("best_step_budget_ms")
+    if best_time is not None:
+        from stallfree.tune.capacity import time_budget_commands
+
+        closest = _closest_fixed_budget(args, best_time)
+        out["time_budget"]["closest_fixed_budget"] = closest
+        out["time_budget"]["commands"] = time_budget_commands(
+            args.model, args.tp, best_time, closest, args.max_num_seqs
+        )
     out["wall_s"] = time.perf_counter() - started
     out["backend"] = {"name": args.backend, "workers": workers}
     if args.plot and interrupted is None:
@@ -274,6 +293,40 @@ def run_tune(args: argparse.Namespace) -> int:
         return 130
     met = any(entry["best_budget"] is not None for entry in out["policies"].values())
     return 0 if met else 1
+
+
+def _step_budgets(text: str | None, tbt_p99_ms: float | None) -> tuple[float, ...]:
+    """``--step-budgets-ms``: none, auto (fractions of the P99 TBT SLO) or a comma list."""
+    if not text:
+        return ()
+    if text == "auto":
+        if tbt_p99_ms is None:  # pragma: no cover - the strict SLO is the default
+            raise UsageError("--step-budgets-ms auto needs a P99 TBT SLO")
+        return tuple(round(f * tbt_p99_ms, 1) for f in (0.5, 0.75, 1.0))
+    try:
+        values = tuple(positive_float(part) for part in text.split(",") if part.strip())
+    except argparse.ArgumentTypeError as error:
+        raise UsageError(f"--step-budgets-ms: {error}") from None
+    if not values or len(set(values)) != len(values):
+        raise UsageError("--step-budgets-ms: give auto or distinct step-time targets in ms")
+    return values
+
+
+def _closest_fixed_budget(args: argparse.Namespace, step_budget_ms: float) -> int:
+    """The largest tile-multiple token budget whose full step, with no earlier context, fits the
+    target: the fixed budget nearest a time budget (its later chunks of a long prompt do not)."""
+    from stallfree.tune.candidates import TILE_TOKENS
+    from stallfree.tune.trial import full_step_ms
+
+    low, high = 1, 16384 // TILE_TOKENS
+    while low < high:
+        mid = (low + high + 1) // 2
+        fits = (
+            full_step_ms(args.model, args.hardware, args.tp, args.cost_model, mid * TILE_TOKENS)
+            <= step_budget_ms
+        )
+        low, high = (mid, high) if fits else (low, mid - 1)
+    return low * TILE_TOKENS
 
 
 def _int_list(text: str) -> list[int]:

@@ -3,7 +3,9 @@
 :func:`tune` turns a :class:`TuneConfig` into one :class:`~stallfree.tune.jobs.Job` per
 (policy, budget), runs them on a pool and returns a :class:`TuneResult`: every trial, each
 (policy, budget)'s capacity, the best budget per policy and, when no budget meets the SLOs,
-the trial that came closest. Invariant: for the same config the result is the same on every
+the trial that came closest. ``step_budgets_ms`` adds chunked candidates sized by time (each a
+step-time target with the default token cap); the result compares the best of them with the
+best fixed budget and names the closest vLLM / SGLang flags (:func:`time_budget_commands`). Invariant: for the same config the result is the same on every
 pool (see :mod:`stallfree.tune.jobs`).
 """
 
@@ -13,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from stallfree.core import DEFAULT_STEP_TOKEN_CAP
 from stallfree.specs.model_presets import HF_REPOS
 from stallfree.tune.jobs import Job, JobsInterrupted, TrialRecord, run_jobs
 from stallfree.tune.pools import TrialPool
@@ -39,6 +42,7 @@ class TuneConfig:
     max_num_seqs: int = 256
     precision: float = 0.05
     qps_start: float | None = None  # None: estimated per budget from the roofline
+    step_budgets_ms: tuple[float, ...] = ()  # chunked candidates sized by time
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -47,6 +51,10 @@ class TuneConfig:
             raise ValueError("give at least one token budget")
         if len(set(self.policies)) != len(self.policies) or len(set(self.budgets)) != len(self.budgets):
             raise ValueError("policies and budgets must not repeat")
+        if len(set(self.step_budgets_ms)) != len(self.step_budgets_ms):
+            raise ValueError("step budgets must not repeat")
+        if self.step_budgets_ms and "chunked" not in self.policies:
+            raise ValueError("step budgets are chunked candidates: include the chunked policy")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,25 +67,39 @@ class CapacityPoint:
     capacity_qps: float
     hit_qps_max: bool
     num_trials: int
+    step_budget_ms: float | None = None  # a time-budgeted chunked candidate (token_budget: its cap)
 
 
 def tune_searches(config: TuneConfig) -> list[tuple[TrialSpec, CapacitySearch]]:
-    """One capacity search per (policy, budget), checked before anything runs."""
+    """One capacity search per (policy, budget) and per step budget, checked before anything runs."""
+    specs = [
+        dataclasses.replace(
+            config.base, policy=policy, token_budget=budget, max_num_seqs=min(config.max_num_seqs, budget)
+        )
+        for policy in config.policies
+        for budget in config.budgets
+    ]
+    specs += [
+        dataclasses.replace(
+            config.base,
+            policy="chunked",
+            token_budget=DEFAULT_STEP_TOKEN_CAP,
+            max_num_seqs=config.max_num_seqs,
+            step_budget_ms=step_ms,
+        )
+        for step_ms in config.step_budgets_ms
+    ]
     searches = []
-    for policy in config.policies:
-        for budget in config.budgets:
-            spec = dataclasses.replace(
-                config.base, policy=policy, token_budget=budget, max_num_seqs=min(config.max_num_seqs, budget)
-            )
-            check_spec(spec)
-            start = config.qps_start if config.qps_start is not None else estimate_qps(spec)
-            search = SearchConfig(
-                qps_start=start,
-                precision=config.precision,
-                qps_min=start / QPS_RANGE_FACTOR,
-                qps_max=start * QPS_RANGE_FACTOR,
-            )
-            searches.append((spec, CapacitySearch(search)))
+    for spec in specs:
+        check_spec(spec)
+        start = config.qps_start if config.qps_start is not None else estimate_qps(spec)
+        search = SearchConfig(
+            qps_start=start,
+            precision=config.precision,
+            qps_min=start / QPS_RANGE_FACTOR,
+            qps_max=start * QPS_RANGE_FACTOR,
+        )
+        searches.append((spec, CapacitySearch(search)))
     return searches
 
 
@@ -114,6 +136,7 @@ def _points(searches: list[tuple[TrialSpec, CapacitySearch]]) -> list[CapacityPo
                 capacity_qps=search.capacity_qps,
                 hit_qps_max=search.hit_qps_max,
                 num_trials=search.num_trials,
+                step_budget_ms=spec.step_budget_ms,
             )
         )
     return points
@@ -126,9 +149,16 @@ class TuneResult:
     trials: list[TrialRecord]
 
     def best(self, policy: str) -> CapacityPoint | None:
-        """The budget with the highest capacity (the smaller budget on a tie); None if none met."""
-        candidates = [p for p in self.points if p.policy == policy and p.capacity_qps > 0]
+        """The fixed budget with the highest capacity (the smaller budget on a tie); None if none met."""
+        candidates = [
+            p for p in self.points if p.policy == policy and p.capacity_qps > 0 and p.step_budget_ms is None
+        ]
         return max(candidates, key=lambda p: (p.capacity_qps, -p.token_budget), default=None)
+
+    def best_time_budget(self) -> CapacityPoint | None:
+        """The step-time target with the highest capacity (the larger target on a tie)."""
+        candidates = [p for p in self.points if p.step_budget_ms is not None and p.capacity_qps > 0]
+        return max(candidates, key=lambda p: (p.capacity_qps, p.step_budget_ms or 0.0), default=None)
 
     def closest(self, policy: str | None = None) -> TrialRecord | None:
         """The trial whose worst SLO came nearest its limit (of ``policy``, or of all)."""
@@ -153,7 +183,7 @@ class TuneResult:
                         "num_trials": p.num_trials,
                     }
                     for p in self.points
-                    if p.policy == policy
+                    if p.policy == policy and p.step_budget_ms is None
                 ],
             }
             if best is None:
@@ -162,7 +192,7 @@ class TuneResult:
             elif policy == "chunked":
                 entry["commands"] = serve_commands(base.model, base.tp, best.token_budget, best.max_num_seqs)
             policies[policy] = entry
-        return {
+        out: dict[str, Any] = {
             "model": base.model,
             "hardware": base.hardware,
             "tp": base.tp,
@@ -179,6 +209,29 @@ class TuneResult:
             "precision": self.config.precision,
             "policies": policies,
             "trials": [t.to_json() for t in self.trials],
+        }
+        if self.config.step_budgets_ms:
+            out["time_budget"] = self._time_budget_json()
+        return out
+
+    def _time_budget_json(self) -> dict[str, Any]:
+        best, fixed = self.best_time_budget(), self.best("chunked")
+        return {
+            "best_step_budget_ms": best.step_budget_ms if best else None,
+            "capacity_qps": best.capacity_qps if best else 0.0,
+            "best_fixed_capacity_qps": fixed.capacity_qps if fixed else 0.0,
+            "curve": [
+                {
+                    "step_budget_ms": p.step_budget_ms,
+                    "token_cap": p.token_budget,
+                    "max_num_seqs": p.max_num_seqs,
+                    "capacity_qps": p.capacity_qps,
+                    "hit_qps_max": p.hit_qps_max,
+                    "num_trials": p.num_trials,
+                }
+                for p in self.points
+                if p.step_budget_ms is not None
+            ],
         }
 
 
@@ -197,3 +250,25 @@ def serve_commands(model: str, tp: int, token_budget: int, max_num_seqs: int) ->
         vllm += f" --tensor-parallel-size {tp}"
         sglang += f" --tp {tp}"
     return {"vllm": vllm, "sglang": sglang}
+
+
+TIME_BUDGET_GAP = (
+    "neither can hold a step to a time: vLLM's --max-num-batched-tokens and SGLang's "
+    "--chunked-prefill-size fix tokens, so a long prompt's later chunks (attention over its earlier "
+    "context) run past the target; SGLang's --enable-dynamic-chunking shrinks later chunks only with "
+    "pipeline parallelism (--pp-size > 1), from a fitted cost curve, not to a step-time target, and "
+    "neither counts the decodes' time in the step"
+)
+
+
+def time_budget_commands(
+    model: str, tp: int, step_budget_ms: float, closest_budget: int, max_num_seqs: int
+) -> dict[str, str]:
+    """The launch lines closest to a step-time target: the fixed budget whose step with no earlier
+    context (``closest_budget``) fits it, and what those flags cannot express."""
+    commands = serve_commands(model, tp, closest_budget, min(max_num_seqs, closest_budget))
+    return {
+        **commands,
+        "stallfree": f"stallfree serve --model {model} --step-budget-ms {step_budget_ms:g} --profile PROFILE.json",
+        "cannot_express": TIME_BUDGET_GAP,
+    }

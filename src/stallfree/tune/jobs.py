@@ -69,6 +69,7 @@ class TrialRecord:
         return {
             "policy": self.spec.policy,
             "token_budget": self.spec.token_budget,
+            "step_budget_ms": self.spec.step_budget_ms,
             "max_num_seqs": self.spec.max_num_seqs,
             "qps": self.spec.qps,
             "passed": self.passed,

@@ -83,6 +83,7 @@ def format_tune(out: dict[str, Any]) -> str:
             f"  {commands['vllm']}",
             f"  {commands['sglang']}",
         ]
+    lines += _time_budget_lines(out)
     for path in out.get("figures", []):
         if path.endswith(".png"):
             lines.append(f"figure: {path}")
@@ -113,3 +114,35 @@ def _full_step_notes(out: dict[str, Any]) -> list[str]:
 def _describe_trial(trial: dict[str, Any], slos: dict[str, float]) -> str:
     parts = [Slo(name, limit).describe(trial["metrics"]) for name, limit in slos.items()]
     return f"budget {trial['token_budget']:,} at {_qps(trial['qps'])} QPS: " + "; ".join(parts)
+
+
+def _time_budget_lines(out: dict[str, Any]) -> list[str]:
+    """The time-budgeted candidates (``--step-budgets-ms``): capacity per target, against the best
+    fixed budget, and the closest vLLM / SGLang flags with what they cannot express."""
+    tb = out.get("time_budget")
+    if not tb:
+        return []
+    lines = ["", "chunked, chunks sized by time (--step-budget-ms; token cap in brackets):"]
+    for point in tb["curve"]:
+        mark = " *" if point["step_budget_ms"] == tb["best_step_budget_ms"] else ""
+        cap = ("at least " if point["hit_qps_max"] else "") + _qps(point["capacity_qps"])
+        lines.append(
+            f"  {point['step_budget_ms']:>8g} ms [{point['token_cap']:,}]{cap:>16}{point['num_trials']:>8}{mark}"
+        )
+    best, fixed = tb["capacity_qps"], tb["best_fixed_capacity_qps"]
+    if tb["best_step_budget_ms"] is None:
+        lines.append("  no step-time target meets the SLOs at any QPS tried")
+        return lines
+    versus = f" ({best / fixed:.2f}x the best fixed budget's {_qps(fixed)} QPS)" if fixed else ""
+    lines.append(f"  best: {tb['best_step_budget_ms']:g} ms: {_qps(best)} QPS{versus}")
+    commands = tb.get("commands")
+    if commands:
+        lines += [
+            f"  closest fixed flags (budget {tb['closest_fixed_budget']:,}: its first chunk fits "
+            f"{tb['best_step_budget_ms']:g} ms, a long prompt's later ones do not):",
+            f"    {commands['vllm']}",
+            f"    {commands['sglang']}",
+            f"    {commands['stallfree']}",
+            f"  what they cannot express: {commands['cannot_express']}",
+        ]
+    return lines

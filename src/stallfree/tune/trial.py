@@ -50,6 +50,7 @@ class TrialSpec:
     seed: int = 0
     cost_model: str = "full"
     gpu_memory_utilization: float = 0.9
+    step_budget_ms: float | None = None  # chunked: chunks sized by time; token_budget is then a cap
 
     def __post_init__(self) -> None:
         if self.arrival not in ARRIVALS:
@@ -72,12 +73,19 @@ class TrialSpec:
     def serving(self) -> ServingConfig:
         """How the trial schedules: ``token_budget`` is the chunked budget or the batch cap."""
         return ServingConfig(
-            policy=self.policy, max_num_batched_tokens=self.token_budget, max_num_seqs=self.max_num_seqs
+            policy=self.policy,
+            max_num_batched_tokens=self.token_budget,
+            max_num_seqs=self.max_num_seqs,
+            step_budget_ms=self.step_budget_ms,
         )
 
     def key(self) -> str:
-        """A stable 16-hex-digit name of this trial (same fields, same key, in any process)."""
-        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """A stable 16-hex-digit name of this trial (same fields, same key, in any process; a spec
+        without a step budget keeps the key it had before the field existed)."""
+        fields = dataclasses.asdict(self)
+        if fields["step_budget_ms"] is None:
+            del fields["step_budget_ms"]
+        text = json.dumps(fields, sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
     def at_qps(self, qps: float) -> TrialSpec:
