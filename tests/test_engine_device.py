@@ -8,7 +8,9 @@ import torch
 from stallfree.cli import main
 
 
-@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["serve", "--port", "0"]])
+@pytest.mark.parametrize(
+    "command", [["generate", "--prompt", "hi"], ["serve", "--port", "0"], ["explain", "--engine", "torch"]]
+)
 @pytest.mark.parametrize("device", ["tpu", "cuda", "cuda:7"])
 def test_unusable_device_is_one_line_exit_2(
     command: list[str], device: str, capsys: pytest.CaptureFixture[str]

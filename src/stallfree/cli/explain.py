@@ -16,6 +16,7 @@ from stallfree.cli.common import (
     positive_float,
     positive_int,
 )
+from stallfree.cli.device import check_device
 from stallfree.core.config import ceil_div
 
 if TYPE_CHECKING:
@@ -283,6 +284,7 @@ def _torch(
         raise UsageError(
             f"--engine torch needs the engine extra (pip install -e '.[engine]'): {exc}"
         ) from None
+    check_device(args.device)  # one line and exit 2, not a torch traceback from inside a kernel
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     smallest = min([*sweep, args.chunk_tokens or 8])
     # Streams grow by one token per step; a chunked run takes at most prompt / chunk steps.
