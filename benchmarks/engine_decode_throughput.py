@@ -104,7 +104,8 @@ def run_engine(
         policy="chunked",
         token_budget=token_budget,
         max_num_seqs=streams,
-        num_blocks=streams * -(-(context + max_tokens + 1) // 16),
+        # + headroom for the blocks the scheduler keeps free (its watermark) when admitting.
+        num_blocks=(streams * -(-(context + max_tokens + 1) // 16)) * 51 // 50 + 2,
     )
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     for ids in prompts:
@@ -177,7 +178,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="runs per engine; the best is reported")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     parser.add_argument("--json", type=Path, help="write results here")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     device = torch.device(args.device)
     torch_dtype = resolve_dtype(args.dtype, device)
