@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from interrupts import CLI, interrupt
+from tests.interrupts import CLI, interrupt
 
 N_CTX = 2048
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factories import one_second
 from stallfree.core import CacheConfig, Request, Scheduler, SchedulerConfig, StepPlan, make_policy
 from stallfree.core.scheduler import StepEvents
-from strategies import policy_cases
+from tests.factories import one_second
+from tests.strategies import policy_cases
 
 BLOCK = 4
 

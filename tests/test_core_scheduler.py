@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from factories import make_scheduler, one_second
 from stallfree.core import (
     FinishReason,
     Request,
@@ -13,6 +12,7 @@ from stallfree.core import (
     run_step,
 )
 from stallfree.sim.timeline import simulate_timeline
+from tests.factories import make_scheduler, one_second
 
 
 def token_times(policy: str, requests: list[Request], **policy_kw: int) -> dict[str, list[float]]:

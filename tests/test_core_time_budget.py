@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factories import make_scheduler, one_second
 from stallfree.core import (
     CacheConfig,
     ChunkedPolicy,
@@ -21,6 +20,7 @@ from stallfree.core import (
 )
 from stallfree.core.context import StepContext
 from stallfree.core.time_budget import CHUNK_GRANULE, MIN_CHUNK_TOKENS
+from tests.factories import make_scheduler, one_second
 
 
 class Linear:

@@ -13,7 +13,6 @@ import pytest
 import torch
 from gguf.quants import dequantize, quantize
 
-from gguf_files import randomize_norms, write_gguf
 from stallfree.core import SamplingParams
 from stallfree.engine import LLM
 from stallfree.engine.gguf import unpermute_rope_rows
@@ -22,6 +21,7 @@ from stallfree.engine.random_models import random_spec
 from stallfree.engine.tokenizer import Tokenizer, random_tokenizer
 from stallfree.engine.weights import build_random_model, hf_state_dict, load_model, save_pretrained
 from stallfree.specs import ModelSpec, load_model_spec
+from tests.gguf_files import randomize_norms, write_gguf
 
 Q = gguf.GGMLQuantizationType
 ENGINE = {"dtype": "float32", "device": "cpu", "num_blocks": 128}
@@ -49,7 +49,7 @@ def llama_f32(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def test_unpermute_inverts_the_converters_rope_permutation() -> None:
-    from gguf_files import permute_rope_rows
+    from tests.gguf_files import permute_rope_rows
 
     weight = torch.arange(4 * 8 * 3, dtype=torch.float32).reshape(4 * 8, 3)
     permuted = torch.from_numpy(permute_rope_rows(weight.numpy(), 4))

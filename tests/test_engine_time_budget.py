@@ -73,7 +73,7 @@ def test_generate_step_budget_needs_a_profile_and_runs_with_one(
     assert main(argv) == 2
     assert "--step-budget-ms needs --profile FILE" in capsys.readouterr().err
     from stallfree.specs.step_profile import save_profile
-    from test_profile_measured import synthetic_profile
+    from tests.test_profile_measured import synthetic_profile
 
     path = save_profile(synthetic_profile(), tmp_path / "p.json")
     assert main([*argv, "--profile", str(path), "--json"]) == 0

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from interrupts import CLI, session_pids
 from stallfree.cli import main
+from tests.interrupts import CLI, session_pids
 
 TINY = ["--model", "random:tiny", "--dtype", "float32", "--device", "cpu", "--num-blocks", "64"]
 # ~30 ms a token on one core: 2,000 tokens run for minutes unless interrupted.

@@ -9,7 +9,7 @@ import threading
 import httpx
 import pytest
 
-from interrupts import interrupt
+from tests.interrupts import interrupt
 
 
 @pytest.mark.parametrize("attempt", range(3))

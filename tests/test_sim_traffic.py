@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factories import OneSecondCosts, make_scheduler
 from stallfree.core import (
     CacheConfig,
     Request,
@@ -21,7 +20,8 @@ from stallfree.metrics import summarize
 from stallfree.sim.cost_model import CostModel, CostModelConfig
 from stallfree.sim.traffic import TrafficRun, run_traffic
 from stallfree.specs import HARDWARE_PRESETS, load_model_spec
-from strategies import policy_cases
+from tests.factories import OneSecondCosts, make_scheduler
+from tests.strategies import policy_cases
 
 
 def run(policy: str, requests: list[Request], fast: bool = True, **kw: int) -> TrafficRun:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from interrupts import CLI, interrupt, session_pids
 from stallfree.metrics import Summary
 from stallfree.tune.trial import TrialSpec
+from tests.interrupts import CLI, interrupt, session_pids
 
 # Trials of ~0.3-1 s each on two workers: an interrupt lands while some are in flight.
 GRID = """
