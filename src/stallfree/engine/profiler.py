@@ -65,6 +65,10 @@ class ProfileGrid:
     overhead_rows: tuple[int, ...]
     repeats: int = 5
     max_decode_kv_tokens: int = 65536
+    # Whole-prompt steps (prefill-first batches prompts up to max_model_len tokens a step):
+    # ``batch_prompts`` prompts of ``batch_prompt_tokens`` each, measured with 2 repeats.
+    batch_prompts: tuple[int, ...] = ()
+    batch_prompt_tokens: int = 512
 
     def step_points(self) -> Iterator[tuple[str, tuple[int, ...], tuple[tuple[int, int, bool], ...]]]:
         """(kind, decode contexts, chunks) of every step point, in measuring order."""
@@ -81,6 +85,8 @@ class ProfileGrid:
                     for tokens in self.mixed_chunk_tokens:
                         # Alternate: a middle chunk (no logits) and a last chunk (samples).
                         yield "mixed", (dctx,) * n, ((tokens, before, (tokens + before) % 2 == 0),)
+        for k in self.batch_prompts:
+            yield "prefill", (), ((self.batch_prompt_tokens, 0, True),) * k
 
     def num_points(self) -> int:
         return (
@@ -132,15 +138,16 @@ def default_grid(max_num_seqs: int, max_model_len: int, *, quick: bool = False) 
     return ProfileGrid(
         decode_batches=tuple(dict.fromkeys(batches)),
         decode_contexts=upto((16, 256, 1024, 2048), context_limit),
-        chunk_tokens=upto((8, 16, 32, 64, 128, 256, 512), context_limit),
+        chunk_tokens=upto((8, 16, 32, 64, 128, 256, 512, 1024), context_limit),
         chunk_contexts=(0, *upto((512, 1536), max(0, context_limit - 512))),
         mixed_decodes=upto((1, 4, 16), max_num_seqs),
         mixed_decode_contexts=upto((256, 1024), context_limit),
         mixed_chunk_tokens=upto((16, 48, 128, 256), context_limit),
         mixed_chunk_contexts=(0, *upto((512,), max(0, context_limit - 256))),
         sampling_rows=(1, 4, 16, 64),
-        linear_tokens=(1, 4, 16, 64, 256, 512),
+        linear_tokens=(1, 4, 16, 64, 256, 512, 2048),
         overhead_rows=tuple(dict.fromkeys(upto((1, 8, 32), max_num_seqs))),
+        batch_prompts=tuple(k for k in (2, 4, 8) if k * 512 <= max_model_len),
     )
 
 
@@ -251,7 +258,8 @@ def run_profile(
     with tqdm(total=grid.num_points(), disable=not show, unit="point", file=sys.stderr) as bar:
         for kind, decodes, chunks in grid.step_points():
             plan = synthetic_step(decodes, chunks)
-            stats = measure(partial(plan_times, runner, plan, grid.repeats))
+            repeats = grid.repeats if plan.num_tokens <= 1024 else min(2, grid.repeats)
+            stats = measure(partial(plan_times, runner, plan, repeats))
             steps.append(StepPoint(kind, decodes, chunks, stats))
             bar.update()
         for mode in SAMPLING_MODES:
