@@ -205,7 +205,8 @@ def _roofline(args: argparse.Namespace, model_name: str) -> tuple[RooflineTimer,
 
 def _measured(args: argparse.Namespace) -> tuple[StepTimer, dict[str, Any]]:
     from stallfree.cli.common import measured_profile
-    from stallfree.sim.measured import MeasuredCostModel, MeasuredTimer
+    from stallfree.explain.roofline import PricedTimer
+    from stallfree.sim.measured import MeasuredCostModel
 
     path = measured_profile(args)
     assert path is not None
@@ -219,7 +220,7 @@ def _measured(args: argparse.Namespace) -> tuple[StepTimer, dict[str, Any]]:
         "profile": path,
         "engine": "measured profile",
     }
-    return MeasuredTimer(cost), echo
+    return PricedTimer(cost, cost.ridge_tokens), echo
 
 
 def _check_weights_fit(config: CostModelConfig) -> None:

@@ -2,14 +2,14 @@
 clock, prefill-first vs chunked, with a chunk sweep and figures.
 
 - :mod:`.scenario` — the scenario, its runs and the sweep, on any :class:`StepTimer`;
-- :mod:`.roofline` — steps priced by a cost model (no torch);
+- :mod:`.roofline` — steps priced by a cost model, roofline or measured (no torch);
 - :mod:`.engine` — steps measured on the real engine (imports torch; import it yourself);
 - :mod:`.plots` — the timeline and sweep figures (matplotlib).
 
 The simulator and the engine know nothing of explain; it stands on both.
 """
 
-from stallfree.explain.roofline import RooflineTimer
+from stallfree.explain.roofline import PricedTimer, RooflineTimer
 from stallfree.explain.scenario import (
     DEFAULT_SWEEP,
     PROMPT_ID,
@@ -27,6 +27,7 @@ __all__ = [
     "PROMPT_ID",
     "Explanation",
     "PolicyRun",
+    "PricedTimer",
     "RooflineTimer",
     "Scenario",
     "StepTimer",

@@ -33,9 +33,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from stallfree.core.config import CacheConfig
 from stallfree.core.plan import ScheduledChunk, StepPlan
-from stallfree.core.step import Executor, priced_executor
 from stallfree.specs.model import ModelSpec
 from stallfree.specs.step_profile import SAMPLING_MODES, StepPoint, StepProfile, load_profile
 
@@ -437,22 +435,3 @@ class MeasuredCostModel:
             "num_fit_points": len(self.fit_points),
             "num_busy_points": sum(p.stats.busy for p in self.profile.steps),
         }
-
-
-class MeasuredTimer:
-    """A :class:`MeasuredCostModel` as ``stallfree explain``'s step timer (steps priced, KV unbounded)."""
-
-    def __init__(self, cost_model: MeasuredCostModel) -> None:
-        self.cost_model = cost_model
-
-    def step_time_s(self, plan: StepPlan) -> float:
-        return self.cost_model.step_time_s(plan)
-
-    def new_executor(self) -> Executor:
-        return priced_executor(self.cost_model)
-
-    def ridge_tokens(self, num_seqs: int, context_len: int) -> float:
-        return self.cost_model.ridge_tokens(num_seqs, context_len)
-
-    def cache_config(self) -> CacheConfig:
-        return CacheConfig()
