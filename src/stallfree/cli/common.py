@@ -86,11 +86,16 @@ def add_roofline_args(
 COST_MODEL_CHOICES = ("weights-only", "full", "measured")
 
 
-def measured_profile(args: argparse.Namespace) -> str | None:
-    """The profile file of ``--cost-model measured`` (``--profile`` alone implies it), else None."""
+def measured_profile(args: argparse.Namespace, gpu_tables: bool = False) -> str | None:
+    """The profile file of ``--cost-model measured`` (``--profile`` alone implies it), else None.
+    ``gpu_tables``: ``measured`` with no profile is allowed for a GPU preset (shipped tables)."""
     if args.profile is not None:
         args.cost_model = "measured"
     elif args.cost_model == "measured":
+        from stallfree.sim.gpu_measured import gpu_family
+
+        if gpu_tables and gpu_family(str(getattr(args, "hardware", None) or "")) is not None:
+            return None  # a GPU preset: the shipped Vidur tables (sim/gpu_measured.py)
         raise UsageError("--cost-model measured needs --profile FILE (write one with `stallfree profile`)")
     return str(args.profile) if args.profile is not None else None
 

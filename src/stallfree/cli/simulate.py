@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from stallfree.workload import sample
 
     policies = _policies(args.policy)
-    profile = measured_profile(args)
+    profile = measured_profile(args, gpu_tables=True)
     if args.model is None:
         args.model = _profiled_model(profile) if profile else "llama-3-8b"
     if not args.step_overhead_ms >= 0:

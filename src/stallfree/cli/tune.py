@@ -194,7 +194,7 @@ def run_tune(args: argparse.Namespace) -> int:
     from stallfree.tune.slo import SLO_FLAGS, Slos
     from stallfree.tune.trial import TrialSpec, decode_step_ms, full_step_ms, ridge_tokens
 
-    profile = measured_profile(args)
+    profile = measured_profile(args, gpu_tables=True)
     if profile is not None:  # a trial spec holds strings: the profile rides in the kind
         args.cost_model = f"measured:{profile}"
         if args.model == DEFAULT_MODEL:  # the profiled model unless one is named

@@ -15,6 +15,7 @@ from stallfree.core import ChunkedPolicy, Request, Scheduler
 from stallfree.core.serving import ServingConfig
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.sim.cost_model import CostModel, CostModelConfig, CostModelKind
+from stallfree.sim.gpu_measured import GpuMeasuredCostModel, gpu_family
 from stallfree.sim.measured import MeasuredCostModel
 from stallfree.sim.memory import KvMemory, fixed_kv_memory, kv_memory
 from stallfree.sim.traffic import SteadyCostModel, StepTrace, run_traffic
@@ -67,7 +68,9 @@ def simulate(
     ``cost_model="measured"`` (implied by ``profile``) prices steps from a step profile of the
     real engine (:class:`~stallfree.sim.measured.MeasuredCostModel`; ``sampling`` is the mode
     every sampled row pays: greedy, temperature or top-p), and ``model`` defaults to the
-    profiled one (otherwise ``llama-3-8b``). ``dtype_bytes`` sizes weights and KV (default 2, or
+    profiled one (otherwise ``llama-3-8b``). With no ``profile`` and a GPU ``hardware`` preset
+    (``a100-*``, ``h100-*``, ``a40``), ``measured`` prices steps from Vidur's measured operator
+    tables shipped with stallfree (:class:`~stallfree.sim.gpu_measured.GpuMeasuredCostModel`). ``dtype_bytes`` sizes weights and KV (default 2, or
     the profile's). ``serving.num_blocks`` fixes the KV cache instead of sizing it from ``hardware``.
 
     The summary holds :func:`stallfree.metrics.summarize`'s keys plus ``policy``, ``num_steps``,
@@ -80,9 +83,19 @@ def simulate(
     """
     hardware_spec = load_hardware_spec(hardware) if isinstance(hardware, str) else hardware
     costs: SteadyCostModel
-    if profile is not None or cost_model == "measured":
+    if profile is None and cost_model == "measured" and gpu_family(hardware_spec.name) is not None:
+        # a GPU preset: Vidur's measured operator tables, shipped (sim/gpu_measured.py)
+        model_spec = _model_spec("llama-3-8b" if model is None else model)
+        dtype_bytes = 2 if dtype_bytes is None else dtype_bytes
+        costs = GpuMeasuredCostModel(
+            model_spec, hardware_spec, tp=tp, dtype_bytes=dtype_bytes, overhead_s=step_overhead_s
+        )
+    elif profile is not None or cost_model == "measured":
         if profile is None:
-            raise ValueError("cost_model 'measured' needs a profile (a stallfree profile file)")
+            raise ValueError(
+                "cost_model 'measured' needs a profile (a stallfree profile file) or a GPU preset "
+                "with a shipped table (a100-*, h100-*, a40)"
+            )
         measured = (
             profile
             if isinstance(profile, MeasuredCostModel)

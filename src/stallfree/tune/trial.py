@@ -24,6 +24,7 @@ from stallfree.core.serving import ServingConfig
 from stallfree.metrics import Summary
 from stallfree.sim.api import SimulationResult, simulate
 from stallfree.sim.cost_model import COST_MODEL_KINDS, CostModel, CostModelConfig, CostModelKind
+from stallfree.sim.gpu_measured import GpuMeasuredCostModel
 from stallfree.sim.measured import MeasuredCostModel
 from stallfree.specs import load_hardware_spec, load_model_spec
 from stallfree.workload import Workload, gamma, parse_lengths, sample
@@ -117,7 +118,9 @@ def _simulate(spec: TrialSpec) -> SimulationResult:
         model=spec.model,
         hardware=spec.hardware,
         tp=spec.tp,
-        cost_model="measured" if profile else _cost_model_kind(spec.cost_model),
+        cost_model="measured"
+        if profile or spec.cost_model == "measured"
+        else _cost_model_kind(spec.cost_model),
         profile=profile,
         serving=spec.serving,
         gpu_memory_utilization=spec.gpu_memory_utilization,
@@ -148,7 +151,7 @@ def decode_step_ms(
 ) -> float:
     """One decode step with no prompt in it (the yardstick of Sarathi-Serve's TBT SLOs); the
     roofline's ``full`` kind unless ``cost_model`` is measured."""
-    kind = cost_model if cost_model.startswith("measured:") else "full"
+    kind = cost_model if cost_model.startswith("measured") else "full"
     return _cost_model(model, hardware, tp, kind).decode_step_s(num_seqs, context_len) * 1000
 
 
@@ -159,8 +162,13 @@ def full_step_ms(model: str, hardware: str, tp: int, cost_model: str, token_budg
 
 
 @functools.lru_cache(maxsize=16)
-def _cost_model(model: str, hardware: str, tp: int, kind: str) -> CostModel | MeasuredCostModel:
-    """``kind`` is a roofline kind, or ``measured:<profile path>`` (a spec holds only strings)."""
+def _cost_model(
+    model: str, hardware: str, tp: int, kind: str
+) -> CostModel | MeasuredCostModel | GpuMeasuredCostModel:
+    """``kind`` is a roofline kind, ``measured:<profile path>`` (a spec holds only strings), or
+    ``measured`` (a GPU preset's shipped tables)."""
+    if kind == "measured":
+        return GpuMeasuredCostModel(load_model_spec(model), load_hardware_spec(hardware), tp=tp)
     profile = _profile_path(kind)
     if profile is not None:
         return MeasuredCostModel.from_file(profile)
@@ -171,8 +179,8 @@ def _cost_model(model: str, hardware: str, tp: int, kind: str) -> CostModel | Me
 
 
 def _profile_path(kind: str) -> str | None:
-    if kind == "measured":
-        raise ValueError("cost model 'measured' needs a profile: measured:<profile file>")
+    if kind == "measured":  # a GPU preset's shipped tables: simulate() checks the hardware
+        return None
     return kind.removeprefix("measured:") if kind.startswith("measured:") else None
 
 
