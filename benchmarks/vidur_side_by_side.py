@@ -53,20 +53,24 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--venv", type=Path, default=Path(tempfile.gettempdir()) / "vidur-venv")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "vidur-side-by-side")
+    parser.add_argument(
+        "--stallfree-only",
+        action="store_true",
+        help="skip Vidur (no install, no run): stallfree's rows only, to set against recorded Vidur numbers",
+    )
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    python = ensure_vidur(args.venv)
-    prepare_vidur_cache(python, args.profiling.resolve(), args.workdir)
-
     trace = args.workdir / f"arxiv_qps{args.qps:g}_{args.num_requests}.csv"
     write_trace(trace, args.num_requests, args.qps, args.seed)
-    warmup = args.workdir / "warmup.csv"
-    write_trace(warmup, 20, args.qps, args.seed)
-    run_vidur(python, warmup, args.workdir, "warmup")  # trains and caches the predictors
-    vidur_wall_s, vidur_rss_mb, vidur_out = run_vidur(python, trace, args.workdir, "timed")
-    vidur = vidur_metrics(vidur_out)
-
-    rows = [("Vidur (modelled attention)", vidur_wall_s, vidur_rss_mb, vidur)]
+    rows: list[tuple[str, float, float, dict[str, float]]] = []
+    if not args.stallfree_only:
+        python = ensure_vidur(args.venv)
+        prepare_vidur_cache(python, args.profiling.resolve(), args.workdir)
+        warmup = args.workdir / "warmup.csv"
+        write_trace(warmup, 20, args.qps, args.seed)
+        run_vidur(python, warmup, args.workdir, "warmup")  # trains and caches the predictors
+        vidur_wall_s, vidur_rss_mb, vidur_out = run_vidur(python, trace, args.workdir, "timed")
+        rows.append(("Vidur (modelled attention)", vidur_wall_s, vidur_rss_mb, vidur_metrics(vidur_out)))
     derated = args.workdir / "a100-80gb-70pct.json"
     derated.write_text(
         json.dumps(
@@ -79,11 +83,12 @@ def main() -> None:
             }
         )
     )
-    for label, hardware in (
-        ("stallfree (roofline)", "a100-80gb"),
-        ("stallfree (roofline at 70 %)", str(derated)),
+    for label, hardware, cost_model in (
+        ("stallfree (roofline)", "a100-80gb", "full"),
+        ("stallfree (roofline at 70 %)", str(derated), "full"),
+        ("stallfree (measured: Vidur's A100 tables)", "a100-80gb", "measured"),
     ):
-        wall_s, rss_mb, out = run_stallfree(trace, hardware, args.workdir)
+        wall_s, rss_mb, out = run_stallfree(trace, hardware, args.workdir, cost_model)
         rows.append((label, wall_s, rss_mb, stallfree_metrics(out)))
     report(rows, args)
 
@@ -178,7 +183,9 @@ def run_vidur(python: Path, trace: Path, workdir: Path, name: str) -> tuple[floa
     return wall_s, rss_mb, out
 
 
-def run_stallfree(trace: Path, hardware: str, workdir: Path) -> tuple[float, float, Path]:
+def run_stallfree(
+    trace: Path, hardware: str, workdir: Path, cost_model: str = "full"
+) -> tuple[float, float, Path]:
     """stallfree reads the same rows: its trace reader wants its own column names."""
     ours = trace.with_name(trace.stem + "-stallfree.csv")
     with trace.open() as src, ours.open("w", newline="") as dst:
@@ -186,9 +193,9 @@ def run_stallfree(trace: Path, hardware: str, workdir: Path) -> tuple[float, flo
         writer.writerow(["arrived_at", "num_prefill_tokens", "num_decode_tokens"])
         for row in csv.DictReader(src):
             writer.writerow([row["Time"], row["PromptTokenCount"], row["CompletionTokenCount"]])
-    out = workdir / f"stallfree-{Path(hardware).stem}.csv"
+    out = workdir / f"stallfree-{Path(hardware).stem}-{cost_model}.csv"
     stallfree = str(Path(sys.executable).parent / "stallfree")
-    cmd = [stallfree, "simulate", "--trace", str(ours), "--hardware", hardware]
+    cmd = [stallfree, "simulate", "--trace", str(ours), "--hardware", hardware, "--cost-model", cost_model]
     cmd += [
         "--token-budget",
         str(BUDGET),
@@ -244,6 +251,8 @@ def report(rows: list[tuple[str, float, float, dict[str, float]]], args: argpars
     for label, wall_s, rss_mb, m in rows:
         cells = " | ".join(f"{m[k]:.1f}" for k in keys)
         print(f"| {label} | {wall_s:.2f} | {rss_mb:.0f} | {m['completed']:,.0f} | {cells} |")
+    if args.stallfree_only:  # no Vidur row to compare with
+        return
     vidur_wall = rows[0][1]
     print()
     for label, wall_s, _, m in rows[1:]:
