@@ -143,6 +143,39 @@ def test_stop_token_ids_and_stop_strings(checkpoint: Path, hf_greedy: list[list[
     assert out.text == full_text[: full_text.index(stop)]
 
 
+def test_streamed_text_never_shows_what_a_stop_string_cuts(checkpoint: Path) -> None:
+    """A stop string whose first characters arrive a token before its last: the deltas hold
+    them back, so what was streamed is always a prefix of the final text."""
+
+    def deltas(params: SamplingParams) -> tuple[list[str], str]:
+        eng = engine(checkpoint).engine
+        rid = eng.add_request(prompt="Hello there", sampling_params=params)
+        pieces, final = [], ""
+        while eng.has_unfinished_requests():
+            for out in eng.step().outputs:
+                assert out.request_id == rid
+                pieces.append(out.new_text)
+                final = out.text
+        return pieces, final
+
+    pieces, _ = deltas(SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
+    full = "".join(pieces)
+    # Two characters ending one token's text and one starting the next, first seen there.
+    spans = [
+        (j, pieces[j][-2:] + pieces[j + 1][:1])
+        for j in range(len(pieces) - 1)
+        if len(pieces[j]) >= 2 and pieces[j + 1]
+    ]
+    stop = next(s for j, s in spans if full.index(s) == len("".join(pieces[: j + 1])) - 2)
+    streamed, final = deltas(
+        SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, stop=(stop,))
+    )
+    assert final == full[: full.index(stop)]
+    assert "".join(streamed) == final
+    for k in range(len(streamed)):
+        assert final.startswith("".join(streamed[: k + 1]))
+
+
 @pytest.mark.parametrize("eos_file", ["config.json", "generation_config.json"])
 def test_eos_stops_unless_ignored(
     checkpoint: Path, hf_greedy: list[list[int]], tmp_path: Path, eos_file: str

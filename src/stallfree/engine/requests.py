@@ -68,6 +68,9 @@ class RequestState:
         self._stopped_by_string = False
         self._emitted_tokens = 0
         self._emitted_chars = 0
+        # The last characters of an unfinished text may begin a stop string that a later token
+        # completes and cuts away: streamed deltas hold them back until the text moves past them.
+        self._stop_holdback = max((len(s) for s in params.stop), default=1) - 1
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -112,15 +115,19 @@ class RequestState:
     def snapshot(self, finish_reason: str | None) -> RequestOutput:
         """The output now, with what changed since the previous snapshot."""
         output_ids = self.output_token_ids
+        finished = finish_reason is not None
+        visible = (
+            len(self.text) if finished else max(self._emitted_chars, len(self.text) - self._stop_holdback)
+        )
         out = RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
             text=self.text,
             token_ids=tuple(output_ids),
-            finished=finish_reason is not None,
+            finished=finished,
             finish_reason=finish_reason,
-            new_text=self.text[self._emitted_chars :],
+            new_text=self.text[self._emitted_chars : visible],
             new_token_ids=tuple(output_ids[self._emitted_tokens :]),
             logprobs=tuple(self.logprobs) if self.params.logprobs else None,
             top_logprobs=tuple(self.top_logprobs)
@@ -128,5 +135,5 @@ class RequestState:
             else None,
         )
         self._emitted_tokens = len(output_ids)
-        self._emitted_chars = len(self.text)
+        self._emitted_chars = visible
         return out
