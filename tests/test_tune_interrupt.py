@@ -18,14 +18,15 @@ from stallfree.metrics import Summary
 from stallfree.tune.trial import TrialSpec
 from tests.interrupts import CLI, interrupt, session_pids
 
-# Trials of ~0.3-1 s each on two workers: an interrupt lands while some are in flight.
+# Trials of a few seconds each on two workers (quiet 2-core machine: the whole sweep takes ~20 s), so
+# an interrupt 2 s after the workers start lands while some are in flight.
 GRID = """
 models: [mistral-7b]
 hardware: [a100-80gb]
 tp: [1]
 policies: [chunked, prefill-first]
 budgets: [256, 512, 1024]
-workload: {lengths: sharegpt, num_requests: 300, seed: 0}
+workload: {lengths: sharegpt, num_requests: 3000, seed: 0}
 qps: [1, 2, 4, 8, 16]
 """
 
