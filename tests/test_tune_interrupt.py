@@ -87,7 +87,15 @@ def test_sweep_ctrl_c_reaps_workers_exits_130_and_keeps_rows(
 
 
 def test_tune_ctrl_c_exits_130_without_workers_left() -> None:
-    args = ["tune", "--num-requests", "1000", "--budgets", "256,512,1024,2048", "--workers", "2"]
+    args = [
+        "tune",
+        "--num-requests",
+        "3000",
+        "--budgets",
+        "256,512,1024,2048",
+        "--workers",
+        "2",
+    ]  # ~20 s whole
     result = interrupt([*args, "--no-progress"], delay_s=4.0, whole_group=True)
     assert result.returncode == 130, result.stderr
     assert not result.survivors and "Traceback" not in result.stderr
