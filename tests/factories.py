@@ -1,7 +1,9 @@
-"""Builders every scheduler and simulator test shares: one way to make a scheduler, requests,
-and the one-second clock the hand-worked timelines use."""
+"""Builders every scheduler and simulator test shares: one way to make a scheduler, the
+one-second clock the hand-worked timelines use, and a step-counter replay with its checks."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -11,6 +13,7 @@ from stallfree.core import (
     Request,
     Scheduler,
     SchedulerConfig,
+    StepEvents,
     StepPlan,
     StepResult,
     make_policy,
@@ -39,13 +42,6 @@ def make_scheduler(
     )
 
 
-def make_requests(
-    n: int, prompt_tokens: int = 4, max_tokens: int = 3, *, gap_s: float = 0.0, prefix: str = "r"
-) -> list[Request]:
-    """``n`` equal requests ``r0``, ``r1``, ... arriving ``gap_s`` apart from 0 s."""
-    return [Request(f"{prefix}{i}", prompt_tokens, max_tokens, i * gap_s) for i in range(n)]
-
-
 def one_second(plan: StepPlan) -> StepResult:
     """An executor whose every step takes exactly one second."""
     return StepResult(duration_s=1.0)
@@ -59,3 +55,45 @@ class OneSecondCosts:
 
     def steady_durations(self, plan: StepPlan, num_steps: int) -> np.ndarray:  # type: ignore[type-arg]
         return np.ones(num_steps)
+
+
+def run_on_step_counter(
+    sched: Scheduler,
+    requests: list[Request],
+    on_plan: Callable[[StepPlan, set[str]], None],
+    *,
+    max_steps: int = 10_000,
+) -> tuple[list[StepEvents], dict[str, str]]:
+    """Replay arrivals on a step counter (every step takes 1 s) until nothing is left.
+
+    ``on_plan(plan, decoding)`` sees each plan before it runs, with the ids that were decoding
+    when it was scheduled. Returns every step's events and the rejected requests' reasons.
+    """
+    pending = sorted(requests, key=lambda r: r.arrival_time_s)
+    rejected: dict[str, str] = {}
+    events: list[StepEvents] = []
+    clock = 0.0
+    for _ in range(max_steps):
+        while pending and pending[0].arrival_time_s <= clock:
+            r = pending.pop(0)
+            if (why := sched.add_request(r)) is not None:
+                rejected[r.request_id] = why
+        decoding = {s.request_id for s in sched.running if s.is_decoding}
+        plan = sched.schedule()
+        if plan.is_empty:
+            if not pending:
+                return events, rejected
+            clock = pending[0].arrival_time_s
+            continue
+        plan.validate()
+        on_plan(plan, decoding)
+        events.append(sched.update_from_output(plan, one_second(plan)))
+        clock += 1.0
+    raise AssertionError("scheduler did not finish")
+
+
+def assert_stall_free(plan: StepPlan, decoding: set[str]) -> None:
+    """Every request that was decoding gets exactly one token (unless the plan preempted it)."""
+    scheduled = {c.request_id: c.num_tokens for c in plan.chunks}
+    for rid in decoding:
+        assert scheduled.get(rid) == 1 or rid in plan.preempted_request_ids

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from stallfree.core import CacheConfig, Request, Scheduler, SchedulerConfig, StepPlan, make_policy
 from stallfree.core.scheduler import StepEvents
-from tests.factories import one_second
+from tests.factories import assert_stall_free, run_on_step_counter
 from tests.strategies import policy_cases
 
 BLOCK = 4
@@ -30,35 +30,17 @@ def drive(
 ) -> tuple[Scheduler, list[StepPlan], list[StepEvents], dict[str, str]]:
     """Replay arrivals on a step counter (one step = 1 s); check invariants every step."""
     sched = Scheduler(cfg, cache, make_policy(policy, **kw))
-    pending = sorted(reqs, key=lambda r: r.arrival_time_s)
-    rejected: dict[str, str] = {}
-    plans, events = [], []
-    clock = 0.0
-    for _ in range(10_000):
-        while pending and pending[0].arrival_time_s <= clock:
-            r = pending.pop(0)
-            if (why := sched.add_request(r)) is not None:
-                rejected[r.request_id] = why
-        decoding = {s.request_id for s in sched.running if s.is_decoding}
-        plan = sched.schedule()
-        if plan.is_empty:
-            if not pending:
-                break
-            clock = pending[0].arrival_time_s
-            continue
-        plan.validate()
+    plans: list[StepPlan] = []
+
+    def check(plan: StepPlan, decoding: set[str]) -> None:
         check_budget(plan, policy, kw, cfg)
         bm = sched.block_manager
         assert bm.num_blocks is not None and bm.num_used_blocks <= bm.num_blocks
         if policy == "chunked":
-            scheduled = {c.request_id: c.num_tokens for c in plan.chunks}
-            for rid in decoding:  # stall-free: every decoding request gets exactly one token
-                assert scheduled.get(rid) == 1 or rid in plan.preempted_request_ids
+            assert_stall_free(plan, decoding)
         plans.append(plan)
-        events.append(sched.update_from_output(plan, one_second(plan)))
-        clock += 1.0
-    else:
-        raise AssertionError("scheduler did not finish")
+
+    events, rejected = run_on_step_counter(sched, reqs, check)
     return sched, plans, events, rejected
 
 

@@ -20,7 +20,7 @@ from stallfree.core import (
 )
 from stallfree.core.context import StepContext
 from stallfree.core.time_budget import CHUNK_GRANULE, MIN_CHUNK_TOKENS
-from tests.factories import make_scheduler, one_second
+from tests.factories import assert_stall_free, make_scheduler, one_second, run_on_step_counter
 
 
 class Linear:
@@ -281,26 +281,9 @@ def test_time_budget_properties(
     target = policy.step_budget_s
     assert target is not None
     sched = Scheduler(config, cache, policy)
-    pending = sorted(reqs, key=lambda r: r.arrival_time_s)
-    rejected: set[str] = set()
-    finished: set[str] = set()
-    clock = 0.0
-    for _ in range(20_000):
-        while pending and pending[0].arrival_time_s <= clock:
-            r = pending.pop(0)
-            if sched.add_request(r) is not None:
-                rejected.add(r.request_id)
-        decoding = {s.request_id for s in sched.running if s.is_decoding}
-        plan = sched.schedule()
-        if plan.is_empty:
-            if not pending:
-                break
-            clock = pending[0].arrival_time_s
-            continue
-        plan.validate()
-        scheduled = {c.request_id: c.num_tokens for c in plan.chunks}
-        for rid in decoding:  # stall-free: every decoding request gets exactly one token
-            assert scheduled.get(rid) == 1 or rid in plan.preempted_request_ids
+
+    def check(plan: StepPlan, decoding: set[str]) -> None:
+        assert_stall_free(plan, decoding)
         decodes = tuple(c for c in plan.chunks if c.request_id in decoding)
         prompts = [c for c in plan.chunks if c.request_id not in decoding]
         if policy.token_budget is not None:
@@ -313,10 +296,8 @@ def test_time_budget_properties(
         elif predictor(StepPlan(decodes)) <= target and prompts:
             # within the target: no prompt chunk could have taken one more granule (unless capped)
             assert len({c.request_id for c in prompts}) == len(prompts)
-        events = sched.update_from_output(plan, one_second(plan))
-        finished.update(rid for rid, _ in events.finished)
-        clock += 1.0
-    else:
-        raise AssertionError("scheduler did not finish")
-    assert finished | rejected == {r.request_id for r in reqs}
+
+    events, rejected = run_on_step_counter(sched, reqs, check, max_steps=20_000)
+    finished = {rid for e in events for rid, _ in e.finished}
+    assert finished | set(rejected) == {r.request_id for r in reqs}
     assert sched.block_manager.num_used_blocks == 0
