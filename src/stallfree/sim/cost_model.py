@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +44,34 @@ COST_MODEL_ALIASES: dict[str, CostModelKind] = {"seed": "weights-only"}
 def cost_model_kind(name: str) -> str:
     """``name`` with aliases resolved (``seed`` -> ``weights-only``); other names pass unchanged."""
     return COST_MODEL_ALIASES.get(name, name)
+
+
+class PlanSums(NamedTuple):
+    """What a plan's cost depends on, summed over its chunks (every cost model reads these).
+
+    ``num_keys``: query-key pairs (token i of a chunk attends to the chunk's earlier context and
+    to i + 1 of its own tokens); ``num_context``: earlier-context tokens; ``num_shift_keys``: the
+    pairs one more step of a steady run adds (each chunk of n tokens shifted by n adds n * n).
+    """
+
+    num_tokens: int
+    num_samples: int
+    num_keys: int
+    num_context: int
+    num_shift_keys: int
+
+
+def plan_sums(plan: StepPlan) -> PlanSums:
+    num_tokens = num_samples = num_keys = num_context = num_shift_keys = 0
+    for chunk in plan.chunks:
+        n, before = chunk.num_tokens, chunk.num_computed_tokens
+        num_tokens += n
+        num_context += before
+        num_keys += n * before + n * (n + 1) // 2
+        num_shift_keys += n * n
+        if chunk.emits_token:
+            num_samples += 1
+    return PlanSums(num_tokens, num_samples, num_keys, num_context, num_shift_keys)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +227,7 @@ class CostModel:
             return np.zeros(num_steps)
         steps = np.arange(num_steps, dtype=np.int64)
         # Shifting a chunk of n tokens by n adds n * n query-key pairs and n earlier tokens.
-        keys = num_keys + (0 if self._weights_only else sum(c.num_tokens**2 for c in plan.chunks)) * steps
+        keys = num_keys + (0 if self._weights_only else plan_sums(plan).num_shift_keys) * steps
         context = num_context + (0 if self._weights_only else num_tokens) * steps
         flops = self._flops_per_token * num_tokens + self._flops_per_sample * num_samples
         flops_per_step = flops + self._flops_per_key * keys
@@ -214,20 +242,10 @@ class CostModel:
 
     def _sums(self, plan: StepPlan) -> tuple[int, int, int, int]:
         """(tokens, sampling chunks, query-key pairs, earlier-context tokens) over the plan."""
-        num_tokens = num_samples = num_keys = num_context = 0
         if self._weights_only:
-            for chunk in plan.chunks:
-                num_tokens += chunk.num_tokens
-            return num_tokens, 0, 0, 0
-        for chunk in plan.chunks:
-            n, before = chunk.num_tokens, chunk.num_computed_tokens
-            num_tokens += n
-            num_context += before
-            # Token i of the chunk attends to the `before` earlier tokens and to i + 1 of its own.
-            num_keys += n * before + n * (n + 1) // 2
-            if chunk.emits_token:
-                num_samples += 1
-        return num_tokens, num_samples, num_keys, num_context
+            return sum(chunk.num_tokens for chunk in plan.chunks), 0, 0, 0
+        sums = plan_sums(plan)
+        return sums.num_tokens, sums.num_samples, sums.num_keys, sums.num_context
 
     def _flops_bytes(
         self, num_tokens: int, num_samples: int, num_keys: int, num_context: int

@@ -48,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stallfree.core.plan import StepPlan, synthetic_plan
+from stallfree.sim.cost_model import plan_sums
 from stallfree.specs.hardware import HardwareSpec
 from stallfree.specs.model import ModelSpec
 
@@ -282,14 +283,7 @@ class GpuMeasuredCostModel:
     # -- the cost-model interface ---------------------------------------------------------
 
     def step_time_s(self, plan: StepPlan) -> float:
-        num_tokens = num_samples = num_keys = num_context = 0
-        for chunk in plan.chunks:
-            n, before = chunk.num_tokens, chunk.num_computed_tokens
-            num_tokens += n
-            num_context += before
-            num_keys += n * before + n * (n + 1) // 2
-            if chunk.emits_token:
-                num_samples += 1
+        num_tokens, num_samples, num_keys, num_context, _ = plan_sums(plan)
         if num_tokens == 0:
             return 0.0
         attention = max(
@@ -302,15 +296,7 @@ class GpuMeasuredCostModel:
         """Element ``j`` equals :meth:`step_time_s` of ``plan`` shifted by ``j`` steps, exactly."""
         if num_steps < 0:
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")
-        num_tokens = num_samples = num_keys = num_context = square = 0
-        for chunk in plan.chunks:
-            n, before = chunk.num_tokens, chunk.num_computed_tokens
-            num_tokens += n
-            num_context += before
-            num_keys += n * before + n * (n + 1) // 2
-            square += n * n
-            if chunk.emits_token:
-                num_samples += 1
+        num_tokens, num_samples, num_keys, num_context, square = plan_sums(plan)
         if num_tokens == 0:
             return np.zeros(num_steps)
         steps = np.arange(num_steps, dtype=np.int64)

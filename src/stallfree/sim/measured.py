@@ -107,7 +107,7 @@ def plan_features(chunks: Sequence[ScheduledChunk] | Sequence[tuple[int, int, bo
     for chunk in chunks:
         if isinstance(chunk, ScheduledChunk):
             n, before = chunk.num_tokens, chunk.num_computed_tokens
-            sampling = before + n == chunk.num_known_tokens
+            sampling = chunk.emits_token
         else:
             n, before, sampling = chunk
         tokens += n
