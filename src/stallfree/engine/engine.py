@@ -165,7 +165,7 @@ class LLMEngine:
         if scheduler_policy is not None:
             scheduler = Scheduler(scheduler.config, scheduler.cache_config, scheduler_policy)
         self.scheduler = scheduler
-        # The latest step that ran (kept for drivers written against it; prefer step()'s value).
+        # The latest step that ran (for drivers written against it; step() returns the same EngineStep).
         self.last_step: EngineStep | None = None
         self._requests: dict[str, RequestState] = {}
         self._rng = random.Random(seed)

@@ -431,18 +431,18 @@ def _overhead_times(engine: LLMEngine, rows: int, repeats: int) -> list[float]:
         engine.add_request(prompt_token_ids=[5 + i % 50] * 8, sampling_params=params) for i in range(rows)
     ]
     try:
-        engine.step()
+        stepped = engine.step()
         while engine.scheduler.num_waiting or (
-            engine.last_step is not None and engine.last_step.plan.num_prefill_tokens
+            stepped.step is not None and stepped.step.plan.num_prefill_tokens
         ):
-            engine.step()
+            stepped = engine.step()
         times = []
         for _ in range(repeats + 1):
             start = time.perf_counter()
-            engine.step()
+            stepped = engine.step()
             wall = time.perf_counter() - start
-            assert engine.last_step is not None
-            times.append(max(0.0, wall - engine.last_step.result.duration_s))
+            assert stepped.step is not None
+            times.append(max(0.0, wall - stepped.step.result.duration_s))
         return times[1:]
     finally:
         for rid in rids:
