@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from stallfree.cli.common import UsageError, positive_int
+from stallfree.core import DEFAULT_TOKEN_BUDGET
 
 _DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
 
@@ -65,7 +66,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     g = p.add_argument_group("scheduler (the same for both sides)")
     g.add_argument("--policy", default="chunked", help="policy or comma list (default %(default)s)")
-    g.add_argument("--token-budget", type=positive_int, help="chunked: tokens per step (default 512)")
+    g.add_argument(
+        "--token-budget", type=positive_int, help=f"chunked: tokens per step (default {DEFAULT_TOKEN_BUDGET})"
+    )
     g.add_argument(
         "--max-num-batched-tokens",
         type=positive_int,
@@ -137,8 +140,8 @@ def _serving(args: argparse.Namespace, policy: str) -> Any:
 
     budget = args.token_budget if policy == "chunked" else args.max_num_batched_tokens
     max_num_seqs = args.max_num_seqs
-    if policy == "chunked":
-        max_num_seqs = min(max_num_seqs, budget or 512)
+    if policy == "chunked":  # --max-num-seqs defaults to 64 here: keep it inside the budget
+        max_num_seqs = min(max_num_seqs, budget or DEFAULT_TOKEN_BUDGET)
     return ServingConfig(
         policy=policy,
         max_num_batched_tokens=budget,
