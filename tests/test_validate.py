@@ -123,3 +123,34 @@ def test_simulate_replays_a_bench_result(tmp_path: Path, capsys: pytest.CaptureF
     assert summary["completed"] == 3
     assert summary["total_input_tokens"] == 60 and summary["total_output_tokens"] == 9
     assert body["scenario"]["workload"] == f"replayed from {bench}"
+
+
+def test_validate_sizes_chunks_by_time_on_both_sides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--step-budget-ms: the engine and the simulator both cut prompts by the profile's predicted
+    step time (the tiny profile: 1 ms + 20 us a token, so a 1.6 ms target holds ~25 tokens), and the
+    report counts the steps over the target on each side."""
+    profile = tiny_profile(tmp_path / "tiny.json")
+    args = ["validate", "--profile", str(profile), "--qps", "20", "--lengths", "fixed:40,3"]
+    args += ["--num-requests", "4", "--max-num-seqs", "4", "--json"]
+    steps = {}
+    for extra in ([], ["--step-budget-ms", "1.6"]):
+        assert main([*args, *extra]) == 0
+        body = json.loads(capsys.readouterr().out)
+        steps[bool(extra)] = body["policies"]["chunked"]
+    timed = steps[True]["time_budget"]
+    assert steps[False]["time_budget"] is None
+    assert timed["step_budget_ms"] == 1.6
+    # a 40-token prompt no longer fits one step: more steps on both sides than with 512 tokens
+    assert timed["num_steps"]["measured"] > steps[False]["per_step"]["num_steps"]
+    assert timed["num_steps"]["predicted"] > steps[False]["per_step"]["num_steps"]
+    assert timed["steps_over"]["predicted"] == 0
+    assert 0 <= timed["steps_over"]["measured"] <= timed["num_steps"]["measured"]
+    assert main([*args[:-1], "--step-budget-ms", "1.6"]) == 0
+    out = capsys.readouterr().out
+    assert "time budget 1.6 ms" in out and "steps over the 1.6 ms target: measured" in out
+
+
+def test_validate_refuses_a_time_budget_for_prefill_first(tmp_path: Path) -> None:
+    profile = tiny_profile(tmp_path / "tiny.json")
+    args = ["validate", "--profile", str(profile), "--policy", "prefill-first", "--step-budget-ms", "5"]
+    assert main([*args, "--num-requests", "2"]) == 2

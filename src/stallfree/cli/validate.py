@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from stallfree.cli.common import UsageError, positive_int
-from stallfree.core import DEFAULT_TOKEN_BUDGET
+from stallfree.cli.common import UsageError, positive_float, positive_int
+from stallfree.core import DEFAULT_STEP_TOKEN_CAP, DEFAULT_TOKEN_BUDGET
 
 _DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
 
@@ -77,6 +77,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument(
         "--max-num-seqs", type=positive_int, default=64, help="running requests at most (default 64)"
     )
+    g.add_argument(
+        "--step-budget-ms",
+        type=positive_float,
+        metavar="MS",
+        help="chunked: size prompt chunks so each step's predicted time (the profile's model, on "
+        "both sides) stays within MS; --token-budget is then a cap",
+    )
     g.add_argument("--max-model-len", type=positive_int, help="context length (default: the model's)")
     g.add_argument("--num-blocks", type=positive_int, help="KV-cache blocks (default: the engine's sizing)")
     g.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default 16)")
@@ -107,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
     policies = _policies(args.policy)
     profile = load_profile(args.profile)
     model = MeasuredCostModel(profile, sampling=args.sampling)
+    if args.step_budget_ms is not None and "chunked" not in policies:
+        raise UsageError("--step-budget-ms applies to the chunked policy only")
     if args.measured and len(policies) != 1:
         raise UsageError("--measured compares one run: give one --policy")
     results = [_validate_policy(args, policy, model) for policy in policies]
@@ -139,17 +148,23 @@ def _serving(args: argparse.Namespace, policy: str) -> Any:
     from stallfree.core.serving import ServingConfig
 
     budget = args.token_budget if policy == "chunked" else args.max_num_batched_tokens
+    step_budget_ms = args.step_budget_ms if policy == "chunked" else None
     max_num_seqs = args.max_num_seqs
     if policy == "chunked":  # --max-num-seqs defaults to 64 here: keep it inside the budget
-        max_num_seqs = min(max_num_seqs, budget or DEFAULT_TOKEN_BUDGET)
-    return ServingConfig(
-        policy=policy,
-        max_num_batched_tokens=budget,
-        max_num_seqs=max_num_seqs,
-        max_model_len=args.max_model_len,
-        block_size=args.block_size,
-        num_blocks=args.num_blocks,
-    )
+        default = DEFAULT_TOKEN_BUDGET if step_budget_ms is None else DEFAULT_STEP_TOKEN_CAP
+        max_num_seqs = min(max_num_seqs, budget or default)
+    try:
+        return ServingConfig(
+            policy=policy,
+            max_num_batched_tokens=budget,
+            max_num_seqs=max_num_seqs,
+            max_model_len=args.max_model_len,
+            block_size=args.block_size,
+            num_blocks=args.num_blocks,
+            step_budget_ms=step_budget_ms,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[str, Any]:
@@ -173,7 +188,7 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
         run, num_blocks, model_len, requests = _engine_run(args, serving, model)
         records, measured_itl, duration = run.records, run.itl, run.duration_s
         serving = replace(serving, num_blocks=num_blocks, max_model_len=model_len)
-        per_step = step_errors(model, run.steps)
+        per_step = step_errors(model, run.steps, serving.step_budget_s)
     measured = summarize(records, measured_itl, duration)
     measured["max_itl_ms"] = max((r.max_itl_s for r in records if r.is_completed), default=0.0) * 1000
     sim = simulate(requests, model=None, profile=model, serving=serving)
@@ -186,8 +201,26 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
         }
         for _, key in ROWS
     }
+    target: dict[str, Any] | None = None
+    if serving.step_budget_ms is not None:
+        target = {
+            "step_budget_ms": serving.step_budget_ms,
+            "steps_over": {
+                "measured": None if per_step is None else per_step["num_steps_over_target"],
+                "predicted": predicted["num_steps_over_budget"],
+            },
+            "num_steps": {
+                "measured": None if per_step is None else per_step["num_steps"],
+                "predicted": predicted["num_steps"],
+            },
+            "max_step_ms": {
+                "measured": None if per_step is None else per_step["max_step_ms"],
+                "predicted": predicted["max_step_ms"],
+            },
+        }
     return {
         "policy": policy,
+        "time_budget": target,
         "token_budget": serving.token_budget
         if policy == "chunked"
         else serving.whole_prompt_cap(serving.max_model_len or 1 << 30),
@@ -236,6 +269,7 @@ def _engine_run(args: argparse.Namespace, serving: Any, model: Any) -> tuple[Any
         device=args.device or fp.get("device"),
         serving=serving,
         seed=args.seed,
+        step_time_predictor=model.step_time_s if serving.step_budget_ms is not None else None,
     )
     _warm_up(engine)
     sampling = {
@@ -260,8 +294,9 @@ def _warm_up(engine: Any) -> None:
         engine.step()
 
 
-def step_errors(model: Any, steps: list[Any]) -> dict[str, Any]:
-    """Each real step's plan priced by ``model`` against its measured wall time."""
+def step_errors(model: Any, steps: list[Any], target_s: float | None = None) -> dict[str, Any]:
+    """Each real step's plan priced by ``model`` against its measured wall time (and, with a
+    step-time ``target_s``, how many real steps took longer than it)."""
     measured = np.array([s.duration_s for s in steps])
     predicted = np.array([model.step_time_s(s.plan) for s in steps])
     errors = predicted / measured - 1
@@ -284,6 +319,15 @@ def step_errors(model: Any, steps: list[Any]) -> dict[str, Any]:
         "predicted_step_s_total": float(predicted.sum()),
         "decode_only": summary(decode_only),
         "with_prompt_tokens": summary(~decode_only),
+        **(
+            {}
+            if target_s is None
+            else {
+                "num_steps_over_target": int((measured > target_s).sum()),
+                "num_predicted_over_target": int((predicted > target_s).sum()),
+                "max_step_ms": float(measured.max(initial=0.0)) * 1000,
+            }
+        ),
     }
 
 
@@ -314,6 +358,8 @@ def format_report(body: dict[str, Any]) -> str:
         budget = (
             f"token budget {r['token_budget']}" if policy == "chunked" else f"batch cap {r['token_budget']}"
         )
+        if r["time_budget"] is not None:
+            budget = f"time budget {r['time_budget']['step_budget_ms']:g} ms, token cap {r['token_budget']}"
         lines += [
             "",
             f"{policy} ({budget}, max {r['max_num_seqs']} seqs, {r['num_blocks']} KV blocks); completed "
@@ -338,12 +384,30 @@ def format_report(body: dict[str, Any]) -> str:
                         f"    {part.replace('_', ' '):<20} {s['num_steps']:>6} steps: median {s['median_abs_error']:.1%}, "
                         f"p90 {s['p90_abs_error']:.1%} (bias {s['median_error']:+.1%})"
                     )
+        lines += _target_lines(r["time_budget"], steps)
     if "ordering" in body:
         same = ", ".join(f"{k}: {'same' if v else 'DIFFERENT'}" for k, v in body["ordering"].items())
         lines += ["", f"policy ordering, measured vs predicted: {same}"]
     if body.get("outputs"):
         lines += ["", "wrote: " + ", ".join(body["outputs"])]
     return "\n".join(lines)
+
+
+def _target_lines(target: dict[str, Any] | None, steps: dict[str, Any] | None) -> list[str]:
+    """A time-budgeted run: the steps that took longer than the target, measured and predicted."""
+    if target is None:
+        return []
+    over, num, longest = target["steps_over"], target["num_steps"], target["max_step_ms"]
+    line = f"  steps over the {target['step_budget_ms']:g} ms target: "
+    if over["measured"] is not None:
+        line += f"measured {over['measured']} of {num['measured']} (longest {longest['measured']:.1f} ms), "
+    line += f"predicted {over['predicted']} of {num['predicted']} (longest {longest['predicted']:.1f} ms)"
+    lines = [line]
+    if steps is not None:
+        lines.append(
+            f"    the model priced {steps['num_predicted_over_target']} of the real steps over the target"
+        )
+    return lines
 
 
 def _num(value: Any) -> str:
