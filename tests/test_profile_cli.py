@@ -51,3 +51,15 @@ def test_specs_prints_the_fitted_parameters(tiny_profile: Path, capsys: pytest.C
     assert main(["specs", "--profile", str(tiny_profile)]) == 0
     out = capsys.readouterr().out
     assert "weight streaming" in out and "fit error" in out
+
+
+@pytest.mark.parametrize("max_model_len", [512, 2048, 3000, 4096, 8192])
+def test_the_default_grid_fits_the_context_and_times_long_whole_prompts(max_model_len: int) -> None:
+    from stallfree.engine.profiler import default_grid
+
+    grid = default_grid(64, max_model_len)
+    for _kind, decodes, chunks in grid.step_points():
+        assert all(c < max_model_len for c in decodes)
+        assert all(tokens + before <= max_model_len for tokens, before, _ in chunks)
+    whole = [c[0][0] for _k, d, c in grid.step_points() if not d and len(c) == 1 and c[0][1] == 0 and c[0][2]]
+    assert whole == [n for n in (2048, 3072) if n < max_model_len]

@@ -69,6 +69,8 @@ class ProfileGrid:
     # ``batch_prompts`` prompts of ``batch_prompt_tokens`` each, measured with 2 repeats.
     batch_prompts: tuple[int, ...] = ()
     batch_prompt_tokens: int = 512
+    # Long single prompts run whole (prefill-first's stall; chunk points stop at 1,024 tokens).
+    whole_prompts: tuple[int, ...] = ()
 
     def step_points(self) -> Iterator[tuple[str, tuple[int, ...], tuple[tuple[int, int, bool], ...]]]:
         """(kind, decode contexts, chunks) of every step point, in measuring order."""
@@ -87,6 +89,8 @@ class ProfileGrid:
                         yield "mixed", (dctx,) * n, ((tokens, before, (tokens + before) % 2 == 0),)
         for k in self.batch_prompts:
             yield "prefill", (), ((self.batch_prompt_tokens, 0, True),) * k
+        for tokens in self.whole_prompts:
+            yield "prefill", (), ((tokens, 0, True),)
 
     def num_points(self) -> int:
         return (
@@ -148,6 +152,7 @@ def default_grid(max_num_seqs: int, max_model_len: int, *, quick: bool = False) 
         linear_tokens=(1, 4, 16, 64, 256, 512, 2048),
         overhead_rows=tuple(dict.fromkeys(upto((1, 8, 32), max_num_seqs))),
         batch_prompts=tuple(k for k in (2, 4, 8) if k * 512 <= max_model_len),
+        whole_prompts=tuple(n for n in (2048, 3072) if n <= context_limit),
     )
 
 
