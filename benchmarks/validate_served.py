@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from server_overhead import serving  # noqa: E402
-from validate_cpu import BUDGET, DTYPES, LENGTHS, capacity_qps, load, stallfree  # noqa: E402
+from server_overhead import serving
+from validate_cpu import BUDGET, DTYPES, LENGTHS, capacity_qps, load, stallfree
 
 NUM_BLOCKS = 6000  # the in-process engine's sizing for random:medium, fixed on both sides
 KEYS = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms", "max_itl_ms")
@@ -55,7 +55,15 @@ def main() -> int:
     rows.append(f"predicted capacity {capacity:.3f} req/s; offered {qps} QPS, {args.num_requests} requests")
     for policy in policies:
         budget = ["--token-budget", str(BUDGET)] if policy == "chunked" else []
-        scheduler = ["--policy", policy, *budget, "--max-num-seqs", str(BUDGET), "--num-blocks", str(NUM_BLOCKS)]
+        scheduler = [
+            "--policy",
+            policy,
+            *budget,
+            "--max-num-seqs",
+            str(BUDGET),
+            "--num-blocks",
+            str(NUM_BLOCKS),
+        ]
         result = args.out / f"bench-{policy}.json"
         before, started = load(), time.perf_counter()
         serve_args = ["--model", "random:medium", "--dtype", DTYPES[args.dtype], "--device", "cpu",
