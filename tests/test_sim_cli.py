@@ -21,7 +21,69 @@ def test_policies_side_by_side_in_one_table(capsys: pytest.CaptureFixture[str]) 
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if "chunked" in line and "prefill-first" in line)
     assert header.split() == ["prefill-first", "decode-first", "chunked"]
-    assert "ITL p99 (ms)" in out and "llama-3-8b on 1 x a100-80gb (cost model: full)" in out
+    assert "ITL p99 (ms)" in out
+    assert "llama-3-8b on 1 x a100-80gb (cost model: measured (Vidur's A100 tables; auto))" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "kind", "note"),
+    [
+        ([], "measured", "Vidur's A100 tables; auto"),  # the default hardware is an A100 preset
+        (["--hardware", "h100-sxm"], "measured", "Vidur's H100 tables, Llama-2-7b-hf's curve; auto"),
+        (["--hardware", "l40s"], "full", "no measured table for l40s; auto"),
+        (["--hardware", "l40s", "--cost-model", "auto"], "full", "no measured table for l40s; auto"),
+        (["--cost-model", "full"], "full", None),  # a kind given is used as given
+        (["--cost-model", "seed"], "weights-only", None),
+        (["--cost-model", "measured"], "measured", None),
+    ],
+)
+def test_auto_cost_model_resolves_and_the_json_records_the_kind(
+    argv: list[str], kind: str, note: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", *SMALL, *argv, "--json"]) == 0
+    scenario = json.loads(capsys.readouterr().out)["scenario"]
+    assert scenario["cost_model"] == kind and scenario["cost_model_note"] == note
+
+
+def test_auto_header_says_why_and_explicit_full_is_unchanged(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", *SMALL, "--hardware", "l40s"]) == 0
+    assert (
+        "llama-3-8b on 1 x l40s (cost model: full (no measured table for l40s; auto));"
+        in capsys.readouterr().out
+    )
+    assert main(["simulate", *SMALL, "--cost-model", "full"]) == 0
+    assert "llama-3-8b on 1 x a100-80gb (cost model: full);" in capsys.readouterr().out
+
+
+def test_auto_prices_steps_as_the_kind_it_names(capsys: pytest.CaptureFixture[str]) -> None:
+    def summary(*argv: str) -> dict[str, object]:
+        assert main(["simulate", *SMALL, "--json", *argv]) == 0
+        return dict(json.loads(capsys.readouterr().out)["policies"]["chunked"])
+
+    def drop_wall(s: dict[str, object]) -> dict[str, object]:
+        return {k: v for k, v in s.items() if k != "sim_wall_s"}
+
+    assert drop_wall(summary()) == drop_wall(summary("--cost-model", "measured"))
+    assert drop_wall(summary("--hardware", "l40s")) == drop_wall(
+        summary("--hardware", "l40s", "--cost-model", "full")
+    )
+    assert drop_wall(summary()) != drop_wall(summary("--cost-model", "full"))
+
+
+def test_auto_with_a_profile_is_the_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from stallfree.specs.step_profile import save_profile
+    from tests.test_profile_measured import synthetic_profile
+
+    profile = save_profile(synthetic_profile(), tmp_path / "p.json")
+    assert main(["simulate", *SMALL, "--model", "llama-3-8b", "--profile", str(profile), "--json"]) == 0
+    scenario = json.loads(capsys.readouterr().out)["scenario"]
+    assert scenario["cost_model"] == "measured" and scenario["cost_model_note"] == f"profile {profile}; auto"
+
+
+def test_measured_on_hardware_without_a_table_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", *SMALL, "--hardware", "l40s", "--cost-model", "measured"]) == 2
+    err = capsys.readouterr().err
+    assert "needs --profile FILE" in err and "l40s has none" in err and "Traceback" not in err
 
 
 def test_json_has_vllm_keys_per_policy(capsys: pytest.CaptureFixture[str]) -> None:

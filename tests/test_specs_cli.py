@@ -67,6 +67,18 @@ def test_text_report_for_a_model_alone(capsys: pytest.CaptureFixture[str]) -> No
         ["specs", "--hardware", "tpu"],
         ["specs", "--model", "llama-3-70b", "--hardware", "a100-40gb", "--tp", "3"],
         ["specs", "--model", "/nonexistent/config.json"],
+        ["specs", "--model", "llama-3-8b", "--hardware", "l40s", "--cost-model", "measured"],  # no table
+        [
+            "specs",
+            "--model",
+            "llama-3-8b",
+            "--hardware",
+            "a100-80gb",
+            "--cost-model",
+            "measured",
+            "--tp",
+            "3",
+        ],
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,3 +93,58 @@ def test_help(capsys: pytest.CaptureFixture[str]) -> None:
         main(["specs", "--help"])
     assert info.value.code == 0
     assert "ridge" in capsys.readouterr().out
+
+
+def test_gpu_measured_model_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """Llama-3-8B on an A100: its own table, measured layers, modelled attention, and the step
+    figures of the roofline section from the measured model (slower than the roofline)."""
+    pair = ["specs", "--model", "llama-3-8b", "--hardware", "a100-80gb", "--json"]
+    assert main([*pair, "--cost-model", "measured"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "roofline" not in report
+    m = report["measured"]
+    assert (
+        m["cost_model"] == "measured" and m["gpu_table"] == "a100" and m["table_model"] == "Meta-Llama-3-8B"
+    )
+    assert m["table_is_this_shape"] and m["linear_layers"].startswith("measured: Vidur's a100 table")
+    assert m["attention"].startswith("modelled") and m["all_reduce"] == "none (tp=1)"
+    by_tokens = m["by_tokens_per_step"]
+    assert list(by_tokens) == ["1", "64", "256", "512", "2048", "8192"]
+    for entry in by_tokens.values():
+        assert 0 < entry["flops_per_s"] < 312e12 and 0.3 < entry["table_efficiency"] < 1
+    assert by_tokens["1"]["step_s"] < by_tokens["8192"]["step_s"]
+    assert main([*pair, "--cost-model", "full"]) == 0
+    roofline = json.loads(capsys.readouterr().out)["roofline"]
+    assert m["decode_step_s"]["16"] > roofline["decode_step_s"]["16"]
+    assert m["prefill_tokens_per_s"] < roofline["prefill_tokens_per_s"]
+    assert (
+        m["kv_capacity_tokens"] == roofline["kv_capacity_tokens"]
+        and m["ridge_tokens"] == roofline["ridge_tokens"]
+    )
+
+
+def test_gpu_measured_model_text_names_a_borrowed_curve(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "specs",
+        "--model",
+        "llama-3-8b",
+        "--hardware",
+        "h100-sxm",
+        "--tp",
+        "2",
+        "--cost-model",
+        "measured",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "measured    tp=2, Vidur's h100 operator tables (shipped)" in out
+    assert "derived: h100 efficiency curve" in out and "Llama-2-7b-hf at tp=2" in out
+    assert "all-reduce           measured: Vidur's h100 all-reduce, 2 GPUs" in out
+    assert "attention            modelled, FlashAttention-style" in out
+    assert "TFLOP/s a GPU" in out and "decode step x16" in out
+
+
+def test_measured_without_a_table_names_the_hardware(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["specs", "--model", "llama-3-8b", "--hardware", "l40s", "--cost-model", "measured"]) == 2
+    err = capsys.readouterr().err
+    assert "needs --profile FILE" in err and "l40s has none" in err

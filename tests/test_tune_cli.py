@@ -93,3 +93,23 @@ def test_bad_input_is_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert message in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_auto_cost_model_is_resolved_in_the_result(capsys: pytest.CaptureFixture[str]) -> None:
+    from stallfree.tune.trial import decode_step_ms
+
+    one = [*SMALL, "--budgets", "512", "--policy", "chunked"]
+    assert main(["tune", *one, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cost_model"] == "measured" and out["cost_model_note"] == "Vidur's A100 tables; auto"
+    # The strict SLO is 5 x the decode step of the model that ran, here the measured one.
+    step_ms = decode_step_ms("mistral-7b", "a100-80gb", 1, 32, 4096, "measured")
+    assert out["slos"]["tbt_p99_ms"] == round(5 * step_ms, 1)
+
+    assert main(["tune", *one, "--cost-model", "full", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cost_model"] == "full" and out["cost_model_note"] is None
+
+    assert main(["tune", *one, "--hardware", "l40s", "--slo-tbt-p99-ms", "200"]) == 0
+    text = capsys.readouterr().out
+    assert "mistral-7b on 1 x l40s (cost model full (no measured table for l40s; auto); ridge" in text

@@ -19,10 +19,12 @@ from stallfree.tune.trial import TrialSpec
 from tests.interrupts import CLI, interrupt, session_pids
 
 # Trials of a few seconds each on two workers (quiet 2-core machine: the whole sweep takes ~20 s), so
-# an interrupt 2 s after the workers start lands while some are in flight.
+# an interrupt 2 s after the workers start lands while some are in flight. The roofline (full)
+# keeps these timings independent of the default cost model.
 GRID = """
 models: [mistral-7b]
 hardware: [a100-80gb]
+cost_model: full
 tp: [1]
 policies: [chunked, prefill-first]
 budgets: [256, 512, 1024]
@@ -95,6 +97,8 @@ def test_tune_ctrl_c_exits_130_without_workers_left() -> None:
         "256,512,1024,2048",
         "--workers",
         "2",
+        "--cost-model",
+        "full",
     ]  # ~20 s whole
     result = interrupt([*args, "--no-progress"], delay_s=4.0, whole_group=True)
     assert result.returncode == 130, result.stderr
@@ -151,6 +155,8 @@ def test_tune_says_why_a_large_chunked_budget_misses_the_strict_tbt_slo() -> Non
             "chunked",
             "--workers",
             "1",
+            "--cost-model",
+            "full",  # the roofline's strict SLO: 5 x its 15.4 ms decode step
         ],
         capture_output=True,
         text=True,

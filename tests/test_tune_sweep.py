@@ -177,3 +177,30 @@ def test_sweep_cli_runs_a_small_real_grid(tmp_path: Path, capsys: pytest.Capture
     assert not (tmp_path / "out" / "capacity.csv").exists()
     assert main(argv) == 0
     assert "2 trials: 0 run, 2 resumed" in capsys.readouterr().out
+
+
+def test_auto_cost_model_is_resolved_per_hardware_and_recorded(tmp_path: Path) -> None:
+    text = GRID.replace("hardware: a100-80gb", "hardware: [a100-80gb, l40s]")
+    summary = run_sweep_grid(
+        parse_grid(__import__("yaml").safe_load(text)), tmp_path / "a", SerialPool(fake_trial)
+    )
+    kinds = {(r["hardware"], r["cost_model"]) for r in read_csv(summary.trials_path)}
+    assert kinds == {("a100-80gb", "measured"), ("l40s", "full")}  # Vidur's A100 tables; none for L40S
+    capacity = read_csv(tmp_path / "a" / "capacity.csv")
+    assert {(r["hardware"], r["cost_model"]) for r in capacity} == kinds
+
+    named = parse_grid(__import__("yaml").safe_load(text + "cost_model: full\n"))
+    summary = run_sweep_grid(named, tmp_path / "b", SerialPool(fake_trial))
+    assert {r["cost_model"] for r in read_csv(summary.trials_path)} == {"full"}
+
+
+def test_measured_without_a_profile_needs_a_gpu_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    grid_path = tmp_path / "grid.yaml"
+    grid_path.write_text(
+        GRID.replace("hardware: a100-80gb", "hardware: [a100-80gb, l40s]") + "cost_model: measured\n"
+    )
+    assert main(["sweep", str(grid_path), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a profile" in err and "l40s has none" in err and err.count("\n") == 1

@@ -189,6 +189,8 @@ def test_traffic_view_runs_the_simulator_and_cancels(page: Any, base_url: str) -
         "3",
         "--token-budget",
         "512",
+        "--cost-model",
+        "full",  # the traffic view's cost model
     )["policies"]
     for policy in ("chunked", "prefill-first"):
         for key in ("p99_itl_ms", "p99_ttft_ms", "request_throughput"):

@@ -67,14 +67,22 @@ def add_roofline_args(
         "--hardware", default=hardware, help="preset name or a hardware JSON file" + default(hardware)
     )
     parser.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel GPUs (default 1)")
+    choices = (*COST_MODEL_CHOICES, "auto") if cost_model == "auto" else COST_MODEL_CHOICES
     parser.add_argument(
         "--cost-model",
         type=cost_model_arg,
-        choices=COST_MODEL_CHOICES,
+        choices=choices,
         default=cost_model,
         help="weights-only (alias seed): the seed explainer's arithmetic; full: + attention FLOPs, KV-cache "
         "reads and writes, LM head, TP all-reduce; measured: fitted to a `stallfree profile` file "
-        f"(--profile) of the real engine (default {cost_model})",
+        "(--profile) of the real engine, or with no profile on an a100-*/h100-* preset, Vidur's measured "
+        "GPU tables"
+        + (
+            "; auto: measured when there is a profile or a shipped table, else full"
+            if "auto" in choices
+            else ""
+        )
+        + f" (default {cost_model})",
     )
     parser.add_argument(
         "--profile",
@@ -86,6 +94,19 @@ def add_roofline_args(
 COST_MODEL_CHOICES = ("weights-only", "full", "measured")
 
 
+def resolve_cost_model(args: argparse.Namespace) -> str | None:
+    """``--cost-model auto`` replaced in ``args`` by what it picks for ``--hardware`` (see
+    :func:`stallfree.sim.api.auto_cost_model`); the few words that say why, or None when a kind
+    was given. Call it before :func:`measured_profile`."""
+    if args.cost_model != "auto":
+        return None
+    from stallfree.sim.api import auto_cost_model
+
+    kind, why = auto_cost_model(args.hardware, model=args.model, tp=args.tp, profile=args.profile)
+    args.cost_model = kind
+    return f"{why}; auto"
+
+
 def measured_profile(args: argparse.Namespace, gpu_tables: bool = False) -> str | None:
     """The profile file of ``--cost-model measured`` (``--profile`` alone implies it), else None.
     ``gpu_tables``: ``measured`` with no profile is allowed for a GPU preset (shipped tables)."""
@@ -94,9 +115,17 @@ def measured_profile(args: argparse.Namespace, gpu_tables: bool = False) -> str 
     elif args.cost_model == "measured":
         from stallfree.sim.gpu_measured import gpu_family
 
-        if gpu_tables and gpu_family(str(getattr(args, "hardware", None) or "")) is not None:
+        hardware = getattr(args, "hardware", None)
+        if gpu_tables and gpu_family(str(hardware or "")) is not None:
             return None  # a GPU preset: the shipped Vidur tables (sim/gpu_measured.py)
-        raise UsageError("--cost-model measured needs --profile FILE (write one with `stallfree profile`)")
+        tables = (
+            f" or a GPU preset with a shipped table (a100-*, h100-*); {hardware} has none"
+            if gpu_tables and hardware
+            else ""
+        )
+        raise UsageError(
+            f"--cost-model measured needs --profile FILE (write one with `stallfree profile`){tables}"
+        )
     return str(args.profile) if args.profile is not None else None
 
 

@@ -14,6 +14,7 @@ from stallfree.cli.common import (
     add_roofline_args,
     add_serving_args,
     measured_profile,
+    resolve_cost_model,
     serving_config,
 )
 
@@ -23,13 +24,15 @@ if TYPE_CHECKING:
 _DESCRIPTION = """\
 Simulate a serving replica under continuous traffic: requests arrive (Poisson, gamma, all at
 once, or replayed from a trace), the stall-free scheduler (or a baseline policy) plans each
-step under a token budget and the KV-cache memory, and a roofline cost model prices each step.
+step under a token budget and the KV-cache memory, and a cost model prices each step.
 Several policies (--policy a,b,c) run the same requests and print one table side by side.
 Metrics follow `vllm bench serve`: TTFT, TPOT, ITL, E2EL (mean/median/std/p90/p99, ms), plus
 the longest inter-token gap, scheduling delay, preemptions, rejections and goodput.
 KV capacity = GPU memory x TP x --gpu-memory-utilization - weights - an activation reserve.
-The default cost model is `full`: it charges attention over each chunk's earlier context and
-the KV-cache reads, which long contexts make significant; `seed` is the weights-only roofline.
+The default cost model is `auto`: `measured` from --profile when one is given, or from Vidur's
+shipped operator tables on an a100-*/h100-* preset; otherwise `full`, the roofline that charges
+attention over each chunk's earlier context and the KV-cache reads. `seed` is the weights-only
+roofline. The header says which model ran and why.
 """
 
 _EPILOG = """\
@@ -52,13 +55,13 @@ DEFAULT_NUM_REQUESTS = 1000
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "simulate",
-        help="continuous traffic through the scheduler on a roofline clock: TTFT/TPOT/ITL by policy",
+        help="continuous traffic through the scheduler on a simulated clock: TTFT/TPOT/ITL by policy",
         description=_DESCRIPTION,
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("model and hardware")
-    add_roofline_args(g, model=None, hardware="a100-80gb", cost_model="full")
+    add_roofline_args(g, model=None, hardware="a100-80gb", cost_model="auto")
     g.add_argument(
         "--dtype",
         choices=("bf16", "fp16", "fp32", "fp8"),
@@ -142,9 +145,10 @@ def run(args: argparse.Namespace) -> int:
     from stallfree.workload import sample
 
     policies = _policies(args.policy)
-    profile = measured_profile(args, gpu_tables=True)
     if args.model is None:
-        args.model = _profiled_model(profile) if profile else "llama-3-8b"
+        args.model = _profiled_model(args.profile) if args.profile is not None else "llama-3-8b"
+    cost_model_note = resolve_cost_model(args)
+    profile = measured_profile(args, gpu_tables=True)
     if not args.step_overhead_ms >= 0:
         raise UsageError(f"--step-overhead-ms must be >= 0, got {args.step_overhead_ms}")
     goodput = parse_goodput(args.goodput) if args.goodput else None
@@ -192,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         from stallfree.plots.traffic import plot_traffic
 
         outputs += [str(path) for path in plot_traffic(results, args.plot)]
-    scenario = _scenario(args, workload, len(requests))
+    scenario = _scenario(args, workload, len(requests), cost_model_note)
     if args.json:
         # One shape whether one policy ran or several.
         body: dict[str, Any] = {"scenario": scenario, "policies": {r.policy: r.summary for r in results}}
@@ -262,7 +266,9 @@ def _per_policy_path(path: str, policy: str, num_policies: int) -> Path:
     return target if num_policies == 1 else target.with_name(f"{target.stem}.{policy}{target.suffix}")
 
 
-def _scenario(args: argparse.Namespace, workload: Any, num_requests: int) -> dict[str, Any]:
+def _scenario(
+    args: argparse.Namespace, workload: Any, num_requests: int, cost_model_note: str | None
+) -> dict[str, Any]:
     from stallfree.specs import HARDWARE_PRESETS, load_hardware_spec
 
     chunked = serving_config(args, "chunked")  # the header describes the chunked policy's step
@@ -272,7 +278,8 @@ def _scenario(args: argparse.Namespace, workload: Any, num_requests: int) -> dic
         "hardware": load_hardware_spec(args.hardware).name,  # a JSON file's own name, not its path
         "hardware_file": hardware_file,
         "tp": args.tp,
-        "cost_model": args.cost_model,
+        "cost_model": args.cost_model,  # resolved: never "auto"
+        "cost_model_note": cost_model_note,  # why auto picked it; None when --cost-model named it
         "profile": args.profile,
         "step_overhead_ms": args.step_overhead_ms,
         "num_requests": num_requests,
@@ -347,6 +354,7 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
         budget = f"step budget {sc['step_budget_ms']:g} ms (cap: {budget})"
     lines = [
         f"{sc['model']} on {sc['tp']} x {sc['hardware']} (cost model: {sc['cost_model']}"
+        + (f" ({sc['cost_model_note']})" if sc.get("cost_model_note") else "")
         + (f" + {sc['step_overhead_ms']:g} ms a step" if sc["step_overhead_ms"] else "")
         + f"); chunked {budget}, "
         f"max {sc['max_num_seqs']} seqs",

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 from stallfree.cli.common import add_roofline_args, measured_profile, positive_int
 
 if TYPE_CHECKING:
-    from stallfree.sim.cost_model import CostModel, CostModelConfig
+    from stallfree.sim.cost_model import CostModel
+    from stallfree.sim.gpu_measured import GpuMeasuredCostModel
     from stallfree.specs import HardwareSpec, ModelSpec
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -22,13 +23,17 @@ With --model and/or --hardware: print what follows from them. For a model: param
 count, weight bytes and KV-cache bytes per token. For a pair: also the KV-cache capacity
 in tokens at 90% memory utilisation after the weights, decode step times for 1/16/64
 streams, prefill throughput, and the ridge point (tokens per step at which compute time
-equals the weight-read time), from the roofline cost model.
+equals the weight-read time), from the roofline cost model. --cost-model measured with no
+--profile, on an a100-*/h100-* preset: the same figures from Vidur's shipped GPU tables, with
+what is measured and what is modelled, and achieved figures by tokens per step.
+--profile FILE: the CPU profile's fitted measured model instead.
 """
 
 _EPILOG = """\
 examples:
   stallfree specs
   stallfree specs --model llama-3-70b --hardware a100-40gb --tp 4
+  stallfree specs --model llama-3-8b --hardware a100-80gb --cost-model measured
   stallfree specs --model path/to/config.json --hardware my-gpu.json --json
 hardware JSON fields: name, peak_flops_per_s, mem_bandwidth_bytes_per_s, mem_capacity_bytes,
   interconnect_bandwidth_bytes_per_s, interconnect_latency_s (optional)
@@ -51,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--context-tokens",
         type=positive_int,
         default=2048,
-        help="cached tokens per decoding stream, for --cost-model full (default 2048)",
+        help="cached tokens per decoding stream, for --cost-model full or measured (default 2048)",
     )
     parser.add_argument(
         "--prompt-tokens",
@@ -66,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     from stallfree.specs import HARDWARE_PRESETS, MODEL_PRESETS, load_hardware_spec, load_model_spec
 
-    profile = measured_profile(args)
+    profile = measured_profile(args, gpu_tables=True)
     if profile is not None:
         from stallfree.cli.profile import print_profile_figures
 
@@ -97,10 +102,18 @@ def run(args: argparse.Namespace) -> int:
     if hw is not None:
         report["hardware"] = _hardware_dict(hw)
     if model is not None and hw is not None:
-        from stallfree.sim.cost_model import CostModel, CostModelConfig
+        kv_tokens = _kv_capacity_tokens(model, hw, args.tp, dtype_bytes)
+        figures = (args.tp, kv_tokens, args.context_tokens, args.prompt_tokens)
+        if args.cost_model == "measured":  # no --profile: a GPU preset's shipped tables
+            from stallfree.sim.gpu_measured import GpuMeasuredCostModel
 
-        config = CostModelConfig(model, hw, tp=args.tp, dtype_bytes=dtype_bytes, kind=args.cost_model)
-        report["roofline"] = _roofline_figures(CostModel(config), args.context_tokens, args.prompt_tokens)
+            gpu = GpuMeasuredCostModel(model, hw, tp=args.tp, dtype_bytes=dtype_bytes)
+            report["measured"] = {**_step_figures(gpu, "measured", *figures), **gpu.describe()}
+        else:
+            from stallfree.sim.cost_model import CostModel, CostModelConfig
+
+            config = CostModelConfig(model, hw, tp=args.tp, dtype_bytes=dtype_bytes, kind=args.cost_model)
+            report["roofline"] = _step_figures(CostModel(config), config.kind, *figures)
     print(json.dumps(report, indent=2) if args.json else _report_text(report))
     return 0
 
@@ -135,35 +148,41 @@ def _hardware_dict(hw: HardwareSpec) -> dict[str, Any]:
     }
 
 
-def _roofline_figures(cost_model: CostModel, context_tokens: int, prompt_tokens: int) -> dict[str, Any]:
-    config = cost_model.config
-    prefill_s = cost_model.prefill_time_s(prompt_tokens)
+def _step_figures(
+    costs: CostModel | GpuMeasuredCostModel,
+    kind: str,
+    tp: int,
+    kv_capacity_tokens: int,
+    context_tokens: int,
+    prompt_tokens: int,
+) -> dict[str, Any]:
+    prefill_s = costs.prefill_time_s(prompt_tokens)
     return {
-        "tp": config.tp,
-        "cost_model": config.kind,
+        "tp": tp,
+        "cost_model": kind,
         "mem_utilization": MEM_UTILIZATION,
-        "kv_capacity_tokens": _kv_capacity_tokens(config),
+        "kv_capacity_tokens": kv_capacity_tokens,
         "context_tokens": context_tokens,
-        "decode_step_s": {str(n): cost_model.decode_step_s(n, context_tokens) for n in DECODE_STREAMS},
+        "decode_step_s": {str(n): costs.decode_step_s(n, context_tokens) for n in DECODE_STREAMS},
         "prompt_tokens": prompt_tokens,
         "prefill_s": prefill_s,
         "prefill_tokens_per_s": prompt_tokens / prefill_s,
-        "ridge_tokens": cost_model.ridge_tokens(),
+        "ridge_tokens": costs.ridge_tokens(),
     }
 
 
-def _kv_capacity_tokens(config: CostModelConfig) -> int:
+def _kv_capacity_tokens(model: ModelSpec, hw: HardwareSpec, tp: int, dtype_bytes: int) -> int:
     """KV tokens one replica holds, as ``simulate`` sizes it by default (0: the weights do not fit)."""
     from stallfree.core import DEFAULT_TOKEN_BUDGET
     from stallfree.sim.memory import kv_memory
 
     try:
         kv = kv_memory(
-            config.model,
-            config.hardware,
-            tp=config.tp,
+            model,
+            hw,
+            tp=tp,
             gpu_memory_utilization=MEM_UTILIZATION,
-            dtype_bytes=config.dtype_bytes,
+            dtype_bytes=dtype_bytes,
             max_num_batched_tokens=DEFAULT_TOKEN_BUDGET,
         )
     except ValueError:
@@ -219,21 +238,53 @@ def _report_text(report: dict[str, Any]) -> str:
             f"  interconnect         {hw['interconnect_bandwidth_bytes_per_s'] / 1e9:.0f} GB/s per direction",
         ]
     if roof is not None:
-        capacity = roof["kv_capacity_tokens"]
-        capacity_text = f"{capacity:,} tokens" if capacity else "none: the weights do not fit"
-        lines += [
-            f"roofline    tp={roof['tp']}, cost model {roof['cost_model']}",
-            f"  KV capacity          {capacity_text} (at {roof['mem_utilization']:.0%} memory)",
-        ]
-        context = f", {roof['context_tokens']} cached tokens each" if roof["cost_model"] == "full" else ""
-        for streams, step_s in roof["decode_step_s"].items():
-            lines.append(f"  decode step x{streams:<4}    {step_s * 1e3:.1f} ms{context}")
-        lines += [
-            f"  prefill              {roof['prefill_tokens_per_s']:,.0f} tokens/s"
-            f" ({roof['prompt_tokens']:,}-token prompt alone: {roof['prefill_s']:.2f} s)",
-            f"  ridge                {roof['ridge_tokens']:.0f} tokens per step",
-        ]
+        lines += [f"roofline    tp={roof['tp']}, cost model {roof['cost_model']}", *_step_lines(roof)]
+    measured = report.get("measured")
+    if measured is not None:
+        lines += _measured_lines(measured)
     return "\n".join(lines)
+
+
+def _step_lines(figures: dict[str, Any]) -> list[str]:
+    capacity = figures["kv_capacity_tokens"]
+    capacity_text = f"{capacity:,} tokens" if capacity else "none: the weights do not fit"
+    lines = [f"  KV capacity          {capacity_text} (at {figures['mem_utilization']:.0%} memory)"]
+    context = (
+        f", {figures['context_tokens']} cached tokens each" if figures["cost_model"] != "weights-only" else ""
+    )
+    for streams, step_s in figures["decode_step_s"].items():
+        lines.append(f"  decode step x{streams:<4}    {step_s * 1e3:.1f} ms{context}")
+    return [
+        *lines,
+        f"  prefill              {figures['prefill_tokens_per_s']:,.0f} tokens/s"
+        f" ({figures['prompt_tokens']:,}-token prompt alone: {figures['prefill_s']:.2f} s)",
+        f"  ridge                {figures['ridge_tokens']:.0f} tokens per step"
+        + (" (the roofline's, weights only)" if figures["cost_model"] == "measured" else ""),
+    ]
+
+
+def _measured_lines(m: dict[str, Any]) -> list[str]:
+    """The GPU measured model: its table, what is measured and what modelled, achieved figures."""
+    lines = [
+        f"measured    tp={m['tp']}, {m['source']}",
+        f"  decoder layers       {m['linear_layers']}",
+        f"  embedding            measured: the {m['table_model']} table's, once a step",
+        f"  all-reduce           {m['all_reduce']}",
+        f"  attention            {m['attention']}",
+        f"  LM head              {m['lm_head']}",
+        f"  fixed per step       {m['overhead_s'] * 1e3:g} ms (CPU scheduling and sampling left out, as Vidur)",
+        *_step_lines(m),
+        "  by tokens per step   one prompt chunk of that many tokens, no earlier context:",
+        f"  {'tokens':>11}{'decoder layer':>16}{'step':>11}{'achieved (linear FLOPs)':>27}{'table efficiency':>19}",
+    ]
+    for tokens, entry in m["by_tokens_per_step"].items():
+        achieved = f"{entry['flops_per_s'] / 1e12:.1f} TFLOP/s a GPU"
+        lines.append(
+            f"  {int(tokens):>11,}{entry['layer_s'] * 1e3:>13.3f} ms{entry['step_s'] * 1e3:>8.2f} ms"
+            f"{achieved:>27}{entry['table_efficiency']:>19.0%}"
+        )
+    lines.append("  (table efficiency: the roofline's time / the measured time of the table's linear layers)")
+    return lines
 
 
 def _kib(num_bytes: int) -> str:

@@ -18,6 +18,7 @@ from stallfree.cli.common import (
     non_negative_int,
     positive_float,
     positive_int,
+    resolve_cost_model,
 )
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for name, flag in SLO_FLAGS.items():
         default = 2.0 if name == "sched_delay_p50_s" else None
         extra = {
-            "tbt_p99_ms": f" (default: strict, {STRICT_TBT_MULTIPLE} x the roofline decode step of "
+            "tbt_p99_ms": f" (default: strict, {STRICT_TBT_MULTIPLE} x the cost model's decode step of "
             f"{STRICT_TBT_BATCH} sequences at {STRICT_TBT_CONTEXT} tokens of context, as Sarathi-Serve)",
             "sched_delay_p50_s": " (default 2, as Sarathi-Serve)",
         }.get(name, "")
@@ -93,7 +94,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--qps-start",
         type=positive_float,
         default=None,
-        help="QPS of each search's first trial (default: half the roofline throughput at the budget)",
+        help="QPS of each search's first trial (default: half the cost model's throughput at the budget)",
     )
     _add_run_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (every trial included)")
@@ -106,7 +107,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=(
             "Run every trial of a YAML grid and write a tidy CSV of them (trials.csv, one row appended per "
             "trial) plus capacity.csv for capacity searches. Rerunning with the same --out resumes: trials "
-            "already in trials.csv are not run again."
+            "already in trials.csv are not run again. The grid's cost_model defaults to auto, resolved per "
+            "hardware as in tune (measured on an a100-*/h100-* preset or with a profile, else full); the "
+            "files record the resolved kind."
         ),
     )
     s.add_argument("grid", help="the YAML grid file")
@@ -118,7 +121,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _add_deployment_args(p: argparse.ArgumentParser) -> None:
-    add_roofline_args(p, model=DEFAULT_MODEL, hardware="a100-80gb", cost_model="full")
+    add_roofline_args(p, model=DEFAULT_MODEL, hardware="a100-80gb", cost_model="auto")
     p.add_argument(
         "--gpu-memory-utilization",
         type=positive_float,
@@ -194,6 +197,7 @@ def run_tune(args: argparse.Namespace) -> int:
     from stallfree.tune.slo import SLO_FLAGS, Slos
     from stallfree.tune.trial import TrialSpec, decode_step_ms, full_step_ms, ridge_tokens
 
+    cost_model_note = resolve_cost_model(args)
     profile = measured_profile(args, gpu_tables=True)
     if profile is not None:  # a trial spec holds strings: the profile rides in the kind
         args.cost_model = f"measured:{profile}"
@@ -261,6 +265,7 @@ def run_tune(args: argparse.Namespace) -> int:
             "searches_finished": len(result.points),
             "searches": interrupted.num_searches,
         }
+    out["cost_model_note"] = cost_model_note  # why auto picked the kind; None when named
     out["ridge_tokens"] = ridge
     out["full_step_ms"] = {
         str(b): full_step_ms(args.model, args.hardware, args.tp, args.cost_model, b) for b in budgets

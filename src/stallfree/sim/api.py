@@ -3,6 +3,8 @@
 :func:`simulate` builds what the command line builds (model and hardware specs, a cost model,
 KV capacity from memory, a scheduler with one policy) and runs a workload through
 :func:`~stallfree.sim.traffic.run_traffic`. Every argument mirrors a command-line option.
+:func:`auto_cost_model` is what ``cost_model="auto"`` (the default of ``simulate``, ``tune`` and
+``sweep`` on the command line) picks: the most accurate model available for the hardware.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from stallfree.sim.gpu_measured import GpuMeasuredCostModel, gpu_family
 from stallfree.sim.measured import MeasuredCostModel
 from stallfree.sim.memory import KvMemory, fixed_kv_memory, kv_memory
 from stallfree.sim.traffic import SteadyCostModel, StepTrace, run_traffic
-from stallfree.specs import HardwareSpec, ModelSpec, load_hardware_spec, load_model_spec
+from stallfree.specs import (
+    HARDWARE_PRESETS,
+    HardwareSpec,
+    ModelSpec,
+    load_hardware_spec,
+    load_model_spec,
+)
 from stallfree.specs.step_profile import StepProfile, load_profile
 from stallfree.workload import Workload, WorkloadArrays, sample
 
@@ -42,7 +50,7 @@ def simulate(
     model: str | ModelSpec | None = None,
     hardware: str | HardwareSpec = "a100-80gb",
     tp: int = 1,
-    cost_model: CostModelKind | Literal["measured"] = "full",
+    cost_model: CostModelKind | Literal["measured", "auto"] = "full",
     profile: str | StepProfile | MeasuredCostModel | None = None,
     sampling: str = "greedy",
     dtype_bytes: int | None = None,
@@ -70,7 +78,10 @@ def simulate(
     every sampled row pays: greedy, temperature or top-p), and ``model`` defaults to the
     profiled one (otherwise ``llama-3-8b``). With no ``profile`` and a GPU ``hardware`` preset
     (``a100-*``, ``h100-*``, ``a40``), ``measured`` prices steps from Vidur's measured operator
-    tables shipped with stallfree (:class:`~stallfree.sim.gpu_measured.GpuMeasuredCostModel`). ``dtype_bytes`` sizes weights and KV (default 2, or
+    tables shipped with stallfree (:class:`~stallfree.sim.gpu_measured.GpuMeasuredCostModel`).
+    ``cost_model="auto"`` picks as :func:`auto_cost_model` says (``measured`` with a ``profile``
+    or on a GPU preset with a shipped table, else ``full``); the default here stays ``full``, the
+    command line's is ``auto``. ``dtype_bytes`` sizes weights and KV (default 2, or
     the profile's). ``serving.num_blocks`` fixes the KV cache instead of sizing it from ``hardware``.
 
     The summary holds :func:`stallfree.metrics.summarize`'s keys plus ``policy``, ``num_steps``,
@@ -82,6 +93,8 @@ def simulate(
     alone were over it).
     """
     hardware_spec = load_hardware_spec(hardware) if isinstance(hardware, str) else hardware
+    if cost_model == "auto":
+        cost_model = auto_cost_model(hardware, profile=profile)[0]
     costs: SteadyCostModel
     if profile is None and cost_model == "measured" and gpu_family(hardware_spec.name) is not None:
         # a GPU preset: Vidur's measured operator tables, shipped (sim/gpu_measured.py)
@@ -94,7 +107,7 @@ def simulate(
         if profile is None:
             raise ValueError(
                 "cost_model 'measured' needs a profile (a stallfree profile file) or a GPU preset "
-                "with a shipped table (a100-*, h100-*, a40)"
+                f"with a shipped table (a100-*, h100-*, a40); {hardware_spec.name} has none"
             )
         measured = (
             profile
@@ -168,6 +181,38 @@ def simulate(
         "rejected_reasons": run.rejected_reasons,
     }
     return SimulationResult(serving.policy, summary, run.records, run.itl, kv, run.steps)
+
+
+def auto_cost_model(
+    hardware: str | HardwareSpec,
+    *,
+    model: str | ModelSpec | None = None,
+    tp: int = 1,
+    profile: str | StepProfile | MeasuredCostModel | None = None,
+) -> tuple[Literal["measured", "full"], str]:
+    """The most accurate cost model available for ``hardware``, and why, in a few words.
+
+    ``measured`` from ``profile`` when one is given; ``measured`` from Vidur's shipped tables when
+    ``hardware`` is a GPU preset that :func:`~stallfree.sim.gpu_measured.gpu_family` knows
+    (``a100-*``, ``h100-*``; a hardware file or spec counts only if it equals the preset in every
+    field); otherwise ``full``. With ``model``, a borrowed efficiency curve (no table of the
+    model's own layer shape at ``tp``) is named in the reason.
+    """
+    if profile is not None:
+        return "measured", f"profile {profile}" if isinstance(profile, str) else "the given profile"
+    spec = load_hardware_spec(hardware) if isinstance(hardware, str) else hardware
+    family = gpu_family(spec.name) if HARDWARE_PRESETS.get(spec.name) == spec else None
+    if family is None:
+        return "full", f"no measured table for {spec.name}"
+    why = f"Vidur's {family.upper()} tables"
+    if model is not None:
+        try:
+            gpu = GpuMeasuredCostModel(_model_spec(model), spec, tp=tp)
+        except ValueError:
+            return "measured", why  # the run itself says what is wrong with the pair
+        if not gpu.measured:
+            why += f", {gpu.table_model}'s curve"
+    return "measured", why
 
 
 def _step_budget_summary(serving: ServingConfig, scheduler: Scheduler, num_over: int) -> dict[str, Any]:

@@ -58,6 +58,7 @@ ATTENTION_FLOPS_EFFICIENCY = 0.6
 # KV reads stream like weights do: Vidur's A100 table puts weight streaming at ~70% of datasheet.
 ATTENTION_BANDWIDTH_EFFICIENCY = 0.7
 DEFAULT_OVERHEAD_S = 0.0
+DESCRIBE_TOKENS = (1, 64, 256, 512, 2048, 8192)  # tokens per step that describe() reports
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -150,6 +151,7 @@ class GpuMeasuredCostModel:
         table, exact, ref_tp = self._pick(data, shape, tp)
         self._table = table
         self.measured = exact
+        self.table_model = table.model  # the table's own model: this one's layer shape, or the nearest
         if exact:
             self.source = f"measured: Vidur's {family} table for {table.model} (same layer shape), tp={tp}"
         else:
@@ -322,18 +324,31 @@ class GpuMeasuredCostModel:
         return self.step_time_s(synthetic_plan(0, 0, num_tokens))
 
     def describe(self) -> dict[str, Any]:
-        """What is measured and what is modelled, for ``stallfree specs``."""
+        """What is measured and what is modelled, and achieved figures by tokens per step (one
+        prompt chunk of that many tokens, no earlier context), for ``stallfree specs``."""
+        by_tokens: dict[str, dict[str, float]] = {}
+        for n in DESCRIBE_TOKENS:
+            step_s = self.prefill_time_s(n)
+            by_tokens[str(n)] = {
+                "layer_s": self.layer_s(n),
+                "step_s": step_s,
+                # linear-layer FLOPs over the whole step's time, per GPU (datasheet: peak_flops_per_s)
+                "flops_per_s": 2.0 * self.model.num_non_embedding_params * n / step_s / self.tp,
+                "table_efficiency": 1 / self._slowdown(n),
+            }
         return {
-            "cost_model": "measured (GPU tables from Vidur)",
+            "cost_model": "measured",
+            "source": f"Vidur's {self.family} operator tables (shipped)",
             "gpu_table": self.family,
+            "table_model": self.table_model,
+            "table_is_this_shape": self.measured,
             "linear_layers": self.source,
             "all_reduce": self.all_reduce_source,
             "attention": (
                 f"modelled, FlashAttention-style: {ATTENTION_FLOPS_EFFICIENCY:.0%} of peak FLOP/s, "
                 f"{ATTENTION_BANDWIDTH_EFFICIENCY:.0%} of bandwidth for KV reads/writes"
             ),
-            "lm_head": "roofline / the table's efficiency at the sampled rows",
-            "overhead_ms": self.overhead_s * 1e3,
-            "layer_ms_by_tokens": {n: round(self.layer_s(n) * 1e3, 4) for n in (1, 64, 256, 512, 2048)},
-            "efficiency_by_tokens": {n: round(1 / self._slowdown(n), 3) for n in (1, 64, 256, 512, 2048)},
+            "lm_head": "modelled: roofline / the table's efficiency at the sampled rows",
+            "overhead_s": self.overhead_s,
+            "by_tokens_per_step": by_tokens,
         }

@@ -11,6 +11,7 @@ Example::
     budgets: [256, 512, 1024]       # or auto (powers of two + ridge multiples, per model/hardware/TP)
     max_num_seqs: 256               # each budget runs min(this, budget) sequences
     workload: {lengths: sharegpt, arrival: poisson, num_requests: 1000, seed: 0}
+    cost_model: auto                # default; or full, weights-only, measured (+ profile: FILE)
     qps: [0.5, 1, 2]                # fixed-rate trials, and/or:
     capacity: {slos: {tbt_p99_ms: 100, sched_delay_p50_s: 2}, precision: 0.05}
 """
@@ -65,7 +66,7 @@ class Grid:
     burstiness: float
     num_requests: int
     seed: int
-    cost_model: str
+    cost_model: str  # a roofline kind, measured (GPU tables), measured:<profile>, or auto (per hardware)
     gpu_memory_utilization: float
     qps: tuple[float, ...]
     capacity: CapacityGrid | None
@@ -207,16 +208,14 @@ def _float(value: Any, name: str, where: str) -> float:
 
 
 def _cost_model(data: dict[str, Any], where: str) -> str:
-    """A roofline kind, or ``measured`` with a ``profile`` file (``measured:<path>`` in the trial spec)."""
-    kind = cost_model_kind(_string(data.get("cost_model", "full"), "cost_model", where))
+    """A roofline kind; ``measured`` with a ``profile`` file (``measured:<path>`` in the trial spec;
+    a profile implies measured, as ``--profile`` does) or without one (a GPU preset's shipped tables,
+    checked per hardware); or ``auto`` (the default), resolved per hardware by the sweep."""
+    kind = cost_model_kind(_string(data.get("cost_model", "auto"), "cost_model", where))
     profile = data.get("profile")
-    if kind == "measured" or profile is not None:
-        if profile is None:
-            raise ValueError(
-                f"{where}: cost_model 'measured' needs a 'profile' file (from stallfree profile)"
-            )
+    if profile is not None:
         return f"measured:{_string(profile, 'profile', where)}"
-    return _choice(kind, COST_MODEL_KINDS, "cost_model", where)
+    return _choice(kind, (*COST_MODEL_KINDS, "measured", "auto"), "cost_model", where)
 
 
 def _choice(value: Any, choices: tuple[str, ...], name: str, where: str) -> str:

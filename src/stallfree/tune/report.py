@@ -30,8 +30,9 @@ def format_tune(out: dict[str, Any]) -> str:
         (t["metrics"]["total_output_tokens"] - t["metrics"]["completed"] for t in out["trials"]), default=0
     )
     lines = [
-        f"{out['model']} on {out['tp']} x {out['hardware']} (cost model {out['cost_model']}; "
-        f"ridge ~{out['ridge_tokens']:,.0f} tokens)",
+        f"{out['model']} on {out['tp']} x {out['hardware']} (cost model {out['cost_model']}"
+        + (f" ({out['cost_model_note']})" if out.get("cost_model_note") else "")
+        + f"; ridge ~{out['ridge_tokens']:,.0f} tokens)",
         f"workload: {wl['lengths']} lengths, {wl['arrival']} arrivals; each trial {wl['num_requests']:,} requests, "
         f"seed {wl['seed']} (P99 TBT over >= {gaps:,} gaps)",
         f"SLOs: {slo_text}",

@@ -9,6 +9,9 @@ Output directory layout:
   without the QPS, the SLOs and precision, what it found), written when the sweep ends, with
   ``best`` marking each (model, hardware, tp, policy)'s best budget.
 
+The grid's ``cost_model: auto`` (its default) is resolved per hardware, as ``tune`` resolves it
+(:func:`~stallfree.sim.api.auto_cost_model`), so both files record the kind that ran.
+
 Resume: rows already in ``trials.csv`` are read back by ``key`` and never run again; a search
 replays them and continues where it stopped (searches are deterministic given their trials).
 A torn last line (killed mid-write) is cut off. Parquet is not written: CSV needs no extra
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from stallfree.metrics import Summary
+from stallfree.sim.api import auto_cost_model
 from stallfree.tune.candidates import budget_candidates
 from stallfree.tune.capacity import QPS_RANGE_FACTOR
 from stallfree.tune.grid import CapacityGrid, Grid
@@ -60,11 +64,12 @@ def grid_jobs(grid: Grid) -> tuple[list[Job], list[tuple[TrialSpec, CapacitySear
     searches: list[tuple[TrialSpec, CapacitySearch]] = []
     for model in grid.models:
         for hardware in grid.hardware:
+            cost_model = grid.cost_model if grid.cost_model != "auto" else auto_cost_model(hardware)[0]
             for tp in grid.tp:
                 budgets = (
                     sorted(grid.budgets)
                     if grid.budgets
-                    else budget_candidates(ridge_tokens(model, hardware, tp, grid.cost_model))
+                    else budget_candidates(ridge_tokens(model, hardware, tp, cost_model))
                 )
                 for policy in grid.policies:
                     for budget in budgets:
@@ -80,7 +85,7 @@ def grid_jobs(grid: Grid) -> tuple[list[Job], list[tuple[TrialSpec, CapacitySear
                             burstiness=grid.burstiness,
                             num_requests=grid.num_requests,
                             seed=grid.seed,
-                            cost_model=grid.cost_model,
+                            cost_model=cost_model,
                             gpu_memory_utilization=grid.gpu_memory_utilization,
                         )
                         check_spec(base)
