@@ -1,5 +1,6 @@
 """Speed and memory of ``stallfree simulate``: the arXiv trace at QPS 2 (Poisson, seed 0),
-Llama-3-8B on one A100-80GB, chunked with a 512-token budget, full cost model.
+Llama-3-8B on one A100-80GB, chunked with a 512-token budget, full cost model (the recorded
+figures' model; ``--cost-model measured`` times the GPU measured model on the same run).
 
 Each size runs in a fresh Python process, so its peak RSS (``resource.getrusage``) is its own.
 Prints one row per size: process wall time (interpreter start to exit), the wall and CPU time
@@ -9,6 +10,7 @@ figure when other processes share the cores), peak RSS, steps, ITL entries kept,
     .venv/bin/python benchmarks/sim_speed.py                 # 10,000 and 100,000 requests
     .venv/bin/python benchmarks/sim_speed.py --sizes 10000 --policy prefill-first
     .venv/bin/python benchmarks/sim_speed.py --step-by-step  # the slow reference path
+    .venv/bin/python benchmarks/sim_speed.py --sizes 10000 --cost-model measured  # Vidur's A100 tables
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 STARTED = time.perf_counter()
 
 
-def one(num_requests: int, policy: str, fast: bool) -> dict[str, float]:
+def one(num_requests: int, policy: str, fast: bool, cost_model: str) -> dict[str, float]:
     import resource
 
     from stallfree.core.serving import ServingConfig
@@ -36,6 +38,7 @@ def one(num_requests: int, policy: str, fast: bool) -> dict[str, float]:
         workload,
         model="llama-3-8b",
         hardware="a100-80gb",
+        cost_model=cost_model,  # type: ignore[arg-type]  # checked by argparse's choices
         serving=ServingConfig(policy=policy),
         num_requests=num_requests,
         seed=0,
@@ -66,10 +69,16 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,100000", help="comma list of request counts")
     parser.add_argument("--policy", default="chunked")
     parser.add_argument("--step-by-step", action="store_true", help="schedule every step (no steady runs)")
+    parser.add_argument(
+        "--cost-model",
+        choices=("full", "weights-only", "measured", "auto"),
+        default="full",
+        help="default full",
+    )
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(one(args.child, args.policy, not args.step_by_step)))
+        print(json.dumps(one(args.child, args.policy, not args.step_by_step, args.cost_model)))
         return
     print(
         "| requests | process wall (s) | simulate() wall (s) | simulate() CPU (s) | peak RSS (MB) | steps "
@@ -78,6 +87,7 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size in (int(x) for x in args.sizes.split(",")):
         cmd = [sys.executable, __file__, "--child", str(size), "--policy", args.policy]
+        cmd += ["--cost-model", args.cost_model]
         if args.step_by_step:
             cmd.append("--step-by-step")
         began = time.perf_counter()

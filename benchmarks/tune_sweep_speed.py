@@ -1,7 +1,7 @@
 """Wall time of a 200-trial ``stallfree sweep``: serial vs the local process pool.
 
-The grid: Mistral-7B on one A100-80GB, ShareGPT lengths, 2 policies x 4 budgets x 25 QPS values
-= 200 fixed-rate trials of ``--num-requests`` requests each. The same grid runs serially (one
+The grid: Mistral-7B on one A100-80GB (full cost model), ShareGPT lengths, 2 policies x 4
+budgets x 25 QPS values = 200 fixed-rate trials of ``--num-requests`` requests each. The same grid runs serially (one
 process) and on a pool of ``--workers`` processes (default: every core), each into its own
 output directory; the script checks that both wrote the same trials, byte for byte per row.
 Wall and CPU time are printed with the 1-minute load average before each run, and a control
@@ -67,6 +67,7 @@ def main() -> None:
             "hardware": ["a100-80gb"],
             "policies": ["chunked", "prefill-first"],
             "budgets": [256, 512, 1024, 2048],
+            "cost_model": "full",  # the recorded figures' model (a grid's default is auto)
             "workload": {"lengths": "sharegpt", "num_requests": args.num_requests, "seed": 0},
             "qps": [0.5 * (i + 1) for i in range(25)],
         },
