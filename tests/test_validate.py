@@ -125,7 +125,9 @@ def test_simulate_replays_a_bench_result(tmp_path: Path, capsys: pytest.CaptureF
     assert body["scenario"]["workload"] == f"replayed from {bench}"
 
 
-def test_validate_sizes_chunks_by_time_on_both_sides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_validate_sizes_chunks_by_time_on_both_sides(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """--step-budget-ms: the engine and the simulator both cut prompts by the profile's predicted
     step time (the tiny profile: 1 ms + 20 us a token, so a 1.6 ms target holds ~25 tokens), and the
     report counts the steps over the target on each side."""
