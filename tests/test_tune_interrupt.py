@@ -1,36 +1,40 @@
 """Ctrl-C on the real ``stallfree sweep`` / ``tune``: the pool stops, every worker is reaped,
 exit 130 within seconds, and the rows already written are kept (the sweep resumes from them).
 
-Each case runs the CLI as a subprocess and interrupts it at different moments (before the
-workers start, while trials run, right after a row lands), to the whole process group as a
-terminal does and to the CLI alone as ``timeout -s INT`` does: the race the hang came from."""
+Each sweep case runs the CLI as a subprocess and interrupts it at one kind of moment, many times
+over (the losses it guards against were races: a Ctrl-C swallowed by numpy's C code while the
+grid is checked, raised inside concurrent.futures while a worker spawns, or lost after main
+returned), to the whole process group as a terminal does and to the CLI alone as
+``timeout -s INT`` does."""
 
 from __future__ import annotations
 
 import csv
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from stallfree.metrics import Summary
 from stallfree.tune.trial import TrialSpec
-from tests.interrupts import CLI, interrupt, session_pids
+from tests.interrupts import CLI, Interrupted, interrupt, session_pids
 
-# Trials of a few seconds each on two workers (quiet 2-core machine: the whole sweep takes ~20 s), so
-# an interrupt 2 s after the workers start lands while some are in flight. The roofline (full)
-# keeps these timings independent of the default cost model.
+# 30 trials of 300 requests on two workers: ~5 s on a quiet 2-core machine, so every interrupt
+# below (at most ~1.5 s after the start) lands while the sweep runs.
 GRID = """
 models: [mistral-7b]
 hardware: [a100-80gb]
-cost_model: full
 tp: [1]
 policies: [chunked, prefill-first]
 budgets: [256, 512, 1024]
-workload: {lengths: sharegpt, num_requests: 3000, seed: 0}
+workload: {lengths: sharegpt, num_requests: 300, seed: 0}
 qps: [1, 2, 4, 8, 16]
 """
+NUM_TRIALS = 2 * 3 * 5
+# Repeats per moment (~45 s in all): most where the race was (the pool's start-up).
+MOMENTS = {"start-up": 8, "0.3 s": 8, "pool start": 16, "1 s": 6, "first row": 6}
 
 
 def rows(path: Path) -> list[dict[str, str]]:
@@ -44,48 +48,81 @@ def data_rows(path: Path) -> int:
     return len(path.read_text().splitlines()) - 1 if path.exists() else 0
 
 
-@pytest.mark.parametrize(
-    ("when", "whole_group"),
-    [
-        ("start", True),  # while the workers are still being spawned
-        ("running", True),
-        ("first-row", True),
-        ("first-row", False),  # timeout -s INT: the CLI alone gets the signal
-        ("running", False),
-    ],
-)
-def test_sweep_ctrl_c_reaps_workers_exits_130_and_keeps_rows(
-    tmp_path: Path, when: str, whole_group: bool
+def maps(pid: int, name: str) -> bool:
+    """Whether process ``pid`` has a file whose path holds ``name`` mapped (a loaded library)."""
+    try:
+        return name in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def sweep_args(grid: Path, out: Path) -> list[str]:
+    return ["sweep", str(grid), "--out", str(out), "--workers", "2", "--no-progress"]
+
+
+def interrupt_sweep(grid: Path, out: Path, moment: str, repeat: int) -> Interrupted:
+    """Start the sweep, Ctrl-C it at ``moment`` (repeats alternate a group's and a lone SIGINT)."""
+    trials = out / "trials.csv"
+    started: list[int] = []
+
+    def importing() -> bool:  # the CLI has reached main() and imports its commands (numpy)
+        return bool(started) and maps(started[0], "numpy")
+
+    def pool_starting() -> bool:  # the pool's first process (multiprocessing's resource tracker)
+        return bool(started) and len(session_pids(started[0])) > 1
+
+    ready: Callable[[], bool] | None = {
+        "start-up": importing,
+        "pool start": pool_starting,
+        "first row": lambda: data_rows(trials) >= 1,
+    }.get(moment)
+    # After the pool's first process: 0-45 ms, across the grid check and the first spawns.
+    delay = {"0.3 s": 0.3, "1 s": 1.0, "pool start": 0.015 * (repeat % 4)}.get(moment, 0.0)
+    return interrupt(
+        sweep_args(grid, out),
+        ready=ready,
+        delay_s=delay,
+        whole_group=repeat % 2 == 0,
+        on_start=started.append,
+    )
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_sweep_ctrl_c_at_any_moment_reaps_workers_exits_130_and_keeps_rows(
+    tmp_path: Path, moment: str
 ) -> None:
     grid = tmp_path / "grid.yaml"
     grid.write_text(GRID)
-    out = tmp_path / "out"
-    trials = out / "trials.csv"
-    args = ["sweep", str(grid), "--out", str(out), "--workers", "2", "--no-progress"]
-    started: list[int] = []
+    for repeat in range(MOMENTS[moment]):
+        out = tmp_path / f"out{repeat}"
+        trials = out / "trials.csv"
+        result = interrupt_sweep(grid, out, moment, repeat)
+        context = f"{moment}, repeat {repeat}: {result.stderr}"
+        assert result.returncode == 130, context
+        assert result.exit_s < 5, f"{context} took {result.exit_s:.1f} s to exit"
+        assert not result.survivors, f"{context} left processes running: {result.survivors}"
+        # One line: no traceback, no "Exception ignored", no resource-tracker warning.
+        assert result.stderr in ("stallfree: interrupted\n", "stallfree sweep: interrupted\n"), context
+        kept = rows(trials)
+        assert len({r["key"] for r in kept}) == len(kept) < NUM_TRIALS, context
+        # Once the sweep has started it says where the finished rows are; only a Ctrl-C before
+        # that (while the CLI starts: nothing can have finished yet) ends with the line alone.
+        if "INTERRUPTED" in result.stdout or moment in ("1 s", "first row"):
+            trial_word = "trial" if len(kept) == 1 else "trials"
+            assert f"INTERRUPTED: {len(kept)} finished {trial_word} in {trials};" in result.stdout, context
+        else:
+            assert not kept, context
+        if moment == "first row":
+            assert kept, context
 
-    def spawning() -> bool:  # the first worker process exists: the pool is starting
-        return bool(started) and len(session_pids(started[0])) > 1
-
-    ready = {"start": spawning, "running": spawning, "first-row": lambda: data_rows(trials) >= 1}[when]
-    delay = {"start": 0.0, "running": 2.0, "first-row": 0.0}[when]
-    result = interrupt(args, ready=ready, delay_s=delay, whole_group=whole_group, on_start=started.append)
-    assert result.returncode == 130, result.stderr
-    assert result.exit_s < 8, f"took {result.exit_s:.1f} s to exit"
-    assert not result.survivors, f"processes left running: {result.survivors}"
-    assert "Traceback" not in result.stderr, result.stderr
-    assert "interrupted" in result.stderr
-    kept = rows(trials)
-    assert len({r["key"] for r in kept}) == len(kept)
-
-    if when == "first-row" and whole_group:
-        # Resume: the kept rows are not run again, and the finished sweep has every trial once.
-        done = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        assert f"{len(kept)} resumed" in done.stdout
-        final = rows(trials)
-        assert len(final) == 2 * 3 * 5 and len({r["key"] for r in final}) == len(final)
-        assert {r["key"] for r in kept} <= {r["key"] for r in final}
+        if moment == "first row" and repeat == 0:
+            # Resume: the kept rows are not run again, and the finished sweep has every trial once.
+            done = subprocess.run([*CLI, *sweep_args(grid, out)], capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            assert f"{len(kept)} resumed" in done.stdout
+            final = rows(trials)
+            assert len(final) == NUM_TRIALS and len({r["key"] for r in final}) == len(final)
+            assert {r["key"] for r in kept} <= {r["key"] for r in final}
 
 
 def test_tune_ctrl_c_exits_130_without_workers_left() -> None:

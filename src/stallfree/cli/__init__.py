@@ -55,11 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    if not (sys.argv[1:] if argv is None else argv):
-        parser.print_help(sys.stderr)  # no command: show them all, not only "arguments are required"
-        return 2
-    args = parser.parse_args(argv)
+    try:
+        parser = build_parser()  # imports every command's module: a Ctrl-C often lands here
+        if not (sys.argv[1:] if argv is None else argv):
+            parser.print_help(sys.stderr)  # no command: show them all, not only "arguments are required"
+            return 2
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print("stallfree: interrupted", file=sys.stderr)
+        return 130
     try:
         code: int = args.handler(args)
     except (UsageError, ValueError, FileNotFoundError) as exc:

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stallfree.cli.common import (
@@ -20,6 +21,7 @@ from stallfree.cli.common import (
     positive_int,
     resolve_cost_model,
 )
+from stallfree.tune.sigint import SigintGuard  # light: stdlib only
 
 if TYPE_CHECKING:
     from stallfree.tune.pools import TrialPool
@@ -345,15 +347,24 @@ def _int_list(text: str) -> list[int]:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    from stallfree.tune.grid import load_grid
-    from stallfree.tune.report import duration
-    from stallfree.tune.sweep import run_sweep_grid
+    # Ctrl-C at any moment: the pool stops and reaps its workers, the rows finished so far stay
+    # in trials.csv. The guard records it and raises it where that is safe (each pool call, the
+    # checks here), so no C code or callback in between can swallow it.
+    with SigintGuard() as sigint:
+        try:
+            started = time.perf_counter()
+            from stallfree.tune.grid import load_grid
+            from stallfree.tune.report import duration
+            from stallfree.tune.sweep import run_sweep_grid
 
-    grid = load_grid(args.grid)
-    _make_dir(args.out, "--out")
-    started = time.perf_counter()
-    with _backend(args) as backend:
-        summary = run_sweep_grid(grid, args.out, backend, progress=_progress(args))
+            grid = load_grid(args.grid)
+            _make_dir(args.out, "--out")
+            sigint.check()
+            with _backend(args) as backend:
+                summary = run_sweep_grid(grid, args.out, backend, progress=_progress(args))
+            sigint.check()
+        except KeyboardInterrupt:
+            return _sweep_interrupted(Path(args.out) / "trials.csv")
     print(
         f"{summary.num_trials} trials: {summary.num_run} run, {summary.num_resumed} resumed from "
         f"{summary.trials_path}, {summary.num_trials - summary.num_run - summary.num_resumed} repeats "
@@ -363,3 +374,16 @@ def run_sweep(args: argparse.Namespace) -> int:
     if summary.capacity_path is not None:
         print(f"capacity: {summary.capacity_path}")
     return 0
+
+
+def _sweep_interrupted(trials_path: Path) -> int:
+    """Say where the finished rows are (a rerun resumes from them); exit code 130."""
+    data = trials_path.read_bytes() if trials_path.is_file() else b""
+    rows = max(0, data.count(b"\n") - 1)  # whole lines after the header (a torn one is cut on resume)
+    print(
+        f"INTERRUPTED: {rows} finished trial{'s' if rows != 1 else ''} in {trials_path}; "
+        "rerun the same command to resume from them"
+    )
+    sys.stdout.flush()
+    print("stallfree sweep: interrupted", file=sys.stderr)
+    return 130

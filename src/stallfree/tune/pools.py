@@ -19,11 +19,12 @@ import signal
 import socket
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from stallfree.metrics import Summary
+from stallfree.tune.sigint import deferred, interruptible
 from stallfree.tune.trial import TrialSpec
 
 TrialFn = Callable[[TrialSpec], Summary]
@@ -48,8 +49,13 @@ class TrialPool(abc.ABC):
     def __enter__(self) -> TrialPool:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        try:
+            self.close()
+        except KeyboardInterrupt:
+            if exc_type is None:
+                raise  # a Ctrl-C during a clean close
+            # Already unwinding (an interrupt or an error): that exception goes on.
 
 
 class SerialPool(TrialPool):
@@ -64,7 +70,8 @@ class SerialPool(TrialPool):
 
     def next_result(self) -> tuple[int, Summary]:
         ticket, spec = self._queue.popleft()
-        return ticket, self._trial_fn(spec)
+        with interruptible():  # a trial here takes seconds: a Ctrl-C stops it at once
+            return ticket, self._trial_fn(spec)
 
 
 class ProcessPool(TrialPool):
@@ -81,41 +88,49 @@ class ProcessPool(TrialPool):
             raise ValueError(f"workers must be positive, got {workers}")
         self.workers = workers
         self._trial_fn = trial_fn
-        self._pool = cf.ProcessPoolExecutor(
-            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint
-        )
+        with deferred():  # its queues start multiprocessing's resource tracker (a process)
+            self._pool = cf.ProcessPoolExecutor(
+                workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint
+            )
         self._futures: dict[cf.Future[Summary], int] = {}
 
     def submit(self, ticket: int, spec: TrialSpec) -> None:
-        # A submit may spawn a worker. SIGINT stays blocked meanwhile: the new process inherits
-        # the mask, so a Ctrl-C during its start-up cannot kill it with a traceback before its
-        # initializer ignores SIGINT; here the signal waits and arrives right after.
-        blocked = threading.current_thread() is threading.main_thread()
-        if blocked:
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            self._futures[self._pool.submit(self._trial_fn, spec)] = ticket
-        finally:
+        # A submit may spawn a worker. A Ctrl-C meanwhile is raised once the worker is recorded
+        # (deferred), and SIGINT stays blocked in this thread: the new process inherits the mask,
+        # so a Ctrl-C during its start-up cannot kill it with a traceback before its initializer
+        # ignores SIGINT. (The mask alone holds nothing back here: any thread that does not block
+        # SIGINT, such as a BLAS thread, takes the signal for the main thread.)
+        with deferred():
+            blocked = threading.current_thread() is threading.main_thread()
             if blocked:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                self._futures[self._pool.submit(self._trial_fn, spec)] = ticket
+            finally:
+                if blocked:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     def next_result(self) -> tuple[int, Summary]:
-        # Wake up a few times a second: a Ctrl-C taken by one of the pool's threads is only
-        # handled when the main thread runs Python code, not while it sleeps in a bare wait.
+        # Wait in slices, each deferred: a Ctrl-C is raised between them (within 0.2 s), never
+        # inside concurrent.futures, where it could leave a future's lock held and the shutdown
+        # hung. Slices also wake the main thread for a Ctrl-C that another thread took.
         done: set[cf.Future[Summary]] = set()
         while not done:
-            done, _ = cf.wait(self._futures, timeout=0.2, return_when=cf.FIRST_COMPLETED)
+            with deferred():
+                done, _ = cf.wait(self._futures, timeout=0.2, return_when=cf.FIRST_COMPLETED)
         future = min(done, key=self._futures.__getitem__)  # lowest ticket: a stable order
         return self._futures.pop(future), future.result()
 
     def close(self) -> None:
-        with _sigint_deferred():  # a second Ctrl-C must not cut the cleanup short (orphans)
+        with deferred():  # a second Ctrl-C must not cut the cleanup short (orphans)
             if not any(not f.done() for f in self._futures):
                 self._pool.shutdown(wait=True)
                 return
             self._futures.clear()
-            # Private but stable since 3.8 (3.14 adds terminate_workers()): the live workers.
+            # Private but stable since 3.8 (3.14 adds terminate_workers()): the live workers and
+            # the thread that manages them, taken before shutdown() forgets them.
             processes = list((getattr(self._pool, "_processes", None) or {}).values())
+            manager = getattr(self._pool, "_executor_manager_thread", None)
             self._pool.shutdown(wait=False, cancel_futures=True)
             for process in processes:
                 with contextlib.suppress(OSError, ValueError):
@@ -126,27 +141,12 @@ class ProcessPool(TrialPool):
                     if process.is_alive():
                         process.kill()
                         process.join(timeout=5.0)
-            self._pool.shutdown(wait=True)  # the manager thread sees the dead workers and exits
+            if isinstance(manager, threading.Thread):
+                manager.join(timeout=5.0)  # it sees the dead workers, fails their futures, exits
 
 
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-@contextlib.contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Hold SIGINT while the block runs (main thread only), then deliver one if it came."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if received and callable(previous):
-        previous(signal.SIGINT, None)
 
 
 class RayPool(TrialPool):
@@ -181,30 +181,36 @@ class RayPool(TrialPool):
         self._refs: dict[Any, int] = {}
 
     def _start(self) -> None:
-        """Start or join Ray at the first trial, so input checked before it never waits for Ray."""
+        """Start or join Ray at the first trial, so input checked before it never waits for Ray.
+        A Ctrl-C meanwhile waits for Ray to be up (seconds), so that close() can shut it down."""
         ray = self._ray
         if not ray.is_initialized():
             if self._address is None:
+                self._started_here = True  # before init: a Ray that fails halfway is shut down too
                 ray.init(num_cpus=self._num_cpus, include_dashboard=False, log_to_driver=False)
             else:
                 _connect(ray, self._address, self._connect_timeout_s)
-            self._started_here = True
+                self._started_here = True
         self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self._remote = ray.remote(num_cpus=1)(self._trial_fn)
 
     def submit(self, ticket: int, spec: TrialSpec) -> None:
-        if self._remote is None:
-            self._start()
-        self._refs[self._remote.remote(spec)] = ticket
+        with deferred():
+            if self._remote is None:
+                self._start()
+            self._refs[self._remote.remote(spec)] = ticket
 
     def next_result(self) -> tuple[int, Summary]:
-        ready, _ = self._ray.wait(list(self._refs), num_returns=1)
-        ref = ready[0]
-        result: Summary = self._ray.get(ref)
-        return self._refs.pop(ref), result
+        ready: list[Any] = []
+        while not ready:  # in deferred slices, as ProcessPool.next_result
+            with deferred():
+                ready, _ = self._ray.wait(list(self._refs), num_returns=1, timeout=0.2)
+        with deferred():
+            result: Summary = self._ray.get(ready[0])
+        return self._refs.pop(ready[0]), result
 
     def close(self) -> None:
-        with _sigint_deferred():  # a second Ctrl-C must not leave a local Ray running
+        with deferred():  # a second Ctrl-C must not leave a local Ray running
             for ref in self._refs:
                 with contextlib.suppress(Exception):  # already finished or its worker gone
                     self._ray.cancel(ref, force=True)
