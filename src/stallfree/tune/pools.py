@@ -98,8 +98,9 @@ class ProcessPool(TrialPool):
         # A submit may spawn a worker. A Ctrl-C meanwhile is raised once the worker is recorded
         # (deferred), and SIGINT stays blocked in this thread: the new process inherits the mask,
         # so a Ctrl-C during its start-up cannot kill it with a traceback before its initializer
-        # ignores SIGINT. (The mask alone holds nothing back here: any thread that does not block
-        # SIGINT, such as a BLAS thread, takes the signal for the main thread.)
+        # ignores SIGINT. (The mask alone holds nothing back here: a thread that does not block
+        # SIGINT takes the signal for the main thread, such as tqdm's monitor, which starts even
+        # for a disabled bar, or a BLAS thread.)
         with deferred():
             blocked = threading.current_thread() is threading.main_thread()
             if blocked:
