@@ -9,6 +9,7 @@ callers subtract their own start. A request never raises: failures are in the re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -153,9 +154,12 @@ async def stream_completion(
     *,
     on_chunk: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
+    interrupt: asyncio.Event | None = None,
 ) -> StreamResult:
     """Stream one completion. ``on_chunk(n)`` is called after the n-th chunk; once ``stop`` is set
-    the client hangs up after the next chunk (the result then counts as completed at ``length``)."""
+    the client hangs up after the next chunk (the result then counts as completed at ``length``).
+    Once ``interrupt`` is set (a Ctrl-C) it hangs up at once, without waiting for a chunk: the
+    result holds the chunks that had come, at ``length`` as for ``stop``."""
     body = {
         **endpoint.extra_body,
         "model": endpoint.model,
@@ -164,11 +168,40 @@ async def stream_completion(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    times: list[float] = []
-    empty_close = False  # the last chunk had a finish_reason and no text
+    times: list[float] = []  # shared with _receive: what came is known even if it is cancelled
     usage: dict[str, Any] = {}
-    finish_reason: str | None = None
     sent_s = time.perf_counter()
+    receiving = _receive(http, endpoint, body, sent_s, times, usage, on_chunk, stop)
+    if interrupt is None:
+        return await receiving
+    task = asyncio.ensure_future(receiving)
+    waiter = asyncio.ensure_future(interrupt.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not task.done():
+            task.cancel()  # closes the stream: the server sees the client go
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        return _partial(sent_s, times, "length", usage, None)
+    return task.result()
+
+
+async def _receive(
+    http: httpx.AsyncClient,
+    endpoint: Endpoint,
+    body: Mapping[str, Any],
+    sent_s: float,
+    times: list[float],
+    usage: dict[str, Any],
+    on_chunk: Callable[[int], None] | None,
+    stop: asyncio.Event | None,
+) -> StreamResult:
+    """Send ``body`` and stamp each chunk into ``times`` (``usage`` gets the server's usage)."""
+    empty_close = False  # the last chunk had a finish_reason and no text
+    finish_reason: str | None = None
     url = f"{endpoint.base_url}/v1/completions"
     try:
         async with http.stream("POST", url, json=body, headers=endpoint.headers) as response:
@@ -198,7 +231,7 @@ async def stream_completion(
                     if stop is not None and stop.is_set() and finish_reason is None:
                         return _partial(sent_s, times, "length", usage, None)
                 if chunk.get("usage"):
-                    usage = chunk["usage"]
+                    usage.update(chunk["usage"])
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         return _partial(sent_s, times, "failed", usage, f"{type(exc).__name__}: {exc}")
     # llama.cpp closes a stream with an extra chunk of no text that only carries finish_reason:

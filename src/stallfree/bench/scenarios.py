@@ -169,12 +169,19 @@ async def run_long_prompt(
     options: LongPromptOptions,
     *,
     seed: int = 0,
+    interrupt: asyncio.Event | None = None,
 ) -> BenchRun:
-    """The seed's experiment against a live server (see the module docstring)."""
+    """The seed's experiment against a live server (see the module docstring). Once ``interrupt``
+    is set (Ctrl-C) every request hangs up at once and nothing new is sent: the run holds what was
+    measured by then (requests with no chunk left out) and ``extra["interrupted"]`` says in which
+    phase: ``alone``, ``warm-up``, ``prompt`` (before its first token) or ``tail``."""
     rng = random.Random(seed)
     long_text = sizer.prompt(options.prompt_tokens, rng)
-    alone = await stream_completion(http, endpoint, sizer.prompt(options.prompt_tokens, rng), 1)
-    if not alone.chunk_times_s:
+    alone_text = sizer.prompt(options.prompt_tokens, rng)
+    stream_texts = [sizer.prompt(options.stream_prompt_tokens, rng) for _ in range(options.num_streams)]
+    interrupted = interrupt.is_set if interrupt is not None else lambda: False
+    alone = await stream_completion(http, endpoint, alone_text, 1, interrupt=interrupt)
+    if not alone.chunk_times_s and not interrupted():
         raise ValueError(f"the long prompt failed on an idle server: {alone.error or alone.finish_reason}")
 
     n = options.num_streams
@@ -197,20 +204,6 @@ async def run_long_prompt(
 
         return seen
 
-    start_s = time.perf_counter()
-    streams = [
-        asyncio.ensure_future(
-            stream_completion(
-                http,
-                endpoint,
-                sizer.prompt(options.stream_prompt_tokens, rng),
-                options.stream_max_tokens,
-                on_chunk=on_chunk(i),
-                stop=stop,
-            )
-        )
-        for i in range(n)
-    ]
     first_token = asyncio.Event()
 
     def prompt_chunk(count: int) -> None:
@@ -218,22 +211,79 @@ async def run_long_prompt(
             marks["first_token"] = list(counts)
             first_token.set()
 
-    await _wait_any(warmed, streams)
-    prompt_task = asyncio.ensure_future(
-        stream_completion(http, endpoint, long_text, options.prompt_max_tokens, on_chunk=prompt_chunk)
-    )
-    await _wait_any(first_token, [*streams, prompt_task])
-    await _wait_any(tail_done, streams)
+    phase = "alone"
+    start_s = time.perf_counter()
+    streams: list[asyncio.Future[StreamResult]] = []
+    prompt_task: asyncio.Future[StreamResult] | None = None
+    if not interrupted():
+        phase = "warm-up"
+        streams = [
+            asyncio.ensure_future(
+                stream_completion(
+                    http,
+                    endpoint,
+                    text,
+                    options.stream_max_tokens,
+                    on_chunk=on_chunk(i),
+                    stop=stop,
+                    interrupt=interrupt,
+                )
+            )
+            for i, text in enumerate(stream_texts)
+        ]
+        await _wait_any(warmed, streams)  # an interrupt ends every stream: these waits end too
+    if not interrupted():
+        phase = "prompt"
+        prompt_task = asyncio.ensure_future(
+            stream_completion(
+                http,
+                endpoint,
+                long_text,
+                options.prompt_max_tokens,
+                on_chunk=prompt_chunk,
+                interrupt=interrupt,
+            )
+        )
+        await _wait_any(first_token, [*streams, prompt_task])
+        if first_token.is_set():
+            phase = "tail"
+        await _wait_any(tail_done, streams)
     stop.set()
     stream_results = list(await asyncio.gather(*streams))
-    prompt_result = await prompt_task
+    prompt_result = await prompt_task if prompt_task is not None else None
+    end_s = time.perf_counter()
+    if interrupted():
+        return _interrupted_long_prompt(stream_results, prompt_result, alone, options, start_s, end_s, phase)
+    assert prompt_result is not None  # not interrupted: the prompt was sent
     run = _build(
         [*stream_results, prompt_result],
         [options.stream_prompt_tokens] * n + [options.prompt_tokens],
         start_s,
-        time.perf_counter(),
+        end_s,
     )
     run.extra = _long_prompt_numbers(run, stream_results, prompt_result, alone, options)
+    return run
+
+
+def _interrupted_long_prompt(
+    streams: list[StreamResult],
+    prompt: StreamResult | None,
+    alone: StreamResult,
+    options: LongPromptOptions,
+    start_s: float,
+    end_s: float,
+    phase: str,
+) -> BenchRun:
+    """What a long-prompt run interrupted in ``phase`` had measured: the requests that had a chunk."""
+    sent = [(s, options.stream_prompt_tokens) for s in streams]
+    if prompt is not None:
+        sent.append((prompt, options.prompt_tokens))
+    kept = [(result, tokens) for result, tokens in sent if result.chunk_times_s]
+    run = _build([r for r, _ in kept], [t for _, t in kept], start_s, end_s)
+    kept_streams = [r for r, _ in kept if r is not prompt]
+    kept_prompt = prompt if prompt is not None and prompt.chunk_times_s else None
+    run.extra = _long_prompt_numbers(run, kept_streams, kept_prompt, alone, options)
+    run.extra["interrupted"] = {"phase": phase}
     return run
 
 
@@ -250,22 +300,28 @@ async def _wait_any(event: asyncio.Event, tasks: Sequence[asyncio.Future[Any]]) 
 def _long_prompt_numbers(
     run: BenchRun,
     streams: list[StreamResult],
-    prompt: StreamResult,
+    prompt: StreamResult | None,
     alone: StreamResult,
     options: LongPromptOptions,
 ) -> dict[str, Any]:
+    """The scenario's numbers; ``prompt`` is the run's last record (None: interrupted before its
+    first token, when the numbers left are None)."""
     # Gaps of the streams after their warm-up chunks: the first few include their own prefill.
     gaps_s = np.concatenate(
         [np.diff(s.chunk_times_s[options.warmup_chunks - 1 :]) for s in streams] or [np.zeros(0)]
     )
     finished_early = sum(s.finish_reason != "length" or s.error is not None for s in streams)
-    ttft_ms = (prompt.chunk_times_s[0] - prompt.sent_s) * 1000 if prompt.chunk_times_s else None
+    ttft_ms = _ttft_ms(prompt) if prompt is not None else None
     return {
         "num_streams": options.num_streams,
-        "long_prompt_tokens": run.records[-1].num_prompt_tokens,
+        "long_prompt_tokens": run.records[-1].num_prompt_tokens if prompt is not None else None,
         "long_prompt_ttft_ms": ttft_ms,
-        "long_prompt_alone_ttft_ms": (alone.chunk_times_s[0] - alone.sent_s) * 1000,
+        "long_prompt_alone_ttft_ms": _ttft_ms(alone),
         "streams_max_itl_ms": float(gaps_s.max()) * 1000 if gaps_s.size else None,
         "streams_median_itl_ms": float(np.median(gaps_s)) * 1000 if gaps_s.size else None,
         "streams_not_decoding_to_the_end": finished_early,
     }
+
+
+def _ttft_ms(result: StreamResult) -> float | None:
+    return (result.chunk_times_s[0] - result.sent_s) * 1000 if result.chunk_times_s else None

@@ -130,11 +130,7 @@ def run(args: argparse.Namespace) -> int:
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"saved {path}", file=sys.stderr)
     if interrupted:
-        print(
-            f"stallfree bench: interrupted; {interrupted['finished']} of {interrupted['requests']} requests "
-            "had finished (the table covers those)",
-            file=sys.stderr,
-        )
+        print(f"stallfree bench: interrupted; {_interrupted_text(interrupted)}", file=sys.stderr)
         return 130
     return 0 if result["completed"] else 1
 
@@ -195,12 +191,18 @@ async def _run(args: argparse.Namespace, goodput: dict[str, float] | None) -> di
             sizer = PromptSizer(tokens_per_char=1 / args.chars_per_token)
         else:
             sizer = await calibrate(http, endpoint, args.seed)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
         if workload is None:
             print(
                 f"long-prompt: {options.num_streams} streams, then a {options.prompt_tokens}-token prompt",
                 file=sys.stderr,
             )
-            run = await run_long_prompt(http, endpoint, sizer, options, seed=args.seed)
+            loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: keep what was measured
+            try:
+                run = await run_long_prompt(http, endpoint, sizer, options, seed=args.seed, interrupt=stop)
+            finally:
+                loop.remove_signal_handler(signal.SIGINT)
         else:
             from stallfree.workload import Workload, sample
 
@@ -212,8 +214,6 @@ async def _run(args: argparse.Namespace, goodput: dict[str, float] | None) -> di
             if args.max_tokens is not None:
                 arrays.max_tokens[:] = args.max_tokens
             texts, capped = await _capped_prompts(http, endpoint, sizer, arrays, workload, args.seed)
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: keep what finished
             progress = args.progress and sys.stderr.isatty()
             try:
@@ -324,6 +324,24 @@ _ROWS = (
 )
 
 
+# Where a long-prompt run was when Ctrl-C stopped it (its result's interrupted.phase).
+_PHASES = {
+    "alone": "while the long prompt ran alone",
+    "warm-up": "while the streams warmed up",
+    "prompt": "before the long prompt's first token",
+    "tail": "after the long prompt's first token, before the streams' tail ended",
+}
+
+
+def _interrupted_text(interrupted: dict[str, Any]) -> str:
+    if "phase" in interrupted:  # long-prompt
+        return f"stopped {_PHASES[interrupted['phase']]}; the table covers what was measured by then"
+    return (
+        f"{interrupted['finished']} of {interrupted['requests']} requests had finished; "
+        "the table covers those"
+    )
+
+
 def _print(result: dict[str, Any]) -> None:
     print(f"{' ' + result['scenario'] + ' @ ' + result['base_url'] + ' ':=^60}")
     for key, label, fmt in _ROWS:
@@ -331,10 +349,7 @@ def _print(result: dict[str, Any]) -> None:
         if value is not None:
             print(f"{label + ':':<42}{fmt.format(value):>18}")
     if result.get("interrupted"):
-        done = result["interrupted"]
-        print(
-            f"INTERRUPTED: {done['finished']} of {done['requests']} requests had finished; the table covers those"
-        )
+        print(f"INTERRUPTED: {_interrupted_text(result['interrupted'])}")
     if result.get("streams_not_decoding_to_the_end"):
         print(
             f"warning: {result['streams_not_decoding_to_the_end']} streams stopped before the measurement ended "
