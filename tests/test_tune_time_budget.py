@@ -47,3 +47,12 @@ def test_a_spec_without_a_step_budget_keeps_its_key() -> None:
     assert spec.key() == "59f072f4f3fc505a"  # the key it had before step_budget_ms existed
     timed = TrialSpec(model="mistral-7b", hardware="a100-80gb", step_budget_ms=40.0)
     assert timed.key() != spec.key() and timed.serving.step_budget_ms == 40.0
+
+
+def test_a_spec_without_a_block_count_keeps_its_key() -> None:
+    spec = TrialSpec(model="mistral-7b", hardware="a100-80gb", num_blocks=None)
+    assert spec.key() == "59f072f4f3fc505a"
+    sized = TrialSpec(model="mistral-7b", hardware="a100-80gb", num_blocks=2000)
+    assert sized.key() != spec.key() and sized.serving.num_blocks == 2000
+    with pytest.raises(ValueError, match="num_blocks"):
+        TrialSpec(model="mistral-7b", hardware="a100-80gb", num_blocks=0)

@@ -156,3 +156,39 @@ def test_validate_refuses_a_time_budget_for_prefill_first(tmp_path: Path) -> Non
     profile = tiny_profile(tmp_path / "tiny.json")
     args = ["validate", "--profile", str(profile), "--policy", "prefill-first", "--step-budget-ms", "5"]
     assert main([*args, "--num-requests", "2"]) == 2
+
+
+def test_a_profile_sizes_the_kv_cache_as_the_engine_does_not_from_the_hardware(tmp_path: Path) -> None:
+    from stallfree.core import ceil_div
+    from stallfree.core.serving import ServingConfig
+    from stallfree.sim import simulate
+    from stallfree.workload import WorkloadOptions, workload_from_options
+
+    profile = str(tiny_profile(tmp_path / "tiny.json"))
+    workload = workload_from_options(WorkloadOptions(arrival="all-at-once", lengths="fixed:40,5"))
+    context = random_spec("tiny").max_position_embeddings
+    for seqs, model_len in ((4, None), (8, 256)):
+        serving = ServingConfig(max_num_seqs=seqs, max_model_len=model_len)
+        result = simulate(workload, profile=profile, serving=serving, num_requests=3)
+        assert result.summary["num_kv_blocks"] == seqs * ceil_div(model_len or context, 16)
+    fixed = simulate(workload, profile=profile, serving=ServingConfig(num_blocks=100), num_requests=3)
+    assert fixed.summary["num_kv_blocks"] == 100
+
+
+def test_tune_trials_with_a_profile_take_the_engine_sizing_or_num_blocks(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from stallfree.tune.trial import TrialSpec, run_trial
+
+    profile = tiny_profile(tmp_path / "tiny.json")
+    spec = TrialSpec(
+        model="random:tiny",
+        hardware="a100-80gb",
+        cost_model=f"measured:{profile}",
+        lengths="fixed:40,5",
+        num_requests=3,
+        max_num_seqs=4,
+    )
+    context = random_spec("tiny").max_position_embeddings
+    assert run_trial(spec)["num_kv_blocks"] == 4 * -(-context // 16)
+    assert run_trial(replace(spec, num_blocks=40))["num_kv_blocks"] == 40

@@ -131,6 +131,12 @@ def _add_deployment_args(p: argparse.ArgumentParser) -> None:
         help="share of GPU memory for weights + KV cache, as vLLM (default %(default)s)",
     )
     p.add_argument(
+        "--num-blocks",
+        type=positive_int,
+        help="KV-cache blocks of 16 tokens, as the engine's --num-blocks (default: from GPU memory; "
+        "with --profile, what the profiled engine allocates: max-num-seqs full contexts)",
+    )
+    p.add_argument(
         "--lengths",
         default="sharegpt",
         help="request lengths: a trace name or path, fixed:P,O, uniform:..., lognormal:... (default %(default)s)",
@@ -220,6 +226,7 @@ def run_tune(args: argparse.Namespace) -> int:
         seed=args.seed,
         cost_model=args.cost_model,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        num_blocks=args.num_blocks,
     )
     ridge = ridge_tokens(args.model, args.hardware, args.tp, args.cost_model)
     budgets = budget_candidates(ridge) if args.budgets == "auto" else tuple(_int_list(args.budgets))

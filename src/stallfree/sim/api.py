@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from stallfree.core import ChunkedPolicy, Request, Scheduler
+from stallfree.core import ChunkedPolicy, Request, Scheduler, ceil_div
 from stallfree.core.serving import ServingConfig
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.sim.cost_model import CostModel, CostModelConfig, CostModelKind
@@ -82,7 +82,9 @@ def simulate(
     ``cost_model="auto"`` picks as :func:`auto_cost_model` says (``measured`` with a ``profile``
     or on a GPU preset with a shipped table, else ``full``); the default here stays ``full``, the
     command line's is ``auto``. ``dtype_bytes`` sizes weights and KV (default 2, or
-    the profile's). ``serving.num_blocks`` fixes the KV cache instead of sizing it from ``hardware``.
+    the profile's). ``serving.num_blocks`` fixes the KV cache instead of sizing it from ``hardware``;
+    with a ``profile`` (an engine's, not ``hardware``'s) it defaults to what the engine allocates where
+    memory allows: ``max_num_seqs`` full ``max_model_len`` contexts.
 
     The summary holds :func:`stallfree.metrics.summarize`'s keys plus ``policy``, ``num_steps``,
     ``max_step_ms``, ``num_kv_blocks``, ``kv_block_size`` and ``rejected_reasons`` (reason ->
@@ -137,9 +139,15 @@ def simulate(
         )
     serving = serving or ServingConfig()
     context = model_spec.max_position_embeddings
-    if serving.num_blocks is not None:
+    num_blocks = serving.num_blocks
+    if num_blocks is None and isinstance(costs, MeasuredCostModel):
+        # A profile is of an engine, not of ``hardware``: its KV cache as the engine sizes it
+        # where memory allows (max_num_seqs full contexts; LLMEngine._default_num_blocks).
+        blocks_per_seq = ceil_div(serving.max_model_len or context, serving.block_size)
+        num_blocks = serving.num_seqs_limit * blocks_per_seq
+    if num_blocks is not None:
         kv = fixed_kv_memory(
-            model_spec, serving.num_blocks, tp=tp, block_size=serving.block_size, dtype_bytes=dtype_bytes
+            model_spec, num_blocks, tp=tp, block_size=serving.block_size, dtype_bytes=dtype_bytes
         )
     else:
         kv = kv_memory(

@@ -198,6 +198,7 @@ class TuneResult:
             "tp": base.tp,
             "cost_model": base.cost_model,
             "gpu_memory_utilization": base.gpu_memory_utilization,
+            "num_blocks": base.num_blocks,
             "workload": {
                 "lengths": base.lengths,
                 "arrival": base.arrival,

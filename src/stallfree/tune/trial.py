@@ -52,6 +52,7 @@ class TrialSpec:
     cost_model: str = "full"
     gpu_memory_utilization: float = 0.9
     step_budget_ms: float | None = None  # chunked: chunks sized by time; token_budget is then a cap
+    num_blocks: int | None = None  # KV-cache blocks (default: from memory; a profile's engine sizing)
 
     def __post_init__(self) -> None:
         if self.arrival not in ARRIVALS:
@@ -64,6 +65,7 @@ class TrialSpec:
             ("token_budget", self.token_budget),
             ("max_num_seqs", self.max_num_seqs),
             ("num_requests", self.num_requests),
+            ("num_blocks", 1 if self.num_blocks is None else self.num_blocks),
         ):
             if count <= 0:
                 raise ValueError(f"{label} must be positive, got {count}")
@@ -78,14 +80,16 @@ class TrialSpec:
             max_num_batched_tokens=self.token_budget,
             max_num_seqs=self.max_num_seqs,
             step_budget_ms=self.step_budget_ms,
+            num_blocks=self.num_blocks,
         )
 
     def key(self) -> str:
         """A stable 16-hex-digit name of this trial (same fields, same key, in any process; a spec
-        without a step budget keeps the key it had before the field existed)."""
+        without a step budget or a block count keeps the key it had before those fields existed)."""
         fields = dataclasses.asdict(self)
-        if fields["step_budget_ms"] is None:
-            del fields["step_budget_ms"]
+        for name in ("step_budget_ms", "num_blocks"):
+            if fields[name] is None:
+                del fields[name]
         text = json.dumps(fields, sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
