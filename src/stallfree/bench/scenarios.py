@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 
 from stallfree.bench.client import Endpoint, StreamResult, stream_completion
-from stallfree.bench.prompts import PromptSizer
+from stallfree.bench.prompts import PromptSizer, fallback_target, fit_prompts
 from stallfree.metrics import ItlAccumulator, RequestRecord, record_from_token_times
 from stallfree.workload import WorkloadArrays
 
@@ -176,8 +176,7 @@ async def run_long_prompt(
     measured by then (requests with no chunk left out) and ``extra["interrupted"]`` says in which
     phase: ``alone``, ``warm-up``, ``prompt`` (before its first token) or ``tail``."""
     rng = random.Random(seed)
-    long_text = sizer.prompt(options.prompt_tokens, rng)
-    alone_text = sizer.prompt(options.prompt_tokens, rng)
+    long_text, alone_text, cap = await _long_prompts(http, endpoint, sizer, options, rng)
     stream_texts = [sizer.prompt(options.stream_prompt_tokens, rng) for _ in range(options.num_streams)]
     interrupted = interrupt.is_set if interrupt is not None else lambda: False
     alone = await stream_completion(http, endpoint, alone_text, 1, interrupt=interrupt)
@@ -262,7 +261,36 @@ async def run_long_prompt(
         end_s,
     )
     run.extra = _long_prompt_numbers(run, stream_results, prompt_result, alone, options)
+    if cap is not None:
+        run.extra["long_prompt_cap"] = cap
     return run
+
+
+async def _long_prompts(
+    http: httpx.AsyncClient,
+    endpoint: Endpoint,
+    sizer: PromptSizer,
+    options: LongPromptOptions,
+    rng: random.Random,
+) -> tuple[str, str, int | None]:
+    """The long prompt's two texts (with the streams, and alone), trimmed until the server counts
+    at most ``prompt_tokens`` (``/tokenize``; without the route they stay approximate), and, when
+    the server's context cannot hold ``prompt_tokens`` plus the prompt's output, the cap they were
+    fitted to instead (without the route: sized a margin short of it)."""
+    target = options.prompt_tokens
+    if endpoint.max_model_len is not None:
+        target = min(target, endpoint.max_model_len - options.prompt_max_tokens)
+    if target < 1:
+        raise ValueError(
+            f"the server's context ({endpoint.max_model_len} tokens) holds no prompt with "
+            f"{options.prompt_max_tokens} output tokens"
+        )
+    capped = target < options.prompt_tokens
+    texts = [sizer.prompt(target, rng), sizer.prompt(target, rng)]
+    fitted, counted = await fit_prompts(http, endpoint, texts, [target, target])
+    if not counted and capped:
+        fitted = [sizer.prompt(fallback_target(target), rng) for _ in texts]
+    return fitted[0], fitted[1], target if capped else None
 
 
 def _interrupted_long_prompt(

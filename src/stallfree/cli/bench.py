@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from stallfree.cli.common import UsageError, positive_float, positive_int
+from stallfree.cli.common import UsageError, check_writable, positive_float, positive_int
 
 SCENARIOS = ("long-prompt", "poisson", "gamma", "trace")
 _CONTEXT_MARGIN = 0.05  # of the server's context, left free when capping lengths to it
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--streams applies only to the long-prompt scenario")
     goodput = parse_goodput(args.goodput) if args.goodput else None
     if args.save_result:
-        _check_writable(Path(args.save_result))
+        check_writable(Path(args.save_result), "--save-result")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(2**31)
     result = asyncio.run(_run(args, goodput))
@@ -133,21 +133,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"stallfree bench: interrupted; {_interrupted_text(interrupted)}", file=sys.stderr)
         return 130
     return 0 if result["completed"] else 1
-
-
-def _check_writable(path: Path) -> None:
-    """Fail now, not after minutes of benchmarking, if the result cannot be written there."""
-    if path.is_dir():
-        raise UsageError(f"--save-result {path} is a directory")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        existed = path.exists()
-        with path.open("a"):
-            pass
-        if not existed:
-            path.unlink()
-    except OSError as error:
-        raise UsageError(f"--save-result {path}: {error.strerror or error}") from None
 
 
 def _sampling_body(args: argparse.Namespace) -> dict[str, Any]:
@@ -203,6 +188,12 @@ async def _run(args: argparse.Namespace, goodput: dict[str, float] | None) -> di
                 run = await run_long_prompt(http, endpoint, sizer, options, seed=args.seed, interrupt=stop)
             finally:
                 loop.remove_signal_handler(signal.SIGINT)
+            if "long_prompt_cap" in run.extra:
+                print(
+                    f"note: the long prompt is capped at {run.extra['long_prompt_cap']} tokens: the server's "
+                    f"{max_model_len}-token context also holds its {options.prompt_max_tokens} output tokens",
+                    file=sys.stderr,
+                )
         else:
             from stallfree.workload import Workload, sample
 
