@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -263,3 +264,18 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         except (OSError, ValueError) as exc:
             raise UsageError(f"--profile {profile}: {exc}") from None
     return kwargs
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """Fail now, not after minutes of work, if ``flag``'s file cannot be written at ``path``."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        existed = path.exists()
+        with path.open("a"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as error:
+        raise UsageError(f"{flag} {path}: {error.strerror or error}") from None

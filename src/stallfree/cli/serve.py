@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from stallfree.cli.common import add_engine_args, engine_kwargs, positive_int
+from stallfree.cli.common import add_engine_args, check_writable, engine_kwargs, positive_int
 from stallfree.cli.device import check_device
 
 
@@ -39,6 +40,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="torch threads for the engine (default: every core but one, which the HTTP event loop keeps)",
     )
     p.add_argument(
+        "--step-log",
+        metavar="FILE",
+        help="append a JSON line per engine step (its plan and wall time) to FILE, for "
+        "`stallfree validate --measured RESULT --step-log FILE`",
+    )
+    p.add_argument(
         "--log-level",
         default="info",
         choices=("critical", "error", "warning", "info", "debug"),
@@ -53,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"port must be in 0..65535, got {args.port}")
     check_device(args.device)
+    if args.step_log:
+        check_writable(Path(args.step_log), "--step-log")
     sock = bind(args.host, args.port)  # before loading the model: a busy port fails fast
     try:
         app = build_server(
@@ -61,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
             api_key=args.api_key,
             max_waiting_requests=args.max_waiting_requests,
             num_threads=args.threads,
+            step_log=args.step_log,
             **engine_kwargs(args),
             seed=args.seed,
         )

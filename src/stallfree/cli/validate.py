@@ -7,7 +7,8 @@ with the measured cost model of ``--profile``. Both are scored by :mod:`stallfre
 Printed: measured vs predicted vs ratio for TTFT, TPOT, ITL (median, p99), max ITL and
 throughput, and the per-step error: every real step's plan priced by the model against its
 measured wall time. ``--measured RESULT.json`` takes a ``stallfree bench --save-result`` file
-as the measured side instead (no engine run; per-step errors need the engine).
+as the measured side instead (no engine run; with the server's ``--step-log`` of that run, the
+per-step error of the served steps too).
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="RESULT.json",
         help="a `stallfree bench --save-result` file as the measured side",
     )
+    p.add_argument(
+        "--step-log",
+        metavar="FILE",
+        help="with --measured: the server's `serve --step-log` of that run, for the per-step error",
+    )
     g = p.add_argument_group("scheduler (the same for both sides)")
     g.add_argument("--policy", default="chunked", help="policy or comma list (default %(default)s)")
     g.add_argument(
@@ -116,6 +122,10 @@ def run(args: argparse.Namespace) -> int:
     model = MeasuredCostModel(profile, sampling=args.sampling)
     if args.step_budget_ms is not None and "chunked" not in policies:
         raise UsageError("--step-budget-ms applies to the chunked policy only")
+    if args.step_log and not args.measured:
+        raise UsageError(
+            "--step-log goes with --measured (in process, validate times the engine's steps itself)"
+        )
     if args.measured and len(policies) != 1:
         raise UsageError("--measured compares one run: give one --policy")
     results = [_validate_policy(args, policy, model) for policy in policies]
@@ -184,6 +194,10 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
         bench = load_bench_result(args.measured)
         requests = list(bench.arrays.iter_requests())
         records, measured_itl, duration = bench.records, bench.itl, bench.duration_s
+        if args.step_log:
+            from stallfree.server.step_log import load_step_log
+
+            per_step = step_errors(model, load_step_log(args.step_log), serving.step_budget_s)
     else:
         run, num_blocks, model_len, requests = _engine_run(args, serving, model)
         records, measured_itl, duration = run.records, run.itl, run.duration_s

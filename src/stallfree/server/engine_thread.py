@@ -30,9 +30,11 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stallfree.core import SamplingParams
+from stallfree.server.step_log import write_step
 
 if TYPE_CHECKING:
     from stallfree.engine.engine import LLMEngine
@@ -130,6 +132,7 @@ class EngineThread:
         *,
         max_waiting_requests: int = 256,
         num_threads: int | None = None,
+        step_log: str | None = None,
     ) -> None:
         if max_waiting_requests <= 0:
             raise ValueError(f"max_waiting_requests must be positive, got {max_waiting_requests}")
@@ -139,6 +142,7 @@ class EngineThread:
         self.num_threads = num_threads or default_num_threads()
         self.metrics = metrics
         self.max_waiting_requests = max_waiting_requests
+        self.step_log = step_log  # a JSON line per step (server/step_log.py), written by the engine thread
         self.dead_reason: str | None = None
         # Held while checking health and queueing, and while dying: no request slips in unanswered.
         self._lock = threading.Lock()
@@ -214,6 +218,7 @@ class EngineThread:
 
         torch.set_num_threads(self.num_threads)  # before this thread's first kernel
         stalled = False
+        log = Path(self.step_log).open("a", buffering=1) if self.step_log else None  # noqa: SIM115
         try:
             while True:
                 deliveries: list[Callable[[], None]] = []
@@ -229,7 +234,11 @@ class EngineThread:
                         self._add(command, deliveries)
                 stalled = False
                 if self.engine.has_unfinished_requests():
+                    start_s = time.perf_counter()
                     stepped = self.engine.step()
+                    if log is not None and stepped.step is not None:
+                        step = stepped.step
+                        write_step(log, step.plan, start_s, time.perf_counter(), step.result.duration_s)
                     self._after_step(stepped.outputs, deliveries)
                     stalled = not stepped.ran  # nothing could be scheduled: wait for a command
                 self._update_gauges()
@@ -237,6 +246,9 @@ class EngineThread:
         except Exception as exc:
             _log.exception("the engine thread died")
             self._die(f"engine thread died: {type(exc).__name__}: {exc}")
+        finally:
+            if log is not None:
+                log.close()
 
     def _die(self, reason: str) -> None:
         """Fail every request the engine holds or has not read yet; refuse new ones."""

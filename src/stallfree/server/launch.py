@@ -27,17 +27,23 @@ def build_server(
     api_key: str | None = None,
     max_waiting_requests: int = 256,
     num_threads: int | None = None,
+    step_log: str | None = None,
     **engine_kwargs: Any,
 ) -> FastAPI:
     """Load the engine (ValueError on bad options) and wrap it in the app; ``app.state.engine_thread``.
 
-    ``num_threads``: torch threads for the engine (default: every core but one, see EngineThread)."""
+    ``num_threads``: torch threads for the engine (default: every core but one, see EngineThread);
+    ``step_log``: a file the engine thread appends a JSON line to per step (server/step_log.py)."""
     from stallfree.engine.engine import LLMEngine
 
     engine = LLMEngine(model, **engine_kwargs)
     name = served_model_name or model
     thread = EngineThread(
-        engine, ServerMetrics(name), max_waiting_requests=max_waiting_requests, num_threads=num_threads
+        engine,
+        ServerMetrics(name),
+        max_waiting_requests=max_waiting_requests,
+        num_threads=num_threads,
+        step_log=step_log,
     )
     return build_app(thread, ServerConfig(served_model_name=name, api_key=api_key))
 
