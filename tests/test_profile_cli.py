@@ -51,6 +51,13 @@ def test_specs_prints_the_fitted_parameters(tiny_profile: Path, capsys: pytest.C
     assert main(["specs", "--profile", str(tiny_profile)]) == 0
     out = capsys.readouterr().out
     assert "weight streaming" in out and "fit error" in out
+    # the reference step, timed before, every 16 step points, and after: how steady the machine was
+    settings = load_profile(tiny_profile).settings
+    reference = settings["reference_step_s"]
+    num_steps = len(load_profile(tiny_profile).steps)
+    assert len(reference) == 2 + num_steps // 16 and min(reference) > 0
+    assert settings["reference_drift"] == pytest.approx(max(reference) / min(reference) - 1)
+    assert f"over the profile (+{settings['reference_drift']:.0%}, {len(reference)} timings)" in out
 
 
 @pytest.mark.parametrize("max_model_len", [512, 2048, 3000, 4096, 8192])

@@ -151,4 +151,11 @@ def profile_figures_text(p: dict[str, Any]) -> str:
         f" max {p['fit_max_abs_error']:.1%} over {p['num_fit_points']} of {p['num_step_points']} step points"
         + (f" ({p['num_busy_points']} measured while busy)" if p["num_busy_points"] else "")
     )
+    reference = p.get("reference_step_s")
+    if reference:
+        drift = max(reference) / min(reference) - 1
+        lines.append(
+            f"  machine steadiness       a reference step took {min(reference) * 1e3:.1f}-{max(reference) * 1e3:.1f} ms"
+            f" over the profile (+{drift:.0%}, {len(reference)} timings)"
+        )
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import platform
 import socket
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -156,6 +157,10 @@ def default_grid(max_num_seqs: int, max_model_len: int, *, quick: bool = False) 
     )
 
 
+_PROBE_EVERY = 16  # step points between two timings of the reference step
+DRIFT_WARNING = 0.15  # the reference step's slowest / fastest - 1 past which profile warns
+
+
 class _Measurer:
     """Runs one measurement, re-measuring while other processes keep the machine busy."""
 
@@ -260,13 +265,24 @@ def run_profile(
     # Warm up: first calls of each kernel (oneDNN primitives, allocator growth) are slow.
     for _kind, decodes, chunks in list(grid.step_points())[:: max(1, grid.num_points() // 6)]:
         plan_times(runner, synthetic_step(decodes, chunks), 1)
+    # The same reference step, timed now and then: how steady this machine was meanwhile (a
+    # shared host can slow every step by tens of percent with no process here to show for it).
+    reference = synthetic_step((256,) * min(16, max_num_seqs), ())
+    reference_s: list[float] = []
+
+    def probe() -> None:
+        reference_s.append(statistics.median(plan_times(runner, reference, 5)))
+
+    probe()
     with tqdm(total=grid.num_points(), disable=not show, unit="point", file=sys.stderr) as bar:
-        for kind, decodes, chunks in grid.step_points():
+        for i, (kind, decodes, chunks) in enumerate(grid.step_points(), 1):
             plan = synthetic_step(decodes, chunks)
             repeats = grid.repeats if plan.num_tokens <= 1024 else min(2, grid.repeats)
             stats = measure(partial(plan_times, runner, plan, repeats))
             steps.append(StepPoint(kind, decodes, chunks, stats))
             bar.update()
+            if i % _PROBE_EVERY == 0:
+                probe()
         for mode in SAMPLING_MODES:
             for rows in grid.sampling_rows:
                 stats = measure(partial(_sampling_times, engine, mode, rows, grid.repeats))
@@ -280,7 +296,9 @@ def run_profile(
             stats = measure(partial(_overhead_times, engine, rows, grid.repeats))
             overhead.append(OverheadPoint(rows, stats))
             bar.update()
+    probe()
     elapsed = time.perf_counter() - started
+    drift = max(reference_s) / min(reference_s) - 1
     if log is not None:
         total = grid.num_points()
         log(f"measured {total} points in {elapsed:.0f} s")
@@ -291,6 +309,12 @@ def run_profile(
             )
         elif measure.num_remeasured:
             log(f"note: {measure.num_remeasured} re-measurements while the machine was busy")
+        if drift > DRIFT_WARNING:
+            log(
+                f"warning: the same reference step ({len(reference.chunks)} decodes at 256 tokens) took "
+                f"{min(reference_s) * 1000:.1f}-{max(reference_s) * 1000:.1f} ms over the profile (+{drift:.0%}): "
+                "this machine's speed drifts (a shared host?), and predictions from it are no steadier"
+            )
     return StepProfile(
         fingerprint=_fingerprint(model, engine),
         model=model_dims(spec, _dtype_bytes(engine.dtype)),
@@ -304,6 +328,8 @@ def run_profile(
             "max_attempts": max_attempts,
             "elapsed_s": elapsed,
             "num_busy_points": measure.num_busy,
+            "reference_step_s": reference_s,
+            "reference_drift": drift,
         },
         steps=tuple(steps),
         sampling=tuple(sampling),

@@ -434,4 +434,6 @@ class MeasuredCostModel:
             "num_step_points": len(self.profile.steps),
             "num_fit_points": len(self.fit_points),
             "num_busy_points": sum(p.stats.busy for p in self.profile.steps),
+            # The profiler's reference step timed across the run (absent in older profiles).
+            "reference_step_s": self.profile.settings.get("reference_step_s"),
         }
