@@ -53,7 +53,9 @@ def test_time_budgeted_steps_give_the_same_greedy_tokens_and_are_counted() -> No
     timed_tokens, prefill = _run(timed)
     fixed_tokens, _ = _run(fixed)
     assert timed_tokens == fixed_tokens
-    assert max(prefill) <= 40  # the predictor's 5 ms held 40 prompt tokens a step
+    # the predictor's 5 ms held 40 prompt tokens in the first step (later ones follow the
+    # machine's speed: CalibratedPredictor)
+    assert prefill[0] <= 40
     stats = timed.step_budget_stats
     assert stats is not None and stats.num_steps == len(prefill) and stats.max_step_s > 0
     assert 0 <= stats.num_steps_over_budget <= stats.num_steps and stats.mean_prediction_error >= 0
@@ -85,3 +87,34 @@ def test_serve_step_budget_needs_a_profile(capsys: pytest.CaptureFixture[str]) -
     argv = ["serve", "--model", "random:tiny", "--port", "0", "--step-budget-ms", "40"]
     assert main(argv) == 2
     assert "--step-budget-ms needs --profile FILE" in capsys.readouterr().err
+
+
+def test_the_calibrated_predictor_follows_the_measured_ratio() -> None:
+    from stallfree.engine.engine import CalibratedPredictor
+
+    plan = StepPlan(())
+    predictor = CalibratedPredictor(lambda _plan: 0.010, weight=0.5)
+    assert predictor(plan) == 0.010
+    for _ in range(20):
+        predictor.observe(plan, 0.020)  # the machine runs twice as slow as profiled
+    assert predictor.scale == pytest.approx(2.0, rel=1e-4) and predictor(plan) == pytest.approx(
+        0.020, rel=1e-4
+    )
+    for _ in range(20):
+        predictor.observe(plan, 1.0)  # a 100x outlier counts as 4x at most
+    assert predictor.scale == pytest.approx(4.0, rel=1e-4)
+    with pytest.raises(ValueError, match="weight"):
+        CalibratedPredictor(lambda _plan: 0.01, weight=0)
+
+
+def test_the_engine_scales_a_predictor_that_is_too_optimistic() -> None:
+    """A profile 1,000x too fast: the first step plans by it, later ones by the measured ratio."""
+    engine = LLMEngine(
+        "random:tiny",
+        serving=ServingConfig(step_budget_ms=5, num_blocks=64),
+        step_time_predictor=lambda plan: tokens_per_step(plan) / 1000,
+        dtype="float32",
+        device="cpu",
+    )
+    _run(engine)
+    assert engine.predictor is not None and engine.predictor.scale > 2

@@ -103,6 +103,32 @@ class StepBudgetStats:
         return self.prediction_error / self.num_steps if self.num_steps else 0.0
 
 
+class CalibratedPredictor:
+    """A step-time predictor scaled to how fast this machine runs now.
+
+    A profile is measured once; a shared host can then run every step tens of percent slower
+    (or faster) for minutes. ``scale`` follows measured / predicted over the engine's recent
+    steps (an exponential average, each ratio clamped to [1/4, 4]), so a time budget keeps
+    holding when the machine drifts from its profile. ``scale`` starts at 1: the profile as is.
+    """
+
+    def __init__(self, base: StepTimePredictor, weight: float = 0.1) -> None:
+        if not 0 < weight <= 1:
+            raise ValueError(f"weight must be in (0, 1], got {weight}")
+        self.base = base
+        self.weight = weight
+        self.scale = 1.0
+
+    def __call__(self, plan: StepPlan) -> float:
+        return self.base(plan) * self.scale
+
+    def observe(self, plan: StepPlan, measured_s: float) -> None:
+        predicted_s = self.base(plan)
+        if predicted_s > 0 and measured_s > 0:
+            ratio = min(4.0, max(0.25, measured_s / predicted_s))
+            self.scale += self.weight * (ratio - self.scale)
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """``auto``: bf16 on CUDA and on CPUs with AVX-512 (fast bf16 matmuls), else fp32."""
     if name == "auto":
@@ -135,8 +161,9 @@ class LLMEngine:
         ``scheduler_policy`` runs a custom :class:`Policy` under its limits instead of the named
         one. ``step_budget_ms`` needs ``step_time_predictor`` (``StepPlan -> seconds``, such as a
         measured profile's model of this machine: ``MeasuredCostModel.step_time_s``; the engine
-        imports no cost model itself); ``step_budget_stats`` then compares every real step with
-        the target and the prediction."""
+        imports no cost model itself), which it wraps in a :class:`CalibratedPredictor`
+        (``predictor``: scaled by measured / predicted over recent steps); ``step_budget_stats``
+        then compares every real step with the target and the prediction it was planned by."""
         if serving is not None and serving_options:
             raise ValueError("give either serving or its options, not both")
         serving = serving or ServingConfig.from_options(**serving_options)
@@ -157,8 +184,13 @@ class LLMEngine:
         self.model_runner = ModelRunner(
             self.model, KVCache(spec, num_blocks, block_size, self.dtype, self.device)
         )
-        scheduler = serving.make_scheduler(context, num_blocks, predictor=step_time_predictor)
-        self._predictor = step_time_predictor
+        # A time budget's predictor follows this machine's speed as the steps run.
+        self.predictor = (
+            None
+            if step_time_predictor is None or serving.step_budget_s is None
+            else CalibratedPredictor(step_time_predictor)
+        )
+        scheduler = serving.make_scheduler(context, num_blocks, predictor=self.predictor)
         self.step_budget_stats = (
             None if serving.step_budget_s is None else StepBudgetStats(serving.step_budget_s)
         )
@@ -233,8 +265,9 @@ class LLMEngine:
             return _IDLE
         plan, result, events = out
         step = self.last_step = EngineStep(plan, result, events)
-        if self.step_budget_stats is not None and self._predictor is not None:
-            self.step_budget_stats.add(self._predictor(plan), result.duration_s)
+        if self.step_budget_stats is not None and self.predictor is not None:
+            self.step_budget_stats.add(self.predictor(plan), result.duration_s)
+            self.predictor.observe(plan, result.duration_s)
         finish = dict(events.finished)
         outputs = []
         for rid in events.new_token_request_ids:
