@@ -63,7 +63,7 @@ def test_validate_runs_both_sides_on_the_same_requests(
     body = json.loads(capsys.readouterr().out)
     for policy in ("chunked", "prefill-first"):
         result = body["policies"][policy]
-        assert result["completed"] == {"measured": 6, "predicted": 6}
+        assert result["completed"] == {"measured": 6, "predicted": 6, "requests": 6}
         steps = result["per_step"]
         # chunked at 16 tokens a step: each 40-token prompt takes >= 3 steps, then 4 more decodes.
         assert steps["num_steps"] >= (7 if policy == "chunked" else 5)
@@ -110,7 +110,7 @@ def test_validate_takes_a_bench_result_as_the_measured_side(
     args = ["validate", "--profile", str(profile), "--measured", str(bench), "--num-blocks", "64"]
     assert main([*args, "--token-budget", "32", "--max-num-seqs", "8", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)["policies"]["chunked"]
-    assert result["completed"] == {"measured": 3, "predicted": 3}
+    assert result["completed"] == {"measured": 3, "predicted": 3, "requests": 3}
     assert result["per_step"] is None
     assert result["metrics"]["median_ttft_ms"]["measured"] == pytest.approx(100.0)
 

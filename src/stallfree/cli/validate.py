@@ -133,9 +133,10 @@ def run(args: argparse.Namespace) -> int:
         "profile": profile.describe(),
         "scenario": {
             "model": args.model or profile.fingerprint.get("model"),
-            "qps": args.qps,
-            "lengths": args.lengths,
-            "num_requests": args.num_requests,
+            # a bench result brings its own requests and arrival times
+            "qps": None if args.measured else args.qps,
+            "lengths": None if args.measured else args.lengths,
+            "num_requests": results[0]["completed"]["requests"] if args.measured else args.num_requests,
             "seed": args.seed,
             "sampling": args.sampling,
             "measured": args.measured or "engine in process",
@@ -240,7 +241,11 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
         else serving.whole_prompt_cap(serving.max_model_len or 1 << 30),
         "max_num_seqs": serving.num_seqs_limit,
         "num_blocks": serving.num_blocks,
-        "completed": {"measured": measured["completed"], "predicted": predicted["completed"]},
+        "completed": {
+            "measured": measured["completed"],
+            "predicted": predicted["completed"],
+            "requests": len(requests),
+        },
         "metrics": comparison,
         "per_step": per_step,
         "_itl": (measured_itl, sim.itl),
@@ -363,8 +368,13 @@ def _ordering(results: list[dict[str, Any]]) -> dict[str, bool]:
 
 def format_report(body: dict[str, Any]) -> str:
     sc = body["scenario"]
+    workload = (
+        f"poisson {sc['qps']:g} QPS, lengths {sc['lengths']}"
+        if sc["qps"] is not None
+        else "the measured run's arrivals and lengths"
+    )
     lines = [
-        f"validate: {sc['model']}, {sc['num_requests']} requests, poisson {sc['qps']:g} QPS, lengths {sc['lengths']}, "
+        f"validate: {sc['model']}, {sc['num_requests']} requests, {workload}, "
         f"sampling {sc['sampling']}; measured: {sc['measured']}",
         f"profile: {body['profile']}",
     ]
