@@ -9,12 +9,27 @@ through :func:`priced_executor`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from stallfree.core.plan import StepPlan, StepResult
 from stallfree.core.scheduler import Scheduler, StepEvents
 
 Executor = Callable[[StepPlan], StepResult]
+
+
+@dataclass(frozen=True, slots=True)
+class TimedStep:
+    """A step that ran on a wall clock: its plan, when it started and ended, the executor's share."""
+
+    plan: StepPlan
+    start_s: float
+    end_s: float
+    executor_s: float
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
 
 
 class StepCostModel(Protocol):

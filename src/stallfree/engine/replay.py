@@ -18,25 +18,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from stallfree.core import Request, SamplingParams, StepPlan
+from stallfree.core import Request, SamplingParams
+from stallfree.core.step import TimedStep
 from stallfree.engine.engine import LLMEngine
 from stallfree.metrics import ItlAccumulator, RequestRecord, record_from_token_times
 
 FIRST_TOKEN_ID = 3  # ids below are special tokens of the random tokenizer
-
-
-@dataclass(frozen=True, slots=True)
-class TimedStep:
-    """One engine step: its plan, when it started and ended (run clock), the executor's share."""
-
-    plan: StepPlan
-    start_s: float
-    end_s: float
-    executor_s: float
-
-    @property
-    def duration_s(self) -> float:
-        return self.end_s - self.start_s
 
 
 @dataclass(slots=True)

@@ -11,23 +11,11 @@ Imports nothing beyond the core, so a machine without the server extra reads a l
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from stallfree.core import ScheduledChunk, StepPlan
-
-
-@dataclass(frozen=True, slots=True)
-class LoggedStep:
-    plan: StepPlan
-    start_s: float
-    end_s: float
-    executor_s: float
-
-    @property
-    def duration_s(self) -> float:
-        return self.end_s - self.start_s
+from stallfree.core.step import TimedStep
 
 
 def write_step(out: IO[str], plan: StepPlan, start_s: float, end_s: float, executor_s: float) -> None:
@@ -36,7 +24,7 @@ def write_step(out: IO[str], plan: StepPlan, start_s: float, end_s: float, execu
     out.write(json.dumps(line, separators=(",", ":")) + "\n")
 
 
-def load_step_log(path: str | Path) -> list[LoggedStep]:
+def load_step_log(path: str | Path) -> list[TimedStep]:
     """The steps of a step log; ValueError (one line) on a file that is not one."""
     steps = []
     try:
@@ -51,7 +39,7 @@ def load_step_log(path: str | Path) -> list[LoggedStep]:
                         for i, (done, tokens, known) in enumerate(row["chunks"])
                     )
                     steps.append(
-                        LoggedStep(
+                        TimedStep(
                             StepPlan(chunks),
                             float(row["start_s"]),
                             float(row["end_s"]),
