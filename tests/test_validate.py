@@ -146,6 +146,7 @@ def test_validate_sizes_chunks_by_time_on_both_sides(
     assert timed["num_steps"]["measured"] > steps[False]["per_step"]["num_steps"]
     assert timed["num_steps"]["predicted"] > steps[False]["per_step"]["num_steps"]
     assert timed["steps_over"]["predicted"] == 0
+    assert timed["engine_predictor"]["final_scale"] > 0 and timed["engine_predictor"]["mean_abs_error"] >= 0
     assert 0 <= timed["steps_over"]["measured"] <= timed["num_steps"]["measured"]
     assert main([*args[:-1], "--step-budget-ms", "1.6"]) == 0
     out = capsys.readouterr().out
@@ -192,3 +193,16 @@ def test_tune_trials_with_a_profile_take_the_engine_sizing_or_num_blocks(tmp_pat
     context = random_spec("tiny").max_position_embeddings
     assert run_trial(spec)["num_kv_blocks"] == 4 * -(-context // 16)
     assert run_trial(replace(spec, num_blocks=40))["num_kv_blocks"] == 40
+
+
+def test_simulate_with_a_profile_names_the_profiled_machine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = tiny_profile(tmp_path / "tiny.json")
+    args = ["simulate", "--profile", str(profile), "--lengths", "fixed:40,5", "--num-requests", "3"]
+    assert main(args) == 0
+    header = capsys.readouterr().out.splitlines()[:2]
+    assert "x cpu (" in header[0] and "profiled" in header[0] and "a100" not in header[0]
+    assert "as the profiled engine allocates them" in header[1]
+    assert main([*args, "--num-blocks", "40"]) == 0
+    assert "KV cache: 40 blocks of 16 tokens (--num-blocks)" in capsys.readouterr().out

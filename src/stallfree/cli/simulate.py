@@ -273,9 +273,15 @@ def _scenario(
 
     chunked = serving_config(args, "chunked")  # the header describes the chunked policy's step
     hardware_file = None if args.hardware in HARDWARE_PRESETS else args.hardware
+    hardware = load_hardware_spec(args.hardware).name  # a JSON file's own name, not its path
+    if args.profile:  # steps priced by a profile run on the profiled machine, not on --hardware
+        from stallfree.specs.step_profile import load_profile
+
+        fp = load_profile(args.profile).fingerprint
+        hardware, hardware_file = f"{fp.get('device', '?')} ({fp.get('device_name', '?')}, profiled)", None
     return {
         "model": args.model,
-        "hardware": load_hardware_spec(args.hardware).name,  # a JSON file's own name, not its path
+        "hardware": hardware,
         "hardware_file": hardware_file,
         "tp": args.tp,
         "cost_model": args.cost_model,  # resolved: never "auto"
@@ -290,8 +296,20 @@ def _scenario(
         "step_budget_ms": chunked.step_budget_ms,
         "max_num_seqs": chunked.num_seqs_limit,
         "block_size": chunked.block_size,
+        "num_blocks": chunked.num_blocks,
         "gpu_memory_utilization": args.gpu_memory_utilization,
     }
+
+
+def _kv_line(sc: dict[str, Any]) -> str:
+    if sc.get("num_blocks"):
+        return f"KV cache: {sc['num_blocks']:,} blocks of {sc['block_size']} tokens (--num-blocks)"
+    if sc.get("profile"):
+        return f"KV cache: blocks of {sc['block_size']} tokens as the profiled engine allocates them (max seqs full contexts)"
+    return (
+        f"KV cache: blocks of {sc['block_size']} tokens at utilisation {sc['gpu_memory_utilization']:g}, "
+        "after the weights and the largest step's activations"
+    )
 
 
 def _describe(workload: Any) -> str:
@@ -358,8 +376,7 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
         + (f" + {sc['step_overhead_ms']:g} ms a step" if sc["step_overhead_ms"] else "")
         + f"); chunked {budget}, "
         f"max {sc['max_num_seqs']} seqs",
-        f"KV cache: blocks of {sc['block_size']} tokens at utilisation {sc['gpu_memory_utilization']:g}, "
-        "after the weights and the largest step's activations",
+        _kv_line(sc),
         f"{sc['num_requests']:,} requests: {sc['workload']}, seed {sc['seed']}",
         "",
         f"  {'':<24}" + "".join(f"{s['policy']:>16}" for s in summaries),

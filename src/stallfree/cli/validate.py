@@ -186,6 +186,7 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
 
     serving = _serving(args, policy)
     per_step: dict[str, Any] | None = None
+    calibration: dict[str, float] | None = None
     measured_itl: Any
     if args.measured:
         from stallfree.workload.bench_result import load_bench_result
@@ -200,7 +201,7 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
 
             per_step = step_errors(model, load_step_log(args.step_log), serving.step_budget_s)
     else:
-        run, num_blocks, model_len, requests = _engine_run(args, serving, model)
+        run, num_blocks, model_len, requests, calibration = _engine_run(args, serving, model)
         records, measured_itl, duration = run.records, run.itl, run.duration_s
         serving = replace(serving, num_blocks=num_blocks, max_model_len=model_len)
         per_step = step_errors(model, run.steps, serving.step_budget_s)
@@ -232,6 +233,7 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
                 "measured": None if per_step is None else per_step["max_step_ms"],
                 "predicted": predicted["max_step_ms"],
             },
+            "engine_predictor": calibration,
         }
     return {
         "policy": policy,
@@ -264,7 +266,9 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
     }
 
 
-def _engine_run(args: argparse.Namespace, serving: Any, model: Any) -> tuple[Any, int, int, list[Any]]:
+def _engine_run(
+    args: argparse.Namespace, serving: Any, model: Any
+) -> tuple[Any, int, int, list[Any], dict[str, float] | None]:
     from tqdm import tqdm
 
     from stallfree.core import SamplingParams
@@ -299,7 +303,14 @@ def _engine_run(args: argparse.Namespace, serving: Any, model: Any) -> tuple[Any
     show = sys.stderr.isatty() and not args.no_progress
     with tqdm(total=len(requests), disable=not show, unit="req", file=sys.stderr, desc=serving.policy) as bar:
         run = replay(engine, requests, sampling=sampling, seed=args.seed, on_finish=bar.update)
-    return run, engine.model_runner.kv_cache.num_blocks, engine.max_model_len, requests
+    calibration = None
+    if engine.predictor is not None and engine.step_budget_stats is not None:
+        # What the engine planned by: the profile scaled by measured / predicted (CalibratedPredictor)
+        calibration = {
+            "final_scale": engine.predictor.scale,
+            "mean_abs_error": engine.step_budget_stats.mean_prediction_error,
+        }
+    return run, engine.model_runner.kv_cache.num_blocks, engine.max_model_len, requests, calibration
 
 
 def _warm_up(engine: Any) -> None:
@@ -430,6 +441,12 @@ def _target_lines(target: dict[str, Any] | None, steps: dict[str, Any] | None) -
     if steps is not None:
         lines.append(
             f"    the model priced {steps['num_predicted_over_target']} of the real steps over the target"
+        )
+    calibrated = target.get("engine_predictor")
+    if calibrated:
+        lines.append(
+            f"    the engine planned by the profile x {calibrated['final_scale']:.2f} at the end (measured / "
+            f"predicted of its recent steps); its steps' mean |error| {calibrated['mean_abs_error']:.1%}"
         )
     return lines
 
