@@ -6,8 +6,10 @@ the thread count the server gives it (``serve --threads``, default every core bu
 ``stallfree serve`` with one scheduler configuration, drive it with ``stallfree bench`` (Poisson
 arrivals, 512-token prompts, 64-token outputs, greedy, ``--save-result``), then ``stallfree
 validate --measured RESULT.json`` replays the recorded requests (arrival times and the lengths
-the server counted) through the simulator with the profile. Per policy, at ``--load`` x the
-capacity the profile predicts for the slower policy. Run on a quiet machine.
+the server counted) through the simulator with the profile, and prices every served step of the
+server's ``--step-log`` (per-step error; the steps' share of the run's wall time says how much the
+server path adds around them). Per policy, at ``--load`` x the capacity the profile predicts for
+the slower policy. Run on a quiet machine.
 
     .venv/bin/python benchmarks/validate_served.py                    # ~10 min on 2 cores
     .venv/bin/python benchmarks/validate_served.py --skip-profile --num-requests 60
@@ -37,6 +39,7 @@ def main() -> int:
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     parser.add_argument("--num-requests", type=int, default=150)
     parser.add_argument("--load", type=float, default=0.65, help="share of the predicted capacity")
+    parser.add_argument("--qps", type=float, help="offered load (default: --load x the predicted capacity)")
     parser.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
     parser.add_argument("--policies", default="chunked,prefill-first")
     parser.add_argument("--skip-profile", action="store_true", help="reuse the profile under --out")
@@ -51,7 +54,7 @@ def main() -> int:
         rows.append(f"profile: {time.perf_counter() - started:.0f} s, load now {load()}")
     policies = args.policies.split(",")
     capacity = min(capacity_qps(profile, p, 60) for p in policies)
-    qps = round(args.load * capacity, 3)
+    qps = args.qps or round(args.load * capacity, 3)
     rows.append(f"predicted capacity {capacity:.3f} req/s; offered {qps} QPS, {args.num_requests} requests")
     for policy in policies:
         budget = ["--token-budget", str(BUDGET)] if policy == "chunked" else []
@@ -65,27 +68,32 @@ def main() -> int:
             str(NUM_BLOCKS),
         ]
         result = args.out / f"bench-{policy}.json"
+        steps = args.out / f"steps-{policy}.jsonl"
+        steps.unlink(missing_ok=True)
         before, started = load(), time.perf_counter()
         serve_args = ["--model", "random:medium", "--dtype", DTYPES[args.dtype], "--device", "cpu",
-                      "--threads", str(args.threads), *scheduler]  # fmt: skip
+                      "--threads", str(args.threads), *scheduler, "--step-log", str(steps)]  # fmt: skip
         with serving(serve_args) as (base_url, _pid):
             stallfree("bench", "--base-url", base_url, "--scenario", "poisson", "--qps", str(qps),
                       "--lengths", LENGTHS, "--num-requests", str(args.num_requests), "--seed", "0",
                       "--temperature", "0", "--save-result", str(result), "--no-progress")  # fmt: skip
         bench_s = time.perf_counter() - started
         out = stallfree("validate", "--profile", str(profile), "--measured", str(result), *scheduler,
-                        "--json", capture=True)  # fmt: skip
+                        "--step-log", str(steps), "--json", capture=True)  # fmt: skip
         body: dict[str, Any] = json.loads(out)
         body["bench"] = {"qps": qps, "capacity_qps": capacity, "load_before": before, "load_after": load(),
                          "wall_s": bench_s}  # fmt: skip
         (args.out / f"validate-{policy}.json").write_text(json.dumps(body, indent=2))
-        m = body["policies"][policy]["metrics"]
+        r = body["policies"][policy]
+        m, ps = r["metrics"], r["per_step"]
         rows.append(
-            f"| {args.dtype} | {policy} | {body['policies'][policy]['completed']['measured']} | "
+            f"| {args.dtype} | {policy} | {r['completed']['measured']} | "
             + " | ".join(
                 f"{m[k]['measured']:.1f} / {m[k]['predicted']:.1f} ({m[k]['ratio']:.2f})" for k in KEYS
             )
-            + f" | {bench_s:.0f} s, load {before} -> {load()} |"
+            + f" | {ps['median_abs_error']:.1%} / {ps['p90_abs_error']:.1%} ({ps['median_error']:+.1%}) "
+            f"| steps {ps['measured_step_s_total']:.1f} s of {m['duration']['measured']:.1f} s "
+            f"| {bench_s:.0f} s, load {before} -> {load()} |"
         )
     print("\n".join(rows))
     return 0
