@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.fake_http import LocalHttpServer
 from tests.interrupts import CLI, interrupt
 
 N_CTX = 2048
@@ -28,7 +28,7 @@ def llama_tokens(text: str) -> int:
     return 1 + len(words) + sum(len(w) > 4 for w in words)
 
 
-class FakeLlamaServer:
+class FakeLlamaServer(LocalHttpServer):
     def __init__(self, *, token_delay_s: float = 0.0, api_key: str | None = None) -> None:
         self.bodies: list[dict[str, Any]] = []
         self.token_delay_s = token_delay_s
@@ -113,21 +113,10 @@ class FakeLlamaServer:
                 self.wfile.write(f"data: {json.dumps(body)}\n\n".encode())
                 self.wfile.flush()
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        super().__init__(Handler)
 
     def streamed(self) -> list[dict[str, Any]]:
         return [b for b in self.bodies if b.get("stream")]
-
-    def __enter__(self) -> FakeLlamaServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture

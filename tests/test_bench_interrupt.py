@@ -11,12 +11,13 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.fake_http import LocalHttpServer
 from tests.interrupts import interrupt
 
 LONG_PROMPT_WORDS = 100  # prompts at least this long are the long prompt (and its run alone)
@@ -25,7 +26,7 @@ TOKEN_S = 0.03  # between chunks: the streams' 8-chunk warm-up ~0.24 s, their 16
 STREAMS = 4
 
 
-class SlowPrefillServer:
+class SlowPrefillServer(LocalHttpServer):
     """An OpenAI-compatible /v1/completions stream (one chunk per token) that counts what it saw."""
 
     def __init__(self) -> None:
@@ -93,23 +94,12 @@ class SlowPrefillServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        super().__init__(Handler)
 
     def next_run(self) -> None:
         with self.lock:
             self.run += 1
             self.long_prompts = self.long_first_tokens = self.streams = 0
-
-    def __enter__(self) -> SlowPrefillServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture
