@@ -218,8 +218,10 @@ class EngineThread:
 
         torch.set_num_threads(self.num_threads)  # before this thread's first kernel
         stalled = False
-        log = Path(self.step_log).open("a", buffering=1) if self.step_log else None  # noqa: SIM115
+        log = None
         try:
+            if self.step_log:  # opened here: a failure kills the thread with a reason, like a step's
+                log = Path(self.step_log).open("a", buffering=1)  # noqa: SIM115
             while True:
                 deliveries: list[Callable[[], None]] = []
                 busy = self.engine.has_unfinished_requests()
