@@ -115,6 +115,9 @@ def main() -> int:
                 )
                 + " |"
             )
+            if r.get("machine"):  # the profile's reference step after this run vs when profiled
+                then, now = r["machine"]["reference_profiled_s"], r["machine"]["reference_after_run_s"]
+                rows.append(f"  reference step after the {policy} run: {now / then - 1:+.0%} vs the profile")
         if "ordering" in body:
             rows.append(f"ordering {dtype}: {body['ordering']}")
     print("\n".join(rows))

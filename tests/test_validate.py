@@ -18,7 +18,7 @@ from stallfree.specs.step_profile import SamplingPoint, Stats, StepPoint, StepPr
 from stallfree.workload.bench_result import load_bench_result
 
 
-def tiny_profile(path: Path) -> Path:
+def tiny_profile(path: Path, settings: dict[str, object] | None = None) -> Path:
     """A synthetic profile of random:tiny (costs made up, the model real): no measuring needed."""
     spec = random_spec("tiny")
     points = []
@@ -45,7 +45,7 @@ def tiny_profile(path: Path) -> Path:
             "device": "cpu",
         },
         model=model_dims(spec, 4),
-        settings={},
+        settings=settings or {},
         steps=tuple(steps),
         sampling=(SamplingPoint("greedy", 1, Stats((1e-5,))), SamplingPoint("greedy", 8, Stats((2e-5,)))),
         model_config=spec.to_hf_config(),
@@ -206,3 +206,16 @@ def test_simulate_with_a_profile_names_the_profiled_machine(
     assert "as the profiled engine allocates them" in header[1]
     assert main([*args, "--num-blocks", "40"]) == 0
     assert "KV cache: 40 blocks of 16 tokens (--num-blocks)" in capsys.readouterr().out
+
+
+def test_validate_times_the_profiles_reference_step_again_after_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = {"reference_step_s": [0.004, 0.006], "max_num_seqs": 4}
+    profile = tiny_profile(tmp_path / "tiny.json", settings)
+    args = ["validate", "--profile", str(profile), "--qps", "20", "--lengths", "fixed:40,3"]
+    assert main([*args, "--num-requests", "3", "--max-num-seqs", "4", "--json"]) == 0
+    machine = json.loads(capsys.readouterr().out)["policies"]["chunked"]["machine"]
+    assert machine["reference_profiled_s"] == pytest.approx(0.005) and machine["reference_after_run_s"] > 0
+    assert main([*args, "--num-requests", "3", "--max-num-seqs", "4"]) == 0
+    assert "the profile's reference step took" in capsys.readouterr().out

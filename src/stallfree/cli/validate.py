@@ -186,7 +186,7 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
 
     serving = _serving(args, policy)
     per_step: dict[str, Any] | None = None
-    calibration: dict[str, float] | None = None
+    calibration: dict[str, float] | None = None  # the engine run's: reference step, time-budget scale
     measured_itl: Any
     if args.measured:
         from stallfree.workload.bench_result import load_bench_result
@@ -233,7 +233,7 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
                 "measured": None if per_step is None else per_step["max_step_ms"],
                 "predicted": predicted["max_step_ms"],
             },
-            "engine_predictor": calibration,
+            "engine_predictor": calibration if calibration and "final_scale" in calibration else None,
         }
     return {
         "policy": policy,
@@ -250,6 +250,7 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
         },
         "metrics": comparison,
         "per_step": per_step,
+        "machine": _machine(model.profile, calibration),
         "_itl": (measured_itl, sim.itl),
         "_ttft": (
             [
@@ -263,6 +264,19 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
                 if r.first_token_s is not None and r.is_completed
             ],
         ),
+    }
+
+
+def _machine(profile: Any, calibration: dict[str, float] | None) -> dict[str, float] | None:
+    """The reference step when profiled (median of its timings) and after the engine run."""
+    profiled = profile.settings.get("reference_step_s")
+    if not profiled or not calibration or "reference_after_run_s" not in calibration:
+        return None
+    import statistics
+
+    return {
+        "reference_profiled_s": float(statistics.median(profiled)),
+        "reference_after_run_s": calibration["reference_after_run_s"],
     }
 
 
@@ -303,14 +317,30 @@ def _engine_run(
     show = sys.stderr.isatty() and not args.no_progress
     with tqdm(total=len(requests), disable=not show, unit="req", file=sys.stderr, desc=serving.policy) as bar:
         run = replay(engine, requests, sampling=sampling, seed=args.seed, on_finish=bar.update)
-    calibration = None
+    calibration: dict[str, float] = {}
+    reference = _reference_now(engine, model.profile)
+    if reference is not None:
+        calibration["reference_after_run_s"] = reference
     if engine.predictor is not None and engine.step_budget_stats is not None:
         # What the engine planned by: the profile scaled by measured / predicted (CalibratedPredictor)
-        calibration = {
-            "final_scale": engine.predictor.scale,
-            "mean_abs_error": engine.step_budget_stats.mean_prediction_error,
-        }
+        calibration["final_scale"] = engine.predictor.scale
+        calibration["mean_abs_error"] = engine.step_budget_stats.mean_prediction_error
     return run, engine.model_runner.kv_cache.num_blocks, engine.max_model_len, requests, calibration
+
+
+def _reference_now(engine: Any, profile: Any) -> float | None:
+    """The profile's reference step (``stallfree profile`` times it throughout) timed again on the
+    idle engine after the run: is this machine as fast now as when it was profiled?"""
+    import statistics
+
+    from stallfree.engine.profiler import synthetic_step
+    from stallfree.engine.profiling import plan_times
+
+    if not profile.settings.get("reference_step_s") or engine.has_unfinished_requests():
+        return None
+    engine.model_runner.reset()  # the last finished requests' tables (the scheduler freed their blocks)
+    plan = synthetic_step((256,) * min(16, int(profile.settings.get("max_num_seqs", 16))), ())
+    return float(statistics.median(plan_times(engine.model_runner, plan, 5)))
 
 
 def _warm_up(engine: Any) -> None:
@@ -420,6 +450,12 @@ def format_report(body: dict[str, Any]) -> str:
                         f"p90 {s['p90_abs_error']:.1%} (bias {s['median_error']:+.1%})"
                     )
         lines += _target_lines(r["time_budget"], steps)
+        if r.get("machine"):
+            then, now = r["machine"]["reference_profiled_s"], r["machine"]["reference_after_run_s"]
+            lines.append(
+                f"  machine: the profile's reference step took {now * 1000:.1f} ms after the run, "
+                f"{then * 1000:.1f} ms when profiled ({now / then - 1:+.0%})"
+            )
     if "ordering" in body:
         same = ", ".join(f"{k}: {'same' if v else 'DIFFERENT'}" for k, v in body["ordering"].items())
         lines += ["", f"policy ordering, measured vs predicted: {same}"]
