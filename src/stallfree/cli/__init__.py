@@ -55,12 +55,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from stallfree.tune.sigint import SigintGuard  # stdlib only
+
     try:
-        parser = build_parser()  # imports every command's module: a Ctrl-C often lands here
-        if not (sys.argv[1:] if argv is None else argv):
-            parser.print_help(sys.stderr)  # no command: show them all, not only "arguments are required"
-            return 2
-        args = parser.parse_args(argv)
+        # Building the parser imports every command's module (and parsing may import what an
+        # option's type needs), where a Ctrl-C often lands: raised inside an import's lock callback
+        # it would be printed and dropped ("Exception ignored"), so it is only recorded there and
+        # raised once the arguments are parsed.
+        with SigintGuard() as guard:
+            parser = build_parser()
+            if not (sys.argv[1:] if argv is None else argv):
+                parser.print_help(sys.stderr)  # no command: show them all, not only "arguments are required"
+                return 2
+            args = parser.parse_args(argv)
+            guard.check()
     except KeyboardInterrupt:
         print("stallfree: interrupted", file=sys.stderr)
         return 130
