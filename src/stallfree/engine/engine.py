@@ -122,11 +122,14 @@ class CalibratedPredictor:
     def __call__(self, plan: StepPlan) -> float:
         return self.base(plan) * self.scale
 
-    def observe(self, plan: StepPlan, measured_s: float) -> None:
+    def observe(self, plan: StepPlan, measured_s: float) -> float:
+        """Fold a step that ran into ``scale``; the prediction it was planned by (before this)."""
         predicted_s = self.base(plan)
+        planned_s = predicted_s * self.scale
         if predicted_s > 0 and measured_s > 0:
             ratio = min(4.0, max(0.25, measured_s / predicted_s))
             self.scale += self.weight * (ratio - self.scale)
+        return planned_s
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -266,8 +269,8 @@ class LLMEngine:
         plan, result, events = out
         step = self.last_step = EngineStep(plan, result, events)
         if self.step_budget_stats is not None and self.predictor is not None:
-            self.step_budget_stats.add(self.predictor(plan), result.duration_s)
-            self.predictor.observe(plan, result.duration_s)
+            planned_s = self.predictor.observe(plan, result.duration_s)
+            self.step_budget_stats.add(planned_s, result.duration_s)
         finish = dict(events.finished)
         outputs = []
         for rid in events.new_token_request_ids:
