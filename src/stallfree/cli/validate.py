@@ -186,7 +186,8 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
 
     serving = _serving(args, policy)
     per_step: dict[str, Any] | None = None
-    calibration: dict[str, float] | None = None  # the engine run's: reference step, time-budget scale
+    planned_by: dict[str, float] | None = None  # a time budget's engine predictor, at the end
+    machine: dict[str, float] | None = None  # the profile's reference step, profiled vs now
     measured_itl: Any
     if args.measured:
         from stallfree.workload.bench_result import load_bench_result
@@ -201,9 +202,19 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
 
             per_step = step_errors(model, load_step_log(args.step_log), serving.step_budget_s)
     else:
-        run, num_blocks, model_len, requests, calibration = _engine_run(args, serving, model)
+        run, engine, requests = _engine_run(args, serving, model)
+        machine = _machine(model.profile, engine)
+        if engine.predictor is not None and engine.step_budget_stats is not None:
+            # what the engine planned by: the profile scaled by measured / predicted (CalibratedPredictor)
+            planned_by = {
+                "final_scale": engine.predictor.scale,
+                "mean_abs_error": engine.step_budget_stats.mean_prediction_error,
+            }
         records, measured_itl, duration = run.records, run.itl, run.duration_s
-        serving = replace(serving, num_blocks=num_blocks, max_model_len=model_len)
+        serving = replace(
+            serving, num_blocks=engine.model_runner.kv_cache.num_blocks, max_model_len=engine.max_model_len
+        )
+        del engine  # its weights and KV cache are not needed for the simulation
         per_step = step_errors(model, run.steps, serving.step_budget_s)
     measured = summarize(records, measured_itl, duration)
     measured["max_itl_ms"] = max((r.max_itl_s for r in records if r.is_completed), default=0.0) * 1000
@@ -233,7 +244,7 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
                 "measured": None if per_step is None else per_step["max_step_ms"],
                 "predicted": predicted["max_step_ms"],
             },
-            "engine_predictor": calibration if calibration and "final_scale" in calibration else None,
+            "engine_predictor": planned_by,
         }
     return {
         "policy": policy,
@@ -250,7 +261,7 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
         },
         "metrics": comparison,
         "per_step": per_step,
-        "machine": _machine(model.profile, calibration),
+        "machine": machine,
         "_itl": (measured_itl, sim.itl),
         "_ttft": (
             [
@@ -267,22 +278,8 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
     }
 
 
-def _machine(profile: Any, calibration: dict[str, float] | None) -> dict[str, float] | None:
-    """The reference step when profiled (median of its timings) and after the engine run."""
-    profiled = profile.settings.get("reference_step_s")
-    if not profiled or not calibration or "reference_after_run_s" not in calibration:
-        return None
-    import statistics
-
-    return {
-        "reference_profiled_s": float(statistics.median(profiled)),
-        "reference_after_run_s": calibration["reference_after_run_s"],
-    }
-
-
-def _engine_run(
-    args: argparse.Namespace, serving: Any, model: Any
-) -> tuple[Any, int, int, list[Any], dict[str, float] | None]:
+def _engine_run(args: argparse.Namespace, serving: Any, model: Any) -> tuple[Any, Any, list[Any]]:
+    """The workload through ``LLMEngine`` on the wall clock: the replay run, the engine, the requests."""
     from tqdm import tqdm
 
     from stallfree.core import SamplingParams
@@ -317,30 +314,26 @@ def _engine_run(
     show = sys.stderr.isatty() and not args.no_progress
     with tqdm(total=len(requests), disable=not show, unit="req", file=sys.stderr, desc=serving.policy) as bar:
         run = replay(engine, requests, sampling=sampling, seed=args.seed, on_finish=bar.update)
-    calibration: dict[str, float] = {}
-    reference = _reference_now(engine, model.profile)
-    if reference is not None:
-        calibration["reference_after_run_s"] = reference
-    if engine.predictor is not None and engine.step_budget_stats is not None:
-        # What the engine planned by: the profile scaled by measured / predicted (CalibratedPredictor)
-        calibration["final_scale"] = engine.predictor.scale
-        calibration["mean_abs_error"] = engine.step_budget_stats.mean_prediction_error
-    return run, engine.model_runner.kv_cache.num_blocks, engine.max_model_len, requests, calibration
+    return run, engine, requests
 
 
-def _reference_now(engine: Any, profile: Any) -> float | None:
-    """The profile's reference step (``stallfree profile`` times it throughout) timed again on the
-    idle engine after the run: is this machine as fast now as when it was profiled?"""
+def _machine(profile: Any, engine: Any) -> dict[str, float] | None:
+    """The profile's reference step (``stallfree profile`` times it throughout): its median when
+    profiled, and its time again on the idle engine after the run. Is this machine as fast now?"""
     import statistics
 
     from stallfree.engine.profiler import synthetic_step
     from stallfree.engine.profiling import plan_times
 
-    if not profile.settings.get("reference_step_s") or engine.has_unfinished_requests():
+    profiled = profile.settings.get("reference_step_s")
+    if not profiled or engine.has_unfinished_requests():
         return None
     engine.model_runner.reset()  # the last finished requests' tables (the scheduler freed their blocks)
     plan = synthetic_step((256,) * min(16, int(profile.settings.get("max_num_seqs", 16))), ())
-    return float(statistics.median(plan_times(engine.model_runner, plan, 5)))
+    return {
+        "reference_profiled_s": float(statistics.median(profiled)),
+        "reference_after_run_s": float(statistics.median(plan_times(engine.model_runner, plan, 5))),
+    }
 
 
 def _warm_up(engine: Any) -> None:
