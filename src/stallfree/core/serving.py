@@ -21,7 +21,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from stallfree.core.config import DEFAULT_STEP_TOKEN_CAP, DEFAULT_TOKEN_BUDGET, CacheConfig, SchedulerConfig
+from stallfree.core.config import (
+    DEFAULT_STEP_TOKEN_CAP,
+    DEFAULT_TOKEN_BUDGET,
+    CacheConfig,
+    SchedulerConfig,
+    ceil_div,
+)
 from stallfree.core.policy import POLICIES, ChunkedPolicy, Policy, make_policy
 from stallfree.core.scheduler import Scheduler
 from stallfree.core.time_budget import StepTimePredictor
@@ -120,6 +126,11 @@ class ServingConfig:
                 f"max_model_len {self.max_model_len} exceeds the model's context of {model_context}"
             )
         return self.max_model_len
+
+    def full_contexts_num_blocks(self, model_context: int) -> int:
+        """KV blocks for ``num_seqs_limit`` sequences at ``model_len`` tokens each: all a replica
+        can ever hold at once (the engine's cache where memory allows)."""
+        return self.num_seqs_limit * ceil_div(self.model_len(model_context), self.block_size)
 
     def step_token_cap(self, model_context: int) -> int:
         """The most tokens one step can hold (what activation memory is sized for)."""

@@ -181,9 +181,7 @@ class LLMEngine:
         block_size = serving.block_size
         num_blocks = serving.num_blocks
         if num_blocks is None:
-            num_blocks = self._default_num_blocks(
-                block_size, serving.num_seqs_limit, kv_cache_memory_fraction
-            )
+            num_blocks = self._default_num_blocks(serving, context, kv_cache_memory_fraction)
         self.model_runner = ModelRunner(
             self.model, KVCache(spec, num_blocks, block_size, self.dtype, self.device)
         )
@@ -299,16 +297,18 @@ class LLMEngine:
 
     # -- sizing -----------------------------------------------------------------------------
 
-    def _default_num_blocks(self, block_size: int, max_num_seqs: int, fraction: float | None) -> int:
-        """Blocks that fit in a share of free memory, capped at what max_num_seqs full contexts need."""
+    def _default_num_blocks(self, serving: ServingConfig, model_context: int, fraction: float | None) -> int:
+        """Blocks that fit in a share of free memory, capped at what max_num_seqs full contexts need
+        (:meth:`ServingConfig.full_contexts_num_blocks`, which the simulator sizes a profile's by)."""
         if fraction is None:
             fraction = _DEFAULT_KV_FRACTION.get(self.device.type, 0.5)
         if not 0 < fraction <= 1:
             raise ValueError(f"kv_cache_memory_fraction must be in (0, 1], got {fraction}")
+        block_size = serving.block_size
         per_block = kv_bytes_per_block(self.model.spec, block_size, self.dtype)
         num_blocks = int(fraction * _free_memory_bytes(self.device)) // per_block
         blocks_per_seq = ceil_div(self.max_model_len, block_size)
-        needed = max_num_seqs * blocks_per_seq
+        needed = serving.full_contexts_num_blocks(model_context)
         if num_blocks < blocks_per_seq:
             raise ValueError(
                 f"the KV cache fits only {num_blocks} blocks of {block_size} tokens, fewer than one "

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from stallfree.core import ChunkedPolicy, Request, Scheduler, ceil_div
+from stallfree.core import ChunkedPolicy, Request, Scheduler
 from stallfree.core.serving import ServingConfig
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.sim.cost_model import CostModel, CostModelConfig, CostModelKind
@@ -96,7 +96,7 @@ def simulate(
     """
     hardware_spec = load_hardware_spec(hardware) if isinstance(hardware, str) else hardware
     if cost_model == "auto":
-        cost_model = auto_cost_model(hardware, profile=profile)[0]
+        cost_model = auto_cost_model(hardware_spec, profile=profile)[0]
     costs: SteadyCostModel
     if profile is None and cost_model == "measured" and gpu_family(hardware_spec.name) is not None:
         # a GPU preset: Vidur's measured operator tables, shipped (sim/gpu_measured.py)
@@ -142,9 +142,8 @@ def simulate(
     num_blocks = serving.num_blocks
     if num_blocks is None and isinstance(costs, MeasuredCostModel):
         # A profile is of an engine, not of ``hardware``: its KV cache as the engine sizes it
-        # where memory allows (max_num_seqs full contexts; LLMEngine._default_num_blocks).
-        blocks_per_seq = ceil_div(serving.max_model_len or context, serving.block_size)
-        num_blocks = serving.num_seqs_limit * blocks_per_seq
+        # where memory allows (max_num_seqs full contexts, as LLMEngine caps its cache).
+        num_blocks = serving.full_contexts_num_blocks(context)
     if num_blocks is not None:
         kv = fixed_kv_memory(
             model_spec, num_blocks, tp=tp, block_size=serving.block_size, dtype_bytes=dtype_bytes
