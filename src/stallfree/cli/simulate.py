@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -145,10 +146,15 @@ def run(args: argparse.Namespace) -> int:
     from stallfree.workload import sample
 
     policies = _policies(args.policy)
+    step_profile = None  # read once: the model default, the header and every policy's run
+    if args.profile is not None:
+        from stallfree.specs.step_profile import load_profile
+
+        step_profile = load_profile(args.profile)
     if args.model is None:
-        args.model = _profiled_model(args.profile) if args.profile is not None else "llama-3-8b"
+        args.model = str(step_profile.fingerprint.get("model", "profiled")) if step_profile else "llama-3-8b"
     cost_model_note = resolve_cost_model(args)
-    profile = measured_profile(args, gpu_tables=True)
+    measured_profile(args, gpu_tables=True)  # checks --cost-model measured has what it needs
     if not args.step_overhead_ms >= 0:
         raise UsageError(f"--step-overhead-ms must be >= 0, got {args.step_overhead_ms}")
     goodput = parse_goodput(args.goodput) if args.goodput else None
@@ -169,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
             hardware=args.hardware,
             tp=args.tp,
             cost_model=args.cost_model,
-            profile=profile,
+            profile=step_profile,
             sampling=args.sampling,
             dtype_bytes=_DTYPE_BYTES[args.dtype] if args.dtype else None,
             step_overhead_s=args.step_overhead_ms / 1000,
@@ -196,7 +202,8 @@ def run(args: argparse.Namespace) -> int:
         from stallfree.plots.traffic import plot_traffic
 
         outputs += [str(path) for path in plot_traffic(results, args.plot)]
-    scenario = _scenario(args, workload, len(requests), cost_model_note)
+    fingerprint = step_profile.fingerprint if step_profile is not None else None
+    scenario = _scenario(args, workload, len(requests), cost_model_note, fingerprint)
     if args.json:
         # One shape whether one policy ran or several.
         body: dict[str, Any] = {"scenario": scenario, "policies": {r.policy: r.summary for r in results}}
@@ -217,12 +224,6 @@ def _serving(args: argparse.Namespace, policy: str) -> Any:
 
 
 _DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
-
-
-def _profiled_model(profile: str) -> str:
-    from stallfree.specs.step_profile import load_profile
-
-    return str(load_profile(profile).fingerprint.get("model", "profiled"))
 
 
 def _policies(text: str) -> list[str]:
@@ -267,17 +268,19 @@ def _per_policy_path(path: str, policy: str, num_policies: int) -> Path:
 
 
 def _scenario(
-    args: argparse.Namespace, workload: Any, num_requests: int, cost_model_note: str | None
+    args: argparse.Namespace,
+    workload: Any,
+    num_requests: int,
+    cost_model_note: str | None,
+    fingerprint: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     from stallfree.specs import HARDWARE_PRESETS, load_hardware_spec
 
     chunked = serving_config(args, "chunked")  # the header describes the chunked policy's step
     hardware_file = None if args.hardware in HARDWARE_PRESETS else args.hardware
     hardware = load_hardware_spec(args.hardware).name  # a JSON file's own name, not its path
-    if args.profile:  # steps priced by a profile run on the profiled machine, not on --hardware
-        from stallfree.specs.step_profile import load_profile
-
-        fp = load_profile(args.profile).fingerprint
+    if fingerprint is not None:  # steps priced by a profile run on the profiled machine, not on --hardware
+        fp = fingerprint
         hardware, hardware_file = f"{fp.get('device', '?')} ({fp.get('device_name', '?')}, profiled)", None
     return {
         "model": args.model,
