@@ -322,14 +322,14 @@ def _machine(profile: Any, engine: Any) -> dict[str, float] | None:
     profiled, and its time again on the idle engine after the run. Is this machine as fast now?"""
     import statistics
 
-    from stallfree.engine.profiler import synthetic_step
+    from stallfree.engine.profiler import reference_step
     from stallfree.engine.profiling import plan_times
 
     profiled = profile.settings.get("reference_step_s")
     if not profiled or engine.has_unfinished_requests():
         return None
     engine.model_runner.reset()  # the last finished requests' tables (the scheduler freed their blocks)
-    plan = synthetic_step((256,) * min(16, int(profile.settings.get("max_num_seqs", 16))), ())
+    plan = reference_step(int(profile.settings.get("max_num_seqs", 16)))
     return {
         "reference_profiled_s": float(statistics.median(profiled)),
         "reference_after_run_s": float(statistics.median(plan_times(engine.model_runner, plan, 5))),

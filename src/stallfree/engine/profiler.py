@@ -216,6 +216,12 @@ def synthetic_step(decode_contexts: tuple[int, ...], chunks: tuple[tuple[int, in
     return StepPlan(tuple(planned))
 
 
+def reference_step(max_num_seqs: int) -> StepPlan:
+    """The step a profile times throughout (and ``validate`` after its run): 16 decodes (at most
+    ``max_num_seqs``) at 256 tokens of context."""
+    return synthetic_step((256,) * min(16, max_num_seqs), ())
+
+
 def run_profile(
     model: str = "random:medium",
     *,
@@ -267,7 +273,7 @@ def run_profile(
         plan_times(runner, synthetic_step(decodes, chunks), 1)
     # The same reference step, timed now and then: how steady this machine was meanwhile (a
     # shared host can slow every step by tens of percent with no process here to show for it).
-    reference = synthetic_step((256,) * min(16, max_num_seqs), ())
+    reference = reference_step(max_num_seqs)
     reference_s: list[float] = []
 
     def probe() -> None:
