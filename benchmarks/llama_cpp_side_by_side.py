@@ -342,6 +342,11 @@ def fmt(value: float | None, unit: str = "") -> str:
     return "—" if value is None else f"{value:,.0f}{unit}" if value >= 100 else f"{value:,.1f}{unit}"
 
 
+def extra_serves(runs: dict[str, dict[str, Any]]) -> list[str]:
+    """The stallfree serve columns run with another --threads (``--serve-threads``' second on)."""
+    return [n for n in runs if n.startswith("stallfree bf16 ") and n.endswith("t") and n[15:-1].isdigit()]
+
+
 def table(runs: dict[str, dict[str, Any]]) -> list[str]:
     lcpp, q4 = runs.get("llama.cpp BF16", {}), runs.get("llama.cpp Q4_1", {})
     sf, pf = runs.get("stallfree bf16", {}), runs.get("stallfree bf16 prefill-first", {})
@@ -353,10 +358,12 @@ def table(runs: dict[str, dict[str, Any]]) -> list[str]:
         x = sf[key] / lcpp[key] if higher_is_better else lcpp[key] / sf[key]
         return f"{x:.2f}x"
 
+    more = {name.removeprefix("stallfree bf16 "): run for name, run in runs.items() if name in extra_serves(runs)}
     rows = [
         "| same weights, this CPU | llama.cpp BF16 GGUF | llama.cpp Q4_1 | stallfree serve bf16 "
-        "| stallfree serve vs llama.cpp BF16 (>1 = stallfree better) | stallfree in-process bf16 |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| stallfree serve vs llama.cpp BF16 (>1 = stallfree better) | stallfree in-process bf16 |"
+        + "".join(f" stallfree serve --threads {name.removesuffix('t')} |" for name in more),
+        "|---|---:|---:|---:|---:|---:|" + "---:|" * len(more),
     ]
     short, long = GROWTH_PROMPTS
     for label, key, better in (
@@ -370,7 +377,7 @@ def table(runs: dict[str, dict[str, Any]]) -> list[str]:
     ):
         rows.append(
             f"| {label} | {fmt(lcpp.get(key))} | {fmt(q4.get(key))} | {fmt(sf.get(key))} "
-            f"| {ratio(key, better)} | {fmt(ip.get(key))} |"
+            f"| {ratio(key, better)} | {fmt(ip.get(key))} |" + "".join(f" {fmt(r.get(key))} |" for r in more.values())
         )
     sf_gap = fmt(sf.get("longprompt_max_gap_ms")) + " (chunked 512)"
     if pf:
@@ -379,6 +386,7 @@ def table(runs: dict[str, dict[str, Any]]) -> list[str]:
         "| 3,000-token prompt into 8 streams, longest gap (ms), default settings "
         f"| {fmt(lcpp.get('longprompt_max_gap_ms'))} | {fmt(q4.get('longprompt_max_gap_ms'))} "
         f"| {sf_gap} | {ratio('longprompt_max_gap_ms', False)} | — |"
+        + "".join(f" {fmt(r.get('longprompt_max_gap_ms'))} |" for r in more.values())
     )
     ttft = fmt(sf.get("longprompt_ttft_ms")) + " (chunked 512)"
     if pf:
@@ -386,6 +394,7 @@ def table(runs: dict[str, dict[str, Any]]) -> list[str]:
     rows.append(
         f"| ... its TTFT with the 8 streams (ms) | {fmt(lcpp.get('longprompt_ttft_ms'))} "
         f"| {fmt(q4.get('longprompt_ttft_ms'))} | {ttft} | {ratio('longprompt_ttft_ms', False)} | — |"
+        + "".join(f" {fmt(r.get('longprompt_ttft_ms'))} |" for r in more.values())
     )
     return rows
 
@@ -403,6 +412,10 @@ def targets(runs: dict[str, dict[str, Any]]) -> list[str]:
             lines.append(
                 f"  - in process ({ip['threads']} threads): {ip[key] / lcpp[key]:.2f}x llama.cpp BF16"
             )
+        for name in extra_serves(runs):
+            if key in lcpp and key in runs[name]:
+                threads = name.removeprefix("stallfree bf16 ").removesuffix("t")
+                lines.append(f"  - serve --threads {threads}: {runs[name][key] / lcpp[key]:.2f}x llama.cpp BF16")
     key = "growth_ms_per_1k"
     if key in lcpp and key in sf:
         verdict = "met" if sf[key] <= 1.5 * lcpp[key] else "NOT met"
@@ -430,6 +443,12 @@ def main() -> int:
     p.add_argument("--llama-threads", type=int, help="llama-server -t (default: llama.cpp's own)")
     p.add_argument("--llama-split-kv", action="store_true", help="llama-server -no-kvu: a KV buffer per slot")
     p.add_argument("--max-load", type=float, default=1.5, help="wait (up to 3 min) while load is above this")
+    p.add_argument(
+        "--serve-threads",
+        type=lambda text: [int(t) for t in text.split(",")],
+        default=[],
+        help="stallfree serve --threads, comma-separated: one stallfree column each (default: serve's own)",
+    )
     args = p.parse_args()
 
     if not args.llama_server or not Path(args.llama_server).is_file():
@@ -454,18 +473,21 @@ def main() -> int:
         argv += ["-no-kvu"] if args.llama_split_kv else ["-kvu"]
         return argv + (["-t", str(args.llama_threads)] if args.llama_threads else [])
 
-    def stallfree(policy: str) -> list[str]:
-        return [*stallfree_cli(), "serve", "--model", str(hf), "--dtype", "bfloat16", "--device", "cpu",
+    def stallfree(policy: str, threads: int | None = None) -> list[str]:
+        argv = [*stallfree_cli(), "serve", "--model", str(hf), "--dtype", "bfloat16", "--device", "cpu",
                 "--served-model-name", "smollm2", "--policy", policy]  # fmt: skip
+        return argv + (["--threads", str(threads)] if threads else [])
 
+    first, *more = args.serve_threads or [None]
     plan: list[tuple[str, list[str], bool]] = [
         ("llama.cpp BF16", llama(bf16), True),
-        ("stallfree bf16", stallfree("chunked"), True),
+        ("stallfree bf16", stallfree("chunked", first), True),
+        *((f"stallfree bf16 {t}t", stallfree("chunked", t), True) for t in more),
     ]
     if not args.no_q4:
         plan.append(("llama.cpp Q4_1", llama(q4), True))
     if not args.no_prefill_first:
-        plan.append(("stallfree bf16 prefill-first", stallfree("prefill-first"), False))
+        plan.append(("stallfree bf16 prefill-first", stallfree("prefill-first", first), False))
     runs: dict[str, dict[str, Any]] = {}
     for name, argv, full in plan:
         port = free_port()
@@ -489,7 +511,8 @@ def main() -> int:
         f"run time: {elapsed:.0f} s ({prepared_s:.0f} s preparing weights; per column: "
         + ", ".join(f"{n} {r['seconds']:.0f} s" for n, r in runs.items())
         + ")",
-        f"llama-server: {binary}; weights: {bf16.name} from {hf.name} (dequantized {q4.name}); "
+        f"llama-server: {binary}; stallfree serve --threads {first or 'default (every core but one)'}; "
+        f"weights: {bf16.name} from {hf.name} (dequantized {q4.name}); "
         f"decode = streams x 1000 / median ITL over {args.decode_tokens} tokens; 2,000-token TTFT best of "
         + ", ".join(fmt(x) for x in runs.get("llama.cpp BF16", {}).get("prompt2000_ttft_all_ms", []))
         + " (llama.cpp BF16) / "

@@ -80,6 +80,7 @@ def build_inputs(
                 num_seqs=len(group_tables),
                 gather_rows=gather_rows(padded, kv_heads, num_blocks).to(device),
                 padding=padding.to(device),
+                max_context_len=max(positions[first : first + seqs_per_group]) + 1,
             )
         )
 
