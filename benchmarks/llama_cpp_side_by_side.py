@@ -358,7 +358,9 @@ def table(runs: dict[str, dict[str, Any]]) -> list[str]:
         x = sf[key] / lcpp[key] if higher_is_better else lcpp[key] / sf[key]
         return f"{x:.2f}x"
 
-    more = {name.removeprefix("stallfree bf16 "): run for name, run in runs.items() if name in extra_serves(runs)}
+    more = {
+        name.removeprefix("stallfree bf16 "): run for name, run in runs.items() if name in extra_serves(runs)
+    }
     rows = [
         "| same weights, this CPU | llama.cpp BF16 GGUF | llama.cpp Q4_1 | stallfree serve bf16 "
         "| stallfree serve vs llama.cpp BF16 (>1 = stallfree better) | stallfree in-process bf16 |"
@@ -377,7 +379,8 @@ def table(runs: dict[str, dict[str, Any]]) -> list[str]:
     ):
         rows.append(
             f"| {label} | {fmt(lcpp.get(key))} | {fmt(q4.get(key))} | {fmt(sf.get(key))} "
-            f"| {ratio(key, better)} | {fmt(ip.get(key))} |" + "".join(f" {fmt(r.get(key))} |" for r in more.values())
+            f"| {ratio(key, better)} | {fmt(ip.get(key))} |"
+            + "".join(f" {fmt(r.get(key))} |" for r in more.values())
         )
     sf_gap = fmt(sf.get("longprompt_max_gap_ms")) + " (chunked 512)"
     if pf:
@@ -415,7 +418,9 @@ def targets(runs: dict[str, dict[str, Any]]) -> list[str]:
         for name in extra_serves(runs):
             if key in lcpp and key in runs[name]:
                 threads = name.removeprefix("stallfree bf16 ").removesuffix("t")
-                lines.append(f"  - serve --threads {threads}: {runs[name][key] / lcpp[key]:.2f}x llama.cpp BF16")
+                lines.append(
+                    f"  - serve --threads {threads}: {runs[name][key] / lcpp[key]:.2f}x llama.cpp BF16"
+                )
     key = "growth_ms_per_1k"
     if key in lcpp and key in sf:
         verdict = "met" if sf[key] <= 1.5 * lcpp[key] else "NOT met"

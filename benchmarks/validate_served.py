@@ -2,7 +2,9 @@
 
 ``validate_cpu.py`` checks the simulator against the engine in process. This is the same check
 through HTTP, as a user checks a prediction against their own server: profile the engine with
-the thread count the server gives it (``serve --threads``, default every core but one), start
+the thread count the server gives it (``serve --threads``; here every core but one, so that
+the client and the event loop have a core and the served steps run as the profile measured them:
+with both of 2 cores they ran 1.7x slower than profiled alone), start
 ``stallfree serve`` with one scheduler configuration, drive it with ``stallfree bench`` (Poisson
 arrivals, 512-token prompts, 64-token outputs, greedy, ``--save-result``), then ``stallfree
 validate --measured RESULT.json`` replays the recorded requests (arrival times and the lengths

@@ -1,4 +1,4 @@
-"""The engine thread's torch thread budget: every core but one by default, or what serve is told."""
+"""The engine thread's torch thread budget: by the machine's size by default, or what serve is told."""
 
 from __future__ import annotations
 
@@ -14,8 +14,12 @@ from stallfree.server.launch import ServerThread, build_server
 MODEL = "random:tiny"
 
 
-def test_default_leaves_the_event_loop_a_core() -> None:
-    assert default_num_threads() == max(1, len(os.sched_getaffinity(0)) - 1)
+@pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 2), (4, 4), (5, 4), (16, 15)])
+def test_default_leaves_the_event_loop_a_core_on_larger_machines(
+    monkeypatch: pytest.MonkeyPatch, cores: int, threads: int
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cores)))
+    assert default_num_threads() == threads
 
 
 @pytest.mark.parametrize("num_threads", [1, 2])

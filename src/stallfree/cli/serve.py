@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--threads",
         type=positive_int,
-        help="torch threads for the engine (default: every core but one, which the HTTP event loop keeps)",
+        help="torch threads for the engine (default: every core up to 4 cores, every core but one above)",
     )
     p.add_argument(
         "--step-log",

@@ -12,9 +12,11 @@ Invariants:
 - a request the engine refuses fails alone (:class:`RequestRejected`); an exception from a step
   kills the thread: every stream then fails with :class:`EngineDeadError`, new requests fail at
   once, and :attr:`EngineThread.dead_reason` says why (``/health`` answers 503);
-- the engine's kernels get ``num_threads`` torch threads, by default every core but one: the
-  event loop (HTTP, SSE framing, detokenized text going out) keeps a core of its own instead of
-  preempting an OpenMP worker, which stalls every kernel of the step at its barrier.
+- the engine's kernels get ``num_threads`` torch threads, by default every core on a machine of up
+  to ``SMALL_MACHINE_CORES`` cores and every core but one above: on 2 cores, a core kept for the event
+  loop (HTTP, SSE framing, detokenized text) halved the bandwidth the weights stream at (13.9 vs
+  27.7 GB/s) and cost more than the OpenMP barrier stalls it avoids (benchmarks/README.md); with
+  more cores one is a small share, and the event loop no longer preempts an OpenMP worker.
 """
 
 from __future__ import annotations
@@ -47,13 +49,17 @@ _log = logging.getLogger(__name__)
 _STALLED_WAIT_S = 0.01
 
 
+SMALL_MACHINE_CORES = 4  # up to this many cores the engine gets all of them
+
+
 def default_num_threads() -> int:
-    """Torch threads for the engine: the cores this process may use, less one for the event loop."""
+    """Torch threads for the engine: the cores this process may use, less one for the event loop
+    when there are more than ``SMALL_MACHINE_CORES``."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return max(1, cores - 1)
+    return cores if cores <= SMALL_MACHINE_CORES else cores - 1
 
 
 class EngineDeadError(RuntimeError):

@@ -32,7 +32,7 @@ def build_server(
 ) -> FastAPI:
     """Load the engine (ValueError on bad options) and wrap it in the app; ``app.state.engine_thread``.
 
-    ``num_threads``: torch threads for the engine (default: every core but one, see EngineThread);
+    ``num_threads``: torch threads for the engine (default: every core up to 4, every core but one above; see EngineThread);
     ``step_log``: a file the engine thread appends a JSON line to per step (server/step_log.py)."""
     from stallfree.engine.engine import LLMEngine
 
