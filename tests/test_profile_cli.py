@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ pytest.importorskip("torch")
 
 from stallfree.cli import main
 from stallfree.core import ScheduledChunk, StepPlan
+from stallfree.engine.profiler import _PROBE_EVERY, drift_scales, synthetic_step
 from stallfree.sim.measured import MeasuredCostModel
 from stallfree.specs.step_profile import SAMPLING_MODES, STEP_KINDS, load_profile
 
@@ -51,11 +54,11 @@ def test_specs_prints_the_fitted_parameters(tiny_profile: Path, capsys: pytest.C
     assert main(["specs", "--profile", str(tiny_profile)]) == 0
     out = capsys.readouterr().out
     assert "weight streaming" in out and "fit error" in out
-    # the reference step, timed before, every 16 step points, and after: how steady the machine was
+    # the reference step, timed before, every _PROBE_EVERY step points, and after: how steady the machine was
     settings = load_profile(tiny_profile).settings
     reference = settings["reference_step_s"]
     num_steps = len(load_profile(tiny_profile).steps)
-    assert len(reference) == 2 + num_steps // 16 and min(reference) > 0
+    assert len(reference) == 2 + num_steps // _PROBE_EVERY and min(reference) > 0
     assert settings["reference_drift"] == pytest.approx(max(reference) / min(reference) - 1)
     assert f"over the profile (+{settings['reference_drift']:.0%}, {len(reference)} timings)" in out
 
@@ -70,3 +73,50 @@ def test_the_default_grid_fits_the_context_and_times_long_whole_prompts(max_mode
         assert all(tokens + before <= max_model_len for tokens, before, _ in chunks)
     whole = [c[0][0] for _k, d, c in grid.step_points() if not d and len(c) == 1 and c[0][1] == 0 and c[0][2]]
     assert whole == [n for n in (2048, 3072) if n < max_model_len]
+
+
+def test_drift_scales_bring_points_to_the_median_reference_speed() -> None:
+    # The reference step took 10 ms, then 20 ms (the host halved its speed), then 20 ms again.
+    scales = drift_scales([0.5, 1.5, 2.0, 5.0], probe_at=[0.0, 1.0, 2.0], probe_s=[0.010, 0.020, 0.020])
+    assert scales == pytest.approx([0.020 / 0.015, 1.0, 1.0, 1.0])  # median 20 ms; halfway: 15 ms
+    assert drift_scales([-1.0], [0.0, 1.0], [0.01, 0.03]) == pytest.approx([2.0])  # before: the first probe's
+    with pytest.raises(ValueError, match="ascending"):
+        drift_scales([0.0], [1.0, 0.0], [0.01, 0.02])
+
+
+def test_a_profile_on_a_host_that_slows_down_is_brought_to_one_speed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every engine step (the reference step too) takes a made-up time, 2x longer in the second
+    half of the run: corrected, every step point but those next to the change costs the same
+    multiple of its made-up time; the times as measured would differ by 2x."""
+    import stallfree.engine.profiler as profiler
+
+    calls = {"n": 0}
+
+    def fake_plan_times(runner: object, plan: StepPlan, repeats: int) -> list[float]:
+        calls["n"] += 1
+        slow = 2.0 if calls["n"] > 20 else 1.0  # from a few step points in
+        time.sleep(0.001)  # so that the points' and the probes' clocks move
+        return [1e-3 * (1 + plan.num_tokens) * slow] * repeats
+
+    monkeypatch.setattr(profiler, "plan_times", fake_plan_times)
+    out = tmp_path / "drift.profile.json"
+    args = ["profile", "--model", "random:tiny", "--quick", "--max-num-seqs", "8", "--max-attempts", "1"]
+    assert main([*args, "--dtype", "float32", "--out", str(out)]) == 0
+    profile = load_profile(out)
+    assert profile.settings["reference_drift"] == pytest.approx(1.0)
+    low, high = profile.settings["drift_scale_range"]
+    assert high / low == pytest.approx(2.0)
+    assert main(["specs", "--profile", str(out)]) == 0
+    assert f"points scaled x{low:.2f}-{high:.2f} to its median" in capsys.readouterr().out
+    ratios = []
+    for point in profile.steps:
+        plan = synthetic_step(point.decode_contexts, point.chunks)
+        ratios.append(point.stats.median_s / (1e-3 * (1 + plan.num_tokens)))
+    median = statistics.median(ratios)
+    assert median in (pytest.approx(1.0), pytest.approx(2.0))  # the median probe was fast or slow
+    near = [r for r in ratios if r == pytest.approx(median, rel=0.01)]
+    assert (
+        len(near) >= len(ratios) - _PROBE_EVERY
+    )  # at most the points between the two probes around the change

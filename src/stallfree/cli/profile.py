@@ -152,10 +152,12 @@ def profile_figures_text(p: dict[str, Any]) -> str:
         + (f" ({p['num_busy_points']} measured while busy)" if p["num_busy_points"] else "")
     )
     reference = p.get("reference_step_s")
+    scaled = p.get("drift_scale_range") or [1, 1]
     if reference:
         drift = max(reference) / min(reference) - 1
         lines.append(
             f"  machine steadiness       a reference step took {min(reference) * 1e3:.1f}-{max(reference) * 1e3:.1f} ms"
             f" over the profile (+{drift:.0%}, {len(reference)} timings)"
+            + (f"; points scaled x{scaled[0]:.2f}-{scaled[1]:.2f} to its median" if scaled != [1, 1] else "")
         )
     return "\n".join(lines)

@@ -7,6 +7,10 @@ steps for the per-step cost outside the executor. Each point repeats; a point du
 other processes used more than ``busy_fraction`` of the machine's CPU is re-measured (up to
 ``max_attempts``, keeping the quietest attempt) and flagged ``busy`` if it never got quiet;
 after five busy points in a row each point is measured once until the machine quiets down.
+A reference step is timed before, every ``_PROBE_EVERY`` step points and after: when its
+slowest and fastest timings differ by more than ``DRIFT_WARNING`` (a host whose speed drifts
+with nothing here to show for it), every point's times are scaled to the reference step's
+median speed, by its time interpolated at the point (:func:`drift_scales`).
 The result is a :class:`~stallfree.specs.step_profile.StepProfile` (schema in that module).
 """
 
@@ -17,12 +21,13 @@ import socket
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from stallfree import __version__
@@ -40,6 +45,8 @@ from stallfree.specs.step_profile import (
     StepPoint,
     StepProfile,
 )
+
+_Point = TypeVar("_Point", StepPoint, SamplingPoint, LinearPoint, OverheadPoint)
 
 _PARAMS = {
     "greedy": SamplingParams(temperature=0.0),
@@ -157,8 +164,24 @@ def default_grid(max_num_seqs: int, max_model_len: int, *, quick: bool = False) 
     )
 
 
-_PROBE_EVERY = 16  # step points between two timings of the reference step
-DRIFT_WARNING = 0.15  # the reference step's slowest / fastest - 1 past which profile warns
+_PROBE_EVERY = 4  # step points between two timings of the reference step
+DRIFT_WARNING = 0.15  # the reference step's slowest / fastest - 1 past which profile warns and corrects
+
+
+def drift_scales(
+    point_at: Sequence[float], probe_at: Sequence[float], probe_s: Sequence[float]
+) -> list[float]:
+    """Per point measured at time ``point_at[i]``: the factor that brings it to the machine's median
+    speed, ``median(probe_s)`` over the reference step's time interpolated at the point (linearly
+    between the probes around it; the nearest probe's outside them)."""
+    if len(probe_at) != len(probe_s) or not probe_s or sorted(probe_at) != list(probe_at):
+        raise ValueError("probe_at must be ascending and as long as probe_s, which must not be empty")
+    median = statistics.median(probe_s)
+    return [float(median / t) for t in np.interp(point_at, probe_at, probe_s)]
+
+
+def _scaled(point: _Point, factor: float) -> _Point:
+    return replace(point, stats=replace(point.stats, times_s=tuple(t * factor for t in point.stats.times_s)))
 
 
 class _Measurer:
@@ -275,36 +298,48 @@ def run_profile(
     # shared host can slow every step by tens of percent with no process here to show for it).
     reference = reference_step(max_num_seqs)
     reference_s: list[float] = []
+    probe_at: list[float] = []  # when each reference timing and each point was taken (midpoints)
+    point_at: list[float] = []
 
     def probe() -> None:
-        reference_s.append(statistics.median(plan_times(runner, reference, 5)))
+        start = time.perf_counter()
+        reference_s.append(statistics.median(plan_times(runner, reference, 3)))
+        probe_at.append((start + time.perf_counter()) / 2)
+
+    def timed(run: Callable[[], list[float]]) -> Stats:
+        start = time.perf_counter()
+        stats = measure(run)
+        point_at.append((start + time.perf_counter()) / 2)
+        bar.update()
+        return stats
 
     probe()
     with tqdm(total=grid.num_points(), disable=not show, unit="point", file=sys.stderr) as bar:
         for i, (kind, decodes, chunks) in enumerate(grid.step_points(), 1):
             plan = synthetic_step(decodes, chunks)
             repeats = grid.repeats if plan.num_tokens <= 1024 else min(2, grid.repeats)
-            stats = measure(partial(plan_times, runner, plan, repeats))
-            steps.append(StepPoint(kind, decodes, chunks, stats))
-            bar.update()
+            steps.append(StepPoint(kind, decodes, chunks, timed(partial(plan_times, runner, plan, repeats))))
             if i % _PROBE_EVERY == 0:
                 probe()
         for mode in SAMPLING_MODES:
             for rows in grid.sampling_rows:
-                stats = measure(partial(_sampling_times, engine, mode, rows, grid.repeats))
+                stats = timed(partial(_sampling_times, engine, mode, rows, grid.repeats))
                 sampling.append(SamplingPoint(mode, rows, stats))
-                bar.update()
         for tokens in grid.linear_tokens:
-            stats = measure(partial(_linear_times, engine, tokens, grid.repeats))
-            linear.append(LinearPoint(tokens, stats))
-            bar.update()
+            linear.append(LinearPoint(tokens, timed(partial(_linear_times, engine, tokens, grid.repeats))))
         for rows in grid.overhead_rows:
-            stats = measure(partial(_overhead_times, engine, rows, grid.repeats))
-            overhead.append(OverheadPoint(rows, stats))
-            bar.update()
+            overhead.append(OverheadPoint(rows, timed(partial(_overhead_times, engine, rows, grid.repeats))))
     probe()
     elapsed = time.perf_counter() - started
     drift = max(reference_s) / min(reference_s) - 1
+    scales = [1.0] * len(point_at)
+    if drift > DRIFT_WARNING:  # the points were measured at different speeds: bring them to one
+        scales = drift_scales(point_at, probe_at, reference_s)
+        cut = list(np.cumsum([len(steps), len(sampling), len(linear)]))
+        steps = [_scaled(x, f) for x, f in zip(steps, scales[: cut[0]], strict=True)]
+        sampling = [_scaled(x, f) for x, f in zip(sampling, scales[cut[0] : cut[1]], strict=True)]
+        linear = [_scaled(x, f) for x, f in zip(linear, scales[cut[1] : cut[2]], strict=True)]
+        overhead = [_scaled(x, f) for x, f in zip(overhead, scales[cut[2] :], strict=True)]
     if log is not None:
         total = grid.num_points()
         log(f"measured {total} points in {elapsed:.0f} s")
@@ -319,7 +354,8 @@ def run_profile(
             log(
                 f"warning: the same reference step ({len(reference.chunks)} decodes at 256 tokens) took "
                 f"{min(reference_s) * 1000:.1f}-{max(reference_s) * 1000:.1f} ms over the profile (+{drift:.0%}): "
-                "this machine's speed drifts (a shared host?), and predictions from it are no steadier"
+                "this machine's speed drifts (a shared host?); every point's times were scaled to its median "
+                f"speed (x{min(scales):.2f}-{max(scales):.2f}), but a run here will drift as well"
             )
     return StepProfile(
         fingerprint=_fingerprint(model, engine),
@@ -336,6 +372,8 @@ def run_profile(
             "num_busy_points": measure.num_busy,
             "reference_step_s": reference_s,
             "reference_drift": drift,
+            # each point's times were multiplied by a factor in this range (1 = not corrected)
+            "drift_scale_range": [min(scales), max(scales)],
         },
         steps=tuple(steps),
         sampling=tuple(sampling),

@@ -436,4 +436,5 @@ class MeasuredCostModel:
             "num_busy_points": sum(p.stats.busy for p in self.profile.steps),
             # The profiler's reference step timed across the run (absent in older profiles).
             "reference_step_s": self.profile.settings.get("reference_step_s"),
+            "drift_scale_range": self.profile.settings.get("drift_scale_range"),
         }
