@@ -16,7 +16,7 @@ Invariants:
   to ``SMALL_MACHINE_CORES`` cores and every core but one above: on 2 cores, a core kept for the event
   loop (HTTP, SSE framing, detokenized text) halved the bandwidth the weights stream at (13.9 vs
   27.7 GB/s) and cost more than the OpenMP barrier stalls it avoids (benchmarks/README.md); with
-  more cores one is a small share, and the event loop no longer preempts an OpenMP worker.
+  more cores it is a small share, kept so that the event loop never preempts an OpenMP worker.
 """
 
 from __future__ import annotations
