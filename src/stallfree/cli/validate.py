@@ -322,17 +322,16 @@ def _machine(profile: Any, engine: Any) -> dict[str, float] | None:
     profiled, and its time again on the idle engine after the run. Is this machine as fast now?"""
     import statistics
 
-    from stallfree.engine.profiler import reference_step
-    from stallfree.engine.profiling import plan_times
+    from stallfree.engine.profiler import reference_step_s
 
     profiled = profile.settings.get("reference_step_s")
     if not profiled or engine.has_unfinished_requests():
         return None
     engine.model_runner.reset()  # the last finished requests' tables (the scheduler freed their blocks)
-    plan = reference_step(int(profile.settings.get("max_num_seqs", 16)))
+    max_num_seqs = int(profile.settings.get("max_num_seqs", 16))
     return {
         "reference_profiled_s": float(statistics.median(profiled)),
-        "reference_after_run_s": float(statistics.median(plan_times(engine.model_runner, plan, 5))),
+        "reference_after_run_s": float(reference_step_s(engine.model_runner, max_num_seqs, 5)),
     }
 
 

@@ -33,6 +33,7 @@ import torch
 from stallfree import __version__
 from stallfree.core import SamplingParams, ScheduledChunk, StepPlan, ceil_div
 from stallfree.engine.engine import LLMEngine
+from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.profiling import CpuMeter, plan_times
 from stallfree.engine.sampler import sample
 from stallfree.specs import ModelSpec
@@ -245,6 +246,11 @@ def reference_step(max_num_seqs: int) -> StepPlan:
     return synthetic_step((256,) * min(16, max_num_seqs), ())
 
 
+def reference_step_s(runner: ModelRunner, max_num_seqs: int, repeats: int) -> float:
+    """The median time of :func:`reference_step` over ``repeats`` runs on an idle ``runner``."""
+    return statistics.median(plan_times(runner, reference_step(max_num_seqs), repeats))
+
+
 def run_profile(
     model: str = "random:medium",
     *,
@@ -296,14 +302,13 @@ def run_profile(
         plan_times(runner, synthetic_step(decodes, chunks), 1)
     # The same reference step, timed now and then: how steady this machine was meanwhile (a
     # shared host can slow every step by tens of percent with no process here to show for it).
-    reference = reference_step(max_num_seqs)
     reference_s: list[float] = []
     probe_at: list[float] = []  # when each reference timing and each point was taken (midpoints)
     point_at: list[float] = []
 
     def probe() -> None:
         start = time.perf_counter()
-        reference_s.append(statistics.median(plan_times(runner, reference, 3)))
+        reference_s.append(reference_step_s(runner, max_num_seqs, 3))
         probe_at.append((start + time.perf_counter()) / 2)
 
     def timed(run: Callable[[], list[float]]) -> Stats:
@@ -335,11 +340,11 @@ def run_profile(
     scales = [1.0] * len(point_at)
     if drift > DRIFT_WARNING:  # the points were measured at different speeds: bring them to one
         scales = drift_scales(point_at, probe_at, reference_s)
-        cut = list(np.cumsum([len(steps), len(sampling), len(linear)]))
-        steps = [_scaled(x, f) for x, f in zip(steps, scales[: cut[0]], strict=True)]
-        sampling = [_scaled(x, f) for x, f in zip(sampling, scales[cut[0] : cut[1]], strict=True)]
-        linear = [_scaled(x, f) for x, f in zip(linear, scales[cut[1] : cut[2]], strict=True)]
-        overhead = [_scaled(x, f) for x, f in zip(overhead, scales[cut[2] :], strict=True)]
+        factor = iter(scales)  # in measuring order: steps, sampling, linear, overhead
+        steps = [_scaled(x, next(factor)) for x in steps]
+        sampling = [_scaled(x, next(factor)) for x in sampling]
+        linear = [_scaled(x, next(factor)) for x in linear]
+        overhead = [_scaled(x, next(factor)) for x in overhead]
     if log is not None:
         total = grid.num_points()
         log(f"measured {total} points in {elapsed:.0f} s")
@@ -352,7 +357,7 @@ def run_profile(
             log(f"note: {measure.num_remeasured} re-measurements while the machine was busy")
         if drift > DRIFT_WARNING:
             log(
-                f"warning: the same reference step ({len(reference.chunks)} decodes at 256 tokens) took "
+                f"warning: the same reference step ({len(reference_step(max_num_seqs).chunks)} decodes at 256 tokens) took "
                 f"{min(reference_s) * 1000:.1f}-{max(reference_s) * 1000:.1f} ms over the profile (+{drift:.0%}): "
                 "this machine's speed drifts (a shared host?); every point's times were scaled to its median "
                 f"speed (x{min(scales):.2f}-{max(scales):.2f}), but a run here will drift as well"
