@@ -342,9 +342,15 @@ def fmt(value: float | None, unit: str = "") -> str:
     return "—" if value is None else f"{value:,.0f}{unit}" if value >= 100 else f"{value:,.1f}{unit}"
 
 
-def extra_serves(runs: dict[str, dict[str, Any]]) -> list[str]:
-    """The stallfree serve columns run with another --threads (``--serve-threads``' second on)."""
-    return [n for n in runs if n.startswith("stallfree bf16 ") and n.endswith("t") and n[15:-1].isdigit()]
+def extra_serves(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The stallfree serve columns run with another --threads (``--serve-threads``' second on),
+    by that thread count."""
+    more = {}
+    for name, run in runs.items():
+        threads = name.removeprefix("stallfree bf16 ").removesuffix("t")
+        if name == f"stallfree bf16 {threads}t" and threads.isdigit():
+            more[threads] = run
+    return more
 
 
 def table(runs: dict[str, dict[str, Any]]) -> list[str]:
@@ -358,13 +364,11 @@ def table(runs: dict[str, dict[str, Any]]) -> list[str]:
         x = sf[key] / lcpp[key] if higher_is_better else lcpp[key] / sf[key]
         return f"{x:.2f}x"
 
-    more = {
-        name.removeprefix("stallfree bf16 "): run for name, run in runs.items() if name in extra_serves(runs)
-    }
+    more = extra_serves(runs)
     rows = [
         "| same weights, this CPU | llama.cpp BF16 GGUF | llama.cpp Q4_1 | stallfree serve bf16 "
         "| stallfree serve vs llama.cpp BF16 (>1 = stallfree better) | stallfree in-process bf16 |"
-        + "".join(f" stallfree serve --threads {name.removesuffix('t')} |" for name in more),
+        + "".join(f" stallfree serve --threads {threads} |" for threads in more),
         "|---|---:|---:|---:|---:|---:|" + "---:|" * len(more),
     ]
     short, long = GROWTH_PROMPTS
@@ -415,12 +419,9 @@ def targets(runs: dict[str, dict[str, Any]]) -> list[str]:
             lines.append(
                 f"  - in process ({ip['threads']} threads): {ip[key] / lcpp[key]:.2f}x llama.cpp BF16"
             )
-        for name in extra_serves(runs):
-            if key in lcpp and key in runs[name]:
-                threads = name.removeprefix("stallfree bf16 ").removesuffix("t")
-                lines.append(
-                    f"  - serve --threads {threads}: {runs[name][key] / lcpp[key]:.2f}x llama.cpp BF16"
-                )
+        for threads, run in extra_serves(runs).items():
+            if key in lcpp and key in run:
+                lines.append(f"  - serve --threads {threads}: {run[key] / lcpp[key]:.2f}x llama.cpp BF16")
     key = "growth_ms_per_1k"
     if key in lcpp and key in sf:
         verdict = "met" if sf[key] <= 1.5 * lcpp[key] else "NOT met"
