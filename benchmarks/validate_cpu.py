@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stallfree.cli.validate import machine_summary
+
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 LENGTHS = "fixed:512,64"
 BUDGET = 64
@@ -115,9 +117,8 @@ def main() -> int:
                 )
                 + " |"
             )
-            if r.get("machine"):  # the profile's reference step after this run vs when profiled
-                then, now = r["machine"]["reference_profiled_s"], r["machine"]["reference_after_run_s"]
-                rows.append(f"  reference step after the {policy} run: {now / then - 1:+.0%} vs the profile")
+            if r.get("machine"):  # the profile's reference steps after this run vs when profiled
+                rows.append(f"  reference steps, {policy}: {machine_summary(r['machine'])}")
         if "ordering" in body:
             rows.append(f"ordering {dtype}: {body['ordering']}")
     print("\n".join(rows))

@@ -7,10 +7,15 @@ README's benchmarks); the structure of the run and the JSON contract are.
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from stallfree.cli import main
+from stallfree.core.plan import synthetic_plan
+from stallfree.sim.measured import MeasuredCostModel
+from tests.test_validate import tiny_profile
 
 pytest.importorskip("torch")
 
@@ -70,3 +75,33 @@ def test_engine_runs_stay_inside_the_real_kv_cache() -> None:
         run = run_scenario(scenario, policy, timer)
         assert run.first_token_s > run.arrival_s
     assert seen and max(seen) < num_blocks
+
+
+def test_a_profile_prices_the_same_scenario_beside_the_measured_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--engine torch --profile: the run as measured, and the same scenario priced by the profile,
+    with predicted / measured per policy (the measured model checked in the same run)."""
+    profile = tiny_profile(tmp_path / "tiny.json")
+    args = ["explain", "--engine", "torch", "--model", "random:tiny", "--dtype", "float32", "--device", "cpu"]
+    args += ["--decoders", "3", "--context-tokens", "24", "--prompt-tokens", "100", "--chunk-tokens", "16"]
+    args += ["--sweep", "32", "--profile", str(profile)]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    cost = MeasuredCostModel.from_file(str(profile))
+    assert set(out["predicted"]) == {"prefill-first", "chunked"}
+    for name, keys in out["predicted"].items():
+        for key, m in keys.items():
+            assert m["measured"] == out["policies"][name][key]
+            assert m["ratio"] == pytest.approx(m["predicted"] / m["measured"])
+    # prefill-first's prompt TTFT: the arrival's wait for the step in flight plus the prompt's own
+    # step, priced by the profile (the synthetic one costs ~1 ms + 20 us a token: ~3 ms here)
+    prompt_step = cost.step_time_s(synthetic_plan(0, 0, 100))
+    assert prompt_step <= out["predicted"]["prefill-first"]["ttft_s"]["predicted"] < 3 * prompt_step
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    assert f"the same scenario priced by the profile {profile}" in table
+    priced = table.split("priced by the profile")[1]  # a second run: its own measured times
+    cell = r"\s+[\d.,]+ m?s x\d+\.\d\d"
+    assert re.search(r"chunked \(16-token chunks\)" + 3 * cell, priced)
+    assert re.search(r"prefill-first" + 3 * cell, priced)

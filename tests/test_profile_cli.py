@@ -12,9 +12,9 @@ pytest.importorskip("torch")
 
 from stallfree.cli import main
 from stallfree.core import ScheduledChunk, StepPlan
-from stallfree.engine.profiler import _PROBE_EVERY, drift_scales, synthetic_step
+from stallfree.engine.profiler import _PROBE_EVERY, RIDGE_TOKENS, drift_scales, point_scales, synthetic_step
 from stallfree.sim.measured import MeasuredCostModel
-from stallfree.specs.step_profile import SAMPLING_MODES, STEP_KINDS, load_profile
+from stallfree.specs.step_profile import SAMPLING_MODES, STEP_KINDS, load_profile, reference_spread
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +54,18 @@ def test_specs_prints_the_fitted_parameters(tiny_profile: Path, capsys: pytest.C
     assert main(["specs", "--profile", str(tiny_profile)]) == 0
     out = capsys.readouterr().out
     assert "weight streaming" in out and "fit error" in out
-    # the reference step, timed before, every _PROBE_EVERY step points, and after: how steady the machine was
+    # the reference steps, timed before, every _PROBE_EVERY step points, and after: how steady the machine was
     settings = load_profile(tiny_profile).settings
-    reference = settings["reference_step_s"]
     num_steps = len(load_profile(tiny_profile).steps)
-    assert len(reference) == 2 + num_steps // _PROBE_EVERY and min(reference) > 0
-    assert settings["reference_drift"] == pytest.approx(max(reference) / min(reference) - 1)
-    assert f"over the profile (+{settings['reference_drift']:.0%}, {len(reference)} timings)" in out
+    for key, drift in (
+        ("reference_step_s", "reference_drift"),
+        ("reference_prompt_step_s", "reference_prompt_drift"),
+    ):
+        reference = settings[key]
+        assert len(reference) == 2 + num_steps // _PROBE_EVERY and min(reference) > 0
+        assert settings[drift] == pytest.approx(max(reference) / min(reference) - 1)
+    assert f"reference steps took {reference_spread(settings)} over the profile" in out
+    assert f"(prompt, +{settings['reference_prompt_drift']:.0%}, {len(reference)} timings)" in out
 
 
 @pytest.mark.parametrize("max_model_len", [512, 2048, 3000, 4096, 8192])
@@ -84,6 +89,21 @@ def test_drift_scales_bring_points_to_the_median_reference_speed() -> None:
         drift_scales([0.0], [1.0, 0.0], [0.01, 0.02])
 
 
+def test_point_scales_follow_the_reference_step_of_their_kind() -> None:
+    # Prompts (compute) ran 2x slower from t=1 on; decodes (memory) kept their speed.
+    reference = {"decode": [0.010, 0.010, 0.0105], "prompt": [0.1, 0.2, 0.2]}
+    probe_at = [0.0, 1.0, 2.0]
+    slow_prompt, fast_decode = point_scales([0.0, 0.0], [4096, 1], probe_at, reference)
+    assert slow_prompt == pytest.approx(2.0 ** (4096 / (4096 + RIDGE_TOKENS)))  # nearly the prompt's 2x
+    assert fast_decode == pytest.approx(1.0, abs=0.02)  # a one-token step: the steady decode step
+    # a step at the ridge point takes half of each; a decode drift past 15% counts too
+    reference["decode"] = [0.010, 0.040, 0.040]
+    (ridge,) = point_scales([0.0], [RIDGE_TOKENS], probe_at, reference)
+    assert ridge == pytest.approx((4.0 * 2.0) ** 0.5)
+    steady = {"decode": [0.010, 0.011], "prompt": [0.1, 0.11]}  # within 15%: left as measured
+    assert point_scales([0.0, 1.0], [1, 512], [0.0, 1.0], steady) == [1.0, 1.0]
+
+
 def test_a_profile_on_a_host_that_slows_down_is_brought_to_one_speed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -96,7 +116,7 @@ def test_a_profile_on_a_host_that_slows_down_is_brought_to_one_speed(
 
     def fake_plan_times(runner: object, plan: StepPlan, repeats: int) -> list[float]:
         calls["n"] += 1
-        slow = 2.0 if calls["n"] > 20 else 1.0  # from a few step points in
+        slow = 2.0 if calls["n"] > 16 else 1.0  # from a few step points in
         time.sleep(0.001)  # so that the points' and the probes' clocks move
         return [1e-3 * (1 + plan.num_tokens) * slow] * repeats
 
@@ -109,7 +129,7 @@ def test_a_profile_on_a_host_that_slows_down_is_brought_to_one_speed(
     low, high = profile.settings["drift_scale_range"]
     assert high / low == pytest.approx(2.0)
     assert main(["specs", "--profile", str(out)]) == 0
-    assert f"points scaled x{low:.2f}-{high:.2f} to its median" in capsys.readouterr().out
+    assert f"points scaled x{low:.2f}-{high:.2f} to their medians" in capsys.readouterr().out
     ratios = []
     for point in profile.steps:
         plan = synthetic_step(point.decode_contexts, point.chunks)

@@ -211,11 +211,36 @@ def test_simulate_with_a_profile_names_the_profiled_machine(
 def test_validate_times_the_profiles_reference_step_again_after_the_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = {"reference_step_s": [0.004, 0.006], "max_num_seqs": 4}
+    settings = {
+        "reference_step_s": [0.004, 0.006],
+        "reference_prompt_step_s": [0.03, 0.05],
+        "max_num_seqs": 4,
+    }
     profile = tiny_profile(tmp_path / "tiny.json", settings)
     args = ["validate", "--profile", str(profile), "--qps", "20", "--lengths", "fixed:40,3"]
     assert main([*args, "--num-requests", "3", "--max-num-seqs", "4", "--json"]) == 0
     machine = json.loads(capsys.readouterr().out)["policies"]["chunked"]["machine"]
-    assert machine["reference_profiled_s"] == pytest.approx(0.005) and machine["reference_after_run_s"] > 0
+    assert machine["decode"]["profiled_s"] == pytest.approx(0.005) and machine["decode"]["after_run_s"] > 0
+    assert machine["prompt"]["profiled_s"] == pytest.approx(0.04) and machine["prompt"]["after_run_s"] > 0
     assert main([*args, "--num-requests", "3", "--max-num-seqs", "4"]) == 0
-    assert "the profile's reference step took" in capsys.readouterr().out
+    line = next(x for x in capsys.readouterr().out.splitlines() if "machine:" in x)
+    assert "reference steps took decode " in line and "ms after the run vs 40.0 profiled (" in line
+    # an older profile, with the decode reference step only
+    old = tiny_profile(tmp_path / "old.json", {"reference_step_s": [0.004, 0.006], "max_num_seqs": 4})
+    assert (
+        main(
+            [
+                "validate",
+                "--profile",
+                str(old),
+                *args[3:],
+                "--num-requests",
+                "3",
+                "--max-num-seqs",
+                "4",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert list(json.loads(capsys.readouterr().out)["policies"]["chunked"]["machine"]) == ["decode"]

@@ -74,7 +74,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="roofline: weights-only (alias seed) = the seed's arithmetic; full = + attention, KV traffic, "
         "LM head, TP all-reduce (default %(default)s)",
     )
-    add("--profile", metavar="FILE", help="a `stallfree profile` file: steps priced by the measured model")
+    add(
+        "--profile",
+        metavar="FILE",
+        help="a `stallfree profile` file: steps priced by the measured model (with --engine torch: the run as "
+        "measured and, beside it, the same scenario priced by the profile, predicted / measured)",
+    )
     add("--device", help="torch: cpu or cuda (default: cuda when available)")
     add(
         "--dtype",
@@ -173,15 +178,22 @@ def explanation(args: argparse.Namespace) -> Explanation:
         prompt, args.decoders, context, chunk, step_budget_s=budget_ms / 1000 if budget_ms else None
     )
     warnings = _deployment_warnings(roofline.cost_model.config, scenario) if roofline else []
-    predictor = None
-    if budget_ms and args.engine == "torch":
-        from stallfree.sim.measured import MeasuredCostModel
-
-        predictor = MeasuredCostModel.from_file(args.profile).step_time_s
-        echo["profile"] = args.profile
     if budget_ms:
         echo["step_budget_ms"] = budget_ms
-    return explain(scenario, timer, sweep, echo, warnings=warnings, predictor=predictor)
+    if args.engine != "torch" or args.profile is None:
+        return explain(scenario, timer, sweep, echo, warnings=warnings)
+    # A real run with a profile: the measured model plans a time budget's chunks, and prices the
+    # same scenario beside the run (its error, in the same run).
+    from dataclasses import replace
+
+    from stallfree.explain.roofline import PricedTimer
+    from stallfree.sim.measured import MeasuredCostModel
+
+    cost = MeasuredCostModel.from_file(args.profile)
+    echo["profile"] = args.profile
+    run = explain(scenario, timer, sweep, echo, warnings=warnings, predictor=cost.step_time_s)
+    priced = explain(scenario, PricedTimer(cost, cost.ridge_tokens), ())
+    return replace(run, predicted=priced.runs)
 
 
 def _roofline(args: argparse.Namespace, model_name: str) -> tuple[RooflineTimer, dict[str, Any]]:
@@ -354,6 +366,16 @@ def format_table(out: dict[str, Any]) -> str:
         lines.append(
             f"  {label:<28}{_ms(p['max_gap_s']):>14}{_ms(p['median_gap_s']):>14}{_ms(p['ttft_s']):>14}{p['ttft_vs_alone']:>9.3f}x"
         )
+    if out.get("predicted"):
+        lines += [
+            "",
+            f"  the same scenario priced by the profile {sc['profile']} (x predicted / measured):",
+            f"  {'policy':<28}{'longest gap':>20}{'median gap':>20}{'prompt TTFT':>20}",
+        ]
+        for name, p in out["predicted"].items():
+            label = f"{name} ({_chunking(sc)})" if name == "chunked" else name
+            cells = (f"{_ms(m['predicted'])} x{m['ratio']:.2f}" for m in p.values())
+            lines.append(f"  {label:<28}" + "".join(f"{c:>20}" for c in cells))
     pc = out["prompt_chunks"]
     lines += [
         "",

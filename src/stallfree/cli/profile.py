@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from stallfree.cli.common import positive_float, positive_int
+from stallfree.specs.step_profile import reference_spread
 
 _DESCRIPTION = """\
 Measure the PyTorch engine on this machine over a grid of synthetic steps that covers what the
@@ -151,13 +152,15 @@ def profile_figures_text(p: dict[str, Any]) -> str:
         f" max {p['fit_max_abs_error']:.1%} over {p['num_fit_points']} of {p['num_step_points']} step points"
         + (f" ({p['num_busy_points']} measured while busy)" if p["num_busy_points"] else "")
     )
-    reference = p.get("reference_step_s")
+    spread = reference_spread(p)
     scaled = p.get("drift_scale_range") or [1, 1]
-    if reference:
-        drift = max(reference) / min(reference) - 1
+    if spread:
         lines.append(
-            f"  machine steadiness       a reference step took {min(reference) * 1e3:.1f}-{max(reference) * 1e3:.1f} ms"
-            f" over the profile (+{drift:.0%}, {len(reference)} timings)"
-            + (f"; points scaled x{scaled[0]:.2f}-{scaled[1]:.2f} to its median" if scaled != [1, 1] else "")
+            f"  machine steadiness       reference steps took {spread} over the profile"
+            + (
+                f"; points scaled x{scaled[0]:.2f}-{scaled[1]:.2f} to their medians"
+                if scaled != [1, 1]
+                else ""
+            )
         )
     return "\n".join(lines)

@@ -187,7 +187,7 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
     serving = _serving(args, policy)
     per_step: dict[str, Any] | None = None
     planned_by: dict[str, float] | None = None  # a time budget's engine predictor, at the end
-    machine: dict[str, float] | None = None  # the profile's reference step, profiled vs now
+    machine: dict[str, dict[str, float]] | None = None  # the profile's reference steps, profiled vs now
     measured_itl: Any
     if args.measured:
         from stallfree.workload.bench_result import load_bench_result
@@ -317,22 +317,34 @@ def _engine_run(args: argparse.Namespace, serving: Any, model: Any) -> tuple[Any
     return run, engine, requests
 
 
-def _machine(profile: Any, engine: Any) -> dict[str, float] | None:
-    """The profile's reference step (``stallfree profile`` times it throughout): its median when
-    profiled, and its time again on the idle engine after the run. Is this machine as fast now?"""
+def _machine(profile: Any, engine: Any) -> dict[str, dict[str, float]] | None:
+    """The profile's reference steps (``stallfree profile`` times them throughout): each one's
+    median when profiled, and its time again on the idle engine after the run. Is this machine as
+    fast now, for memory-bound (decode) and compute-bound (prompt) steps?"""
     import statistics
 
-    from stallfree.engine.profiler import reference_step_s
+    from stallfree.engine.profiler import reference_times_s
+    from stallfree.specs.step_profile import REFERENCES
 
-    profiled = profile.settings.get("reference_step_s")
-    if not profiled or engine.has_unfinished_requests():
+    settings = profile.settings
+    if not settings.get("reference_step_s") or engine.has_unfinished_requests():
         return None
     engine.model_runner.reset()  # the last finished requests' tables (the scheduler freed their blocks)
-    max_num_seqs = int(profile.settings.get("max_num_seqs", 16))
+    now = reference_times_s(engine.model_runner, int(settings.get("max_num_seqs", 16)), 5)
     return {
-        "reference_profiled_s": float(statistics.median(profiled)),
-        "reference_after_run_s": float(reference_step_s(engine.model_runner, max_num_seqs, 5)),
+        kind: {"profiled_s": float(statistics.median(settings[key])), "after_run_s": now[kind]}
+        for key, kind in REFERENCES.items()
+        if settings.get(key)
     }
+
+
+def machine_summary(machine: dict[str, dict[str, float]]) -> str:
+    """``decode 48.3 ms after the run vs 46.1 profiled (+5%), prompt ...``"""
+    return ", ".join(
+        f"{kind} {t['after_run_s'] * 1e3:.1f} ms after the run vs {t['profiled_s'] * 1e3:.1f} profiled"
+        f" ({t['after_run_s'] / t['profiled_s'] - 1:+.0%})"
+        for kind, t in machine.items()
+    )
 
 
 def _warm_up(engine: Any) -> None:
@@ -443,11 +455,7 @@ def format_report(body: dict[str, Any]) -> str:
                     )
         lines += _target_lines(r["time_budget"], steps)
         if r.get("machine"):
-            then, now = r["machine"]["reference_profiled_s"], r["machine"]["reference_after_run_s"]
-            lines.append(
-                f"  machine: the profile's reference step took {now * 1000:.1f} ms after the run, "
-                f"{then * 1000:.1f} ms when profiled ({now / then - 1:+.0%})"
-            )
+            lines.append(f"  machine: the profile's reference steps took {machine_summary(r['machine'])}")
     if "ordering" in body:
         same = ", ".join(f"{k}: {'same' if v else 'DIFFERENT'}" for k, v in body["ordering"].items())
         lines += ["", f"policy ordering, measured vs predicted: {same}"]

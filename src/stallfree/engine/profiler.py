@@ -7,10 +7,12 @@ steps for the per-step cost outside the executor. Each point repeats; a point du
 other processes used more than ``busy_fraction`` of the machine's CPU is re-measured (up to
 ``max_attempts``, keeping the quietest attempt) and flagged ``busy`` if it never got quiet;
 after five busy points in a row each point is measured once until the machine quiets down.
-A reference step is timed before, every ``_PROBE_EVERY`` step points and after: when its
+Two reference steps (:func:`reference_steps`: a decode batch, bound by memory, and a prompt,
+bound by compute) are timed before, every ``_PROBE_EVERY`` step points and after: when one's
 slowest and fastest timings differ by more than ``DRIFT_WARNING`` (a host whose speed drifts
-with nothing here to show for it), every point's times are scaled to the reference step's
-median speed, by its time interpolated at the point (:func:`drift_scales`).
+with nothing here to show for it), every point's times are scaled to that step's median
+speed, by its time interpolated at the point (:func:`drift_scales`), weighted by how
+compute-bound the point is (:func:`compute_share`).
 The result is a :class:`~stallfree.specs.step_profile.StepProfile` (schema in that module).
 """
 
@@ -21,7 +23,7 @@ import socket
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from functools import partial
@@ -38,6 +40,7 @@ from stallfree.engine.profiling import CpuMeter, plan_times
 from stallfree.engine.sampler import sample
 from stallfree.specs import ModelSpec
 from stallfree.specs.step_profile import (
+    REFERENCES,
     SAMPLING_MODES,
     LinearPoint,
     OverheadPoint,
@@ -45,6 +48,7 @@ from stallfree.specs.step_profile import (
     Stats,
     StepPoint,
     StepProfile,
+    reference_spread,
 )
 
 _Point = TypeVar("_Point", StepPoint, SamplingPoint, LinearPoint, OverheadPoint)
@@ -165,8 +169,10 @@ def default_grid(max_num_seqs: int, max_model_len: int, *, quick: bool = False) 
     )
 
 
-_PROBE_EVERY = 4  # step points between two timings of the reference step
-DRIFT_WARNING = 0.15  # the reference step's slowest / fastest - 1 past which profile warns and corrects
+_PROBE_EVERY = 4  # step points between two timings of the reference steps
+DRIFT_WARNING = 0.15  # a reference step's slowest / fastest - 1 past which profile warns and corrects
+REFERENCE_PROMPT_TOKENS = 256
+RIDGE_TOKENS = 64  # tokens a step at which a CPU's matmuls turn compute-bound (measured: 16-64)
 
 
 def drift_scales(
@@ -179,6 +185,25 @@ def drift_scales(
         raise ValueError("probe_at must be ascending and as long as probe_s, which must not be empty")
     median = statistics.median(probe_s)
     return [float(median / t) for t in np.interp(point_at, probe_at, probe_s)]
+
+
+def point_scales(
+    point_at: Sequence[float],
+    point_tokens: Sequence[int],
+    probe_at: Sequence[float],
+    reference: Mapping[str, Sequence[float]],
+) -> list[float]:
+    """Per point (measured at ``point_at[i]``, running ``point_tokens[i]`` tokens): the factor that
+    brings it to the machine's median speeds. The ``decode`` and ``prompt`` reference steps'
+    :func:`drift_scales` (1 for one that drifted less than ``DRIFT_WARNING``), blended
+    geometrically by the point's :func:`compute_share`."""
+    ones = [1.0] * len(point_at)
+    decode, prompt = (
+        drift_scales(point_at, probe_at, times) if max(times) / min(times) - 1 > DRIFT_WARNING else ones
+        for times in (reference["decode"], reference["prompt"])
+    )
+    shares = [compute_share(n) for n in point_tokens]
+    return [d ** (1 - w) * p**w for d, p, w in zip(decode, prompt, shares, strict=True)]
 
 
 def _scaled(point: _Point, factor: float) -> _Point:
@@ -240,15 +265,29 @@ def synthetic_step(decode_contexts: tuple[int, ...], chunks: tuple[tuple[int, in
     return StepPlan(tuple(planned))
 
 
-def reference_step(max_num_seqs: int) -> StepPlan:
-    """The step a profile times throughout (and ``validate`` after its run): 16 decodes (at most
-    ``max_num_seqs``) at 256 tokens of context."""
-    return synthetic_step((256,) * min(16, max_num_seqs), ())
+def reference_steps(max_num_seqs: int) -> dict[str, StepPlan]:
+    """The steps a profile times throughout (and ``validate`` after its run): ``decode``, 16
+    decodes (at most ``max_num_seqs``) at 256 tokens of context, bound by reading weights and KV;
+    ``prompt``, one 256-token prompt, bound by compute. A shared host's two speeds drift apart:
+    on a 2-vCPU VM one second's prompt step took 1.7x the decode step, another's 3.9x."""
+    return {
+        "decode": synthetic_step((256,) * min(16, max_num_seqs), ()),
+        "prompt": synthetic_step((), ((REFERENCE_PROMPT_TOKENS, 0, True),)),
+    }
 
 
-def reference_step_s(runner: ModelRunner, max_num_seqs: int, repeats: int) -> float:
-    """The median time of :func:`reference_step` over ``repeats`` runs on an idle ``runner``."""
-    return statistics.median(plan_times(runner, reference_step(max_num_seqs), repeats))
+def reference_times_s(runner: ModelRunner, max_num_seqs: int, repeats: int) -> dict[str, float]:
+    """The median time of each of :func:`reference_steps` over ``repeats`` runs on an idle ``runner``."""
+    return {
+        kind: statistics.median(plan_times(runner, plan, repeats))
+        for kind, plan in reference_steps(max_num_seqs).items()
+    }
+
+
+def compute_share(num_tokens: int) -> float:
+    """How much of a ``num_tokens``-token step's time follows the compute-bound reference step
+    rather than the memory-bound one: ``n / (n + RIDGE_TOKENS)`` (half at a CPU's ridge point)."""
+    return num_tokens / (num_tokens + RIDGE_TOKENS)
 
 
 def run_profile(
@@ -300,21 +339,24 @@ def run_profile(
     # Warm up: first calls of each kernel (oneDNN primitives, allocator growth) are slow.
     for _kind, decodes, chunks in list(grid.step_points())[:: max(1, grid.num_points() // 6)]:
         plan_times(runner, synthetic_step(decodes, chunks), 1)
-    # The same reference step, timed now and then: how steady this machine was meanwhile (a
+    # The same reference steps, timed now and then: how steady this machine was meanwhile (a
     # shared host can slow every step by tens of percent with no process here to show for it).
-    reference_s: list[float] = []
+    reference: dict[str, list[float]] = {kind: [] for kind in reference_steps(max_num_seqs)}
     probe_at: list[float] = []  # when each reference timing and each point was taken (midpoints)
     point_at: list[float] = []
+    point_tokens: list[int] = []  # tokens each point's step runs (its compute share)
 
     def probe() -> None:
         start = time.perf_counter()
-        reference_s.append(reference_step_s(runner, max_num_seqs, 3))
+        for kind, seconds in reference_times_s(runner, max_num_seqs, 3).items():
+            reference[kind].append(seconds)
         probe_at.append((start + time.perf_counter()) / 2)
 
-    def timed(run: Callable[[], list[float]]) -> Stats:
+    def timed(run: Callable[[], list[float]], num_tokens: int = 0) -> Stats:
         start = time.perf_counter()
         stats = measure(run)
         point_at.append((start + time.perf_counter()) / 2)
+        point_tokens.append(num_tokens)
         bar.update()
         return stats
 
@@ -323,7 +365,11 @@ def run_profile(
         for i, (kind, decodes, chunks) in enumerate(grid.step_points(), 1):
             plan = synthetic_step(decodes, chunks)
             repeats = grid.repeats if plan.num_tokens <= 1024 else min(2, grid.repeats)
-            steps.append(StepPoint(kind, decodes, chunks, timed(partial(plan_times, runner, plan, repeats))))
+            steps.append(
+                StepPoint(
+                    kind, decodes, chunks, timed(partial(plan_times, runner, plan, repeats), plan.num_tokens)
+                )
+            )
             if i % _PROBE_EVERY == 0:
                 probe()
         for mode in SAMPLING_MODES:
@@ -331,20 +377,22 @@ def run_profile(
                 stats = timed(partial(_sampling_times, engine, mode, rows, grid.repeats))
                 sampling.append(SamplingPoint(mode, rows, stats))
         for tokens in grid.linear_tokens:
-            linear.append(LinearPoint(tokens, timed(partial(_linear_times, engine, tokens, grid.repeats))))
+            linear.append(
+                LinearPoint(tokens, timed(partial(_linear_times, engine, tokens, grid.repeats), tokens))
+            )
         for rows in grid.overhead_rows:
             overhead.append(OverheadPoint(rows, timed(partial(_overhead_times, engine, rows, grid.repeats))))
     probe()
     elapsed = time.perf_counter() - started
-    drift = max(reference_s) / min(reference_s) - 1
-    scales = [1.0] * len(point_at)
-    if drift > DRIFT_WARNING:  # the points were measured at different speeds: bring them to one
-        scales = drift_scales(point_at, probe_at, reference_s)
-        factor = iter(scales)  # in measuring order: steps, sampling, linear, overhead
-        steps = [_scaled(x, next(factor)) for x in steps]
-        sampling = [_scaled(x, next(factor)) for x in sampling]
-        linear = [_scaled(x, next(factor)) for x in linear]
-        overhead = [_scaled(x, next(factor)) for x in overhead]
+    references = {key: reference[kind] for key, kind in REFERENCES.items()}  # by settings key
+    drift = {kind: max(times) / min(times) - 1 for kind, times in reference.items()}
+    # Points measured at different speeds are brought to one (factors of 1 on a steady machine).
+    scales = point_scales(point_at, point_tokens, probe_at, reference)
+    factor = iter(scales)  # in measuring order: steps, sampling, linear, overhead
+    steps = [_scaled(x, next(factor)) for x in steps]
+    sampling = [_scaled(x, next(factor)) for x in sampling]
+    linear = [_scaled(x, next(factor)) for x in linear]
+    overhead = [_scaled(x, next(factor)) for x in overhead]
     if log is not None:
         total = grid.num_points()
         log(f"measured {total} points in {elapsed:.0f} s")
@@ -355,12 +403,11 @@ def run_profile(
             )
         elif measure.num_remeasured:
             log(f"note: {measure.num_remeasured} re-measurements while the machine was busy")
-        if drift > DRIFT_WARNING:
+        if max(drift.values()) > DRIFT_WARNING:
             log(
-                f"warning: the same reference step ({len(reference_step(max_num_seqs).chunks)} decodes at 256 tokens) took "
-                f"{min(reference_s) * 1000:.1f}-{max(reference_s) * 1000:.1f} ms over the profile (+{drift:.0%}): "
-                "this machine's speed drifts (a shared host?); every point's times were scaled to its median "
-                f"speed (x{min(scales):.2f}-{max(scales):.2f}), but a run here will drift as well"
+                f"warning: the same reference steps took {reference_spread(references)} over the profile: "
+                "this machine's speed drifts (a shared host?); every point's times were scaled to their median "
+                f"speeds (x{min(scales):.2f}-{max(scales):.2f}), but a run here will drift as well"
             )
     return StepProfile(
         fingerprint=_fingerprint(model, engine),
@@ -375,8 +422,9 @@ def run_profile(
             "max_attempts": max_attempts,
             "elapsed_s": elapsed,
             "num_busy_points": measure.num_busy,
-            "reference_step_s": reference_s,
-            "reference_drift": drift,
+            **references,
+            "reference_drift": drift["decode"],
+            "reference_prompt_drift": drift["prompt"],
             # each point's times were multiplied by a factor in this range (1 = not corrected)
             "drift_scale_range": [min(scales), max(scales)],
         },

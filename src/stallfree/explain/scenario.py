@@ -203,6 +203,8 @@ class Explanation:
     runs: dict[str, PolicyRun]
     sweep: tuple[SweepPoint, ...]
     warnings: tuple[str, ...] = ()  # what a real deployment could not run as shown
+    # The same scenario priced by a cost model, beside a measured run (explain --engine torch --profile)
+    predicted: dict[str, PolicyRun] | None = None
 
     def to_json(self) -> dict[str, Any]:
         chunked = self.runs["chunked"].prompt_chunk_steps()
@@ -235,6 +237,19 @@ class Explanation:
                 else sum(1 for s in chunked if s.duration_s > budget_s),
             },
             "sweep": [asdict(p) for p in self.sweep],
+            "predicted": None
+            if self.predicted is None
+            else {
+                name: {
+                    key: {"measured": measured, "predicted": predicted, "ratio": predicted / measured}
+                    for key, measured, predicted in (
+                        ("max_gap_s", self.runs[name].max_gap_s, run.max_gap_s),
+                        ("median_gap_s", self.runs[name].median_gap_s, run.median_gap_s),
+                        ("ttft_s", self.runs[name].ttft_s, run.ttft_s),
+                    )
+                }
+                for name, run in self.predicted.items()
+            },
         }
 
 

@@ -35,7 +35,7 @@ import numpy.typing as npt
 
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.specs.model import ModelSpec
-from stallfree.specs.step_profile import SAMPLING_MODES, StepPoint, StepProfile, load_profile
+from stallfree.specs.step_profile import REFERENCES, SAMPLING_MODES, StepPoint, StepProfile, load_profile
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -434,7 +434,7 @@ class MeasuredCostModel:
             "num_step_points": len(self.profile.steps),
             "num_fit_points": len(self.fit_points),
             "num_busy_points": sum(p.stats.busy for p in self.profile.steps),
-            # The profiler's reference step timed across the run (absent in older profiles).
-            "reference_step_s": self.profile.settings.get("reference_step_s"),
+            # The profiler's reference steps timed across the run (absent in older profiles).
+            **{key: self.profile.settings.get(key) for key in REFERENCES},
             "drift_scale_range": self.profile.settings.get("drift_scale_range"),
         }

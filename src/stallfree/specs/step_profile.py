@@ -14,7 +14,12 @@ Schema ``stallfree-step-profile`` version 1, one JSON object:
                  simulator can rebuild the exact spec (``random:`` models have no file).
 ``settings``     ``block_size``, ``num_blocks``, ``max_num_seqs``, ``repeats``, ``quick``,
                  ``busy_fraction`` (the share of the machine's CPU other processes may use
-                 before a point is re-measured), ``max_attempts``.
+                 before a point is re-measured), ``max_attempts``, ``elapsed_s``,
+                 ``num_busy_points``; the reference steps timed throughout (:data:`REFERENCES`:
+                 ``reference_step_s``, a decode batch, and ``reference_prompt_step_s``, a
+                 prompt; older profiles have the first only), ``reference_drift`` and
+                 ``reference_prompt_drift`` (slowest / fastest - 1), ``drift_scale_range`` (the
+                 factors the points' times were multiplied by; ``[1, 1]``: not corrected).
 ``steps``        forward passes of synthetic plans (no sampling): each describes its plan as
                  ``decode_contexts`` (cached tokens of each decoding sequence before its
                  token) and ``chunks`` (``[num_tokens, num_computed_tokens, samples]`` per
@@ -45,6 +50,8 @@ SCHEMA = "stallfree-step-profile"
 VERSION = 1
 SAMPLING_MODES = ("greedy", "temperature", "top-p")
 STEP_KINDS = ("decode", "prefill", "mixed")
+# settings key of each reference step's timings -> what it is
+REFERENCES = {"reference_step_s": "decode", "reference_prompt_step_s": "prompt"}
 MODEL_FIELDS = (
     "num_params",
     "num_non_embedding_params",
@@ -167,6 +174,20 @@ class StepProfile:
             f"({fp.get('device_name', '?')}, {fp.get('threads', '?')} threads, torch {fp.get('torch', '?')}, "
             f"{fp.get('date', '?')})"
         )
+
+
+def reference_spread(settings: Mapping[str, Any]) -> str:
+    """How far the profile's reference steps' timings spread: ``"43.0-101.2 ms (decode, +135%,
+    9 timings), ..."``; empty for a profile without them."""
+    parts = []
+    for key, label in REFERENCES.items():
+        times = settings.get(key)
+        if times:
+            low, high = min(times), max(times)
+            parts.append(
+                f"{low * 1e3:.1f}-{high * 1e3:.1f} ms ({label}, +{high / low - 1:.0%}, {len(times)} timings)"
+            )
+    return ", ".join(parts)
 
 
 def quantile(values: Sequence[float], q: float) -> float:
