@@ -94,7 +94,7 @@ def main() -> int:
             "validate", "--profile", str(profile), "--qps", str(qps), "--lengths", LENGTHS,
             "--num-requests", str(num_requests), "--policy", "chunked,prefill-first",
             "--token-budget", str(BUDGET), "--max-num-seqs", str(BUDGET), "--json", "--no-progress",
-            "--plot", str(args.out / f"plots-{dtype}"),
+            "--plot", str(args.out / f"plots-{dtype}"), "--step-noise",
             capture=True,
         )  # fmt: skip
         validate_s = time.perf_counter() - started
@@ -112,7 +112,8 @@ def main() -> int:
                 f"| {dtype} | {policy} | {s['num_steps']} | {s['median_abs_error']:.1%} | {s['p90_abs_error']:.1%} "
                 f"| {s['median_error']:+.1%} | "
                 + " | ".join(
-                    f"{m[k]['measured']:.1f} / {m[k]['predicted']:.1f} ({m[k]['ratio']:.2f})"
+                    f"{m[k]['measured']:.1f} / {m[k]['predicted']:.1f} ({m[k]['ratio']:.2f}; noise "
+                    f"{m[k]['with_noise_ratio']:.2f})"
                     for k in ("median_ttft_ms", "median_tpot_ms", "p99_itl_ms", "max_itl_ms")
                 )
                 + " |"

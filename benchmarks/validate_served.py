@@ -10,7 +10,8 @@ arrivals, 512-token prompts, 64-token outputs, greedy, ``--save-result``), then 
 validate --measured RESULT.json`` replays the recorded requests (arrival times and the lengths
 the server counted) through the simulator with the profile, and prices every served step of the
 server's ``--step-log`` (per-step error; the steps' share of the run's wall time says how much the
-server path adds around them). Per policy, at ``--load`` x the capacity the profile predicts for
+server path adds around them); ``--step-noise`` adds the prediction with each step varied as the
+profiled machine's steps varied (the ratios after ``noise``). Per policy, at ``--load`` x the capacity the profile predicts for
 the slower policy. Run on a quiet machine.
 
     .venv/bin/python benchmarks/validate_served.py                    # ~10 min on 2 cores
@@ -81,7 +82,7 @@ def main() -> int:
                       "--temperature", "0", "--save-result", str(result), "--no-progress")  # fmt: skip
         bench_s = time.perf_counter() - started
         out = stallfree("validate", "--profile", str(profile), "--measured", str(result), *scheduler,
-                        "--step-log", str(steps), "--json", capture=True)  # fmt: skip
+                        "--step-log", str(steps), "--step-noise", "--json", capture=True)  # fmt: skip
         body: dict[str, Any] = json.loads(out)
         body["bench"] = {"qps": qps, "capacity_qps": capacity, "load_before": before, "load_after": load(),
                          "wall_s": bench_s}  # fmt: skip
@@ -91,7 +92,9 @@ def main() -> int:
         rows.append(
             f"| {args.dtype} | {policy} | {r['completed']['measured']} | "
             + " | ".join(
-                f"{m[k]['measured']:.1f} / {m[k]['predicted']:.1f} ({m[k]['ratio']:.2f})" for k in KEYS
+                f"{m[k]['measured']:.1f} / {m[k]['predicted']:.1f} ({m[k]['ratio']:.2f}; noise "
+                f"{m[k]['with_noise_ratio']:.2f})"
+                for k in KEYS
             )
             + f" | {ps['median_abs_error']:.1%} / {ps['p90_abs_error']:.1%} ({ps['median_error']:+.1%}) "
             f"| steps {ps['measured_step_s_total']:.1f} s of {m['duration']['measured']:.1f} s "

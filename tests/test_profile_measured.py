@@ -209,3 +209,68 @@ def test_simulate_with_the_measured_model_fast_path_equals_step_by_step() -> Non
         ]
         assert runs[0].records == runs[1].records
         assert runs[0].summary["num_steps"] == runs[1].summary["num_steps"] > 80
+
+
+def noisy_profile(spread: float) -> StepProfile:
+    """synthetic_profile with each point's three repeats at (1 - spread, 1, 1 + spread) x its time,
+    and a decode reference step that ran at 0.5x, 1x and 1.5x of its median speed."""
+    base = synthetic_profile()
+    steps = tuple(
+        StepPoint(
+            p.kind,
+            p.decode_contexts,
+            p.chunks,
+            Stats(tuple(p.stats.median_s * k for k in (1 - spread, 1, 1 + spread))),
+        )
+        for p in base.steps
+    )
+    return StepProfile(
+        base.fingerprint, base.model, {"reference_step_s": [0.01, 0.02, 0.03]}, steps, base.sampling
+    )
+
+
+def test_step_noise_is_the_profiles_repeats_times_its_reference_drift() -> None:
+    factors = MeasuredCostModel(noisy_profile(0.1)).step_noise()
+    assert sorted(set(np.round(factors, 9))) == sorted(
+        {round(a * b, 9) for a in (0.9, 1, 1.1) for b in (0.5, 1, 1.5)}
+    )
+    assert np.median(factors) == pytest.approx(1.0)
+    # identical repeats and no reference step: no noise
+    assert set(MeasuredCostModel(synthetic_profile()).step_noise().tolist()) == {1.0}
+
+
+def test_noisy_steps_draw_each_step_a_factor_seeded() -> None:
+    from stallfree.sim.measured import NoisySteps
+
+    model = MeasuredCostModel(synthetic_profile())
+    plan = StepPlan(tuple(ScheduledChunk(f"d{i}", 100, 1, 101) for i in range(4)))
+    noisy = NoisySteps(model, np.array([0.5, 2.0]), seed=3)
+    base = model.steady_durations(plan, 200)
+    ratios = noisy.steady_durations(plan, 200) / base
+    assert set(np.round(ratios, 12)) == {0.5, 2.0}
+    assert noisy.step_time_s(plan) / model.step_time_s(plan) in (pytest.approx(0.5), pytest.approx(2.0))
+    again = NoisySteps(model, np.array([0.5, 2.0]), seed=3).steady_durations(plan, 200)
+    assert np.array_equal(again / base, ratios)
+    with pytest.raises(ValueError, match="positive"):
+        NoisySteps(model, np.array([0.0, 1.0]))
+
+
+def test_simulate_with_step_noise_widens_the_itl_tail_not_its_median() -> None:
+    from stallfree.core.serving import ServingConfig
+    from stallfree.sim import simulate
+    from stallfree.workload import FixedLengths, Workload, poisson
+
+    workload = Workload(poisson(4.0), FixedLengths(200, 40))
+    serving = ServingConfig(policy="chunked", max_num_batched_tokens=64, max_num_seqs=16, num_blocks=2000)
+    model = MeasuredCostModel(noisy_profile(0.3))
+    runs = [
+        simulate(
+            workload, model="llama-3-8b", profile=model, serving=serving, num_requests=150, step_noise=noise
+        )
+        for noise in (False, True)
+    ]
+    steady, noisy = (r.summary for r in runs)
+    assert noisy["p99_itl_ms"] > 1.15 * steady["p99_itl_ms"]  # factors up to 1.95x
+    assert noisy["median_itl_ms"] == pytest.approx(steady["median_itl_ms"], rel=0.25)
+    with pytest.raises(ValueError, match="needs a profile"):
+        simulate(workload, model="llama-3-8b", serving=serving, num_requests=5, step_noise=True)

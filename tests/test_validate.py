@@ -244,3 +244,49 @@ def test_validate_times_the_profiles_reference_step_again_after_the_run(
         == 0
     )
     assert list(json.loads(capsys.readouterr().out)["policies"]["chunked"]["machine"]) == ["decode"]
+
+
+def test_step_noise_adds_a_prediction_with_the_profiled_machines_variation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the reference step ran at 0.5x-1.5x its median speed: each simulated step draws such a factor
+    profile = tiny_profile(
+        tmp_path / "tiny.json", {"reference_step_s": [0.002, 0.004, 0.006], "max_num_seqs": 4}
+    )
+    args = [
+        "validate",
+        "--profile",
+        str(profile),
+        "--qps",
+        "20",
+        "--lengths",
+        "fixed:40,8",
+        "--num-requests",
+        "6",
+    ]
+    assert main([*args, "--max-num-seqs", "4", "--step-noise", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    q = body["step_noise"]  # p1, p10, median, p90, p99 of the factors 0.5, 1 and 1.5
+    assert 0.5 <= q[0] < 0.55 and q[2] == pytest.approx(1.0) and 1.45 < q[4] <= 1.5
+    m = body["policies"]["chunked"]["metrics"]["max_itl_ms"]
+    assert m["with_noise"] != m["predicted"] and m["with_noise_ratio"] == pytest.approx(
+        m["with_noise"] / m["measured"]
+    )
+    assert main([*args, "--max-num-seqs", "4", "--step-noise"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "with noise" in out
+        and f"(p1 {q[0]:.2f}, p10 {q[1]:.2f}, median 1.00, p90 {q[3]:.2f}, p99 {q[4]:.2f})" in out
+    )
+
+
+def test_simulate_step_noise_needs_a_profile_and_says_so_in_its_header(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["simulate", "--lengths", "fixed:40,5", "--num-requests", "3", "--step-noise"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--step-noise needs --profile" in err
+    profile = tiny_profile(tmp_path / "tiny.json", {"reference_step_s": [0.002, 0.004, 0.006]})
+    assert main([*args, "--profile", str(profile)]) == 0
+    assert "steps varied as the profiled machine's" in capsys.readouterr().out.splitlines()[0]

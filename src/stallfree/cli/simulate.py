@@ -80,6 +80,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=0.0,
         help="fixed time added to every step: scheduling, sampling, launches (default 0)",
     )
+    g.add_argument(
+        "--step-noise",
+        action="store_true",
+        help="with --profile: vary each step's time as the profiled machine's steps varied (its repeats "
+        "and reference steps; seeded by --seed): the tails of a noisy host",
+    )
     g = p.add_argument_group("scheduler")
     add_serving_args(g, policy_list=True)
     g.add_argument(
@@ -155,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
         args.model = str(step_profile.fingerprint.get("model", "profiled")) if step_profile else "llama-3-8b"
     cost_model_note = resolve_cost_model(args)
     measured_profile(args, gpu_tables=True)  # checks --cost-model measured has what it needs
+    if args.step_noise and step_profile is None:
+        raise UsageError("--step-noise needs --profile: it is how the profiled machine's steps varied")
     if not args.step_overhead_ms >= 0:
         raise UsageError(f"--step-overhead-ms must be >= 0, got {args.step_overhead_ms}")
     goodput = parse_goodput(args.goodput) if args.goodput else None
@@ -184,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
             goodput=goodput,
             keep_steps=keep_steps,
             fast=not args.step_by_step,
+            step_noise=args.step_noise,
+            seed=args.seed,
         )
         result.summary["sim_wall_s"] = time.perf_counter() - started
         results.append(result)
@@ -291,6 +301,7 @@ def _scenario(
         "cost_model_note": cost_model_note,  # why auto picked it; None when --cost-model named it
         "profile": args.profile,
         "step_overhead_ms": args.step_overhead_ms,
+        "step_noise": args.step_noise,
         "num_requests": num_requests,
         "workload": _describe(workload) if workload is not None else f"replayed from {args.replay}",
         "seed": args.seed,
@@ -377,6 +388,7 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
         f"{sc['model']} on {sc['tp']} x {sc['hardware']} (cost model: {sc['cost_model']}"
         + (f" ({sc['cost_model_note']})" if sc.get("cost_model_note") else "")
         + (f" + {sc['step_overhead_ms']:g} ms a step" if sc["step_overhead_ms"] else "")
+        + (", steps varied as the profiled machine's" if sc.get("step_noise") else "")
         + f"); chunked {budget}, "
         f"max {sc['max_num_seqs']} seqs",
         _kv_line(sc),

@@ -104,8 +104,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--burstiness", type=float, help="gamma shape (1 = Poisson)")
     g.add_argument("--lengths", default="fixed:512,64", help="length distribution (default %(default)s)")
     g.add_argument("--num-requests", type=positive_int, default=150, help="requests (default 150)")
-    g.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    g.add_argument("--seed", type=int, default=0, help="workload seed (default 0; --step-noise's too)")
     g = p.add_argument_group("output")
+    g.add_argument(
+        "--step-noise",
+        action="store_true",
+        help="also predict with each step's time varied as the profiled machine's steps varied "
+        "(`stallfree profile`'s repeats and reference steps): the tails of a noisy host",
+    )
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.add_argument("--plot", metavar="DIR", help="overlaid CDFs of TTFT and ITL, measured vs predicted")
     g.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
@@ -143,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
         },
         "policies": {r["policy"]: {k: v for k, v in r.items() if not k.startswith("_")} for r in results},
     }
+    if args.step_noise:  # the factors' spread: p1, p10, median, p90, p99
+        body["step_noise"] = [float(q) for q in np.percentile(model.step_noise(), [1, 10, 50, 90, 99])]
     if len(results) > 1:
         body["ordering"] = _ordering(list(body["policies"].values()))
     if args.plot:
@@ -228,6 +236,13 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
         }
         for _, key in ROWS
     }
+    if args.step_noise:
+        noisy = simulate(
+            requests, model=None, profile=model, serving=serving, step_noise=True, seed=args.seed
+        )
+        for key, m in comparison.items():
+            m["with_noise"] = noisy.summary.get(key)
+            m["with_noise_ratio"] = _ratio(m["with_noise"], m["measured"])
     target: dict[str, Any] | None = None
     if serving.step_budget_ms is not None:
         target = {
@@ -401,6 +416,10 @@ def _ratio(predicted: Any, measured: Any) -> float | None:
     return float(predicted) / float(measured)
 
 
+def _ratio_text(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}"
+
+
 def _ordering(results: list[dict[str, Any]]) -> dict[str, bool]:
     """Whether the policies rank the same, measured and predicted, on TTFT and on the ITL tail."""
     out = {}
@@ -423,7 +442,14 @@ def format_report(body: dict[str, Any]) -> str:
         f"sampling {sc['sampling']}; measured: {sc['measured']}",
         f"profile: {body['profile']}",
     ]
+    if body.get("step_noise"):
+        q = body["step_noise"]
+        lines.append(
+            "with noise: each step's time x a factor drawn from how the profiled machine's steps varied "
+            f"(p1 {q[0]:.2f}, p10 {q[1]:.2f}, median {q[2]:.2f}, p90 {q[3]:.2f}, p99 {q[4]:.2f})"
+        )
     for policy, r in body["policies"].items():
+        noise = "with_noise" in r["metrics"]["median_ttft_ms"]
         budget = (
             f"token budget {r['token_budget']}" if policy == "chunked" else f"batch cap {r['token_budget']}"
         )
@@ -433,12 +459,15 @@ def format_report(body: dict[str, Any]) -> str:
             "",
             f"{policy} ({budget}, max {r['max_num_seqs']} seqs, {r['num_blocks']} KV blocks); completed "
             f"{r['completed']['measured']} measured, {r['completed']['predicted']} predicted",
-            f"  {'':<20}{'measured':>12}{'predicted':>12}{'ratio':>8}",
+            f"  {'':<20}{'measured':>12}{'predicted':>12}{'ratio':>8}"
+            + (f"{'with noise':>12}{'ratio':>8}" if noise else ""),
         ]
         for label, key in ROWS:
             m = r["metrics"][key]
-            ratio = "-" if m["ratio"] is None else f"{m['ratio']:.2f}"
-            lines.append(f"  {label:<20}{_num(m['measured']):>12}{_num(m['predicted']):>12}{ratio:>8}")
+            line = f"  {label:<20}{_num(m['measured']):>12}{_num(m['predicted']):>12}{_ratio_text(m['ratio']):>8}"
+            if noise:
+                line += f"{_num(m['with_noise']):>12}{_ratio_text(m['with_noise_ratio']):>8}"
+            lines.append(line)
         steps = r["per_step"]
         if steps:
             lines.append(

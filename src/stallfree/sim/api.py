@@ -18,7 +18,7 @@ from stallfree.core.serving import ServingConfig
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.sim.cost_model import CostModel, CostModelConfig, CostModelKind
 from stallfree.sim.gpu_measured import GpuMeasuredCostModel, gpu_family
-from stallfree.sim.measured import MeasuredCostModel
+from stallfree.sim.measured import MeasuredCostModel, NoisySteps
 from stallfree.sim.memory import KvMemory, fixed_kv_memory, kv_memory
 from stallfree.sim.traffic import SteadyCostModel, StepTrace, run_traffic
 from stallfree.specs import (
@@ -62,6 +62,7 @@ def simulate(
     goodput: Mapping[str, float] | None = None,
     keep_steps: bool = False,
     fast: bool = True,
+    step_noise: bool = False,
 ) -> SimulationResult:
     """Simulate ``workload`` served as ``serving`` says on ``tp`` x ``hardware`` running ``model``.
 
@@ -72,6 +73,8 @@ def simulate(
     defaults to the model's ``max_position_embeddings`` and its ``num_blocks`` to what fits. ``step_overhead_s`` is added to every
     step (scheduling, sampling, kernel launches: what a roofline leaves out). ``goodput`` maps ``ttft`` / ``tpot`` /
     ``e2el`` to SLOs in ms. ``fast=False`` schedules every step (the reference the fast path equals).
+    ``step_noise`` (a profile's model only) multiplies each step's time by a factor drawn with
+    ``seed`` from how the profiled machine's steps varied (:class:`~stallfree.sim.measured.NoisySteps`).
 
     ``cost_model="measured"`` (implied by ``profile``) prices steps from a step profile of the
     real engine (:class:`~stallfree.sim.measured.MeasuredCostModel`; ``sampling`` is the mode
@@ -161,6 +164,10 @@ def simulate(
         )
     # The cost model is the step-time predictor of a time-budgeted policy (unused otherwise).
     scheduler = serving.make_scheduler(context, kv.num_blocks, predictor=costs.step_time_s)
+    if step_noise:
+        if not isinstance(costs, MeasuredCostModel):
+            raise ValueError("step_noise needs a profile: it is how the profiled machine's steps varied")
+        costs = NoisySteps(costs, costs.step_noise(), seed)
     run = run_traffic(
         scheduler,
         costs,

@@ -253,6 +253,29 @@ def fit_line(points: Sequence[tuple[int, float]]) -> Line:
     return Line(float(coef[0]), float(coef[1]))
 
 
+class NoisySteps:
+    """``base``'s step times, each multiplied by a factor drawn (seeded) from ``factors``: a
+    machine whose steps vary (:meth:`MeasuredCostModel.step_noise`), for the tails a model priced
+    at one speed cannot show. Each call draws anew, so the traffic driver's fast path no longer
+    equals its step-by-step path bit for bit; only the run's statistics are meant to hold."""
+
+    def __init__(self, base: MeasuredCostModel, factors: FloatArray, seed: int = 0) -> None:
+        if len(factors) == 0 or float(np.min(factors)) <= 0:
+            raise ValueError("noise factors must be positive and not empty")
+        self.base = base
+        self.factors = np.asarray(factors, dtype=np.float64)
+        self._rng = np.random.default_rng(seed)
+
+    def step_time_s(self, plan: StepPlan) -> float:
+        return self.base.step_time_s(plan) * float(self._rng.choice(self.factors))
+
+    def steady_durations(self, plan: StepPlan, num_steps: int) -> FloatArray:
+        durations: FloatArray = self.base.steady_durations(plan, num_steps) * self._rng.choice(
+            self.factors, num_steps
+        )
+        return durations
+
+
 class MeasuredCostModel:
     """Prices plans from a :class:`StepProfile`; stateless after construction.
 
@@ -379,6 +402,19 @@ class MeasuredCostModel:
             else:
                 high = mid
         return float(low)
+
+    def step_noise(self) -> FloatArray:
+        """How this machine's step times varied while it was profiled, as factors on a priced
+        step: every repeat of each fitted point over its point's median (back-to-back runs of one
+        step), times every reference-step timing over its steps' median (the machine's speed over
+        the profile's minutes; 1 in a profile without them). Median ~1; a quiet machine's are
+        within a few percent, a shared VM's spread 0.5-2x."""
+        short = [
+            t / p.stats.median_s for p in self.fit_points if len(p.stats.times_s) > 1 for t in p.stats.times_s
+        ]
+        settings = self.profile.settings
+        drift = [t / np.median(ts) for key in REFERENCES if (ts := settings.get(key)) for t in ts]
+        return np.outer(short or [1.0], drift or [1.0]).ravel()
 
     def fit_errors(self) -> FloatArray:
         """Relative error (predicted / measured - 1) of the forward on each step point it was fitted to."""
