@@ -10,9 +10,9 @@ arrivals, 512-token prompts, 64-token outputs, greedy, ``--save-result``), then 
 validate --measured RESULT.json`` replays the recorded requests (arrival times and the lengths
 the server counted) through the simulator with the profile, and prices every served step of the
 server's ``--step-log`` (per-step error; the steps' share of the run's wall time says how much the
-server path adds around them); ``--step-noise`` adds the prediction with each step varied as the
-profiled machine's steps varied (the ratios after ``noise``). Per policy, at ``--load`` x the capacity the profile predicts for
-the slower policy. Run on a quiet machine.
+server path adds around them); ``--step-noise`` adds the prediction with each step varied as
+the profiled machine's steps varied (the ratios after ``noise``). Per policy, at ``--load`` x
+the capacity the profile predicts for the slower policy. Run on a quiet machine.
 
     .venv/bin/python benchmarks/validate_served.py                    # ~10 min on 2 cores
     .venv/bin/python benchmarks/validate_served.py --skip-profile --num-requests 60

@@ -227,22 +227,8 @@ def test_validate_times_the_profiles_reference_step_again_after_the_run(
     assert "reference steps took decode " in line and "ms after the run vs 40.0 profiled (" in line
     # an older profile, with the decode reference step only
     old = tiny_profile(tmp_path / "old.json", {"reference_step_s": [0.004, 0.006], "max_num_seqs": 4})
-    assert (
-        main(
-            [
-                "validate",
-                "--profile",
-                str(old),
-                *args[3:],
-                "--num-requests",
-                "3",
-                "--max-num-seqs",
-                "4",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    rest = [*args[3:], "--num-requests", "3", "--max-num-seqs", "4", "--json"]
+    assert main(["validate", "--profile", str(old), *rest]) == 0
     assert list(json.loads(capsys.readouterr().out)["policies"]["chunked"]["machine"]) == ["decode"]
 
 
@@ -253,17 +239,8 @@ def test_step_noise_adds_a_prediction_with_the_profiled_machines_variation(
     profile = tiny_profile(
         tmp_path / "tiny.json", {"reference_step_s": [0.002, 0.004, 0.006], "max_num_seqs": 4}
     )
-    args = [
-        "validate",
-        "--profile",
-        str(profile),
-        "--qps",
-        "20",
-        "--lengths",
-        "fixed:40,8",
-        "--num-requests",
-        "6",
-    ]
+    args = ["validate", "--profile", str(profile), "--qps", "20", "--lengths", "fixed:40,8"]
+    args += ["--num-requests", "6"]
     assert main([*args, "--max-num-seqs", "4", "--step-noise", "--json"]) == 0
     body = json.loads(capsys.readouterr().out)
     q = body["step_noise"]  # p1, p10, median, p90, p99 of the factors 0.5, 1 and 1.5
