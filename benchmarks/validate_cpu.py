@@ -113,7 +113,7 @@ def main() -> int:
                 f"| {s['median_error']:+.1%} | "
                 + " | ".join(
                     f"{m[k]['measured']:.1f} / {m[k]['predicted']:.1f} ({m[k]['ratio']:.2f}; noise "
-                    f"{m[k]['with_noise_ratio']:.2f})"
+                    f"{m[k]['with_noise_ratio']:.2f}; run speed {m[k]['at_run_speed_ratio']:.2f})"
                     for k in ("median_ttft_ms", "median_tpot_ms", "p99_itl_ms", "max_itl_ms")
                 )
                 + " |"

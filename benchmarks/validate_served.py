@@ -11,7 +11,9 @@ validate --measured RESULT.json`` replays the recorded requests (arrival times a
 the server counted) through the simulator with the profile, and prices every served step of the
 server's ``--step-log`` (per-step error; the steps' share of the run's wall time says how much the
 server path adds around them); ``--step-noise`` adds the prediction with each step varied as
-the profiled machine's steps varied (the ratios after ``noise``). Per policy, at ``--load`` x
+the profiled machine's steps varied (the ratios after ``noise``), and the ratios after ``run
+speed`` are the simulation with each kind of step priced at the speed the served steps ran (a
+check of the simulator with the machine's drift taken out, not a prediction). Per policy, at ``--load`` x
 the capacity the profile predicts for the slower policy. Run on a quiet machine.
 
     .venv/bin/python benchmarks/validate_served.py                    # ~10 min on 2 cores
@@ -93,7 +95,7 @@ def main() -> int:
             f"| {args.dtype} | {policy} | {r['completed']['measured']} | "
             + " | ".join(
                 f"{m[k]['measured']:.1f} / {m[k]['predicted']:.1f} ({m[k]['ratio']:.2f}; noise "
-                f"{m[k]['with_noise_ratio']:.2f})"
+                f"{m[k]['with_noise_ratio']:.2f}; run speed {m[k]['at_run_speed_ratio']:.2f})"
                 for k in KEYS
             )
             + f" | {ps['median_abs_error']:.1%} / {ps['p90_abs_error']:.1%} ({ps['median_error']:+.1%}) "

@@ -239,20 +239,28 @@ def test_step_noise_is_the_profiles_repeats_times_its_reference_drift() -> None:
     assert set(MeasuredCostModel(synthetic_profile()).step_noise().tolist()) == {1.0}
 
 
-def test_noisy_steps_draw_each_step_a_factor_seeded() -> None:
-    from stallfree.sim.measured import NoisySteps
+def test_varied_steps_scale_by_kind_and_draw_each_step_a_factor_seeded() -> None:
+    from stallfree.sim.measured import VariedSteps
 
     model = MeasuredCostModel(synthetic_profile())
     plan = StepPlan(tuple(ScheduledChunk(f"d{i}", 100, 1, 101) for i in range(4)))
-    noisy = NoisySteps(model, np.array([0.5, 2.0]), seed=3)
+    mixed = StepPlan((*plan.chunks, ScheduledChunk("p", 0, 64, 65)))
+    noisy = VariedSteps(model, noise=np.array([0.5, 2.0]), seed=3)
     base = model.steady_durations(plan, 200)
     ratios = noisy.steady_durations(plan, 200) / base
     assert set(np.round(ratios, 12)) == {0.5, 2.0}
     assert noisy.step_time_s(plan) / model.step_time_s(plan) in (pytest.approx(0.5), pytest.approx(2.0))
-    again = NoisySteps(model, np.array([0.5, 2.0]), seed=3).steady_durations(plan, 200)
+    again = VariedSteps(model, noise=np.array([0.5, 2.0]), seed=3).steady_durations(plan, 200)
     assert np.array_equal(again / base, ratios)
+    # a run's own speed: decode-only steps x2, steps with prompt tokens x3
+    scaled = VariedSteps(model, decode=2.0, prompt=3.0)
+    assert scaled.step_time_s(plan) == pytest.approx(2 * model.step_time_s(plan))
+    assert scaled.step_time_s(mixed) == pytest.approx(3 * model.step_time_s(mixed))
+    assert np.allclose(scaled.steady_durations(mixed, 5), 3 * model.steady_durations(mixed, 5))
     with pytest.raises(ValueError, match="positive"):
-        NoisySteps(model, np.array([0.0, 1.0]))
+        VariedSteps(model, noise=np.array([0.0, 1.0]))
+    with pytest.raises(ValueError, match="positive"):
+        VariedSteps(model, decode=0.0)
 
 
 def test_simulate_with_step_noise_widens_the_itl_tail_not_its_median() -> None:
@@ -272,5 +280,5 @@ def test_simulate_with_step_noise_widens_the_itl_tail_not_its_median() -> None:
     steady, noisy = (r.summary for r in runs)
     assert noisy["p99_itl_ms"] > 1.15 * steady["p99_itl_ms"]  # factors up to 1.95x
     assert noisy["median_itl_ms"] == pytest.approx(steady["median_itl_ms"], rel=0.25)
-    with pytest.raises(ValueError, match="needs a profile"):
+    with pytest.raises(ValueError, match="need a profile"):
         simulate(workload, model="llama-3-8b", serving=serving, num_requests=5, step_noise=True)

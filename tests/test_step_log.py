@@ -59,6 +59,11 @@ def test_validate_prices_the_logged_steps(tmp_path: Path, capsys: pytest.Capture
             )
     args = ["validate", "--profile", str(profile), "--measured", str(write_bench_result(tmp_path / "r.json"))]
     assert main([*args, "--num-blocks", "64", "--step-log", str(log), "--json"]) == 0
-    steps = json.loads(capsys.readouterr().out)["policies"]["chunked"]["per_step"]
+    result = json.loads(capsys.readouterr().out)["policies"]["chunked"]
+    steps = result["per_step"]
     assert steps["num_steps"] == 4 and steps["measured_step_s_total"] == pytest.approx(0.008)
+    # four decode-only served steps: the simulation again at their speed; no prompt steps logged
+    assert result["run_step_scales"] == [pytest.approx(1 / (1 + steps["decode_only"]["median_error"])), 1.0]
+    assert main([*args, "--num-blocks", "64", "--step-log", str(log)]) == 0
+    assert "at run speed: the same simulation with decode-only steps x" in capsys.readouterr().out
     assert main(["validate", "--profile", str(profile), "--step-log", str(log)]) == 2

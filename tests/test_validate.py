@@ -71,6 +71,13 @@ def test_validate_runs_both_sides_on_the_same_requests(
         ttft = result["metrics"]["median_ttft_ms"]
         assert ttft["measured"] > 0 and ttft["predicted"] > 0
         assert ttft["ratio"] == pytest.approx(ttft["predicted"] / ttft["measured"])
+        # the simulation again with each kind of step at the speed this run's steps ran
+        decode, prompt = result["run_step_scales"]
+        assert decode == pytest.approx(1 / (1 + steps["decode_only"]["median_error"]))
+        assert prompt == pytest.approx(1 / (1 + steps["with_prompt_tokens"]["median_error"]))
+        assert ttft["at_run_speed"] > 0 and ttft["at_run_speed_ratio"] == pytest.approx(
+            ttft["at_run_speed"] / ttft["measured"]
+        )
     assert body["policies"]["chunked"]["max_num_seqs"] == 4
     assert set(body["ordering"]) >= {"median_ttft_ms", "p99_itl_ms"}
     assert all(Path(p).is_file() for p in body["outputs"])
@@ -111,7 +118,8 @@ def test_validate_takes_a_bench_result_as_the_measured_side(
     assert main([*args, "--token-budget", "32", "--max-num-seqs", "8", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)["policies"]["chunked"]
     assert result["completed"] == {"measured": 3, "predicted": 3, "requests": 3}
-    assert result["per_step"] is None
+    assert result["per_step"] is None and result["run_step_scales"] is None  # no step log: no run speed
+    assert "at_run_speed" not in result["metrics"]["median_ttft_ms"]
     assert result["metrics"]["median_ttft_ms"]["measured"] == pytest.approx(100.0)
 
 

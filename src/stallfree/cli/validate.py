@@ -8,7 +8,11 @@ Printed: measured vs predicted vs ratio for TTFT, TPOT, ITL (median, p99), max I
 throughput, and the per-step error: every real step's plan priced by the model against its
 measured wall time. ``--measured RESULT.json`` takes a ``stallfree bench --save-result`` file
 as the measured side instead (no engine run; with the server's ``--step-log`` of that run, the
-per-step error of the served steps too).
+per-step error of the served steps too). Where the per-step error is known, the simulation runs
+again with each kind of step (decode-only, with prompt tokens) priced at the speed this run's
+steps ran (``at run speed``): not a prediction, but the simulator's check with the machine's
+drift taken out. ``--step-noise`` adds a prediction with each step varied as the profiled
+machine's steps varied.
 """
 
 from __future__ import annotations
@@ -236,13 +240,23 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
         }
         for _, key in ROWS
     }
+    extra = {}  # further predictions: with noise; at the run's own step speed (not a prediction)
     if args.step_noise:
-        noisy = simulate(
-            requests, model=None, profile=model, serving=serving, step_noise=True, seed=args.seed
+        extra["with_noise"] = {"step_noise": True, "seed": args.seed}
+    run_scales = None
+    if per_step is not None:
+        # Each kind of step priced at the speed this run's steps ran (1 / (1 + median error)):
+        # what the simulator gives when the step prices are right, the machine's drift taken out.
+        run_scales = tuple(
+            1 / (1 + per_step[kind]["median_error"]) if per_step[kind]["num_steps"] else 1.0
+            for kind in ("decode_only", "with_prompt_tokens")
         )
+        extra["at_run_speed"] = {"step_scales": run_scales}
+    for name, options in extra.items():
+        again = simulate(requests, model=None, profile=model, serving=serving, **options).summary
         for key, m in comparison.items():
-            m["with_noise"] = noisy.summary.get(key)
-            m["with_noise_ratio"] = _ratio(m["with_noise"], m["measured"])
+            m[name] = again.get(key)
+            m[f"{name}_ratio"] = _ratio(m[name], m["measured"])
     target: dict[str, Any] | None = None
     if serving.step_budget_ms is not None:
         target = {
@@ -276,6 +290,7 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
         },
         "metrics": comparison,
         "per_step": per_step,
+        "run_step_scales": run_scales,
         "machine": machine,
         "_itl": (measured_itl, sim.itl),
         "_ttft": (
@@ -416,6 +431,10 @@ def _ratio(predicted: Any, measured: Any) -> float | None:
     return float(predicted) / float(measured)
 
 
+# further predictions a report can carry: (metrics key, column label)
+_EXTRA_COLUMNS = (("with_noise", "with noise"), ("at_run_speed", "at run speed"))
+
+
 def _ratio_text(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}"
 
@@ -449,7 +468,7 @@ def format_report(body: dict[str, Any]) -> str:
             f"(p1 {q[0]:.2f}, p10 {q[1]:.2f}, median {q[2]:.2f}, p90 {q[3]:.2f}, p99 {q[4]:.2f})"
         )
     for policy, r in body["policies"].items():
-        noise = "with_noise" in r["metrics"]["median_ttft_ms"]
+        columns = [(c, label) for c, label in _EXTRA_COLUMNS if c in r["metrics"]["median_ttft_ms"]]
         budget = (
             f"token budget {r['token_budget']}" if policy == "chunked" else f"batch cap {r['token_budget']}"
         )
@@ -460,13 +479,13 @@ def format_report(body: dict[str, Any]) -> str:
             f"{policy} ({budget}, max {r['max_num_seqs']} seqs, {r['num_blocks']} KV blocks); completed "
             f"{r['completed']['measured']} measured, {r['completed']['predicted']} predicted",
             f"  {'':<20}{'measured':>12}{'predicted':>12}{'ratio':>8}"
-            + (f"{'with noise':>12}{'ratio':>8}" if noise else ""),
+            + "".join(f"{label:>14}{'ratio':>8}" for _, label in columns),
         ]
         for label, key in ROWS:
             m = r["metrics"][key]
             line = f"  {label:<20}{_num(m['measured']):>12}{_num(m['predicted']):>12}{_ratio_text(m['ratio']):>8}"
-            if noise:
-                line += f"{_num(m['with_noise']):>12}{_ratio_text(m['with_noise_ratio']):>8}"
+            for c, _ in columns:
+                line += f"{_num(m[c]):>14}{_ratio_text(m[f'{c}_ratio']):>8}"
             lines.append(line)
         steps = r["per_step"]
         if steps:
@@ -482,6 +501,13 @@ def format_report(body: dict[str, Any]) -> str:
                         f"    {part.replace('_', ' '):<20} {s['num_steps']:>6} steps: median {s['median_abs_error']:.1%}, "
                         f"p90 {s['p90_abs_error']:.1%} (bias {s['median_error']:+.1%})"
                     )
+        if r.get("run_step_scales"):
+            decode, prompt = r["run_step_scales"]
+            lines.append(
+                f"  at run speed: the same simulation with decode-only steps x{decode:.2f} and steps with "
+                f"prompt tokens x{prompt:.2f} (this run's per-step bias): not a prediction, the simulator "
+                "checked with the machine's drift taken out"
+            )
         lines += _target_lines(r["time_budget"], steps)
         if r.get("machine"):
             lines.append(f"  machine: the profile's reference steps took {machine_summary(r['machine'])}")

@@ -18,7 +18,7 @@ from stallfree.core.serving import ServingConfig
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.sim.cost_model import CostModel, CostModelConfig, CostModelKind
 from stallfree.sim.gpu_measured import GpuMeasuredCostModel, gpu_family
-from stallfree.sim.measured import MeasuredCostModel, NoisySteps
+from stallfree.sim.measured import MeasuredCostModel, VariedSteps
 from stallfree.sim.memory import KvMemory, fixed_kv_memory, kv_memory
 from stallfree.sim.traffic import SteadyCostModel, StepTrace, run_traffic
 from stallfree.specs import (
@@ -63,6 +63,7 @@ def simulate(
     keep_steps: bool = False,
     fast: bool = True,
     step_noise: bool = False,
+    step_scales: tuple[float, float] | None = None,
 ) -> SimulationResult:
     """Simulate ``workload`` served as ``serving`` says on ``tp`` x ``hardware`` running ``model``.
 
@@ -74,7 +75,8 @@ def simulate(
     step (scheduling, sampling, kernel launches: what a roofline leaves out). ``goodput`` maps ``ttft`` / ``tpot`` /
     ``e2el`` to SLOs in ms. ``fast=False`` schedules every step (the reference the fast path equals).
     ``step_noise`` (a profile's model only) multiplies each step's time by a factor drawn with
-    ``seed`` from how the profiled machine's steps varied (:class:`~stallfree.sim.measured.NoisySteps`).
+    ``seed`` from how the profiled machine's steps varied; ``step_scales`` (decode-only, with
+    prompt tokens) multiplies the steps of each kind (:class:`~stallfree.sim.measured.VariedSteps`).
 
     ``cost_model="measured"`` (implied by ``profile``) prices steps from a step profile of the
     real engine (:class:`~stallfree.sim.measured.MeasuredCostModel`; ``sampling`` is the mode
@@ -164,10 +166,14 @@ def simulate(
         )
     # The cost model is the step-time predictor of a time-budgeted policy (unused otherwise).
     scheduler = serving.make_scheduler(context, kv.num_blocks, predictor=costs.step_time_s)
-    if step_noise:
+    if step_noise or step_scales is not None:
         if not isinstance(costs, MeasuredCostModel):
-            raise ValueError("step_noise needs a profile: it is how the profiled machine's steps varied")
-        costs = NoisySteps(costs, costs.step_noise(), seed)
+            raise ValueError(
+                "step_noise and step_scales need a profile's model (how the profiled machine's steps ran)"
+            )
+        decode, prompt = step_scales or (1.0, 1.0)
+        noise = costs.step_noise() if step_noise else None
+        costs = VariedSteps(costs, decode=decode, prompt=prompt, noise=noise, seed=seed)
     run = run_traffic(
         scheduler,
         costs,

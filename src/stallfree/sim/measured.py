@@ -253,26 +253,40 @@ def fit_line(points: Sequence[tuple[int, float]]) -> Line:
     return Line(float(coef[0]), float(coef[1]))
 
 
-class NoisySteps:
-    """``base``'s step times, each multiplied by a factor drawn (seeded) from ``factors``: a
-    machine whose steps vary (:meth:`MeasuredCostModel.step_noise`), for the tails a model priced
-    at one speed cannot show. Each call draws anew, so the traffic driver's fast path no longer
-    equals its step-by-step path bit for bit; only the run's statistics are meant to hold."""
+class VariedSteps:
+    """``base``'s step times, scaled: by ``decode`` for a step without prompt tokens and by
+    ``prompt`` for one with them (a run's own step speed: ``validate`` takes them from its per-step
+    bias), and by a factor drawn (seeded) from ``noise`` for every step (a machine whose steps
+    vary: :meth:`MeasuredCostModel.step_noise`), for the tails a model priced at one speed cannot
+    show. With noise each call draws anew, so the traffic driver's fast path no longer equals its
+    step-by-step path bit for bit; only the run's statistics are meant to hold."""
 
-    def __init__(self, base: MeasuredCostModel, factors: FloatArray, seed: int = 0) -> None:
-        if len(factors) == 0 or float(np.min(factors)) <= 0:
-            raise ValueError("noise factors must be positive and not empty")
+    def __init__(
+        self,
+        base: MeasuredCostModel,
+        *,
+        decode: float = 1.0,
+        prompt: float = 1.0,
+        noise: FloatArray | None = None,
+        seed: int = 0,
+    ) -> None:
+        factors = np.asarray([1.0] if noise is None else noise, dtype=np.float64)
+        if min(decode, prompt) <= 0 or len(factors) == 0 or float(np.min(factors)) <= 0:
+            raise ValueError("step scales and noise factors must be positive (and noise not empty)")
         self.base = base
-        self.factors = np.asarray(factors, dtype=np.float64)
+        self.scales = (decode, prompt)
+        self.factors = factors
         self._rng = np.random.default_rng(seed)
 
+    def _scale(self, plan: StepPlan) -> float:
+        return self.scales[plan.num_prefill_tokens > 0]
+
     def step_time_s(self, plan: StepPlan) -> float:
-        return self.base.step_time_s(plan) * float(self._rng.choice(self.factors))
+        return self.base.step_time_s(plan) * self._scale(plan) * float(self._rng.choice(self.factors))
 
     def steady_durations(self, plan: StepPlan, num_steps: int) -> FloatArray:
-        durations: FloatArray = self.base.steady_durations(plan, num_steps) * self._rng.choice(
-            self.factors, num_steps
-        )
+        draws = self._rng.choice(self.factors, num_steps)
+        durations: FloatArray = self.base.steady_durations(plan, num_steps) * (self._scale(plan) * draws)
         return durations
 
 
