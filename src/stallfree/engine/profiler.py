@@ -48,6 +48,7 @@ from stallfree.specs.step_profile import (
     Stats,
     StepPoint,
     StepProfile,
+    drift,
     reference_spread,
 )
 
@@ -199,7 +200,7 @@ def point_scales(
     geometrically by the point's :func:`compute_share`."""
     ones = [1.0] * len(point_at)
     decode, prompt = (
-        drift_scales(point_at, probe_at, times) if max(times) / min(times) - 1 > DRIFT_WARNING else ones
+        drift_scales(point_at, probe_at, times) if drift(times) > DRIFT_WARNING else ones
         for times in (reference["decode"], reference["prompt"])
     )
     shares = [compute_share(n) for n in point_tokens]
@@ -385,7 +386,7 @@ def run_profile(
     probe()
     elapsed = time.perf_counter() - started
     references = {key: reference[kind] for key, kind in REFERENCES.items()}  # by settings key
-    drift = {kind: max(times) / min(times) - 1 for kind, times in reference.items()}
+    drifts = {kind: drift(times) for kind, times in reference.items()}
     # Points measured at different speeds are brought to one (factors of 1 on a steady machine).
     scales = point_scales(point_at, point_tokens, probe_at, reference)
     factor = iter(scales)  # in measuring order: steps, sampling, linear, overhead
@@ -403,7 +404,7 @@ def run_profile(
             )
         elif measure.num_remeasured:
             log(f"note: {measure.num_remeasured} re-measurements while the machine was busy")
-        if max(drift.values()) > DRIFT_WARNING:
+        if max(drifts.values()) > DRIFT_WARNING:
             log(
                 f"warning: the same reference steps took {reference_spread(references)} over the profile: "
                 "this machine's speed drifts (a shared host?); every point's times were scaled to their median "
@@ -423,8 +424,8 @@ def run_profile(
             "elapsed_s": elapsed,
             "num_busy_points": measure.num_busy,
             **references,
-            "reference_drift": drift["decode"],
-            "reference_prompt_drift": drift["prompt"],
+            "reference_drift": drifts["decode"],
+            "reference_prompt_drift": drifts["prompt"],
             # each point's times were multiplied by a factor in this range (1 = not corrected)
             "drift_scale_range": [min(scales), max(scales)],
         },

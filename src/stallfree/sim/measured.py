@@ -270,23 +270,27 @@ class VariedSteps:
         noise: FloatArray | None = None,
         seed: int = 0,
     ) -> None:
-        factors = np.asarray([1.0] if noise is None else noise, dtype=np.float64)
-        if min(decode, prompt) <= 0 or len(factors) == 0 or float(np.min(factors)) <= 0:
+        factors = None if noise is None else np.asarray(noise, dtype=np.float64)
+        if min(decode, prompt) <= 0 or (
+            factors is not None and (len(factors) == 0 or float(np.min(factors)) <= 0)
+        ):
             raise ValueError("step scales and noise factors must be positive (and noise not empty)")
         self.base = base
         self.scales = (decode, prompt)
-        self.factors = factors
+        self.factors = factors  # None: no noise, nothing drawn
         self._rng = np.random.default_rng(seed)
 
     def _scale(self, plan: StepPlan) -> float:
         return self.scales[plan.num_prefill_tokens > 0]
 
     def step_time_s(self, plan: StepPlan) -> float:
-        return self.base.step_time_s(plan) * self._scale(plan) * float(self._rng.choice(self.factors))
+        t = self.base.step_time_s(plan) * self._scale(plan)
+        return t if self.factors is None else t * float(self._rng.choice(self.factors))
 
     def steady_durations(self, plan: StepPlan, num_steps: int) -> FloatArray:
-        draws = self._rng.choice(self.factors, num_steps)
-        durations: FloatArray = self.base.steady_durations(plan, num_steps) * (self._scale(plan) * draws)
+        durations: FloatArray = self.base.steady_durations(plan, num_steps) * self._scale(plan)
+        if self.factors is not None:
+            durations = durations * self._rng.choice(self.factors, num_steps)
         return durations
 
 

@@ -176,6 +176,11 @@ class StepProfile:
         )
 
 
+def drift(times: Sequence[float]) -> float:
+    """A reference step's slowest timing over its fastest, less 1: how far the machine's speed moved."""
+    return max(times) / min(times) - 1
+
+
 def reference_spread(settings: Mapping[str, Any]) -> str:
     """How far the profile's reference steps' timings spread: ``"43.0-101.2 ms (decode, +135%,
     9 timings), ..."``; empty for a profile without them."""
@@ -183,9 +188,9 @@ def reference_spread(settings: Mapping[str, Any]) -> str:
     for key, label in REFERENCES.items():
         times = settings.get(key)
         if times:
-            low, high = min(times), max(times)
             parts.append(
-                f"{low * 1e3:.1f}-{high * 1e3:.1f} ms ({label}, +{high / low - 1:.0%}, {len(times)} timings)"
+                f"{min(times) * 1e3:.1f}-{max(times) * 1e3:.1f} ms ({label}, +{drift(times):.0%}, "
+                f"{len(times)} timings)"
             )
     return ", ".join(parts)
 
