@@ -32,7 +32,7 @@ import torch
 
 from stallfree.core import SamplingParams
 from stallfree.engine import LLMEngine, StepOutputs
-from stallfree.engine.engine import resolve_dtype
+from stallfree.engine.dtypes import choose_dtype
 from stallfree.engine.weights import load_model, save_pretrained
 from stallfree.specs import ModelSpec
 
@@ -184,7 +184,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     device = torch.device(args.device)
-    torch_dtype = resolve_dtype(args.dtype, device)
+    torch_dtype = choose_dtype(args.dtype, device).dtype
     dtype_name = str(torch_dtype).removeprefix("torch.")
     model, tokenizer = load_model(args.model, torch_dtype, "cpu")
     spec = model.spec

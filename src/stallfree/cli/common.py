@@ -227,14 +227,29 @@ def serving_config(args: argparse.Namespace, policy: str | None = None) -> Servi
         raise UsageError(str(exc)) from None
 
 
+# stallfree.engine.dtypes.DTYPE_CHOICES, spelled out so that parsing never imports torch.
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+
+
+def add_dtype_arg(parser: argparse._ActionsContainer, what: str = "weights and KV dtype") -> None:
+    """``--dtype``: every engine entry point's, with the one ``auto`` rule (stallfree.engine.dtypes)."""
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default="auto",
+        help=f"{what}; auto: bfloat16 on CUDA and on CPUs that run it fast (AVX-512, AMX), "
+        "else float32 (default %(default)s)",
+    )
+
+
+ENGINE_MODELS = "random:<preset>, a GGUF file (a .gguf path or a short name: smollm2) or a local HF folder"
+"""The models the PyTorch engine loads (stallfree.engine.weights.load_model), as help text says it."""
+
+
 def add_engine_args(parser: argparse._ActionsContainer) -> None:
     """The PyTorch engine's options: ``--model --dtype --device`` and the serving flags (generate, serve)."""
-    parser.add_argument(
-        "--model", default="random:small", help="random:<preset> or a local HF folder (default %(default)s)"
-    )
-    parser.add_argument(
-        "--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default %(default)s)"
-    )
+    parser.add_argument("--model", default="random:small", help=f"{ENGINE_MODELS} (default %(default)s)")
+    add_dtype_arg(parser)
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     add_serving_args(parser)
     parser.add_argument(

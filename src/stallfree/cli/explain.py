@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stallfree.cli.common import (
     COST_MODEL_CHOICES,
     UsageError,
+    add_dtype_arg,
     cost_model_arg,
     int_list,
     positive_float,
@@ -81,12 +83,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "measured and, beside it, the same scenario priced by the profile, predicted / measured)",
     )
     add("--device", help="torch: cpu or cuda (default: cuda when available)")
-    add(
-        "--dtype",
-        choices=("bfloat16", "float16", "float32"),
-        default="bfloat16",
-        help="torch: weights and KV dtype (default %(default)s)",
-    )
+    add_dtype_arg(p, "torch: weights and KV dtype")
     add("--prompt-tokens", type=positive_int, help="the arriving prompt's length (default 16384; torch 2048)")
     add("--decoders", type=positive_int, default=16, help="streams already decoding (default %(default)s)")
     add(
@@ -292,6 +289,7 @@ def _torch(
     try:
         import torch
 
+        from stallfree.engine.dtypes import choose_dtype
         from stallfree.explain.engine import EngineTimer
     except ImportError as exc:
         raise UsageError(
@@ -299,13 +297,16 @@ def _torch(
         ) from None
     check_device(args.device)  # one line and exit 2, not a torch traceback from inside a kernel
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = choose_dtype(args.dtype, torch.device(device))
+    if dtype.note:
+        print(f"note: {dtype.note}", file=sys.stderr)
     smallest = min([*sweep, args.chunk_tokens or 8])
     # Streams grow by one token per step; a chunked run takes at most prompt / chunk steps.
     stream_tokens = context + ceil_div(prompt, smallest) + 32
     timer = EngineTimer(
         model_name,
         max_tokens=args.decoders * stream_tokens + prompt + 64,
-        dtype=getattr(torch, args.dtype),
+        dtype=dtype.dtype,
         device=device,
     )
     limit = timer.model.spec.max_position_embeddings
@@ -323,7 +324,7 @@ def _torch(
         "hardware": hardware,
         "tp": 1,
         "cost_model": "measured",
-        "engine": f"torch {args.dtype} on {device}",
+        "engine": f"torch {dtype.name} on {device}",
     }
     return timer, echo
 

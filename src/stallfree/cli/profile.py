@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from stallfree.cli.common import positive_float, positive_int
+from stallfree.cli.common import add_dtype_arg, positive_float, positive_int
 from stallfree.specs.step_profile import reference_spread
 
 _DESCRIPTION = """\
@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--model", default="random:medium", help="random:<preset> or a local HF folder (default %(default)s)"
     )
     p.add_argument("--out", required=True, help="profile JSON file to write")
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default %(default)s)")
+    add_dtype_arg(p)
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
     p.add_argument(

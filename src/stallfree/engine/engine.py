@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import logging
 import os
 import random
 import time
@@ -38,15 +39,16 @@ from stallfree.core import (
     run_step,
 )
 from stallfree.core.serving import ServingConfig
+from stallfree.engine.dtypes import choose_dtype
 from stallfree.engine.kv_cache import KVCache, kv_bytes_per_block
 from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.requests import RequestOutput, RequestState
 from stallfree.engine.sampler import sample
 from stallfree.engine.weights import load_model
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Share of free memory the KV cache takes by default: the CPU is shared with everything else.
 _DEFAULT_KV_FRACTION = {"cpu": 0.05, "cuda": 0.8}
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,16 +134,6 @@ class CalibratedPredictor:
         return planned_s
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto``: bf16 on CUDA and on CPUs with AVX-512 (fast bf16 matmuls), else fp32."""
-    if name == "auto":
-        fast_bf16 = device.type == "cuda" or torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX")
-        return torch.bfloat16 if fast_bf16 else torch.float32
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; choose from: auto, {', '.join(DTYPES)}")
-    return DTYPES[name]
-
-
 class LLMEngine:
     """Add requests, call :meth:`step` until :meth:`has_unfinished_requests` is False."""
 
@@ -172,7 +164,10 @@ class LLMEngine:
         serving = serving or ServingConfig.from_options(**serving_options)
         self.serving = serving
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = resolve_dtype(dtype, self.device)
+        self.dtype_choice = choose_dtype(dtype, self.device)
+        if self.dtype_choice.note:
+            _log.warning("note: %s", self.dtype_choice.note)
+        self.dtype = self.dtype_choice.dtype
         self.model, self.tokenizer = load_model(model, self.dtype, self.device, seed)
         self.model.prepack_cpu_weights()
         spec = self.model.spec

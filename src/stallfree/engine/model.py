@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stallfree.engine.attention import AttentionMetadata, paged_attention
+from stallfree.engine.dtypes import prepacks
 from stallfree.engine.kv_cache import KVCache
 from stallfree.specs import ModelSpec
 
@@ -199,8 +200,9 @@ class LlamaModel(nn.Module):
         path is the reference one. Returns whether anything was packed.
         """
         packable = self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float16)
-        ops = getattr(torch.ops, "mkldnn", None)
-        if self.weights or not packable or ops is None or not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        # torch refuses to pack bf16 without AVX-512 (or AVX-NE-CONVERT), fp16 without AVX512-FP16:
+        # those CPUs run the same weights unpacked, through F.linear.
+        if self.weights or not packable or not prepacks(self.dtype):
             return False
         weights = [self.lm_head_weight()]
         for layer in self.decoder_layers():
