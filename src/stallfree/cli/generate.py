@@ -17,7 +17,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stallfree.cli.common import UsageError, add_engine_args, engine_kwargs, non_negative_int, positive_int
+from stallfree.cli.common import (
+    ENGINE_MODELS,
+    UsageError,
+    add_engine_args,
+    engine_kwargs,
+    non_negative_int,
+    positive_int,
+)
 from stallfree.cli.device import check_device
 
 if TYPE_CHECKING:
@@ -28,7 +35,7 @@ if TYPE_CHECKING:
 def register(subparsers: Any) -> None:
     gen = subparsers.add_parser(
         "generate",
-        help="generate text with the PyTorch engine (random:<preset> or a local HF folder)",
+        help=f"generate text with the PyTorch engine ({ENGINE_MODELS})",
         description="Run prompts through the real engine, scheduled by the stall-free scheduler.",
     )
     add_engine_args(gen)

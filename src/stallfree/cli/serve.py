@@ -21,7 +21,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ),
     )
     add_engine_args(p)
-    p.add_argument("--served-model-name", help="the name clients ask for (default: --model)")
+    p.add_argument(
+        "--served-model-name",
+        metavar="NAME",
+        help="the name clients ask for, in /v1/models, answers and metric labels (default: the "
+        "model's own name: a GGUF file's general.name, else its stem; an HF folder's name; "
+        "random:<preset> and smollm2 as given)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of random weights and unseeded sampling")
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default %(default)s: this machine only)"
@@ -77,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         host, port = sock.getsockname()[:2]
         engine = app.state.engine_thread.engine
         print(
-            f"stallfree serve: {args.served_model_name or args.model} ({args.policy}, context {engine.max_model_len}, "
+            f"stallfree serve: {app.state.served_model_name} ({args.policy}, context {engine.max_model_len}, "
             f"{engine.scheduler.block_manager.num_blocks} KV blocks, "
             f"{app.state.engine_thread.num_threads} engine threads) on http://{host}:{port}",
             file=sys.stderr,

@@ -3,13 +3,19 @@
 Handlers run on the event loop and never touch the engine: they validate, tokenize, and hand
 one engine request per choice (prompts x ``n``) to :mod:`stallfree.server.responses`, which
 relays their outputs (SSE chunks or one JSON body). Every error a
-client can cause is an OpenAI error body (400 bad request, 401 bad key, 429 overloaded with
+client can cause is an OpenAI error body (:mod:`stallfree.server.errors`: 400 bad request, 401
+bad key, 404 ``model_not_found`` for any model but the served one, 429 overloaded with
 ``Retry-After``, 503 engine dead); a stream that ends early (client gone) aborts its request.
+Fields no request model declares are accepted, as OpenAI does, and named: in the
+``x-stallfree-ignored-fields`` header of the answer, and in one warning per distinct set of them
+(the first :data:`MAX_LOGGED_FIELD_SETS` sets; a client cannot grow the server's memory or flood
+its log).
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -18,12 +24,27 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stallfree.core import SamplingParams
 from stallfree.server import protocol as p
 from stallfree.server.engine_thread import EngineThread
+from stallfree.server.errors import ServerError, error_response, model_not_found, validation_message
 from stallfree.server.responses import Choice, Prepared, respond
+
+_log = logging.getLogger(__name__)
+
+IGNORED_FIELDS_HEADER = "x-stallfree-ignored-fields"
+MAX_LISTED_FIELDS = 32  # names in the header at most; "..." ends a longer list
+MAX_LOGGED_FIELD_SETS = 256
+
+# Each POST route's body: its required parameters are named when a body comes empty.
+_BODIES: dict[str, type[BaseModel]] = {
+    "/v1/completions": p.CompletionRequest,
+    "/v1/chat/completions": p.ChatCompletionRequest,
+    "/tokenize": p.TokenizeRequest,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,29 +66,26 @@ def build_app(engine_thread: EngineThread, config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="stallfree", lifespan=lifespan)
     app.state.engine_thread = engine_thread
+    app.state.served_model_name = config.served_model_name
     engine = engine_thread.engine
     tokenizer = engine.tokenizer
     max_model_len = engine.max_model_len
     model_name = config.served_model_name
 
-    @app.exception_handler(p.ServerError)
-    async def _server_error(_request: Request, exc: p.ServerError) -> JSONResponse:
-        return _error_response(exc.status_code, exc.message, exc.param, exc.headers)
+    @app.exception_handler(ServerError)
+    async def _server_error(_request: Request, exc: ServerError) -> JSONResponse:
+        return error_response(exc.status_code, exc.message, exc.param, exc.code, exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        if first.get("type") == "json_invalid":  # its loc is a character offset, not a parameter
-            offset = next((part for part in first.get("loc", ()) if isinstance(part, int)), None)
-            where = f" at character {offset}" if offset is not None else ""
-            return _error_response(400, f"the request body is not valid JSON ({first['msg']}{where})")
-        loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-        where = ".".join(loc)
-        return _error_response(400, f"{where}: {first['msg']}" if where else str(first["msg"]), where or None)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        body = _BODIES.get(request.url.path)
+        required = [name for name, field in body.model_fields.items() if field.is_required()] if body else []
+        message, param = validation_message(exc.errors(), required, request.headers.get("content-type"))
+        return error_response(400, message, param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error_response(exc.status_code, str(exc.detail))
+        return error_response(exc.status_code, str(exc.detail))
 
     @app.middleware("http")
     async def _check_api_key(
@@ -76,7 +94,7 @@ def build_app(engine_thread: EngineThread, config: ServerConfig) -> FastAPI:
         if config.api_key is not None and request.url.path.startswith(("/v1", "/tokenize")):
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), config.api_key.encode()):
-                return _error_response(
+                return error_response(
                     401, "invalid or missing API key (expected 'Authorization: Bearer <key>')"
                 )
         return await call_next(request)
@@ -85,7 +103,7 @@ def build_app(engine_thread: EngineThread, config: ServerConfig) -> FastAPI:
     async def health() -> Response:
         if engine_thread.is_healthy:
             return JSONResponse({"status": "ok"})
-        return _error_response(503, engine_thread.dead_reason or "the engine is not running")
+        return error_response(503, engine_thread.dead_reason or "the engine is not running")
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -96,17 +114,31 @@ def build_app(engine_thread: EngineThread, config: ServerConfig) -> FastAPI:
         card = {"id": model_name, "object": "model", "created": 0, "owned_by": "stallfree"}
         return {"object": "list", "data": [{**card, "max_model_len": max_model_len}]}
 
+    logged_field_sets: set[str] = set()
+
+    def ignored_header(body: BaseModel) -> dict[str, str]:
+        """The header naming ``body``'s ignored fields (none: {}); a new set of them is logged once."""
+        ignored = p.ignored_fields(body)
+        if not ignored:
+            return {}
+        if len(ignored) > MAX_LISTED_FIELDS:
+            ignored = [*ignored[:MAX_LISTED_FIELDS], "..."]
+        listed = ",".join(ignored)
+        if listed not in logged_field_sets and len(logged_field_sets) < MAX_LOGGED_FIELD_SETS:
+            logged_field_sets.add(listed)
+            _log.warning("ignored request fields (this server does not use them): %s", listed)
+        return {IGNORED_FIELDS_HEADER: listed}
+
     @app.post("/tokenize")
-    async def tokenize(body: p.TokenizeRequest) -> dict[str, Any]:
+    async def tokenize(body: p.TokenizeRequest, response: Response) -> dict[str, Any]:
         """vLLM's route: the prompt's token ids as /v1/completions would count them."""
+        response.headers.update(ignored_header(body))
         ids = tokenizer.encode(body.prompt)
         return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids}
 
     def check_common(body: p.CompletionRequest | p.ChatCompletionRequest) -> None:
         if body.model != model_name:
-            raise p.ServerError(
-                400, f"model {body.model!r} is not served here; use {model_name!r}", param="model"
-            )
+            raise model_not_found(body.model, model_name)
 
     def prepare(
         body: p.CompletionRequest | p.ChatCompletionRequest,
@@ -115,16 +147,16 @@ def build_app(engine_thread: EngineThread, config: ServerConfig) -> FastAPI:
         max_tokens: int | None,
     ) -> SamplingParams:
         if not ids:
-            raise p.ServerError(400, "the prompt is empty", param=param)
+            raise ServerError(400, "the prompt is empty", param=param)
         if len(ids) >= max_model_len:
-            raise p.ServerError(
+            raise ServerError(
                 400, f"the prompt has {len(ids)} tokens; the context is {max_model_len} tokens", param=param
             )
         room = max_model_len - len(ids)
         if max_tokens is None:
             max_tokens = room
         elif max_tokens > room:
-            raise p.ServerError(
+            raise ServerError(
                 400,
                 f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context of {max_model_len} tokens",
                 param="max_tokens",
@@ -132,7 +164,7 @@ def build_app(engine_thread: EngineThread, config: ServerConfig) -> FastAPI:
         try:
             return body.sampling_params(max_tokens)
         except ValueError as exc:
-            raise p.ServerError(400, str(exc)) from None
+            raise ServerError(400, str(exc)) from None
 
     def samples(params: SamplingParams, n: int) -> list[SamplingParams]:
         """n independent samples: a given seed becomes seed, seed + 1, ...; none: the engine's."""
@@ -148,7 +180,7 @@ def build_app(engine_thread: EngineThread, config: ServerConfig) -> FastAPI:
         check_common(body)
         prompts = body.prompts()
         if not prompts:
-            raise p.ServerError(400, "the prompt list is empty", param="prompt")
+            raise ServerError(400, "the prompt list is empty", param="prompt")
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
         choices: list[Choice] = []
         num_prompt_tokens = 0
@@ -165,30 +197,28 @@ def build_app(engine_thread: EngineThread, config: ServerConfig) -> FastAPI:
         prepared = Prepared(
             choices, num_prompt_tokens, body.stream, body.include_usage, chat=False, echo=body.echo
         )
-        return await respond(engine_thread, prepared, request, model_name, token_text)
+        answer = await respond(engine_thread, prepared, request, model_name, token_text)
+        answer.headers.update(ignored_header(body))
+        return answer
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: p.ChatCompletionRequest, request: Request) -> Response:
         check_common(body)
         if body.top_logprobs is not None and not body.logprobs:
-            raise p.ServerError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+            raise ServerError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
             ids = tokenizer.encode_chat(messages)
         except Exception as exc:  # a template error is the request's fault, never the server's
-            raise p.ServerError(400, f"cannot render the chat template: {exc}", param="messages") from None
+            raise ServerError(400, f"cannot render the chat template: {exc}", param="messages") from None
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = prepare(body, ids, "messages", max_tokens)
         if body.logprobs:
             params = replace(params, logprobs=True, top_logprobs=body.top_logprobs or 0)
         choices = [Choice(ids, sample) for sample in samples(params, body.n)]
         prepared = Prepared(choices, len(ids), body.stream, body.include_usage, chat=True)
-        return await respond(engine_thread, prepared, request, model_name, token_text)
+        answer = await respond(engine_thread, prepared, request, model_name, token_text)
+        answer.headers.update(ignored_header(body))
+        return answer
 
     return app
-
-
-def _error_response(
-    status_code: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    return JSONResponse(p.error_body(status_code, message, param), status_code=status_code, headers=headers)

@@ -10,6 +10,7 @@ import asyncio
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -18,6 +19,7 @@ from fastapi import FastAPI
 from stallfree.server.app import ServerConfig, build_app
 from stallfree.server.engine_thread import EngineThread
 from stallfree.server.prometheus import ServerMetrics
+from stallfree.specs.gguf import KNOWN_GGUF_MODELS, is_gguf_path, read_gguf
 
 
 def build_server(
@@ -32,12 +34,16 @@ def build_server(
 ) -> FastAPI:
     """Load the engine (ValueError on bad options) and wrap it in the app; ``app.state.engine_thread``.
 
+    ``served_model_name``: the name clients ask for, in /v1/models, every answer's ``model`` and
+    every metric's label (default: :func:`default_served_model_name`);
     ``num_threads``: torch threads for the engine (default: every core up to 4, every core but one above; see EngineThread);
     ``step_log``: a file the engine thread appends a JSON line to per step (server/step_log.py)."""
     from stallfree.engine.engine import LLMEngine
 
+    if served_model_name is not None and not served_model_name.strip():
+        raise ValueError("the served model name must not be empty")
     engine = LLMEngine(model, **engine_kwargs)
-    name = served_model_name or model
+    name = served_model_name or default_served_model_name(model)
     thread = EngineThread(
         engine,
         ServerMetrics(name),
@@ -46,6 +52,19 @@ def build_server(
         step_log=step_log,
     )
     return build_app(thread, ServerConfig(served_model_name=name, api_key=api_key))
+
+
+def default_served_model_name(model: str) -> str:
+    """The model's own name, never the path it was loaded from: ``random:<preset>`` and short GGUF
+    names (``smollm2``) as given, a GGUF file's ``general.name`` (else its stem), an HF folder's name."""
+    from stallfree.engine.weights import RANDOM_PREFIX
+
+    if model.startswith(RANDOM_PREFIX) or model in KNOWN_GGUF_MODELS:
+        return model
+    path = Path(model).expanduser()
+    if is_gguf_path(model):
+        return read_gguf(path).model_name
+    return path.resolve().name
 
 
 def bind(host: str, port: int) -> socket.socket:

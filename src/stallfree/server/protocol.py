@@ -1,12 +1,13 @@
-"""The OpenAI wire format: pydantic request models, response and chunk bodies, error bodies.
+"""The OpenAI wire format: pydantic request models, response and chunk bodies.
 
 Request models accept OpenAI's fields plus the vLLM extras ``top_k`` and ``ignore_eos``; other
-fields are ignored, as vLLM does. Floats must be finite (``NaN`` or ``Infinity`` in a body is a
-400, never a sampler crash). ``n`` is capped at :data:`MAX_N` and top logprobs at
-:data:`MAX_LOGPROBS` (OpenAI's cap). Logprobs are under the model's raw distribution (before
-temperature, top-k, top-p); a completions ``top_logprobs`` entry holds the ``logprobs`` most
-likely tokens and the sampled one (so up to ``logprobs + 1`` keys, as OpenAI's). Everything here
-is pure: no engine, no I/O.
+fields are accepted and ignored, as OpenAI and vLLM do, and :func:`ignored_fields` names them.
+Floats must be finite (``NaN`` or ``Infinity`` in a body is a 400, never a sampler crash). ``n``
+is capped at :data:`MAX_N` and top logprobs at :data:`MAX_LOGPROBS` (OpenAI's cap). Logprobs are
+under the model's raw distribution (before temperature, top-k, top-p); a completions
+``top_logprobs`` entry holds the ``logprobs`` most likely tokens and the sampled one (so up to
+``logprobs + 1`` keys, as OpenAI's). Error bodies live in :mod:`stallfree.server.errors`. Everything
+here is pure: no engine, no I/O.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
+from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -25,7 +27,28 @@ MAX_LOGPROBS = 20  # OpenAI's cap on top logprobs
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)  # kept, to be named, never used
+
+
+def ignored_fields(body: BaseModel) -> list[str]:
+    """The fields of ``body`` (nested ones too: ``stream_options.x``, ``messages[].name``) that no
+    model declares, sorted, each name percent-encoded (safe in a header and a log line)."""
+    names: set[str] = set()
+
+    def walk(model: BaseModel, prefix: str) -> None:
+        names.update(
+            prefix + quote(name, safe="", errors="backslashreplace") for name in model.model_extra or {}
+        )
+        for name in type(model).model_fields:
+            value = getattr(model, name)
+            items = value if isinstance(value, list) else [value]
+            suffix = "[]" if isinstance(value, list) else ""
+            for item in items:
+                if isinstance(item, BaseModel):
+                    walk(item, f"{prefix}{name}{suffix}.")
+
+    walk(body, "")
+    return sorted(names)
 
 
 class StreamOptions(_Body):
@@ -128,39 +151,6 @@ class ChatCompletionRequest(_SamplingFields):
         if echo:
             raise ValueError("echo is a completions parameter; chat completions do not take it")
         return echo
-
-
-class ServerError(Exception):
-    """An error answered as an OpenAI error body with ``status_code``."""
-
-    def __init__(
-        self,
-        status_code: int,
-        message: str,
-        *,
-        param: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.message = message
-        self.param = param
-        self.headers = headers or {}
-
-
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    429: "rate_limit_error",
-    503: "service_unavailable",
-}
-
-
-def error_body(status_code: int, message: str, param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind = _ERROR_TYPES.get(status_code, "invalid_request_error" if status_code < 500 else "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": status_code}}
 
 
 def usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:

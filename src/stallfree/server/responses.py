@@ -28,6 +28,7 @@ from stallfree.server.engine_thread import (
     RequestRejected,
     RequestStream,
 )
+from stallfree.server.errors import ServerError, error_body, error_response
 
 if TYPE_CHECKING:
     from stallfree.engine.requests import RequestOutput
@@ -84,15 +85,15 @@ async def _add_all(engine_thread: EngineThread, choices: Sequence[Choice]) -> li
     for stream in streams:
         engine_thread.release(stream)
     if isinstance(error, OverloadedError):
-        raise p.ServerError(
+        raise ServerError(
             429,
             f"the server is overloaded ({error}); retry later",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         ) from None
     if isinstance(error, EngineDeadError):
-        raise p.ServerError(503, str(error)) from None
+        raise ServerError(503, str(error)) from None
     if isinstance(error, RequestRejected):
-        raise p.ServerError(400, str(error)) from None
+        raise ServerError(400, str(error)) from None
     raise error
 
 
@@ -254,7 +255,7 @@ class _Answer:
                 usage = p.usage(self.prepared.num_prompt_tokens, sum(num_tokens))
                 yield _event(p.usage_chunk(rid, model, chat, usage))
         except EngineDeadError as exc:
-            yield _event(p.error_body(503, str(exc)))
+            yield _event(error_body(503, str(exc)))
         finally:
             self._release()
         yield "data: [DONE]\n\n"
@@ -272,9 +273,3 @@ async def _wait_for_disconnect(request: Request) -> None:
 
 def _event(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
-
-def error_response(
-    status_code: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    return JSONResponse(p.error_body(status_code, message, param), status_code=status_code, headers=headers)

@@ -82,6 +82,12 @@ class GGUFHeader:
     def architecture(self) -> str:
         return str(self.metadata.get("general.architecture", ""))
 
+    @property
+    def model_name(self) -> str:
+        """The model's own name: ``general.name`` when the file has one, else the file's stem."""
+        name = self.metadata.get("general.name")
+        return name.strip() if isinstance(name, str) and name.strip() else self.path.stem
+
 
 def is_gguf_path(name_or_path: str) -> bool:
     return name_or_path.lower().endswith(GGUF_SUFFIX)
