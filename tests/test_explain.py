@@ -74,6 +74,9 @@ def test_table_and_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         (["--chunk-tokens", "0"], "must be positive"),
         (["--prompt-tokens", "-5"], "must be positive"),
         (["--model", "/nonexistent/config.json"], "config"),
+        (["--context-tokens", "99999999"], "too large to simulate"),  # was a hang
+        (["--decoders", "100000"], "too large to simulate"),
+        (["--prompt-tokens", "40000000"], "too large to simulate"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -143,3 +146,12 @@ def test_ridge_marker_sits_on_the_nearest_sweep_point(capsys: pytest.CaptureFixt
     assert main(["explain", "--hardware", "h100-sxm", "--tp", "8"]) == 0
     marked = [line for line in capsys.readouterr().out.splitlines() if "<- ridge" in line]
     assert len(marked) == 1 and marked[0].split()[0] == "256"
+
+
+def test_the_size_limit_leaves_long_contexts_that_run_in_seconds() -> None:
+    from stallfree.explain.scenario import DEFAULT_SWEEP, Scenario, check_size
+
+    check_size(Scenario(context_tokens=1_000_000), 16, DEFAULT_SWEEP)
+    check_size(Scenario(prompt_tokens=1_000_000), 16, DEFAULT_SWEEP)
+    with pytest.raises(ValueError, match="too large"):
+        check_size(Scenario(prompt_tokens=1_000_000), 16, (1, *DEFAULT_SWEEP))

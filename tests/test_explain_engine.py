@@ -61,7 +61,9 @@ def test_engine_runs_stay_inside_the_real_kv_cache() -> None:
     from stallfree.explain.engine import EngineTimer
 
     scenario = Scenario(prompt_tokens=300, decoders=4, context_tokens=40, chunk_tokens=8)
-    timer = EngineTimer("random:tiny", max_tokens=4 * (40 + 300 // 8 + 32) + 300, dtype=torch.float32)
+    timer = EngineTimer(
+        "random:tiny", max_tokens=4 * (40 + 300 // 8 + 32) + 300, max_seq_tokens=301, dtype=torch.float32
+    )
     num_blocks = timer.model_runner.kv_cache.num_blocks
     seen: list[int] = []
     execute = timer.model_runner.execute

@@ -306,14 +306,10 @@ def _torch(
     timer = EngineTimer(
         model_name,
         max_tokens=args.decoders * stream_tokens + prompt + 64,
+        max_seq_tokens=max(prompt + 1, stream_tokens),
         dtype=dtype.dtype,
         device=device,
     )
-    limit = timer.model.spec.max_position_embeddings
-    if max(prompt + 1, stream_tokens) > limit:
-        raise UsageError(
-            f"prompt ({prompt}) or stream context ({stream_tokens}) exceeds the model's {limit} positions"
-        )
     hardware = (
         torch.cuda.get_device_name(device)
         if device.startswith("cuda")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
-import os
 import random
 import time
 from collections.abc import Sequence
@@ -40,7 +39,7 @@ from stallfree.core import (
 )
 from stallfree.core.serving import ServingConfig
 from stallfree.engine.dtypes import choose_dtype
-from stallfree.engine.kv_cache import KVCache, kv_bytes_per_block
+from stallfree.engine.kv_cache import KVCache, free_memory_bytes, kv_bytes_per_block
 from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.requests import RequestOutput, RequestState
 from stallfree.engine.sampler import sample
@@ -301,7 +300,7 @@ class LLMEngine:
             raise ValueError(f"kv_cache_memory_fraction must be in (0, 1], got {fraction}")
         block_size = serving.block_size
         per_block = kv_bytes_per_block(self.model.spec, block_size, self.dtype)
-        num_blocks = int(fraction * _free_memory_bytes(self.device)) // per_block
+        num_blocks = int(fraction * free_memory_bytes(self.device)) // per_block
         blocks_per_seq = ceil_div(self.max_model_len, block_size)
         needed = serving.full_contexts_num_blocks(model_context)
         if num_blocks < blocks_per_seq:
@@ -310,17 +309,3 @@ class LLMEngine:
                 f"{self.max_model_len}-token sequence needs; lower max_model_len or pass num_blocks"
             )
         return min(num_blocks, needed)
-
-
-def _free_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free)
-    try:
-        with open("/proc/meminfo") as meminfo:  # noqa: PTH123 - a Linux pseudo-file
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))

@@ -11,6 +11,8 @@ finite values (masked-out NaNs would still poison ``softmax @ V``).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from stallfree.specs import ModelSpec
@@ -51,3 +53,18 @@ class KVCache:
     @property
     def num_bytes(self) -> int:
         return 2 * self.key.numel() * self.key.element_size()
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Memory the KV cache could take on ``device`` now (CUDA: free; CPU: MemAvailable)."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as meminfo:  # noqa: PTH123 - a Linux pseudo-file
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))

@@ -18,7 +18,7 @@ import torch
 
 from stallfree.core import CacheConfig, Executor, StepPlan, StepResult
 from stallfree.core.config import ceil_div
-from stallfree.engine.kv_cache import KVCache, kv_bytes_per_block
+from stallfree.engine.kv_cache import KVCache, free_memory_bytes, kv_bytes_per_block
 from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.profiling import measure_ridge, time_plan
 from stallfree.engine.weights import load_model
@@ -36,6 +36,7 @@ class EngineTimer:
         model: str,
         *,
         max_tokens: int,
+        max_seq_tokens: int,
         dtype: torch.dtype = torch.bfloat16,
         device: str = "cpu",
         block_size: int = 16,
@@ -45,8 +46,19 @@ class EngineTimer:
         self.model, _ = load_model(model, dtype, device, seed)
         self.model.prepack_cpu_weights()
         spec = self.model.spec
+        if max_seq_tokens > spec.max_position_embeddings:
+            raise ValueError(
+                f"a sequence of {max_seq_tokens:,} tokens exceeds {spec.name}'s "
+                f"{spec.max_position_embeddings:,} positions"
+            )
         num_blocks = ceil_div(max_tokens, block_size) + 64  # headroom: partly-filled last blocks
         self.kv_bytes = num_blocks * kv_bytes_per_block(spec, block_size, dtype)
+        free = free_memory_bytes(self.model.device)
+        if self.kv_bytes > 0.8 * free:
+            raise ValueError(
+                f"the KV cache for {max_tokens:,} tokens needs {self.kv_bytes / 2**30:.1f} GiB, "
+                f"more than the {free / 2**30:.1f} GiB free here"
+            )
         self.model_runner = ModelRunner(
             self.model, KVCache(spec, num_blocks, block_size, dtype, self.model.device)
         )

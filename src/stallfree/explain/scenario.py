@@ -26,6 +26,7 @@ from stallfree.core import (
     Scheduler,
     SchedulerConfig,
     StepTimePredictor,
+    ceil_div,
     make_policy,
 )
 from stallfree.core.context import StepContext
@@ -35,6 +36,7 @@ from stallfree.sim.timeline import Timeline, TimelineStep, simulate_timeline
 
 PROMPT_ID = "prompt"
 DEFAULT_SWEEP = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+MAX_SCENARIO_WORK = 30_000_000  # see check_size
 
 
 class StepTimer(StepCostModel, Protocol):
@@ -253,6 +255,26 @@ class Explanation:
         }
 
 
+def check_size(scenario: Scenario, block_size: int, sweep_chunks: Sequence[int]) -> None:
+    """Refuse, at once, a scenario whose runs would take minutes to simulate.
+
+    A run's cost is its streams' KV blocks and its steps' rows: ``decoders x (context /
+    block_size + steps)``, steps set by the smallest chunk. Past :data:`MAX_SCENARIO_WORK`
+    (about 20 s of scheduling on a laptop core) the answer is an error, not a hang.
+    """
+    runs = 2 + len(sweep_chunks)
+    steps = ceil_div(scenario.prompt_tokens, min([scenario.chunk_tokens, *sweep_chunks]))
+    steps += scenario.lead_steps + scenario.tail_steps
+    work = runs * (scenario.decoders + 1) * (ceil_div(scenario.context_tokens, block_size) + steps)
+    if work > MAX_SCENARIO_WORK:
+        raise ValueError(
+            f"this scenario is too large to simulate: {runs} runs x {scenario.decoders + 1} sequences x "
+            f"({scenario.context_tokens:,} context tokens / {block_size} + {steps:,} steps) = {work:,} "
+            f"block and step rows, over the {MAX_SCENARIO_WORK:,} explain allows; use fewer decoders, "
+            "a shorter context or prompt, or larger chunks"
+        )
+
+
 def explain(
     scenario: Scenario,
     timer: StepTimer,
@@ -268,6 +290,7 @@ def explain(
     (default: ``timer.step_time_s``, right for a cost model; a real engine's timer runs the plan,
     so it needs a model's prediction) prices each candidate step. The sweep stays fixed chunks.
     """
+    check_size(scenario, timer.cache_config().block_size, sweep_chunks)
     alone = timer.step_time_s(synthetic_plan(0, 0, scenario.prompt_tokens))
     if scenario.step_budget_s is None:
         chunked = make_policy("chunked", chunk_tokens=scenario.chunk_tokens)
