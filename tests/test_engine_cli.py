@@ -55,11 +55,11 @@ def test_save_model_then_generate_from_the_folder(tmp_path: Path, capsys: pytest
     [
         (
             ["generate", "--model", "/no/such/model", "--prompt", "x"],
-            "neither random:<preset> nor a local folder",
+            "is not random:<preset>, a GGUF file",
         ),
         (["generate", "--model", "random:huge", "--prompt", "x"], "unknown random model preset"),
         (["generate", *TINY, "--prompt", "x " * 2000], "context"),
-        (["generate", *TINY, "--prompt", "x", "--dtype", "int3"], "unknown dtype"),
+        (["generate", *TINY, "--prompt", "x", "--dtype", "int3"], "invalid choice: 'int3'"),
         (["save-model", "/some/folder", "/tmp/x"], "random:<preset> models only"),
     ],
 )

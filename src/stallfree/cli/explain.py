@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from stallfree.cli.common import (
     COST_MODEL_CHOICES,
+    ENGINE_MODELS,
     UsageError,
     add_dtype_arg,
     cost_model_arg,
@@ -64,7 +65,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add(
         "--model",
         help="roofline: preset or HF config.json (default llama-3-70b); "
-        "torch: random:<preset> or a local HF folder (default random:medium)",
+        f"torch: {ENGINE_MODELS} (default random:medium)",
     )
     add("--hardware", default="a100-40gb", help="roofline: preset or hardware JSON (default %(default)s)")
     add("--tp", type=positive_int, default=4, help="roofline: tensor-parallel GPUs (default %(default)s)")

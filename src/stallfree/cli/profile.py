@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from stallfree.cli.common import add_dtype_arg, positive_float, positive_int
+from stallfree.cli.common import ENGINE_MODELS, add_dtype_arg, positive_float, positive_int
 from stallfree.specs.step_profile import reference_spread
 
 _DESCRIPTION = """\
@@ -39,9 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--model", default="random:medium", help="random:<preset> or a local HF folder (default %(default)s)"
-    )
+    p.add_argument("--model", default="random:medium", help=f"{ENGINE_MODELS} (default %(default)s)")
     p.add_argument("--out", required=True, help="profile JSON file to write")
     add_dtype_arg(p)
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from stallfree.cli.common import DTYPE_CHOICES, UsageError, positive_float, positive_int
+from stallfree.cli.common import DTYPE_CHOICES, ENGINE_MODELS, UsageError, positive_float, positive_int
 from stallfree.core import DEFAULT_STEP_TOKEN_CAP, DEFAULT_TOKEN_BUDGET
 
 _DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
@@ -61,7 +61,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--profile", required=True, help="step profile from `stallfree profile`")
-    p.add_argument("--model", help="random:<preset> or a local HF folder (default: the profiled model)")
+    p.add_argument("--model", help=f"{ENGINE_MODELS} (default: the profiled model)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, help="engine dtype (default: the profile's)")
     p.add_argument("--device", help="cpu or cuda (default: the profile's)")
     p.add_argument(

@@ -46,7 +46,10 @@ def load_model(
         return _load_gguf(gguf_path or Path(name_or_path).expanduser(), dtype, device)
     folder = Path(name_or_path).expanduser()
     if not folder.is_dir():
-        raise ValueError(f"model {name_or_path!r} is neither random:<preset> nor a local folder")
+        raise ValueError(
+            f"model {name_or_path!r} is not random:<preset>, a GGUF file (a .gguf path or smollm2) "
+            "nor a local HF folder"
+        )
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ValueError(f"{folder} has no config.json: not a Hugging Face model folder")
