@@ -140,3 +140,61 @@ def test_a_profile_on_a_host_that_slows_down_is_brought_to_one_speed(
     assert (
         len(near) >= len(ratios) - _PROBE_EVERY
     )  # at most the points between the two probes around the change
+
+
+def test_without_a_terminal_progress_is_a_line_every_few_points_and_ctrl_c_keeps_what_was_measured() -> None:
+    from stallfree.engine.profiler import _LOG_EVERY, run_profile
+
+    lines: list[str] = []
+
+    def log(message: str) -> None:
+        lines.append(message)
+        if message.startswith(f"profile: {_LOG_EVERY}/"):
+            raise KeyboardInterrupt  # as Ctrl-C would, between two points
+
+    profile = run_profile("random:tiny", dtype="float32", quick=True, max_num_seqs=8, progress=False, log=log)
+    assert lines[0].startswith(f"profile: {_LOG_EVERY}/") and lines[0].endswith(" s")
+    assert profile.settings["partial"] is True and "partial" in profile.describe()
+    # the point whose progress line was interrupted had been timed but not kept
+    assert len(profile.steps) == _LOG_EVERY - 1 and not profile.sampling
+    assert any(f"measured {_LOG_EVERY - 1} of " in line for line in lines)
+
+
+def test_the_cli_writes_an_interrupted_profile_beside_out_marked_partial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dataclasses import replace
+
+    from stallfree.engine import profiler
+
+    real = profiler.run_profile
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        profile = real(*args, **kwargs)  # type: ignore[arg-type]
+        return replace(profile, settings={**profile.settings, "partial": True})
+
+    monkeypatch.setattr(profiler, "run_profile", interrupted)
+    out = tmp_path / "p.profile.json"
+    argv = ["profile", "--model", "random:tiny", "--quick", "--max-num-seqs", "4", "--dtype", "float32"]
+    assert main([*argv, "--out", str(out)]) == 130
+    assert not out.exists()
+    partial = tmp_path / "p.profile.partial.json"
+    assert load_profile(partial).settings["partial"] is True
+    assert f"to {partial} (marked partial)" in capsys.readouterr().err
+
+
+def test_a_profile_whose_fit_would_mislead_is_not_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(
+        MeasuredCostModel, "fit_problems", lambda self: ["the fit misses its own step points"]
+    )
+    out = tmp_path / "p.profile.json"
+    argv = ["profile", "--model", "random:tiny", "--quick", "--max-num-seqs", "4", "--dtype", "float32"]
+    assert main([*argv, "--out", str(out)]) == 1
+    assert not out.exists()
+    err = capsys.readouterr().err
+    assert "error: the fit misses its own step points" in err and f"not written to {out}" in err
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="rejected"):
+        MeasuredCostModel.from_file(str(tmp_path / "p.profile.rejected.json"))

@@ -3,6 +3,7 @@ round-trips; steady runs equal step-by-step pricing bit for bit."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -282,3 +283,56 @@ def test_simulate_with_step_noise_widens_the_itl_tail_not_its_median() -> None:
     assert noisy["median_itl_ms"] == pytest.approx(steady["median_itl_ms"], rel=0.25)
     with pytest.raises(ValueError, match="need a profile"):
         simulate(workload, model="llama-3-8b", serving=serving, num_requests=5, step_noise=True)
+
+
+def decode_only_points() -> list[tuple[StepFeatures, float]]:
+    """Decode batches alone: a fixed cost and a per-row cost that grow together (10 ms + 1 ms a row),
+    so the points cannot tell the fixed cost from the per-row and per-token terms."""
+    return [
+        (plan_features([(1, ctx, True)] * n), 1e-2 + 1e-3 * n)
+        for n in (1, 2, 4, 8, 16, 32)
+        for ctx in (16, 256)
+    ]
+
+
+def test_floors_keep_terms_the_points_cannot_separate_from_falling_to_zero() -> None:
+    free = fit_forward(decode_only_points())
+    floored = fit_forward(decode_only_points(), fixed_floor_s=8e-3, lm_head_floor_s=1e-3)
+    assert floored.fixed_s >= 8e-3 and floored.sample_curve.slopes[0] >= 1e-3
+    for fit in (free, floored):  # the decode batches are priced as well either way
+        assert all(fit(f) == pytest.approx(t, rel=1e-6) for f, t in decode_only_points())
+    # ... but the free fit hands the LM head's cost to the per-row term (every decode row samples):
+    # a prompt chunk that samples would be priced as if the LM head cost nothing
+    assert free.sample_curve.slopes[0] == 0
+    last_chunk, middle_chunk = plan_features([(16, 0, True)]), plan_features([(16, 0, False)])
+    assert floored(last_chunk) - floored(middle_chunk) >= 1e-3
+
+
+def test_the_floors_come_from_the_linear_layers_and_the_smallest_step() -> None:
+    from stallfree.sim.measured import FLOOR_SHARE, LM_HEAD_STREAM_SHARE, fit_floors
+    from stallfree.specs.step_profile import LinearPoint
+
+    profile = synthetic_profile()
+    assert fit_floors(profile) == (0.0, 0.0)  # no linear points: nothing measured to bound by
+    with_linear = dataclasses.replace(profile, linear=(LinearPoint(1, Stats((1e-3,) * 3)),))
+    fixed, lm_head = fit_floors(with_linear)
+    assert fixed == pytest.approx(FLOOR_SHARE * 1e-3)  # below the smallest step (2.3 ms)
+    # the LM head's 200 parameters streamed at the 800 layer parameters' 1 ms rate, up to 2x faster
+    assert lm_head == pytest.approx(LM_HEAD_STREAM_SHARE * 1e-3 * 200 / 800)
+    model = MeasuredCostModel(with_linear)
+    assert model.forward.fixed_s >= fixed and model.forward.sample_curve.slopes[0] >= lm_head
+    assert model.fit_problems() == []
+
+
+def test_a_fit_that_misses_its_points_is_refused_and_a_refused_profile_never_loads() -> None:
+    profile = synthetic_profile()
+    rng = np.random.default_rng(0)
+    noisy = tuple(
+        dataclasses.replace(p, stats=Stats((p.stats.median_s * float(rng.choice([0.3, 3.0])),) * 3))
+        for p in profile.steps
+    )
+    problems = MeasuredCostModel(dataclasses.replace(profile, steps=noisy)).fit_problems()
+    assert any("misses its own step points" in p for p in problems)
+    rejected = dataclasses.replace(profile, settings={"rejected": problems})
+    with pytest.raises(ValueError, match="rejected when it was measured"):
+        MeasuredCostModel(rejected)

@@ -5,10 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from stallfree.cli.common import ENGINE_MODELS, add_dtype_arg, positive_float, positive_int
+from stallfree.cli.common import ENGINE_MODELS, add_dtype_arg, check_writable, positive_float, positive_int
 from stallfree.specs.step_profile import reference_spread
+
+if TYPE_CHECKING:
+    from stallfree.specs.step_profile import StepProfile
 
 _DESCRIPTION = """\
 Measure the PyTorch engine on this machine over a grid of synthetic steps that covers what the
@@ -85,13 +90,40 @@ def run(args: argparse.Namespace) -> int:
         "progress": False if args.no_progress else None,
         "log": log,
     }
+    out = Path(args.out)
+    check_writable(out, "--out")
     profile = run_profile(args.model, **kwargs)
-    path = save_profile(profile, args.out)
-    print(
-        f"wrote {path}: {len(profile.steps)} steps, {len(profile.sampling)} sampling, "
-        f"{len(profile.linear)} linear, {len(profile.overhead)} overhead points; {profile.describe()}"
+    counts = (
+        f"{len(profile.steps)} steps, {len(profile.sampling)} sampling, {len(profile.linear)} linear, "
+        f"{len(profile.overhead)} overhead points"
     )
+    if profile.settings.get("partial"):
+        path = save_profile(profile, out.with_suffix(".partial.json"))
+        log(f"interrupted: wrote the {counts} measured so far to {path} (marked partial)")
+        return 130
+    problems = _fit_problems(profile)
+    if problems:
+        rejected = replace(profile, settings={**profile.settings, "rejected": problems})
+        path = save_profile(rejected, out.with_suffix(".rejected.json"))
+        for problem in problems:
+            log(f"error: {problem}")
+        log(
+            f"error: not written to {out}: a model fitted to these measurements would mislead; they are in "
+            f"{path} (refused by --profile). Profile again on a quieter machine"
+        )
+        return 1
+    path = save_profile(profile, out)
+    print(f"wrote {path}: {counts}; {profile.describe()}")
     return 0
+
+
+def _fit_problems(profile: StepProfile) -> list[str]:
+    from stallfree.sim.measured import MeasuredCostModel
+
+    try:
+        return MeasuredCostModel(profile).fit_problems()
+    except ValueError as exc:  # too few points to fit at all
+        return [str(exc)]
 
 
 def print_profile_figures(path: str, *, as_json: bool = False) -> int:

@@ -171,6 +171,7 @@ def default_grid(max_num_seqs: int, max_model_len: int, *, quick: bool = False) 
 
 
 _PROBE_EVERY = 4  # step points between two timings of the reference steps
+_LOG_EVERY = 10  # points between two progress lines when stderr is not a terminal
 DRIFT_WARNING = 0.15  # a reference step's slowest / fastest - 1 past which profile warns and corrects
 REFERENCE_PROMPT_TOKENS = 256
 RIDGE_TOKENS = 64  # tokens a step at which a CPU's matmuls turn compute-bound (measured: 16-64)
@@ -307,7 +308,9 @@ def run_profile(
     log: Callable[[str], None] | None = None,
 ) -> StepProfile:
     """Measure ``model`` on this machine; see the module docstring. ``progress``: a tqdm bar
-    (default: when stderr is a terminal)."""
+    (default: when stderr is a terminal; without one, a line through ``log`` every few points).
+    A KeyboardInterrupt stops the measuring: the profile returned then holds the points measured
+    so far and ``settings["partial"]``."""
     from tqdm import tqdm
 
     if threads is not None:
@@ -353,37 +356,49 @@ def run_profile(
             reference[kind].append(seconds)
         probe_at.append((start + time.perf_counter()) / 2)
 
+    total = grid.num_points()
+
     def timed(run: Callable[[], list[float]], num_tokens: int = 0) -> Stats:
         start = time.perf_counter()
         stats = measure(run)
         point_at.append((start + time.perf_counter()) / 2)
         point_tokens.append(num_tokens)
         bar.update()
+        done = len(point_at)
+        if not show and log is not None and (done % _LOG_EVERY == 0 or done == total):
+            log(f"profile: {done}/{total} points, {time.perf_counter() - started:.0f} s")
         return stats
 
     probe()
-    with tqdm(total=grid.num_points(), disable=not show, unit="point", file=sys.stderr) as bar:
-        for i, (kind, decodes, chunks) in enumerate(grid.step_points(), 1):
-            plan = synthetic_step(decodes, chunks)
-            repeats = grid.repeats if plan.num_tokens <= 1024 else min(2, grid.repeats)
-            steps.append(
-                StepPoint(
-                    kind, decodes, chunks, timed(partial(plan_times, runner, plan, repeats), plan.num_tokens)
+    interrupted = False
+    with tqdm(total=total, disable=not show, unit="point", file=sys.stderr) as bar:
+        try:
+            for i, (kind, decodes, chunks) in enumerate(grid.step_points(), 1):
+                plan = synthetic_step(decodes, chunks)
+                repeats = grid.repeats if plan.num_tokens <= 1024 else min(2, grid.repeats)
+                stats = timed(partial(plan_times, runner, plan, repeats), plan.num_tokens)
+                steps.append(StepPoint(kind, decodes, chunks, stats))
+                if i % _PROBE_EVERY == 0:
+                    probe()
+            for mode in SAMPLING_MODES:
+                for rows in grid.sampling_rows:
+                    stats = timed(partial(_sampling_times, engine, mode, rows, grid.repeats))
+                    sampling.append(SamplingPoint(mode, rows, stats))
+            for tokens in grid.linear_tokens:
+                stats = timed(partial(_linear_times, engine, tokens, grid.repeats), tokens)
+                linear.append(LinearPoint(tokens, stats))
+            for rows in grid.overhead_rows:
+                overhead.append(
+                    OverheadPoint(rows, timed(partial(_overhead_times, engine, rows, grid.repeats)))
                 )
-            )
-            if i % _PROBE_EVERY == 0:
-                probe()
-        for mode in SAMPLING_MODES:
-            for rows in grid.sampling_rows:
-                stats = timed(partial(_sampling_times, engine, mode, rows, grid.repeats))
-                sampling.append(SamplingPoint(mode, rows, stats))
-        for tokens in grid.linear_tokens:
-            linear.append(
-                LinearPoint(tokens, timed(partial(_linear_times, engine, tokens, grid.repeats), tokens))
-            )
-        for rows in grid.overhead_rows:
-            overhead.append(OverheadPoint(rows, timed(partial(_overhead_times, engine, rows, grid.repeats))))
-    probe()
+        except KeyboardInterrupt:
+            # Keep every point measured so far (marked partial); a timing taken as the signal
+            # came, before its point was kept, is dropped.
+            interrupted = True
+            kept = len(steps) + len(sampling) + len(linear) + len(overhead)
+            del point_at[kept:], point_tokens[kept:]
+    if not interrupted:
+        probe()
     elapsed = time.perf_counter() - started
     references = {key: reference[kind] for key, kind in REFERENCES.items()}  # by settings key
     drifts = {kind: drift(times) for kind, times in reference.items()}
@@ -395,8 +410,7 @@ def run_profile(
     linear = [_scaled(x, next(factor)) for x in linear]
     overhead = [_scaled(x, next(factor)) for x in overhead]
     if log is not None:
-        total = grid.num_points()
-        log(f"measured {total} points in {elapsed:.0f} s")
+        log(f"measured {len(point_at)} of {total} points in {elapsed:.0f} s")
         if measure.num_busy:
             log(
                 f"warning: {measure.num_busy} of {total} points stayed busy after {max_attempts} attempts "
@@ -427,7 +441,8 @@ def run_profile(
             "reference_drift": drifts["decode"],
             "reference_prompt_drift": drifts["prompt"],
             # each point's times were multiplied by a factor in this range (1 = not corrected)
-            "drift_scale_range": [min(scales), max(scales)],
+            "drift_scale_range": [min(scales, default=1.0), max(scales, default=1.0)],
+            **({"partial": True} if interrupted else {}),
         },
         steps=tuple(steps),
         sampling=tuple(sampling),

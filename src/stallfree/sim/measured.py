@@ -152,6 +152,31 @@ class ForwardFit:
         return t + self.per_gather_token_s * f.gather_tokens
 
 
+FLOOR_SHARE = 0.9  # of what a floor is measured from: a step's other terms cost something too
+MAX_FIT_ERROR = (
+    0.2  # median |predicted / measured - 1| over the fitted points past which a profile is refused
+)
+LM_HEAD_STREAM_SHARE = 0.5  # one large matmul may stream its weights up to 2x faster than the layers'
+
+
+def fit_floors(profile: StepProfile) -> tuple[float, float]:
+    """What the fixed step cost and the LM head's first row cost at least, from the profile's own
+    measurements (0, 0 without linear points): every step runs each decoder layer's matmuls on at
+    least one row, so its fixed cost is at least ``FLOOR_SHARE`` x the lesser of the linear layers
+    at one token and the smallest step; the first sampled row streams the LM head's weights, at
+    most 1 / ``LM_HEAD_STREAM_SHARE`` x as fast as the one-token linear layers stream theirs."""
+    linear_1 = [p.stats.median_s for p in profile.linear if p.num_tokens == 1]
+    if not linear_1 or not profile.steps:
+        return 0.0, 0.0
+    smallest = min(p.stats.median_s for p in profile.steps)
+    dims = profile.model
+    stream_s_per_param = linear_1[0] / max(1, dims["num_non_embedding_params"])
+    return (
+        FLOOR_SHARE * min(linear_1[0], smallest),
+        LM_HEAD_STREAM_SHARE * stream_s_per_param * dims["lm_head_params"],
+    )
+
+
 def nnls(a: FloatArray, b: FloatArray, max_iter: int = 500) -> FloatArray:
     """min ||a x - b|| subject to x >= 0 (Lawson and Hanson's active-set method)."""
     _, n = a.shape
@@ -183,8 +208,17 @@ def fit_forward(
     points: Sequence[tuple[StepFeatures, float]],
     token_knots: tuple[int, ...] | None = None,
     sample_knots: tuple[int, ...] | None = None,
+    *,
+    fixed_floor_s: float = 0.0,
+    lm_head_floor_s: float = 0.0,
 ) -> ForwardFit:
-    """Fit the forward terms to ``(features, seconds)`` points by NNLS on relative error."""
+    """Fit the forward terms to ``(features, seconds)`` points by NNLS on relative error.
+
+    ``fixed_floor_s`` and ``lm_head_floor_s`` bound the fixed step cost and the LM head's first
+    sampled row from below: a term the step points cannot tell apart from another (a decode
+    batch's fixed cost and its per-row cost grow together) is otherwise free to fall to zero
+    while its neighbour takes its time, and the model then prices what was never measured
+    (a step of one prefill token, the first sampled row) at nothing."""
     if len(points) < 3:
         raise ValueError(f"a fit needs at least 3 step points, got {len(points)}")
     feats = [f for f, _ in points]
@@ -206,17 +240,22 @@ def fit_forward(
     y = np.array([s for _, s in points], dtype=np.float64)
     if not (y > 0).all():
         raise ValueError("step times must be positive")
+    nt, ns = len(token_knots) - 1, len(sample_knots) - 1
+    lower = np.zeros(a.shape[1])
+    lower[0] = fixed_floor_s
+    lower[1 + nt] = lm_head_floor_s / (sample_knots[1] - sample_knots[0])  # the first segment's slope
     # Relative error: scale each row by 1 / its time; columns to unit size for conditioning.
+    # Coefficients are lower + x with x >= 0: NNLS on what the floors leave of each point.
     a_rel = a / y[:, None]
     scale = np.abs(a_rel).max(axis=0)
     scale[scale == 0] = 1.0
-    coef = nnls(a_rel / scale, np.ones(len(y))) / scale
+    left = 1.0 - a_rel @ lower
+    coef = lower + nnls(a_rel / scale, left) / scale
     # One robust pass: drop points far off the fit (a neighbour's burst during a measurement).
     residual = np.abs(a @ coef / y - 1)
     keep = residual <= max(0.25, 5 * float(np.median(residual)))
     if 3 <= keep.sum() < len(y):
-        coef = nnls(a_rel[keep] / scale, np.ones(int(keep.sum()))) / scale
-    nt, ns = len(token_knots) - 1, len(sample_knots) - 1
+        coef = lower + nnls(a_rel[keep] / scale, left[keep]) / scale
     values = [float(v) for v in coef]
     return ForwardFit(
         fixed_s=values[0],
@@ -305,13 +344,23 @@ class MeasuredCostModel:
     def __init__(self, profile: StepProfile, *, sampling: str = "greedy", overhead_s: float = 0.0) -> None:
         if sampling not in SAMPLING_MODES:
             raise ValueError(f"sampling must be one of {', '.join(SAMPLING_MODES)}, got {sampling!r}")
+        rejected = profile.settings.get("rejected")
+        if rejected:
+            raise ValueError(
+                f"this profile was rejected when it was measured ({'; '.join(rejected)}): profile again"
+            )
         self.profile = profile
         self.sampling_mode = sampling
         quiet = [p for p in profile.steps if not p.stats.busy]
         # Points measured while other processes held the CPU are slower by 2-100x (the engine's
         # threads wait for cores), not noisier: leave them out when enough quiet ones remain.
         self.fit_points = quiet if len(quiet) >= max(12, len(profile.steps) // 4) else list(profile.steps)
-        self.forward = fit_forward([(_point_features(p), p.stats.median_s) for p in self.fit_points])
+        fixed_floor_s, lm_head_floor_s = fit_floors(profile)
+        self.forward = fit_forward(
+            [(_point_features(p), p.stats.median_s) for p in self.fit_points],
+            fixed_floor_s=fixed_floor_s,
+            lm_head_floor_s=lm_head_floor_s,
+        )
         self.sampling = {
             mode: fit_line([(p.rows, p.stats.median_s) for p in profile.sampling if p.mode == mode])
             for mode in SAMPLING_MODES
@@ -437,6 +486,21 @@ class MeasuredCostModel:
     def fit_errors(self) -> FloatArray:
         """Relative error (predicted / measured - 1) of the forward on each step point it was fitted to."""
         return np.array([self.forward(_point_features(p)) / p.stats.median_s - 1 for p in self.fit_points])
+
+    def fit_problems(self) -> list[str]:
+        """Why this fit would mislead (empty: it would not): its own points missed by a median
+        over ``MAX_FIT_ERROR``, or a term every step pays fitted to zero. (Busy points alone are
+        no reason: the fit leaves them out while enough quiet ones remain.)"""
+        problems = []
+        median = float(np.median(np.abs(self.fit_errors())))
+        if median > MAX_FIT_ERROR:
+            problems.append(f"the fit misses its own step points by a median {median:.0%}")
+        fw = self.forward
+        if fw.fixed_s <= 0:
+            problems.append("the fixed step cost fitted to zero: no point tells it apart from per-row costs")
+        if fw.sample_curve.slopes[0] <= 0:
+            problems.append("the LM head's first row fitted to zero")
+        return problems
 
     def parameters(self) -> dict[str, Any]:
         """The fitted parameters as a person reads them (see ``stallfree specs --profile``)."""

@@ -172,7 +172,7 @@ class StepProfile:
         return (
             f"{fp.get('model', '?')} {fp.get('dtype', '?')} on {fp.get('device', '?')} "
             f"({fp.get('device_name', '?')}, {fp.get('threads', '?')} threads, torch {fp.get('torch', '?')}, "
-            f"{fp.get('date', '?')})"
+            f"{fp.get('date', '?')})" + (", partial" if self.settings.get("partial") else "")
         )
 
 
