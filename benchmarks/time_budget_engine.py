@@ -2,7 +2,7 @@
 
 ``time_budget.py`` compares a time budget with fixed chunks on the simulated clock. This runs the
 same comparison on the real engine with the machine's measured profile: explain's scenario
-(``--decoders`` streams decoding at ``--context`` tokens, one ``--prompt-tokens`` prompt arrives),
+(``--streams`` streams decoding at ``--context`` tokens, one ``--prompt-tokens`` prompt arrives),
 
 1. predicted: ``stallfree explain --profile P --step-budget-ms T`` and its chunk sweep (the
    measured model), which picks the two fixed chunks to hold against the time budget: the
@@ -47,12 +47,12 @@ def main() -> int:
     parser.add_argument("--profile", required=True)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--prompt-tokens", type=int, default=3500)
-    parser.add_argument("--decoders", type=int, default=16)
+    parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--target-ms", type=float, default=80.0)
     parser.add_argument("--json", type=Path, help="write everything measured here")
     args = parser.parse_args()
-    scenario = ["--prompt-tokens", str(args.prompt_tokens), "--decoders", str(args.decoders),
+    scenario = ["--prompt-tokens", str(args.prompt_tokens), "--streams", str(args.streams),
                 "--context-tokens", str(args.context), "--step-budget-ms", f"{args.target_ms:g}"]  # fmt: skip
     sweep = ",".join(str(c) for c in range(16, 513, 16))
     predicted = explain("--profile", args.profile, *scenario, "--sweep", sweep)
@@ -74,7 +74,7 @@ def main() -> int:
     wall_s = time.perf_counter() - started
     after = load()
     rows = [
-        f"{args.prompt_tokens}-token prompt into {args.decoders} streams at {args.context} tokens; "
+        f"{args.prompt_tokens}-token prompt into {args.streams} streams at {args.context} tokens; "
         f"target {args.target_ms:g} ms; engine run {wall_s:.0f} s, load {before} -> {after}",
         "| policy | TTFT s (meas / pred) | longest gap ms (meas / pred) | median gap ms (meas / pred) |",
         "|---|---|---|---|",

@@ -95,7 +95,7 @@ def test_explain_on_an_avx2_cpu_runs_its_defaults_in_fp32(
 ) -> None:
     monkeypatch.setattr(dtypes, "cpu_isa", lambda: ZEN3)
     argv = ["explain", "--engine", "torch", "--device", "cpu", "--model", "random:tiny"]
-    assert main([*argv, "--prompt-tokens", "64", "--decoders", "2", "--context-tokens", "16"]) == 0
+    assert main([*argv, "--prompt-tokens", "64", "--streams", "2", "--context-tokens", "16"]) == 0
     assert "torch float32 on cpu" in capsys.readouterr().out
 
 

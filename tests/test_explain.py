@@ -75,7 +75,7 @@ def test_table_and_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         (["--prompt-tokens", "-5"], "must be positive"),
         (["--model", "/nonexistent/config.json"], "config"),
         (["--context-tokens", "99999999"], "too large to simulate"),  # was a hang
-        (["--decoders", "100000"], "too large to simulate"),
+        (["--streams", "100000"], "too large to simulate"),
         (["--prompt-tokens", "40000000"], "too large to simulate"),
     ],
 )
@@ -110,7 +110,7 @@ def test_streams_that_do_not_fit_the_kv_cache_together_are_refused() -> None:
             return CacheConfig(block_size=16, num_blocks=64, watermark=0.0)  # 1,024 tokens
 
     cost = CostModel(CostModelConfig(load_model_spec("llama-3-8b"), load_hardware_spec("a100-80gb")))
-    scenario = Scenario(prompt_tokens=256, decoders=4, context_tokens=200, chunk_tokens=64)
+    scenario = Scenario(prompt_tokens=256, streams=4, context_tokens=200, chunk_tokens=64)
     run_scenario(scenario, make_policy("chunked", chunk_tokens=64), SmallCache(cost))  # 4 x 200 fits
     with pytest.raises(ValueError, match="cannot hold 8 streams"):
         run_scenario(Scenario(256, 8, 200, 64), make_policy("chunked", chunk_tokens=64), SmallCache(cost))

@@ -22,7 +22,7 @@ pytest.importorskip("torch")
 
 def test_measured_explainer_runs_the_same_scenario_and_contract(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["explain", "--engine", "torch", "--model", "random:tiny", "--dtype", "float32", "--device", "cpu"]
-    args += ["--decoders", "3", "--context-tokens", "24", "--prompt-tokens", "100", "--chunk-tokens", "16"]
+    args += ["--streams", "3", "--context-tokens", "24", "--prompt-tokens", "100", "--chunk-tokens", "16"]
     assert main([*args, "--sweep", "32,64", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["scenario"]["cost_model"] == "measured" and out["scenario"]["model"] == "random-tiny"
@@ -60,7 +60,7 @@ def test_engine_runs_stay_inside_the_real_kv_cache() -> None:
     from stallfree.explain import Scenario, run_scenario
     from stallfree.explain.engine import EngineTimer
 
-    scenario = Scenario(prompt_tokens=300, decoders=4, context_tokens=40, chunk_tokens=8)
+    scenario = Scenario(prompt_tokens=300, streams=4, context_tokens=40, chunk_tokens=8)
     timer = EngineTimer(
         "random:tiny", max_tokens=4 * (40 + 300 // 8 + 32) + 300, max_seq_tokens=301, dtype=torch.float32
     )
@@ -86,7 +86,7 @@ def test_a_profile_prices_the_same_scenario_beside_the_measured_run(
     with predicted / measured per policy (the measured model checked in the same run)."""
     profile = tiny_profile(tmp_path / "tiny.json")
     args = ["explain", "--engine", "torch", "--model", "random:tiny", "--dtype", "float32", "--device", "cpu"]
-    args += ["--decoders", "3", "--context-tokens", "24", "--prompt-tokens", "100", "--chunk-tokens", "16"]
+    args += ["--streams", "3", "--context-tokens", "24", "--prompt-tokens", "100", "--chunk-tokens", "16"]
     args += ["--sweep", "32", "--profile", str(profile)]
     assert main([*args, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -188,7 +188,7 @@ def test_explain_prices_the_scenario_with_the_measured_model(
 
     path = save_profile(synthetic_profile(), tmp_path / "p.json")
     args = ["explain", "--profile", str(path), "--prompt-tokens", "512", "--context-tokens", "100"]
-    assert main([*args, "--decoders", "4", "--chunk-tokens", "64", "--json"]) == 0
+    assert main([*args, "--streams", "4", "--chunk-tokens", "64", "--json"]) == 0
     body = json.loads(capsys.readouterr().out)
     model = MeasuredCostModel(synthetic_profile())
     assert body["decode_step_s"] == pytest.approx(model.decode_step_s(4, 100), rel=0.05)

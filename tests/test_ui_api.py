@@ -53,7 +53,7 @@ def tune_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ({}, []),
         ({"chunk_tokens": "64"}, ["--chunk-tokens", "64"]),
         (
-            {"model": "llama-3-8b", "hardware": "h100-sxm", "tp": "1", "cost_model": "full", "decoders": "8"},
+            {"model": "llama-3-8b", "hardware": "h100-sxm", "tp": "1", "cost_model": "full", "streams": "8"},
             [
                 "--model",
                 "llama-3-8b",
@@ -63,7 +63,7 @@ def tune_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "1",
                 "--cost-model",
                 "full",
-                "--decoders",
+                "--streams",
                 "8",
             ],
         ),
@@ -79,7 +79,7 @@ def test_explain_is_the_cli_json(query: dict[str, str], flags: list[str]) -> Non
     assert status == 200
     assert view["explain"] == cli_json("explain", *flags)
     sc = view["explain"]["scenario"]
-    assert view["token_budget"] == sc["chunk_tokens"] + sc["decoders"]
+    assert view["token_budget"] == sc["chunk_tokens"] + sc["streams"]
     for name, run in view["timeline"]["runs"].items():
         policy = view["explain"]["policies"][name]
         assert run["max_gap"]["gap_s"] == policy["max_gap_s"]
@@ -88,14 +88,14 @@ def test_explain_is_the_cli_json(query: dict[str, str], flags: list[str]) -> Non
         assert [run["max_gap"]["start_s"], run["max_gap"]["end_s"]] == pytest.approx(
             [t for t in ticks if run["max_gap"]["start_s"] <= t <= run["max_gap"]["end_s"] + 1e-12]
         )
-        assert len(run["streams"]) == min(16, run["num_streams"]) == min(16, sc["decoders"])
+        assert len(run["streams"]) == min(16, run["num_streams"]) == min(16, sc["streams"])
 
 
 @pytest.mark.parametrize(
     ("query", "param", "words"),
     [
         ({"tp": "0"}, "tp", "between 1 and 64"),
-        ({"decoders": "many"}, "decoders", "whole number"),
+        ({"streams": "many"}, "streams", "whole number"),
         ({"model": "gpt-9"}, "model", "unknown 'gpt-9'"),
         ({"model": "/etc/passwd"}, "model", "choose from"),  # presets only: no local files
         ({"hardware": "tpu"}, "hardware", "unknown 'tpu'"),

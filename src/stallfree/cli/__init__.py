@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from stallfree import __version__
 from stallfree.cli.common import UsageError
@@ -35,7 +35,12 @@ COMMAND_MODULES = (
 
 
 class _Parser(argparse.ArgumentParser):
-    """Bad arguments: one line on stderr and exit code 2 (no usage dump)."""
+    """Bad arguments: one line on stderr and exit code 2 (no usage dump). No abbreviated flags:
+    ``tune --qps 0`` would otherwise be taken as ``--qps-start`` and answered in its name."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -67,7 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not (sys.argv[1:] if argv is None else argv):
                 parser.print_help(sys.stderr)  # no command: show them all, not only "arguments are required"
                 return 2
-            args = parser.parse_args(argv)
+            args, unknown = parser.parse_known_args(argv)
+            if unknown:  # said by the command's parser, so the error names the command
+                commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+                commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
             guard.check()
     except KeyboardInterrupt:
         print("stallfree: interrupted", file=sys.stderr)

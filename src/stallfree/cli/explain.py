@@ -86,7 +86,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add("--device", help="torch: cpu or cuda (default: cuda when available)")
     add_dtype_arg(p, "torch: weights and KV dtype")
     add("--prompt-tokens", type=positive_int, help="the arriving prompt's length (default 16384; torch 2048)")
-    add("--decoders", type=positive_int, default=16, help="streams already decoding (default %(default)s)")
+    add("--streams", type=positive_int, default=16, help="streams already decoding (default %(default)s)")
     add(
         "--context-tokens",
         type=positive_int,
@@ -170,10 +170,10 @@ def explanation(args: argparse.Namespace) -> Explanation:
         timer, echo = _torch(args, model, prompt, context, sweep)
     chunk = args.chunk_tokens or defaults["chunk_tokens"]
     if chunk is None:
-        chunk = int(timer.ridge_tokens(args.decoders, context))
+        chunk = int(timer.ridge_tokens(args.streams, context))
     budget_ms = getattr(args, "step_budget_ms", None)
     scenario = Scenario(
-        prompt, args.decoders, context, chunk, step_budget_s=budget_ms / 1000 if budget_ms else None
+        prompt, args.streams, context, chunk, step_budget_s=budget_ms / 1000 if budget_ms else None
     )
     warnings = _deployment_warnings(roofline.cost_model.config, scenario) if roofline else []
     if budget_ms:
@@ -250,7 +250,7 @@ def _deployment_warnings(config: CostModelConfig, scenario: Scenario) -> list[st
     from stallfree.sim.memory import kv_memory
 
     model, hardware, tp = config.model, config.hardware, config.tp
-    prompt, context, decoders = scenario.prompt_tokens, scenario.context_tokens, scenario.decoders
+    prompt, context, streams = scenario.prompt_tokens, scenario.context_tokens, scenario.streams
     warnings = []
     limit = model.max_position_embeddings
     if context + prompt > limit:
@@ -260,9 +260,9 @@ def _deployment_warnings(config: CostModelConfig, scenario: Scenario) -> list[st
         )
     # Each stream grows one token per step: lead and tail steps, plus the prompt's steps.
     prompt_steps = {"prefill-first": 1, "chunked": ceil_div(prompt, scenario.chunk_tokens)}
-    step_tokens = {"prefill-first": prompt, "chunked": scenario.chunk_tokens + decoders}
+    step_tokens = {"prefill-first": prompt, "chunked": scenario.chunk_tokens + streams}
     for policy, steps in prompt_steps.items():
-        needed = decoders * (context + scenario.lead_steps + scenario.tail_steps + steps + 1) + prompt
+        needed = streams * (context + scenario.lead_steps + scenario.tail_steps + steps + 1) + prompt
         try:
             kv = kv_memory(
                 model,
@@ -306,7 +306,7 @@ def _torch(
     stream_tokens = context + ceil_div(prompt, smallest) + 32
     timer = EngineTimer(
         model_name,
-        max_tokens=args.decoders * stream_tokens + prompt + 64,
+        max_tokens=args.streams * stream_tokens + prompt + 64,
         max_seq_tokens=max(prompt + 1, stream_tokens),
         dtype=dtype.dtype,
         device=device,
@@ -349,10 +349,10 @@ def format_table(out: dict[str, Any]) -> str:
     sc = out["scenario"]
     lines = [
         f"{sc['model']} on {sc['tp']} x {sc['hardware']} ({sc['engine']}, cost model: {sc['cost_model']})",
-        f"{sc['decoders']} streams decoding at {sc['context_tokens']:,} tokens of context; a {sc['prompt_tokens']:,}-token prompt arrives.",
+        f"{sc['streams']} streams decoding at {sc['context_tokens']:,} tokens of context; a {sc['prompt_tokens']:,}-token prompt arrives.",
         *(f"warning: {w}" for w in out.get("warnings", ())),
         "",
-        f"  decode step ({sc['decoders']} streams)   {_ms(out['decode_step_s'])}",
+        f"  decode step ({sc['streams']} streams)   {_ms(out['decode_step_s'])}",
         f"  prompt prefill alone        {_ms(out['prefill_alone_s'])}",
         f"  ridge point                 {out['ridge_tokens']:,.0f} tokens per step"
         + _RIDGE_NOTES.get(sc["cost_model"], ""),

@@ -82,7 +82,7 @@ class _WarmUp(Policy):
 @dataclass(frozen=True, slots=True)
 class Scenario:
     prompt_tokens: int = 16384
-    decoders: int = 16
+    streams: int = 16
     context_tokens: int = 1024
     chunk_tokens: int = 256
     lead_steps: int = 4
@@ -90,7 +90,7 @@ class Scenario:
     step_budget_s: float | None = None  # chunked sizes its chunks by this step-time target instead
 
     def __post_init__(self) -> None:
-        for name in ("prompt_tokens", "decoders", "context_tokens", "chunk_tokens"):
+        for name in ("prompt_tokens", "streams", "context_tokens", "chunk_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.step_budget_s is not None and not self.step_budget_s > 0:
@@ -143,20 +143,20 @@ def run_scenario(scenario: Scenario, policy: Policy, timer: StepTimer) -> Policy
     The warm-up prefills every stream in one step whatever the policy (it is cut from the
     result); then ``policy`` schedules everything that is measured.
     """
-    config = SchedulerConfig(max_num_seqs=scenario.decoders + 1)
+    config = SchedulerConfig(max_num_seqs=scenario.streams + 1)
     policy.check_config(config)
     warm_up = _WarmUp(policy)
     sched = Scheduler(config, timer.cache_config(), warm_up)
     executor = timer.new_executor()
     streams = [
         Request(f"s{i}", scenario.context_tokens, scenario.decoder_max_tokens)
-        for i in range(scenario.decoders)
+        for i in range(scenario.streams)
     ]
     ids = [r.request_id for r in streams]
     tl = simulate_timeline(sched, executor, streams, stop=lambda t: True)  # one prefill-first step
     if len(tl.token_times_s) < len(ids):
         raise ValueError(
-            f"the KV cache cannot hold {scenario.decoders} streams of {scenario.context_tokens} tokens"
+            f"the KV cache cannot hold {scenario.streams} streams of {scenario.context_tokens} tokens"
         )
     origin_s, warmup_steps = tl.end_s, len(tl.steps)
     tl = simulate_timeline(
@@ -258,19 +258,19 @@ class Explanation:
 def check_size(scenario: Scenario, block_size: int, sweep_chunks: Sequence[int]) -> None:
     """Refuse, at once, a scenario whose runs would take minutes to simulate.
 
-    A run's cost is its streams' KV blocks and its steps' rows: ``decoders x (context /
+    A run's cost is its streams' KV blocks and its steps' rows: ``streams x (context /
     block_size + steps)``, steps set by the smallest chunk. Past :data:`MAX_SCENARIO_WORK`
     (about 20 s of scheduling on a laptop core) the answer is an error, not a hang.
     """
     runs = 2 + len(sweep_chunks)
     steps = ceil_div(scenario.prompt_tokens, min([scenario.chunk_tokens, *sweep_chunks]))
     steps += scenario.lead_steps + scenario.tail_steps
-    work = runs * (scenario.decoders + 1) * (ceil_div(scenario.context_tokens, block_size) + steps)
+    work = runs * (scenario.streams + 1) * (ceil_div(scenario.context_tokens, block_size) + steps)
     if work > MAX_SCENARIO_WORK:
         raise ValueError(
-            f"this scenario is too large to simulate: {runs} runs x {scenario.decoders + 1} sequences x "
+            f"this scenario is too large to simulate: {runs} runs x {scenario.streams + 1} sequences x "
             f"({scenario.context_tokens:,} context tokens / {block_size} + {steps:,} steps) = {work:,} "
-            f"block and step rows, over the {MAX_SCENARIO_WORK:,} explain allows; use fewer decoders, "
+            f"block and step rows, over the {MAX_SCENARIO_WORK:,} explain allows; use fewer streams, "
             "a shorter context or prompt, or larger chunks"
         )
 
@@ -316,8 +316,8 @@ def explain(
     echo = {**asdict(scenario), **(scenario_echo or {})}
     return Explanation(
         scenario=echo,
-        ridge_tokens=timer.ridge_tokens(scenario.decoders, scenario.context_tokens),
-        decode_step_s=timer.step_time_s(synthetic_plan(scenario.decoders, scenario.context_tokens)),
+        ridge_tokens=timer.ridge_tokens(scenario.streams, scenario.context_tokens),
+        decode_step_s=timer.step_time_s(synthetic_plan(scenario.streams, scenario.context_tokens)),
         prefill_alone_s=alone,
         runs=runs,
         sweep=tuple(sweep),

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 MAX_STREAMS_DRAWN = 16
 MAX_PROMPT_TOKENS = 65536
 MAX_CONTEXT_TOKENS = 131072
-MAX_DECODERS = 128
+MAX_STREAMS = 128
 MAX_TP = 64
 MAX_CHUNK_STEPS = 4096
 
@@ -31,7 +31,7 @@ PARAMS = (
     "hardware",
     "tp",
     "cost_model",
-    "decoders",
+    "streams",
     "context_tokens",
     "prompt_tokens",
     "chunk_tokens",
@@ -71,7 +71,7 @@ def defaults() -> dict[str, Any]:
         "hardware": args.hardware,
         "tp": args.tp,
         "cost_model": args.cost_model,
-        "decoders": args.decoders,
+        "streams": args.streams,
         "context_tokens": args.context_tokens or roofline["context_tokens"],
         "prompt_tokens": args.prompt_tokens or roofline["prompt_tokens"],
         "chunk_tokens": args.chunk_tokens or roofline["chunk_tokens"],
@@ -89,10 +89,10 @@ def argv_from_query(query: dict[str, list[str]]) -> list[str]:
     hardware = choice(query, "hardware", default["hardware"], tuple(HARDWARE_PRESETS))
     cost_model = choice(query, "cost_model", default["cost_model"], COST_MODEL_KINDS)
     tp = whole(query, "tp", default["tp"], minimum=1, maximum=MAX_TP)
-    decoders = whole(query, "decoders", default["decoders"], minimum=1, maximum=MAX_DECODERS)
+    streams = whole(query, "streams", default["streams"], minimum=1, maximum=MAX_STREAMS)
     context = whole(query, "context_tokens", default["context_tokens"], minimum=1, maximum=MAX_CONTEXT_TOKENS)
     prompt = whole(query, "prompt_tokens", default["prompt_tokens"], minimum=1, maximum=MAX_PROMPT_TOKENS)
-    chunk = _chunk_tokens(query, decoders, default["chunk_tokens"])
+    chunk = _chunk_tokens(query, streams, default["chunk_tokens"])
     if ceil_div(prompt, chunk) > MAX_CHUNK_STEPS:
         raise ApiError(
             f"a {prompt:,}-token prompt in {chunk}-token chunks takes more than {MAX_CHUNK_STEPS:,} steps; "
@@ -101,25 +101,25 @@ def argv_from_query(query: dict[str, list[str]]) -> list[str]:
         )
     return [
         *("--model", model, "--hardware", hardware, "--tp", str(tp), "--cost-model", cost_model),
-        *("--decoders", str(decoders), "--context-tokens", str(context)),
+        *("--streams", str(streams), "--context-tokens", str(context)),
         *("--prompt-tokens", str(prompt), "--chunk-tokens", str(chunk)),
     ]
 
 
-def _chunk_tokens(query: dict[str, list[str]], decoders: int, default: int) -> int:
+def _chunk_tokens(query: dict[str, list[str]], streams: int, default: int) -> int:
     """Chunk tokens, given directly or as a token budget: every stream decodes in every step of
-    the scenario, so a budget carries ``budget - decoders`` prompt tokens a step."""
+    the scenario, so a budget carries ``budget - streams`` prompt tokens a step."""
     if one_value(query, "chunk_tokens") and one_value(query, "token_budget"):
         raise ApiError("give chunk_tokens or token_budget, not both", param="token_budget")
     if one_value(query, "token_budget"):
-        budget = whole(query, "token_budget", 0, minimum=1, maximum=MAX_PROMPT_TOKENS + MAX_DECODERS)
-        if budget <= decoders:
+        budget = whole(query, "token_budget", 0, minimum=1, maximum=MAX_PROMPT_TOKENS + MAX_STREAMS)
+        if budget <= streams:
             raise ApiError(
-                f"token budget {budget:,} leaves no room for the prompt beside {decoders} decode tokens; "
-                f"give more than {decoders}",
+                f"token budget {budget:,} leaves no room for the prompt beside {streams} decode tokens; "
+                f"give more than {streams}",
                 param="token_budget",
             )
-        return budget - decoders
+        return budget - streams
     return whole(query, "chunk_tokens", default, minimum=1, maximum=MAX_PROMPT_TOKENS)
 
 
@@ -138,7 +138,7 @@ def payload(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "explain": out,
         "table": format_table(out),
-        "token_budget": out["scenario"]["chunk_tokens"] + out["scenario"]["decoders"],
+        "token_budget": out["scenario"]["chunk_tokens"] + out["scenario"]["streams"],
         "timeline": {
             "end_s": max(r["steps"][-1][0] + r["steps"][-1][1] for r in runs.values()),
             "runs": runs,

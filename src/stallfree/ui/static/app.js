@@ -79,10 +79,10 @@
     $("ch-label").textContent = `chunked (${sc.chunk_tokens}-token chunks)`;
     const facts = [
       ["setup", `${sc.model} on ${sc.tp} x ${sc.hardware}, cost model ${sc.cost_model}`],
-      [`decode step (${sc.decoders} streams)`, Fmt.seconds(out.decode_step_s)],
+      [`decode step (${sc.streams} streams)`, Fmt.seconds(out.decode_step_s)],
       ["prompt prefill alone", Fmt.seconds(out.prefill_alone_s)],
       ["ridge point", `${Fmt.fixed(out.ridge_tokens, 0)} tokens per step`],
-      ["token budget", `${view.token_budget.toLocaleString("en-US")} (chunk + ${sc.decoders} decodes)`],
+      ["token budget", `${view.token_budget.toLocaleString("en-US")} (chunk + ${sc.streams} decodes)`],
       ["prompt chunk steps", `${out.prompt_chunks.num_steps}: ${Fmt.seconds(out.prompt_chunks.first_step_s)} to ${Fmt.seconds(out.prompt_chunks.last_step_s)}`],
     ];
     $("explain-facts").innerHTML = "";
@@ -314,7 +314,7 @@
       const i = sweep.includes(wanted) ? sweep.indexOf(wanted) : STATIC.index;
       slider.value = i;
       const first = STATIC.views[i].explain.scenario;
-      for (const k of ["tp", "cost_model", "decoders", "context_tokens", "prompt_tokens"]) form.elements[k].value = first[k];
+      for (const k of ["tp", "cost_model", "streams", "context_tokens", "prompt_tokens"]) form.elements[k].value = first[k];
       renderStatic(i);
       return;
     }
