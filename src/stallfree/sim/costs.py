@@ -1,0 +1,156 @@
+"""The one cost-model factory: a :class:`CostChoice` in, a step pricer out, with what was picked and why.
+
+Every command and API that prices steps (simulate, tune, explain, specs, validate) states what it
+wants as a :class:`CostChoice` and calls :func:`pick_cost_model`. The sources, most accurate first:
+
+- ``measured`` with a ``profile``: a `stallfree profile` of a real engine
+  (:class:`~stallfree.sim.measured.MeasuredCostModel`); the model defaults to the profiled one;
+- ``measured`` on a GPU preset Vidur measured (``a100-*``, ``h100-*``, ``a40``): its operator
+  tables, shipped (:class:`~stallfree.sim.gpu_measured.GpuMeasuredCostModel`);
+- the roofline, ``full`` or ``weights-only`` (:class:`~stallfree.sim.cost_model.CostModel`).
+
+``auto`` takes the first that applies. Invariant: a choice of strings and numbers is hashable and
+pickles (a tune trial carries one to its workers); the pick is the same in any process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from stallfree.sim.cost_model import (
+    COST_MODEL_KINDS,
+    CostModel,
+    CostModelConfig,
+    CostModelKind,
+    cost_model_kind,
+)
+from stallfree.sim.gpu_measured import GpuMeasuredCostModel, gpu_family
+from stallfree.sim.measured import MeasuredCostModel
+from stallfree.sim.traffic import SteadyCostModel
+from stallfree.specs import HARDWARE_PRESETS, HardwareSpec, ModelSpec, load_hardware_spec, load_model_spec
+from stallfree.specs.step_profile import StepProfile, load_profile
+
+COST_KINDS = (*COST_MODEL_KINDS, "measured", "auto")
+DEFAULT_MODEL = "llama-3-8b"
+Source = Literal["profile", "gpu-tables", "roofline"]
+
+
+class StepPricer(SteadyCostModel, Protocol):
+    """What every cost model offers: a step's price, a steady run's, and the scenario's yardsticks."""
+
+    def decode_step_s(self, num_seqs: int, context_len: int) -> float: ...
+
+    def prefill_time_s(self, num_tokens: int) -> float: ...
+
+    def ridge_tokens(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CostChoice:
+    """What to price steps with. ``kind``: auto, weights-only (alias seed), full or measured;
+    ``profile`` (a file, a loaded profile or its model) implies measured; ``model`` None: the
+    profile's model, else :data:`DEFAULT_MODEL`; ``dtype_bytes`` None: the profile's, else 2;
+    ``sampling``: the mode every sampled row pays (a profile's model); ``step_overhead_s`` is
+    added to every step."""
+
+    kind: str = "auto"
+    model: str | ModelSpec | None = None
+    hardware: str | HardwareSpec = "a100-80gb"
+    tp: int = 1
+    profile: str | StepProfile | MeasuredCostModel | None = None
+    dtype_bytes: int | None = None
+    sampling: str = "greedy"
+    step_overhead_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CostPick:
+    """A :class:`CostChoice` resolved: the pricer and everything sized with it."""
+
+    pricer: StepPricer
+    model: ModelSpec
+    hardware: HardwareSpec
+    tp: int
+    dtype_bytes: int
+    kind: Literal["weights-only", "full", "measured"]
+    source: Source
+    why: str  # a few words: what auto picked and why, or what was asked
+
+    @property
+    def measured(self) -> MeasuredCostModel | None:
+        """The profile's model (whose KV cache is the profiled engine's, not ``hardware``'s)."""
+        return self.pricer if isinstance(self.pricer, MeasuredCostModel) else None
+
+
+def pick_cost_model(choice: CostChoice) -> CostPick:
+    """Resolve ``choice``; a choice that cannot be priced is a one-line ``ValueError``."""
+    kind = cost_model_kind(choice.kind)
+    if kind not in COST_KINDS:
+        raise ValueError(f"unknown cost model {choice.kind!r}; choose from {', '.join(COST_KINDS)} (seed)")
+    hardware = load_hardware_spec(choice.hardware) if isinstance(choice.hardware, str) else choice.hardware
+    if choice.profile is not None or (kind == "measured" and gpu_family(hardware.name) is None):
+        return _profiled(choice, hardware, "auto" if kind == "auto" else "asked")
+    auto = kind == "auto"
+    family = gpu_family(hardware.name) if HARDWARE_PRESETS.get(hardware.name) == hardware else None
+    if kind == "measured" or (auto and family is not None):
+        return _gpu_tables(choice, hardware, auto)
+    roofline: CostModelKind = "full" if auto or kind == "full" else "weights-only"
+    model = _model(choice.model or DEFAULT_MODEL)
+    dtype_bytes = choice.dtype_bytes or 2
+    config = CostModelConfig(
+        model,
+        hardware,
+        tp=choice.tp,
+        dtype_bytes=dtype_bytes,
+        kind=roofline,
+        overhead_s=choice.step_overhead_s,
+    )
+    why = f"no measured table for {hardware.name}; auto" if auto else "asked"
+    return CostPick(CostModel(config), model, hardware, choice.tp, dtype_bytes, config.kind, "roofline", why)
+
+
+def _profiled(choice: CostChoice, hardware: HardwareSpec, how: str) -> CostPick:
+    profile = choice.profile
+    if profile is None:
+        raise ValueError(
+            "cost model 'measured' needs a profile (a stallfree profile file) or a GPU preset with a "
+            f"shipped table (a100-*, h100-*, a40); {hardware.name} has none"
+        )
+    if isinstance(profile, MeasuredCostModel):
+        measured = profile
+    else:
+        loaded = load_profile(profile) if isinstance(profile, str) else profile
+        measured = MeasuredCostModel(loaded, sampling=choice.sampling, overhead_s=choice.step_overhead_s)
+    profiled = choice.model is None or choice.model == measured.profile.fingerprint.get("model")
+    model = measured.model_spec() if profiled else _model(choice.model)  # type: ignore[arg-type]
+    why = f"profile {profile}" if isinstance(profile, str) else "the given profile"
+    dtype_bytes = choice.dtype_bytes or measured.dtype_bytes
+    pricer: StepPricer = measured
+    return CostPick(pricer, model, hardware, choice.tp, dtype_bytes, "measured", "profile", f"{why}; {how}")
+
+
+def _gpu_tables(choice: CostChoice, hardware: HardwareSpec, auto: bool) -> CostPick:
+    family = gpu_family(hardware.name)
+    model = _model(choice.model or DEFAULT_MODEL)
+    dtype_bytes = choice.dtype_bytes or 2
+    gpu = GpuMeasuredCostModel(
+        model, hardware, tp=choice.tp, dtype_bytes=dtype_bytes, overhead_s=choice.step_overhead_s
+    )
+    why = f"Vidur's {str(family).upper()} tables"
+    if not gpu.measured:
+        why += f", {gpu.table_model}'s curve"
+    return CostPick(
+        gpu,
+        model,
+        hardware,
+        choice.tp,
+        dtype_bytes,
+        "measured",
+        "gpu-tables",
+        f"{why}; auto" if auto else why,
+    )
+
+
+def _model(model: str | ModelSpec) -> ModelSpec:
+    return load_model_spec(model) if isinstance(model, str) else model
