@@ -23,10 +23,7 @@ from stallfree.core import DEFAULT_TOKEN_BUDGET
 from stallfree.core.serving import ServingConfig
 from stallfree.metrics import Summary
 from stallfree.sim.api import SimulationResult, simulate
-from stallfree.sim.cost_model import COST_MODEL_KINDS, CostModel, CostModelConfig, CostModelKind
-from stallfree.sim.gpu_measured import GpuMeasuredCostModel
-from stallfree.sim.measured import MeasuredCostModel
-from stallfree.specs import load_hardware_spec, load_model_spec
+from stallfree.sim.costs import CostChoice, CostPick, pick_cost_model
 from stallfree.workload import Workload, gamma, parse_lengths, sample
 
 ARRIVALS = ("poisson", "gamma")
@@ -93,6 +90,11 @@ class TrialSpec:
         text = json.dumps(fields, sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
+    @property
+    def costs(self) -> CostChoice:
+        """How the trial prices steps (``cost_model`` is a kind, or ``measured:<profile path>``)."""
+        return _choice(self.model, self.hardware, self.tp, self.cost_model)
+
     def at_qps(self, qps: float) -> TrialSpec:
         return dataclasses.replace(self, qps=qps)
 
@@ -116,16 +118,14 @@ def run_trial(spec: TrialSpec) -> Summary:
 
 
 def _simulate(spec: TrialSpec) -> SimulationResult:
-    profile = _profile_path(spec.cost_model)
+    costs = spec.costs
     return simulate(
         _workload(spec),
         model=spec.model,
         hardware=spec.hardware,
         tp=spec.tp,
-        cost_model="measured"
-        if profile or spec.cost_model == "measured"
-        else _cost_model_kind(spec.cost_model),
-        profile=profile,
+        cost_model=costs.kind,  # type: ignore[arg-type]  # checked by the factory
+        profile=costs.profile,
         serving=spec.serving,
         gpu_memory_utilization=spec.gpu_memory_utilization,
         num_requests=spec.num_requests,
@@ -139,7 +139,7 @@ def estimate_qps(spec: TrialSpec) -> float:
     A step full of ``token_budget`` tokens moves ``token_budget / step time`` tokens per second
     and a request needs its prompt plus output tokens; latency SLOs cut capacity below that.
     """
-    cost = _cost_model(spec.model, spec.hardware, spec.tp, spec.cost_model)
+    cost = _pick(spec.costs).pricer
     arrays = sample(_workload(spec), min(spec.num_requests, 1000), spec.seed)
     tokens_per_request = float(arrays.num_prompt_tokens.mean() + arrays.max_tokens.mean())
     tokens_per_s = spec.token_budget / cost.prefill_time_s(spec.token_budget)
@@ -147,7 +147,7 @@ def estimate_qps(spec: TrialSpec) -> float:
 
 
 def ridge_tokens(model: str, hardware: str, tp: int, cost_model: str = "full") -> float:
-    return _cost_model(model, hardware, tp, cost_model).ridge_tokens()
+    return _pick(_choice(model, hardware, tp, cost_model)).pricer.ridge_tokens()
 
 
 def decode_step_ms(
@@ -156,43 +156,24 @@ def decode_step_ms(
     """One decode step with no prompt in it (the yardstick of Sarathi-Serve's TBT SLOs); the
     roofline's ``full`` kind unless ``cost_model`` is measured."""
     kind = cost_model if cost_model.startswith("measured") else "full"
-    return _cost_model(model, hardware, tp, kind).decode_step_s(num_seqs, context_len) * 1000
+    return _pick(_choice(model, hardware, tp, kind)).pricer.decode_step_s(num_seqs, context_len) * 1000
 
 
 def full_step_ms(model: str, hardware: str, tp: int, cost_model: str, token_budget: int) -> float:
     """One step filled with ``token_budget`` prompt tokens: the gap a full chunk puts between
     two tokens of every running stream."""
-    return _cost_model(model, hardware, tp, cost_model).prefill_time_s(token_budget) * 1000
+    return _pick(_choice(model, hardware, tp, cost_model)).pricer.prefill_time_s(token_budget) * 1000
 
 
 @functools.lru_cache(maxsize=16)
-def _cost_model(
-    model: str, hardware: str, tp: int, kind: str
-) -> CostModel | MeasuredCostModel | GpuMeasuredCostModel:
-    """``kind`` is a roofline kind, ``measured:<profile path>`` (a spec holds only strings), or
-    ``measured`` (a GPU preset's shipped tables)."""
-    if kind == "measured":
-        return GpuMeasuredCostModel(load_model_spec(model), load_hardware_spec(hardware), tp=tp)
-    profile = _profile_path(kind)
-    if profile is not None:
-        return MeasuredCostModel.from_file(profile)
-    config = CostModelConfig(
-        load_model_spec(model), load_hardware_spec(hardware), tp=tp, kind=_cost_model_kind(kind)
-    )
-    return CostModel(config)
+def _pick(choice: CostChoice) -> CostPick:
+    return pick_cost_model(choice)
 
 
-def _profile_path(kind: str) -> str | None:
-    if kind == "measured":  # a GPU preset's shipped tables: simulate() checks the hardware
-        return None
-    return kind.removeprefix("measured:") if kind.startswith("measured:") else None
-
-
-def _cost_model_kind(kind: str) -> CostModelKind:
-    for known in COST_MODEL_KINDS:
-        if kind == known:
-            return known
-    raise ValueError(f"unknown cost model {kind!r}; choose from {', '.join(COST_MODEL_KINDS)}")
+def _choice(model: str, hardware: str, tp: int, cost_model: str) -> CostChoice:
+    """A spec's strings as a choice: a kind, or ``measured:<profile path>`` (a spec holds only strings)."""
+    profile = cost_model.removeprefix("measured:") if cost_model.startswith("measured:") else None
+    return CostChoice("measured" if profile else cost_model, model, hardware, tp, profile)
 
 
 def _workload(spec: TrialSpec) -> Workload:
