@@ -1,4 +1,5 @@
-"""Run the real ``stallfree`` CLI as a subprocess, Ctrl-C it, and find what it left running.
+"""Run the real ``stallfree`` CLI as a subprocess, Ctrl-C it (or SIGTERM it), and find what it
+left running.
 
 The command starts in its own session, so every process it starts (pool workers, Ray, a
 server's threads) carries its session id even after it is orphaned and re-parented; that is how
@@ -43,7 +44,7 @@ class Interrupted:
     returncode: int
     stdout: str
     stderr: str
-    exit_s: float  # from the SIGINT to the exit
+    exit_s: float  # from the signal to the exit
     survivors: list[int]
 
 
@@ -59,10 +60,11 @@ def interrupt(
     cwd: str | Path | None = None,
     on_start: Callable[[int], None] | None = None,
     banner: Callable[[str], None] | None = None,
+    signum: signal.Signals = signal.SIGINT,
 ) -> Interrupted:
-    """Start ``stallfree ARGS``, wait for ``ready()`` (if given) then ``delay_s``, send SIGINT (to
-    the process group, as a terminal's Ctrl-C does, or to the CLI alone, as ``timeout -s INT``),
-    and wait for the exit. Whatever survives is listed and then killed. ``on_start(pid)`` is
+    """Start ``stallfree ARGS``, wait for ``ready()`` (if given) then ``delay_s``, send ``signum``
+    (to the process group, as a terminal's Ctrl-C does, or to the CLI alone, as ``timeout -s INT``
+    or ``kill PID``), and wait for the exit. Whatever survives is listed and then killed. ``on_start(pid)`` is
     told the CLI's pid (its session id) as soon as it runs; ``banner(line)`` the first line it
     writes to stderr (a server's address), read as it comes."""
     env = {"OMP_NUM_THREADS": "1", **os.environ, **(env or {})}
@@ -102,15 +104,17 @@ def interrupt(
         time.sleep(delay_s)
         sent = time.monotonic()
         if whole_group:
-            os.killpg(proc.pid, signal.SIGINT)
+            os.killpg(proc.pid, signum)
         else:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signum)
         try:
             out, err = _communicate(proc, exit_timeout_s, reader, err_lines)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = _communicate(proc, None, reader, err_lines)
-            raise AssertionError(f"still running {exit_timeout_s} s after SIGINT:\n{out}\n{err}") from None
+            raise AssertionError(
+                f"still running {exit_timeout_s} s after {signum.name}:\n{out}\n{err}"
+            ) from None
         exit_s = time.monotonic() - sent
         time.sleep(0.2)  # a worker the CLI terminated needs a moment to be gone
         survivors = session_pids(proc.pid)

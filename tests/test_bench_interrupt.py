@@ -8,6 +8,8 @@ token, so each phase lasts long enough to be interrupted on purpose."""
 from __future__ import annotations
 
 import json
+import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -172,3 +174,42 @@ def test_long_prompt_ctrl_c_prints_and_saves_what_was_measured(
             assert "Long prompt TTFT with streams (ms):" in result.stdout
         else:
             assert prompt_ms is None and "Long prompt TTFT with streams" not in result.stdout
+
+
+def test_long_prompt_sigterm_stops_as_ctrl_c_does(server: SlowPrefillServer, tmp_path: Path) -> None:
+    """``kill PID`` mid-run: the same partial table and --save-result as a Ctrl-C, exit 130."""
+    server.next_run()
+    out = tmp_path / "r.json"
+    args = ["bench", "--base-url", server.url, "--scenario", "long-prompt", "--streams", str(STREAMS)]
+    args += ["--prompt-tokens", "400", "--stream-prompt-tokens", "8", "--stream-max-tokens", "300"]
+    args += ["--prompt-max-tokens", "4", "--chars-per-token", "4", "--seed", "0", "--save-result", str(out)]
+    ready, delay_s = MOMENTS["prompt"]
+    result = interrupt(
+        args, ready=lambda: ready(server), delay_s=delay_s, whole_group=False, signum=signal.SIGTERM
+    )
+    assert result.returncode == 130, result.stderr
+    assert result.exit_s < 5 and not result.survivors and "Traceback" not in result.stderr
+    assert f"stallfree bench: interrupted; stopped {PHASE_TEXT['prompt']}" in result.stderr
+    assert json.loads(out.read_text())["interrupted"] == {"phase": "prompt"}
+
+
+def test_no_request_with_two_tokens_has_no_tpot_or_itl(
+    server: SlowPrefillServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One token each: TPOT and ITL have no sample, so null in the result and "-" in the table
+    (they read 0.00 ms, as fast as can be), while TTFT is measured."""
+    from stallfree.cli import main
+
+    out = tmp_path / "r.json"
+    args = ["bench", "--base-url", server.url, "--scenario", "poisson", "--num-requests", "3"]
+    args += ["--qps", "50", "--lengths", "fixed:8,1", "--chars-per-token", "4", "--seed", "0"]
+    assert main([*args, "--no-progress", "--save-result", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert saved["completed"] == 3 and saved["mean_ttft_ms"] > 0
+    for key in ("mean_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms", "max_itl_ms"):
+        assert saved[key] is None, key
+    table = capsys.readouterr().out
+    for label in ("Mean TPOT (ms):", "Median ITL (ms):", "P99 ITL (ms):", "Max ITL (ms):"):
+        assert re.search(rf"^{re.escape(label)} +-$", table, re.M), table
+    assert re.search(r"^Mean TTFT \(ms\): +\d+\.\d\d$", table, re.M)
+    assert "Request goodput" not in table  # no SLOs: left out, not "-"

@@ -18,7 +18,7 @@ from stallfree.metrics import (
     summarize,
     weighted_stats,
 )
-from stallfree.metrics.io import parse_goodput, read_records_csv, write_records_csv
+from stallfree.metrics.io import format_metric, parse_goodput, read_records_csv, write_records_csv
 
 VLLM_KEYS = {
     "completed",
@@ -128,6 +128,25 @@ def test_empty_run_has_no_latencies() -> None:
     assert s["completed"] == 0 and s["output_throughput"] == 0.0
     assert s["mean_ttft_ms"] is None and s["p99_itl_ms"] is None and s["max_itl_ms"] is None
     assert s["mean_scheduling_delay_ms"] is None
+
+
+def test_single_token_requests_have_no_tpot_or_itl() -> None:
+    """Completed with one token each: TTFT and E2EL are measured, TPOT and ITL have no sample,
+    so they are None (vLLM's 0 reads as fast), and a table shows "-"."""
+    itl = ItlAccumulator()
+    records = [
+        record_from_token_times(
+            request_id=str(i), arrival_s=0.1 * i, token_times_s=[0.1 * i + 0.05], num_prompt_tokens=8, itl=itl
+        )
+        for i in range(3)
+    ]
+    s = summarize(records, itl, duration_s=1.0)
+    assert s["completed"] == 3 and s["mean_ttft_ms"] == pytest.approx(50.0) and s["p99_e2el_ms"] is not None
+    for stat in ("mean", "median", "std", "p90", "p99"):
+        assert s[f"{stat}_tpot_ms"] is None and s[f"{stat}_itl_ms"] is None
+    assert s["max_itl_ms"] is None
+    assert format_metric(s["mean_tpot_ms"], "{:.2f}") == "-"
+    assert format_metric(s["mean_ttft_ms"], "{:.2f}") == "50.00"
 
 
 def test_failed_requests_stay_out_of_latencies() -> None:
@@ -251,7 +270,7 @@ def test_token_times_path_equals_weighted_step_path(
 def assert_same_summary(a: Summary, b: Summary) -> None:
     assert a.keys() == b.keys()
     for key in a:
-        if key.startswith(("mean_itl", "std_itl")):
+        if key.startswith(("mean_itl", "std_itl")) and a[key] is not None:
             assert a[key] == pytest.approx(b[key], rel=1e-12, abs=1e-12), key  # summation order differs
         else:
             assert a[key] == b[key], key

@@ -1,9 +1,11 @@
-"""Ctrl-C on the real ``stallfree serve`` with streams open: the streams end with an error event
-and ``[DONE]`` (not cut), the server exits within seconds, no traceback, nothing left running."""
+"""Ctrl-C (or SIGTERM, ``kill PID``) on the real ``stallfree serve`` with streams open: the
+streams end with an error event and ``[DONE]`` (not cut), the server exits within seconds, no
+traceback, nothing left running; a SIGTERM ends as a Ctrl-C does (exit 130, not killed by it)."""
 
 from __future__ import annotations
 
 import json
+import signal
 import threading
 
 import httpx
@@ -12,8 +14,12 @@ import pytest
 from tests.interrupts import interrupt
 
 
-@pytest.mark.parametrize("attempt", range(3))
-def test_serve_ctrl_c_ends_open_streams_cleanly(attempt: int) -> None:
+@pytest.mark.parametrize(
+    ("attempt", "signum"),
+    [(0, signal.SIGINT), (1, signal.SIGINT), (2, signal.SIGINT), (1, signal.SIGTERM)],
+    ids=["SIGINT-0", "SIGINT-1", "SIGINT-2", "SIGTERM"],
+)
+def test_serve_ctrl_c_ends_open_streams_cleanly(attempt: int, signum: signal.Signals) -> None:
     base_url: list[str] = []
     events: list[list[str]] = [[], []]
     errors: list[BaseException] = []
@@ -45,11 +51,12 @@ def test_serve_ctrl_c_ends_open_streams_cleanly(attempt: int) -> None:
         argv,
         ready=streaming,
         whole_group=attempt != 1,
+        signum=signum,
         banner=lambda line: base_url.append(line.rsplit(" on ", 1)[1].strip()),
     )
     for thread in threads:
         thread.join(10)
-    assert result.returncode in (0, 130), result.stderr
+    assert result.returncode in ((0, 130) if signum == signal.SIGINT else (130,)), result.stderr
     assert result.exit_s < 5, f"{result.exit_s:.1f} s to exit"
     assert "Traceback" not in result.stderr and "CancelledError" not in result.stderr, result.stderr
     assert not result.survivors and not errors, errors

@@ -133,3 +133,12 @@ def test_round_to_tile() -> None:
     assert [round_to_tile(t) for t in (1, 95, 96, 153, 257, 1000)] == [64, 64, 128, 128, 256, 1024]
     with pytest.raises(ValueError):
         round_to_tile(0)
+
+
+def test_a_latency_with_no_sample_fails_only_when_nothing_completed() -> None:
+    """TBT is None when no request had two tokens: nothing to miss beside completed requests;
+    with nothing completed (or the key missing) the SLO fails."""
+    slos = Slos.from_mapping({"tbt_p99_ms": 100.0})
+    assert slos.is_met({"completed": 5, "p99_itl_ms": None})
+    assert not slos.is_met({"completed": 0, "p99_itl_ms": None})
+    assert not slos.is_met({"completed": 5})

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.cli.common import UsageError, check_writable, positive_float, positive_int
+from stallfree.tune.sigint import sigterm_as_sigint  # light: stdlib only
 
 SCENARIOS = ("long-prompt", "poisson", "gamma", "trace")
 _CONTEXT_MARGIN = 0.05  # of the server's context, left free when capping lengths to it
@@ -112,6 +113,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
+@sigterm_as_sigint()  # a SIGTERM stops the run as Ctrl-C does: what was measured is kept
 def run(args: argparse.Namespace) -> int:
     from stallfree.metrics.io import parse_goodput
 
@@ -313,6 +315,16 @@ _ROWS = (
     ("streams_median_itl_ms", "Streams' median gap (ms)", "{:.2f}"),
     ("streams_max_itl_ms", "Streams' longest gap (ms)", "{:.2f}"),
 )
+# Rows of another scenario or of a phase not reached, left out when None; every other None (a
+# latency with no sample, such as TPOT and ITL when no request had two tokens) shows as "-".
+_OPTIONAL_ROWS = {
+    "request_goodput",
+    "long_prompt_tokens",
+    "long_prompt_alone_ttft_ms",
+    "long_prompt_ttft_ms",
+    "streams_median_itl_ms",
+    "streams_max_itl_ms",
+}
 
 
 # Where a long-prompt run was when Ctrl-C stopped it (its result's interrupted.phase).
@@ -334,11 +346,13 @@ def _interrupted_text(interrupted: dict[str, Any]) -> str:
 
 
 def _print(result: dict[str, Any]) -> None:
+    from stallfree.metrics import format_metric
+
     print(f"{' ' + result['scenario'] + ' @ ' + result['base_url'] + ' ':=^60}")
     for key, label, fmt in _ROWS:
         value = result.get(key)
-        if value is not None:
-            print(f"{label + ':':<42}{fmt.format(value):>18}")
+        if value is not None or key not in _OPTIONAL_ROWS:
+            print(f"{label + ':':<42}{format_metric(value, fmt):>18}")
     if result.get("interrupted"):
         print(f"INTERRUPTED: {_interrupted_text(result['interrupted'])}")
     if result.get("streams_not_decoding_to_the_end"):

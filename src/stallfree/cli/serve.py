@@ -8,6 +8,7 @@ from pathlib import Path
 
 from stallfree.cli.common import add_engine_args, check_writable, engine_kwargs, positive_int
 from stallfree.cli.device import check_device
+from stallfree.tune.sigint import sigterm_as_sigint  # light: stdlib only
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -60,6 +61,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
+@sigterm_as_sigint()  # a SIGTERM, also while the model loads, ends as Ctrl-C does (exit 130)
 def run(args: argparse.Namespace) -> int:
     from stallfree.server.launch import bind, build_server, serve
 

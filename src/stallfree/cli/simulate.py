@@ -1,10 +1,15 @@
-"""``stallfree simulate``: continuous traffic through one or more policies, side by side."""
+"""``stallfree simulate``: continuous traffic through one or more policies, side by side.
+
+Ctrl-C or SIGTERM during the simulation stops it between two steps: what finished is kept (the
+policies run, and the requests the running one had finished) and written where the options say,
+its summary marked partial, exit code 130. A second one abandons that."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +23,7 @@ from stallfree.cli.common import (
     resolve_cost_model,
     serving_config,
 )
+from stallfree.tune.sigint import sigterm_as_sigint, stop_on_signal  # light: stdlib only
 
 if TYPE_CHECKING:
     from stallfree.sim import SimulationResult
@@ -146,6 +152,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
+@sigterm_as_sigint()
 def run(args: argparse.Namespace) -> int:
     from stallfree.metrics.io import parse_goodput, write_records_csv
     from stallfree.sim import simulate
@@ -175,54 +182,99 @@ def run(args: argparse.Namespace) -> int:
         requests = sample(workload, num_requests, args.seed)
     keep_steps = bool(args.trace_out or args.plot)
     results: list[SimulationResult] = []
-    for policy in policies:
-        started = time.perf_counter()
-        result = simulate(
-            requests,
-            model=args.model,
-            hardware=args.hardware,
-            tp=args.tp,
-            cost_model=args.cost_model,
-            profile=step_profile,
-            sampling=args.sampling,
-            dtype_bytes=_DTYPE_BYTES[args.dtype] if args.dtype else None,
-            step_overhead_s=args.step_overhead_ms / 1000,
-            serving=_serving(args, policy),
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            goodput=goodput,
-            keep_steps=keep_steps,
-            fast=not args.step_by_step,
-            step_noise=args.step_noise,
-            seed=args.seed,
-        )
-        result.summary["sim_wall_s"] = time.perf_counter() - started
-        results.append(result)
+    with stop_on_signal() as stop:  # a Ctrl-C / SIGTERM now stops the simulation between steps
+        for policy in policies:
+            if stop.is_set():
+                break
+            started = time.perf_counter()
+            result = simulate(
+                requests,
+                model=args.model,
+                hardware=args.hardware,
+                tp=args.tp,
+                cost_model=args.cost_model,
+                profile=step_profile,
+                sampling=args.sampling,
+                dtype_bytes=_DTYPE_BYTES[args.dtype] if args.dtype else None,
+                step_overhead_s=args.step_overhead_ms / 1000,
+                serving=_serving(args, policy),
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                goodput=goodput,
+                keep_steps=keep_steps,
+                fast=not args.step_by_step,
+                step_noise=args.step_noise,
+                seed=args.seed,
+                stop=stop.is_set,
+            )
+            result.summary["sim_wall_s"] = time.perf_counter() - started
+            results.append(result)
+    interrupted = len(results) < len(policies) or any(r.partial for r in results)
     outputs: list[str] = []
     if args.requests_out:
         for result in results:
-            path = _per_policy_path(args.requests_out, result.policy, len(results))
+            path = _per_policy_path(args.requests_out, result.policy, len(policies))
             write_records_csv(result.records, path)
             outputs.append(str(path))
-    if args.trace_out:
+    if args.trace_out and results:
         from stallfree.sim.perfetto import write_chrome_trace
 
         write_chrome_trace(((r.policy, r.steps) for r in results if r.steps is not None), args.trace_out)
         outputs.append(args.trace_out)
-    if args.plot:
+    if args.plot and not interrupted:
         from stallfree.plots.traffic import plot_traffic
 
         outputs += [str(path) for path in plot_traffic(results, args.plot)]
     fingerprint = step_profile.fingerprint if step_profile is not None else None
     scenario = _scenario(args, workload, len(requests), cost_model_note, fingerprint)
+    stopped = _interrupted(results, policies, len(requests)) if interrupted else None
     if args.json:
         # One shape whether one policy ran or several.
         body: dict[str, Any] = {"scenario": scenario, "policies": {r.policy: r.summary for r in results}}
+        if stopped is not None:
+            body["partial"] = True
+            body["interrupted"] = stopped
         if outputs:
             body["outputs"] = outputs
         print(json.dumps(body, indent=2))
-    else:
+    elif results:
         print(format_table(scenario, [r.summary for r in results], outputs))
-    return 0
+    if stopped is None:
+        return 0
+    text = _interrupted_text(stopped)
+    if not args.json:
+        print(f"INTERRUPTED: {text}")
+    sys.stdout.flush()
+    where = f"wrote {', '.join(outputs)}; " if outputs else ""
+    skipped = "no figures drawn (--plot); " if args.plot else ""
+    summary = "the summary (marked partial) is on stdout" if results else "nothing had finished"
+    print(f"stallfree simulate: interrupted; {text}; {where}{skipped}{summary}", file=sys.stderr)
+    return 130
+
+
+def _interrupted(results: list[SimulationResult], policies: list[str], num_requests: int) -> dict[str, Any]:
+    """What an interrupted run kept: the policy cut short (None if the stop fell between two),
+    how many of its requests had finished, and the policies not run."""
+    cut = results[-1] if results and results[-1].partial else None
+    return {
+        "policy": cut.policy if cut is not None else None,
+        "requests_finished": len(cut.records) if cut is not None else None,
+        "requests": num_requests,
+        "simulated_s": cut.summary["duration"] if cut is not None else None,
+        "policies_not_run": policies[len(results) :],
+    }
+
+
+def _interrupted_text(stopped: dict[str, Any]) -> str:
+    parts = []
+    if stopped["policy"] is not None:
+        parts.append(
+            f"{stopped['policy']} stopped after {stopped['simulated_s']:,.1f} s simulated, "
+            f"{stopped['requests_finished']:,} of {stopped['requests']:,} requests finished "
+            "(its summary covers those; ITL every gap simulated)"
+        )
+    if stopped["policies_not_run"]:
+        parts.append(f"not run: {', '.join(stopped['policies_not_run'])}")
+    return "; ".join(parts)
 
 
 def _serving(args: argparse.Namespace, policy: str) -> Any:
@@ -379,7 +431,9 @@ _OPTIONAL_ROWS = {"request_goodput", "num_steps_over_budget", "num_guarded_steps
 
 
 def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outputs: list[str]) -> str:
-    """Policies as columns, metrics as rows."""
+    """Policies as columns, metrics as rows; a metric with no sample is "-"."""
+    from stallfree.metrics import format_metric
+
     sc = scenario
     budget = f"chunk {sc['chunk_tokens']}" if sc["chunk_tokens"] else f"token budget {sc['token_budget']}"
     if sc.get("step_budget_ms"):
@@ -399,8 +453,8 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
     for label, key, fmt in _ROWS:
         if key in _OPTIONAL_ROWS and all(s.get(key) is None for s in summaries):
             continue
-        cells = [s.get(key) for s in summaries]
-        lines.append(f"  {label:<24}" + "".join(f"{'-' if c is None else fmt.format(c):>16}" for c in cells))
+        cells = [format_metric(s.get(key), fmt) for s in summaries]
+        lines.append(f"  {label:<24}" + "".join(f"{c:>16}" for c in cells))
     for s in summaries:
         for reason, count in s["rejected_reasons"].items():
             example = ", e.g." if count > 1 else ""

@@ -21,7 +21,7 @@ from stallfree.cli.common import (
     positive_int,
     resolve_cost_model,
 )
-from stallfree.tune.sigint import SigintGuard  # light: stdlib only
+from stallfree.tune.sigint import SigintGuard, sigterm_as_sigint  # light: stdlib only
 
 if TYPE_CHECKING:
     from stallfree.tune.pools import TrialPool
@@ -199,6 +199,7 @@ def _progress(args: argparse.Namespace) -> bool:
     return not args.no_progress and sys.stderr.isatty()
 
 
+@sigterm_as_sigint()  # a SIGTERM stops the pool and reports as Ctrl-C does
 def run_tune(args: argparse.Namespace) -> int:
     from stallfree.tune.candidates import budget_candidates
     from stallfree.tune.capacity import TuneConfig, TuneInterrupted, tune
@@ -265,14 +266,16 @@ def run_tune(args: argparse.Namespace) -> int:
     with _backend(args) as backend:
         try:
             result = tune(config, backend, progress=_progress(args))
-        except TuneInterrupted as error:  # Ctrl-C: report the budgets whose searches finished
+        except TuneInterrupted as error:  # Ctrl-C / SIGTERM: report what was measured
             interrupted, result = error, error.result
         workers = backend.workers
     out = result.to_json()
     if interrupted is not None:
+        out["partial"] = True
         out["interrupted"] = {
             "searches_finished": len(result.points),
             "searches": interrupted.num_searches,
+            "unfinished": [search.to_json() for search in interrupted.unfinished],
         }
     out["cost_model_note"] = cost_model_note  # why auto picked the kind; None when named
     out["ridge_tokens"] = ridge
@@ -303,7 +306,12 @@ def run_tune(args: argparse.Namespace) -> int:
         print(format_tune(out))
     if interrupted is not None:
         sys.stdout.flush()
-        print("stallfree tune: interrupted", file=sys.stderr)
+        print(
+            f"stallfree tune: interrupted; the partial result ({len(result.points)} of "
+            f"{interrupted.num_searches} searches finished, the {len(result.trials)} trials run, the "
+            f"others' bounds so far) is on stdout{' (JSON, partial: true)' if args.json else ''}",
+            file=sys.stderr,
+        )
         return 130
     met = any(entry["best_budget"] is not None for entry in out["policies"].values())
     return 0 if met else 1
@@ -353,6 +361,7 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+@sigterm_as_sigint()  # a SIGTERM goes where a Ctrl-C goes: recorded by the guard below
 def run_sweep(args: argparse.Namespace) -> int:
     # Ctrl-C at any moment: the pool stops and reaps its workers, the rows finished so far stay
     # in trials.csv. The guard records it and raises it where that is safe (each pool call, the

@@ -4,7 +4,13 @@ The SAME code scores simulated and measured runs (:mod:`.summary`); :mod:`.io` r
 goodput SLO strings and per-request CSV files.
 """
 
-from stallfree.metrics.io import RECORD_COLUMNS, parse_goodput, read_records_csv, write_records_csv
+from stallfree.metrics.io import (
+    RECORD_COLUMNS,
+    format_metric,
+    parse_goodput,
+    read_records_csv,
+    write_records_csv,
+)
 from stallfree.metrics.summary import (
     COMPLETED_REASONS,
     GOODPUT_METRICS,
@@ -25,6 +31,7 @@ __all__ = [
     "ItlAccumulator",
     "RequestRecord",
     "Summary",
+    "format_metric",
     "parse_goodput",
     "read_records_csv",
     "record_from_token_times",

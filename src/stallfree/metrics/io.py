@@ -1,9 +1,11 @@
-"""Text in and out of :mod:`stallfree.metrics.summary`: goodput SLO strings and per-request CSV files.
+"""Text in and out of :mod:`stallfree.metrics.summary`: goodput SLO strings, per-request CSV files
+and table cells.
 
 SLOs use ``vllm bench serve --goodput`` syntax: ``METRIC:MILLISECONDS`` pairs for ``ttft``,
 ``tpot`` and ``e2el``. The CSV has one row per :class:`~stallfree.metrics.summary.RequestRecord`, its
 columns the record's fields in order; an unknown time (None) is an empty cell. Writing then
 reading gives back equal records (the csv module writes floats with ``repr``, which round-trips).
+A summary's None (a latency with no sample) is ``-`` in a table (:func:`format_metric`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ def parse_goodput(slos: str | Iterable[str]) -> dict[str, float]:
             raise ValueError(f"goodput SLO for {name} given twice")
         parsed[name] = slo_ms
     return parsed
+
+
+def format_metric(value: float | int | None, fmt: str) -> str:
+    """``fmt.format(value)``, or ``-`` for None: a metric with no sample, never a 0 that reads as fast."""
+    return "-" if value is None else fmt.format(value)
 
 
 def write_records_csv(records: Iterable[RequestRecord], path: str | os.PathLike[str]) -> int:

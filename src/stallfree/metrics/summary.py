@@ -11,8 +11,9 @@ definitions are vLLM's: TTFT = first token - arrival; E2EL = finish - arrival; T
 TTFT) / (output tokens - 1) over requests with more than one output token; ITL = every gap
 between consecutive tokens of a request; std is the population std; percentiles use numpy's
 default linear interpolation, and weighted ITL statistics equal numpy's on the expanded array.
-Latency statistics cover completed requests only (finish reason ``length`` or ``stop``); an
-empty set of samples gives 0, as in vLLM. Goodput counts completed requests meeting every SLO.
+Latency statistics cover completed requests only (finish reason ``length`` or ``stop``); a
+metric with no sample (nothing completed; for TPOT and ITL, no request with two tokens) is None,
+where vLLM gives 0, which reads as fast. Goodput counts completed requests meeting every SLO.
 Parsing SLO strings and reading/writing records as CSV live in :mod:`stallfree.metrics.io`.
 """
 
@@ -172,7 +173,7 @@ def weighted_stats(values: npt.ArrayLike, counts: npt.ArrayLike) -> dict[str, fl
 
 def _unweighted_stats(values: Sequence[float]) -> dict[str, float]:
     """The same statistics with numpy itself, exactly as ``vllm bench serve`` computes them."""
-    x = np.asarray(values if len(values) else [0.0], dtype=np.float64)
+    x = np.asarray(values, dtype=np.float64)
     stats = {"mean": float(np.mean(x)), "median": float(np.median(x)), "std": float(np.std(x))}
     stats.update({f"p{p}": float(np.percentile(x, p)) for p in PERCENTILES})
     return stats
@@ -231,8 +232,9 @@ def summarize(
     goodput: Mapping[str, float] | None = None,
 ) -> Summary:
     """vLLM-style summary of a run that lasted ``duration_s``; ``goodput`` maps metric -> SLO in ms
-    (see :func:`parse_goodput`); ``request_goodput`` is None without SLOs, as in vLLM. With no
-    completed request every latency statistic is None (vLLM prints 0, which reads as fast)."""
+    (see :func:`parse_goodput`); ``request_goodput`` is None without SLOs, as in vLLM. A latency
+    with no sample has None for every statistic (vLLM prints 0, which reads as fast): all of them
+    with no completed request, TPOT's and ITL's (``max_itl_ms`` too) when none had two tokens."""
     records = list(records)
     done = [r for r in records if r.is_completed]
     # A run where nothing completed may last no time at all (every request rejected on arrival).
@@ -277,17 +279,17 @@ def summarize(
             [value_s <= slo_ms / 1000 for value_s in per_metric[name]] for name, slo_ms in goodput.items()
         ]
         summary["request_goodput"] = _rate(sum(all(row) for row in zip(*checks, strict=True)), duration_s)
-    itl_stats = itl.stats()
+    # No sample, no latency: None (null in JSON), never a 0 that reads as fast.
+    itl_stats = itl.stats() if done and itl.num_samples else None
     for name, stats in (
-        ("ttft", _unweighted_stats(ttfts_s)),
-        ("tpot", _unweighted_stats(tpots_s)),
+        ("ttft", _unweighted_stats(ttfts_s) if ttfts_s else None),
+        ("tpot", _unweighted_stats(tpots_s) if tpots_s else None),
         ("itl", itl_stats),
-        ("e2el", _unweighted_stats(e2els_s)),
+        ("e2el", _unweighted_stats(e2els_s) if e2els_s else None),
     ):
         for stat in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES)):
-            # Nothing completed, no latency: None (null in JSON), never a 0 that reads as fast.
-            summary[f"{stat}_{name}_ms"] = stats[stat] * 1000 if done else None
-    summary["max_itl_ms"] = itl_stats["max"] * 1000 if done else None
+            summary[f"{stat}_{name}_ms"] = stats[stat] * 1000 if stats is not None else None
+    summary["max_itl_ms"] = itl_stats["max"] * 1000 if itl_stats is not None else None
     delay_stats = _unweighted_stats(delays_s) if delays_s else None
     for stat in ("mean", "median", "p99"):
         summary[f"{stat}_scheduling_delay_ms"] = delay_stats[stat] * 1000 if delay_stats else None

@@ -9,7 +9,7 @@ KV capacity from memory, a scheduler with one policy) and runs a workload throug
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,7 +34,8 @@ from stallfree.workload import Workload, WorkloadArrays, sample
 
 @dataclass(frozen=True, slots=True)
 class SimulationResult:
-    """One policy's run. ``summary`` has vLLM's benchmark keys plus ours (see :func:`simulate`)."""
+    """One policy's run. ``summary`` has vLLM's benchmark keys plus ours (see :func:`simulate`).
+    ``partial``: stopped early (``simulate``'s ``stop``); then it covers what was done by then."""
 
     policy: str
     summary: dict[str, Any]
@@ -42,6 +43,7 @@ class SimulationResult:
     itl: ItlAccumulator
     kv: KvMemory
     steps: StepTrace | None
+    partial: bool = False
 
 
 def simulate(
@@ -64,6 +66,7 @@ def simulate(
     fast: bool = True,
     step_noise: bool = False,
     step_scales: tuple[float, float] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> SimulationResult:
     """Simulate ``workload`` served as ``serving`` says on ``tp`` x ``hardware`` running ``model``.
 
@@ -98,6 +101,11 @@ def simulate(
     (steps that took longer), ``num_guarded_steps`` (steps whose first prompt got the 16-token
     starvation guard past the target) and ``num_decode_overruns`` (of those, steps whose decodes
     alone were over it).
+
+    ``stop`` (a Ctrl-C's flag, say) is asked between steps; once it returns True the run ends
+    there and the result is ``partial``: the records of the requests finished by then (the rest
+    left out), the summary of those over the simulated time so far, with ITL samples of every
+    gap simulated so far (requests still in flight included) and the steps run.
     """
     hardware_spec = load_hardware_spec(hardware) if isinstance(hardware, str) else hardware
     if cost_model == "auto":
@@ -181,17 +189,19 @@ def simulate(
         fast=fast,
         keep_steps=keep_steps,
         step_budget_s=serving.step_budget_s,
+        stop=stop,
     )
-    if not run.records:
+    if not run.records and not run.stopped:
         raise ValueError("no request could run: the workload is empty")
     # Every request rejected is a result (nulls and the rejections), whenever they arrived: a
     # lone request or all-at-once arrivals give a zero duration, later arrivals a positive one.
+    scores = summarize(run.records, run.itl, run.duration_s, goodput)
     summary: dict[str, Any] = {
         "policy": serving.policy,
-        **summarize(run.records, run.itl, run.duration_s, goodput),
-        # exact, where the ITL samples are rounded to 16 significant bits
+        **scores,
+        # exact, where the ITL samples are rounded to 16 significant bits (None without a gap)
         "max_itl_ms": max((r.max_itl_s for r in run.records), default=0.0) * 1000
-        if any(r.is_completed for r in run.records)
+        if scores["max_itl_ms"] is not None
         else None,
         "num_steps": run.num_steps,
         "max_step_ms": run.max_step_s * 1000,
@@ -200,7 +210,7 @@ def simulate(
         "kv_block_size": serving.block_size,
         "rejected_reasons": run.rejected_reasons,
     }
-    return SimulationResult(serving.policy, summary, run.records, run.itl, kv, run.steps)
+    return SimulationResult(serving.policy, summary, run.records, run.itl, kv, run.steps, run.stopped)
 
 
 def auto_cost_model(

@@ -16,13 +16,16 @@ them all at once with :meth:`CostModel.steady_durations` and applies them with
 :meth:`Scheduler.update_steady`. Invariant: ``fast=True`` gives the same records and ITL samples
 as ``fast=False`` (one :meth:`Scheduler.schedule` per step); the clock is summed step by step in
 the same order, so the times are equal bit for bit.
+
+A run can be stopped early (``stop``, polled once per plan, between steps): it then holds the
+requests finished by then, and the clock where it stopped (``stopped``).
 """
 
 from __future__ import annotations
 
 import re
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -80,6 +83,7 @@ class TrafficRun:
     steps: StepTrace | None
     max_step_s: float = 0.0
     num_steps_over_budget: int = 0  # steps longer than run_traffic's step_budget_s (0 without one)
+    stopped: bool = False  # stop() said so before every request had finished
 
 
 class _Live:
@@ -120,12 +124,15 @@ def run_traffic(
     fast: bool = True,
     keep_steps: bool = False,
     step_budget_s: float | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> TrafficRun:
     """Run ``requests`` (ordered by ``arrival_time_s``) through ``scheduler`` until all are done.
 
     The clock starts at 0. Requests the scheduler rejects become records with finish reason
     ``rejected``. ``keep_steps`` keeps a :class:`StepTrace` (for figures and Perfetto traces).
     ``step_budget_s``: count the steps whose duration exceeds it (``num_steps_over_budget``).
+    ``stop`` is asked before each plan; once it returns True the run ends there (``stopped``),
+    with the records of the requests finished so far and ``duration_s`` the clock at the stop.
     """
     pending = iter(requests)
     upcoming = next(pending, None)
@@ -141,7 +148,13 @@ def run_traffic(
     num_steps = num_plans = num_preemptions = num_over = 0
     max_step_s = 0.0
     last_arrival_s = 0.0
+    stopped = False
     while True:
+        # One check a plan (a steady run of many steps checks once); a run with nothing left to
+        # do is complete, not stopped.
+        if stop is not None and stop() and (upcoming is not None or scheduler.has_unfinished_requests()):
+            stopped = True
+            break
         while upcoming is not None and upcoming.arrival_time_s <= clock:
             if upcoming.arrival_time_s < last_arrival_s:
                 raise ValueError(f"request {upcoming.request_id} arrives before the one before it")
@@ -212,6 +225,7 @@ def run_traffic(
         steps=trace,
         max_step_s=max_step_s,
         num_steps_over_budget=num_over,
+        stopped=stopped,
     )
 
 

@@ -103,13 +103,38 @@ def tune_searches(config: TuneConfig) -> list[tuple[TrialSpec, CapacitySearch]]:
     return searches
 
 
-class TuneInterrupted(KeyboardInterrupt):
-    """Ctrl-C during :func:`tune`; ``result`` holds only the (policy, budget) searches that had
-    finished, and ``num_searches`` how many there were in all."""
+@dataclass(frozen=True, slots=True)
+class UnfinishedSearch:
+    """A (policy, budget)'s search cut short: its capacity lies in ``[passed_qps, failed_qps)``
+    as far as its trials tell (None: no trial passed, or none failed, yet)."""
 
-    def __init__(self, result: TuneResult, num_searches: int) -> None:
+    policy: str
+    token_budget: int
+    step_budget_ms: float | None
+    num_trials: int
+    passed_qps: float | None
+    failed_qps: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "token_budget": self.token_budget,
+            "step_budget_ms": self.step_budget_ms,
+            "num_trials": self.num_trials,
+            "passed_qps": self.passed_qps,
+            "failed_qps": self.failed_qps,
+        }
+
+
+class TuneInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during :func:`tune`; ``result`` holds the (policy, budget) searches that
+    had finished and every trial run, ``unfinished`` the bounds the other searches had reached,
+    and ``num_searches`` how many searches there were in all."""
+
+    def __init__(self, result: TuneResult, unfinished: list[UnfinishedSearch], num_searches: int) -> None:
         super().__init__()
         self.result = result
+        self.unfinished = unfinished
         self.num_searches = num_searches
 
 
@@ -120,8 +145,20 @@ def tune(config: TuneConfig, pool: TrialPool, *, progress: bool = False) -> Tune
         trials = run_jobs(jobs, pool, config.slos, progress=progress, desc="tune")
     except JobsInterrupted as interrupted:
         finished = [(spec, search) for spec, search in searches if search.is_done]
+        unfinished = [
+            UnfinishedSearch(
+                policy=spec.policy,
+                token_budget=spec.token_budget,
+                step_budget_ms=spec.step_budget_ms,
+                num_trials=search.num_trials,
+                passed_qps=search.lo,
+                failed_qps=search.hi,
+            )
+            for spec, search in searches
+            if not search.is_done
+        ]
         result = TuneResult(config, _points(finished), interrupted.records)
-        raise TuneInterrupted(result, len(searches)) from None
+        raise TuneInterrupted(result, unfinished, len(searches)) from None
     return TuneResult(config, _points(searches), trials)
 
 

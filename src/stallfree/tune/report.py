@@ -57,6 +57,7 @@ def format_tune(out: dict[str, Any]) -> str:
             lines.append(
                 f"  {policy:<16}{point['token_budget']:>8,}{point['max_num_seqs']:>10}{cap:>16}{point['num_trials']:>8}{mark}"
             )
+    lines += _unfinished_lines(out)
     finished = " of the budgets finished" if "interrupted" in out else ""
     lines += _full_step_notes(out)
     lines += ["", f"best budget per policy{finished} (* above):"]
@@ -89,6 +90,31 @@ def format_tune(out: dict[str, Any]) -> str:
         if path.endswith(".png"):
             lines.append(f"figure: {path}")
     return "\n".join(lines)
+
+
+def _unfinished_lines(out: dict[str, Any]) -> list[str]:
+    """An interrupted tune's searches cut short, with how far each had got: capacity at least the
+    highest QPS that passed, below the lowest that missed."""
+    unfinished = out.get("interrupted", {}).get("unfinished", [])
+    if not unfinished:
+        return []
+    started = [search for search in unfinished if search["num_trials"]]
+    lines = ["", "searches cut short, capacity as far as their trials tell:"]
+    for search in started:
+        step_ms = search["step_budget_ms"]
+        budget = f"{step_ms:g} ms" if step_ms is not None else f"{search['token_budget']:,}"
+        passed, failed = search["passed_qps"], search["failed_qps"]
+        if passed is not None and failed is not None:
+            bounds = f"{_qps(passed)} to {_qps(failed)} QPS (passed, missed)"
+        elif passed is not None:
+            bounds = f"at least {_qps(passed)} QPS (passed; none missed yet)"
+        else:
+            bounds = f"below {_qps(failed)} QPS (missed; none passed yet)"
+        trials = f"{search['num_trials']} trial{'s' if search['num_trials'] != 1 else ''}"
+        lines.append(f"  {search['policy']:<16}{budget:>8}  {bounds}, {trials}")
+    if len(started) < len(unfinished):
+        lines.append(f"  {len(unfinished) - len(started)} more had no trial finished")
+    return lines
 
 
 def _full_step_notes(out: dict[str, Any]) -> list[str]:

@@ -1,4 +1,4 @@
-"""Ctrl-C (SIGINT) during ``tune`` and ``sweep``: never lost, never raised where it breaks a pool.
+"""Ctrl-C (SIGINT) and SIGTERM during long commands: never lost, never raised where it breaks a pool.
 
 Python turns SIGINT into KeyboardInterrupt at whatever line the main thread is running. Three
 kinds of line make that go wrong, and this module owns the answers:
@@ -18,6 +18,12 @@ raised at points where an exception is safe (:meth:`SigintGuard.check`, and the 
 :func:`deferred` block); :func:`interruptible` lets it raise at once around long work such as a
 trial run in this process. Everything acts in the main thread only (the one Python runs signal
 handlers in), and an ignored SIGINT stays ignored.
+
+SIGTERM (``kill PID``, a container's stop) would otherwise end the process at once, leaving its
+pool workers running: :func:`sigterm_as_sigint` (a command handler's decorator) sends it down
+the Ctrl-C path above, so every command stops, reaps and keeps what it finished the same way for
+both. :func:`stop_on_signal` is for work that polls: either signal only sets a flag, and the work
+stops at its next clean point (a simulation between steps).
 """
 
 from __future__ import annotations
@@ -110,3 +116,71 @@ def interruptible() -> Iterator[None]:
             yield
     else:
         yield
+
+
+def _sigterm_as_sigint(signum: int, frame: FrameType | None) -> None:
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        raise KeyboardInterrupt  # SIGINT ignored (a background job): a SIGTERM must still stop it
+    # Raised again as SIGINT, it meets whatever handles SIGINT now: Python's KeyboardInterrupt, a
+    # SigintGuard, deferred()'s hold, asyncio's handler; blocked in this thread, it waits as one.
+    signal.raise_signal(signal.SIGINT)
+
+
+@contextlib.contextmanager
+def sigterm_as_sigint() -> Iterator[None]:
+    """While the block runs, a SIGTERM takes the path of a Ctrl-C (where SIGINT is ignored it
+    raises KeyboardInterrupt). Decorate a command's handler with it. Nothing changes outside the
+    main thread or where SIGTERM already has a handler."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+    signal.signal(signal.SIGTERM, _sigterm_as_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class StopFlag:
+    """Set by the first SIGINT or SIGTERM under :func:`stop_on_signal`; polled by the work."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self._set:
+            raise KeyboardInterrupt  # a second signal: the user insists, stop at once
+        self._set = True
+
+
+@contextlib.contextmanager
+def stop_on_signal() -> Iterator[StopFlag]:
+    """While the block runs, the first SIGINT or SIGTERM only sets the flag yielded, so work that
+    polls it (``flag.is_set``) stops at a clean point and keeps what it finished; a second one
+    raises KeyboardInterrupt. An ignored SIGINT stays ignored; outside the main thread nothing is
+    installed (the flag is never set)."""
+    flag = StopFlag()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    takes_over = {
+        signal.SIGINT: (signal.default_int_handler,),
+        signal.SIGTERM: (signal.SIG_DFL, _sigterm_as_sigint),
+    }
+    previous = {}
+    for signum, handlers in takes_over.items():
+        if signal.getsignal(signum) in handlers:
+            previous[signum] = signal.signal(signum, flag)
+    try:
+        yield flag
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -4,7 +4,8 @@ An :class:`Slo` bounds one summary key from above (``p99_itl_ms <= 100``); :clas
 set every trial must meet. :data:`SLO_FLAGS` is the one table that maps the command line's
 names (``tbt_p99_ms`` -> ``--slo-tbt-p99-ms``) to summary keys and units, so the CLI, the YAML
 sweep grid and the JSON echo all speak the same names. TBT (time between tokens, Sarathi-Serve's
-word) is vLLM's ITL. Invariant: a metric that is missing or None (nothing completed) fails.
+word) is vLLM's ITL. Invariant: a metric that is missing, or None with nothing completed, fails;
+None beside completed requests (TPOT and TBT when no request had two tokens: no gap) is met.
 """
 
 from __future__ import annotations
@@ -60,9 +61,12 @@ class Slo:
         return self.limit * 1000 if self.flag.unit == "s" else self.limit
 
     def ratio(self, metrics: Metrics) -> float:
-        """Measured / limit: <= 1 meets the SLO; inf when the metric is missing."""
+        """Measured / limit: <= 1 meets the SLO; inf when the metric is missing or nothing
+        completed; 0 when requests completed without a sample of it (no gap to miss)."""
         value = metrics.get(self.flag.metric)
-        return math.inf if value is None else float(value) / self.limit_ms
+        if value is None:
+            return 0.0 if self.flag.metric in metrics and metrics.get("completed") else math.inf
+        return float(value) / self.limit_ms
 
     def describe(self, metrics: Metrics) -> str:
         """``P99 TBT 131.2 ms (SLO 100 ms)``, in the unit the user gave."""
