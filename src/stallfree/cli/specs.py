@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 from stallfree.cli.common import add_roofline_args, measured_profile, positive_int
 
 if TYPE_CHECKING:
-    from stallfree.sim.cost_model import CostModel
-    from stallfree.sim.gpu_measured import GpuMeasuredCostModel
+    from stallfree.sim.costs import StepPricer
     from stallfree.specs import HardwareSpec, ModelSpec
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -104,16 +103,15 @@ def run(args: argparse.Namespace) -> int:
     if model is not None and hw is not None:
         kv_tokens = _kv_capacity_tokens(model, hw, args.tp, dtype_bytes)
         figures = (args.tp, kv_tokens, args.context_tokens, args.prompt_tokens)
-        if args.cost_model == "measured":  # no --profile: a GPU preset's shipped tables
-            from stallfree.sim.gpu_measured import GpuMeasuredCostModel
+        from stallfree.sim.costs import CostChoice, pick_cost_model
+        from stallfree.sim.gpu_measured import GpuMeasuredCostModel
 
-            gpu = GpuMeasuredCostModel(model, hw, tp=args.tp, dtype_bytes=dtype_bytes)
-            report["measured"] = {**_step_figures(gpu, "measured", *figures), **gpu.describe()}
+        # no --profile here: measured is a GPU preset's shipped tables
+        pick = pick_cost_model(CostChoice(args.cost_model, model, hw, args.tp, dtype_bytes=dtype_bytes))
+        if isinstance(pick.pricer, GpuMeasuredCostModel):
+            report["measured"] = {**_step_figures(pick.pricer, "measured", *figures), **pick.pricer.describe()}
         else:
-            from stallfree.sim.cost_model import CostModel, CostModelConfig
-
-            config = CostModelConfig(model, hw, tp=args.tp, dtype_bytes=dtype_bytes, kind=args.cost_model)
-            report["roofline"] = _step_figures(CostModel(config), config.kind, *figures)
+            report["roofline"] = _step_figures(pick.pricer, pick.kind, *figures)
     print(json.dumps(report, indent=2) if args.json else _report_text(report))
     return 0
 
@@ -149,7 +147,7 @@ def _hardware_dict(hw: HardwareSpec) -> dict[str, Any]:
 
 
 def _step_figures(
-    costs: CostModel | GpuMeasuredCostModel,
+    costs: StepPricer,
     kind: str,
     tp: int,
     kv_capacity_tokens: int,
