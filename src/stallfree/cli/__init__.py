@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(f"stallfree.cli.{name}").register(sub)
+    parser.set_defaults(command_parsers=sub.choices)  # so an error can be said by the command's parser
     return parser
 
 
@@ -74,8 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
             args, unknown = parser.parse_known_args(argv)
             if unknown:  # said by the command's parser, so the error names the command
-                commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-                commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+                args.command_parsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
             guard.check()
     except KeyboardInterrupt:
         print("stallfree: interrupted", file=sys.stderr)
