@@ -28,7 +28,7 @@ def one(num_requests: int, policy: str, fast: bool, cost_model: str) -> dict[str
     import resource
 
     from stallfree.core.serving import ServingConfig
-    from stallfree.sim import simulate
+    from stallfree.sim import CostChoice, simulate
     from stallfree.workload import TraceLengths, Workload, poisson
 
     workload = Workload(poisson(2.0), TraceLengths("arxiv"))
@@ -36,10 +36,8 @@ def one(num_requests: int, policy: str, fast: bool, cost_model: str) -> dict[str
     began_cpu = time.process_time()
     result = simulate(
         workload,
-        model="llama-3-8b",
-        hardware="a100-80gb",
-        cost_model=cost_model,  # type: ignore[arg-type]  # checked by argparse's choices
-        serving=ServingConfig(policy=policy),
+        CostChoice(model="llama-3-8b", hardware="a100-80gb", kind=cost_model),
+        ServingConfig(policy=policy),
         num_requests=num_requests,
         seed=0,
         fast=fast,

@@ -36,6 +36,7 @@ from stallfree.core.serving import ServingConfig
 from stallfree.explain import PolicyRun, RooflineTimer, Scenario, run_scenario
 from stallfree.sim import simulate
 from stallfree.sim.cost_model import CostModel, CostModelConfig
+from stallfree.sim.costs import CostChoice
 from stallfree.specs import load_hardware_spec, load_model_spec
 from stallfree.workload import TraceLengths, Workload, poisson, sample
 
@@ -161,10 +162,14 @@ def mixed_part(num_requests: int) -> list[dict[str, Any]]:
         requests = _mixed_requests(qps, num_requests, 0)
         kw: dict[str, Any] = {"model": model, "hardware": hardware, "tp": tp, "cost_model": "full"}
         began = time.perf_counter()
-        timed = simulate(requests, serving=ServingConfig(step_budget_ms=budget_ms), **kw).summary
+        timed = simulate(
+            requests, CostChoice(kind="full"), ServingConfig(step_budget_ms=budget_ms), **kw
+        ).summary
         timed_wall = time.perf_counter() - began
         fixed = {
-            b: simulate(requests, serving=ServingConfig(max_num_batched_tokens=b), **kw).summary
+            b: simulate(
+                requests, CostChoice(kind="full"), ServingConfig(max_num_batched_tokens=b), **kw
+            ).summary
             for b in FIXED_BUDGETS
         }
         same_ttft = next((b for b in FIXED_BUDGETS if fixed[b]["p99_ttft_ms"] <= timed["p99_ttft_ms"]), None)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.cli.validate import machine_summary
+from stallfree.sim.costs import CostChoice
 
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 LENGTHS = "fixed:512,64"
@@ -54,7 +55,9 @@ def capacity_qps(profile: Path, policy: str, num_requests: int) -> float:
         max_num_seqs=BUDGET,
     )
     workload = workload_from_options(WorkloadOptions(arrival="all-at-once", lengths=LENGTHS))
-    result = simulate(workload, profile=str(profile), serving=serving, num_requests=num_requests)
+    result = simulate(
+        workload, CostChoice(kind="full", profile=str(profile)), serving, num_requests=num_requests
+    )
     return float(result.summary["request_throughput"])
 
 

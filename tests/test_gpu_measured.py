@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from stallfree.core.plan import StepPlan, synthetic_plan
-from stallfree.sim import auto_cost_model, simulate
+from stallfree.sim import simulate
+from stallfree.sim.costs import CostChoice
 from stallfree.sim.gpu_measured import GPU_FAMILIES, GpuMeasuredCostModel, gpu_family, load_gpu_table
-from stallfree.specs import HARDWARE_PRESETS, load_hardware_spec, load_model_spec
+from stallfree.specs import load_hardware_spec, load_model_spec
 from stallfree.workload import Workload, parse_lengths, poisson
 
 
@@ -86,40 +85,21 @@ def test_unknown_pair_falls_back_with_its_source() -> None:
 
 def test_simulate_uses_it_for_gpu_presets() -> None:
     workload = Workload(arrivals=poisson(2.0), lengths=parse_lengths("fixed:256,16"))
-    measured = simulate(workload, model="mistral-7b", cost_model="measured", num_requests=20)
-    roofline = simulate(workload, model="mistral-7b", cost_model="full", num_requests=20)
+    measured = simulate(workload, CostChoice(model="mistral-7b", kind="measured"), num_requests=20)
+    roofline = simulate(workload, CostChoice(model="mistral-7b", kind="full"), num_requests=20)
     assert measured.summary["median_tpot_ms"] > roofline.summary["median_tpot_ms"]
     with pytest.raises(ValueError, match="needs a profile"):
-        simulate(workload, hardware="l40s", cost_model="measured", num_requests=5)
+        simulate(workload, CostChoice(hardware="l40s", kind="measured"), num_requests=5)
     assert np.isfinite(measured.summary["median_ttft_ms"])
-
-
-def test_auto_picks_the_most_accurate_model_available(tmp_path: Path) -> None:
-    assert auto_cost_model("a100-80gb") == ("measured", "Vidur's A100 tables")
-    assert auto_cost_model("a100-40gb", model="mistral-7b") == ("measured", "Vidur's A100 tables")
-    assert auto_cost_model("h100-sxm", model="llama-3-8b") == (
-        "measured",
-        "Vidur's H100 tables, Llama-2-7b-hf's curve",  # no Llama-3-8B table for H100: borrowed
-    )
-    assert auto_cost_model("l40s") == ("full", "no measured table for l40s")
-    assert auto_cost_model("h200")[0] == "full"  # a preset, but no shipped table
-    assert auto_cost_model("l40s", profile="p.json") == ("measured", "profile p.json")  # a profile wins
-    a100 = HARDWARE_PRESETS["a100-80gb"]
-    assert auto_cost_model(a100)[0] == "measured"
-    # A spec or file that differs from the preset is not priced from its table, whatever its name.
-    derated = dataclasses.replace(a100, peak_flops_per_s=0.7 * a100.peak_flops_per_s)
-    assert auto_cost_model(derated) == ("full", "no measured table for a100-80gb")
-    path = tmp_path / "a100.json"
-    path.write_text(json.dumps({**dataclasses.asdict(derated)}))
-    assert auto_cost_model(str(path))[0] == "full"
 
 
 def test_simulate_auto_is_the_kind_it_picks() -> None:
     workload = Workload(arrivals=poisson(2.0), lengths=parse_lengths("fixed:256,16"))
-    auto = simulate(workload, model="mistral-7b", cost_model="auto", num_requests=20)
+    auto = simulate(workload, CostChoice(model="mistral-7b", kind="auto"), num_requests=20)
     assert (
-        auto.summary == simulate(workload, model="mistral-7b", cost_model="measured", num_requests=20).summary
+        auto.summary
+        == simulate(workload, CostChoice(model="mistral-7b", kind="measured"), num_requests=20).summary
     )
-    auto = simulate(workload, model="mistral-7b", hardware="l40s", cost_model="auto", num_requests=20)
-    full = simulate(workload, model="mistral-7b", hardware="l40s", cost_model="full", num_requests=20)
+    auto = simulate(workload, CostChoice(model="mistral-7b", hardware="l40s", kind="auto"), num_requests=20)
+    full = simulate(workload, CostChoice(model="mistral-7b", hardware="l40s", kind="full"), num_requests=20)
     assert auto.summary == full.summary

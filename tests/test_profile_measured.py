@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from stallfree.core import ScheduledChunk, StepPlan
+from stallfree.sim.costs import CostChoice
 from stallfree.sim.measured import Curve, MeasuredCostModel, StepFeatures, fit_forward, nnls, plan_features
 from stallfree.specs.step_profile import (
     SamplingPoint,
@@ -205,7 +206,13 @@ def test_simulate_with_the_measured_model_fast_path_equals_step_by_step() -> Non
     for policy in ("chunked", "prefill-first"):
         serving = ServingConfig(policy=policy, max_num_batched_tokens=64, max_num_seqs=16, num_blocks=300)
         runs = [
-            simulate(workload, model="llama-3-8b", profile=model, serving=serving, num_requests=80, fast=fast)
+            simulate(
+                workload,
+                CostChoice(kind="full", model="llama-3-8b", profile=model),
+                serving,
+                num_requests=80,
+                fast=fast,
+            )
             for fast in (True, False)
         ]
         assert runs[0].records == runs[1].records
@@ -274,7 +281,11 @@ def test_simulate_with_step_noise_widens_the_itl_tail_not_its_median() -> None:
     model = MeasuredCostModel(noisy_profile(0.3))
     runs = [
         simulate(
-            workload, model="llama-3-8b", profile=model, serving=serving, num_requests=150, step_noise=noise
+            workload,
+            CostChoice(kind="full", model="llama-3-8b", profile=model),
+            serving,
+            num_requests=150,
+            step_noise=noise,
         )
         for noise in (False, True)
     ]
@@ -282,7 +293,9 @@ def test_simulate_with_step_noise_widens_the_itl_tail_not_its_median() -> None:
     assert noisy["p99_itl_ms"] > 1.15 * steady["p99_itl_ms"]  # factors up to 1.95x
     assert noisy["median_itl_ms"] == pytest.approx(steady["median_itl_ms"], rel=0.25)
     with pytest.raises(ValueError, match="need a profile"):
-        simulate(workload, model="llama-3-8b", serving=serving, num_requests=5, step_noise=True)
+        simulate(
+            workload, CostChoice(kind="full", model="llama-3-8b"), serving, num_requests=5, step_noise=True
+        )
 
 
 def decode_only_points() -> list[tuple[StepFeatures, float]]:

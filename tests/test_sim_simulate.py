@@ -10,6 +10,7 @@ import pytest
 from stallfree.core import Request
 from stallfree.core.serving import ServingConfig
 from stallfree.sim import simulate
+from stallfree.sim.costs import CostChoice
 from stallfree.workload import AllAtOnce, FixedLengths, TraceLengths, Workload, poisson
 
 ARXIV = Workload(poisson(2.0), TraceLengths("arxiv"))  # prompts of ~2,600 tokens, outputs ~290
@@ -17,7 +18,7 @@ ARXIV = Workload(poisson(2.0), TraceLengths("arxiv"))  # prompts of ~2,600 token
 
 def test_chunked_has_a_far_lower_p99_itl_than_prefill_first_at_equal_throughput() -> None:
     runs = {
-        p: simulate(ARXIV, serving=ServingConfig(policy=p), num_requests=300).summary
+        p: simulate(ARXIV, CostChoice(kind="full"), ServingConfig(policy=p), num_requests=300).summary
         for p in ("chunked", "prefill-first")
     }
     chunked, prefill_first = runs["chunked"], runs["prefill-first"]
@@ -30,8 +31,12 @@ def test_chunked_has_a_far_lower_p99_itl_than_prefill_first_at_equal_throughput(
 
 
 def test_decode_first_starves_new_prompts() -> None:
-    chunked = simulate(ARXIV, serving=ServingConfig(policy="chunked"), num_requests=200).summary
-    decode_first = simulate(ARXIV, serving=ServingConfig(policy="decode-first"), num_requests=200).summary
+    chunked = simulate(
+        ARXIV, CostChoice(kind="full"), ServingConfig(policy="chunked"), num_requests=200
+    ).summary
+    decode_first = simulate(
+        ARXIV, CostChoice(kind="full"), ServingConfig(policy="decode-first"), num_requests=200
+    ).summary
     assert decode_first["mean_ttft_ms"] > 10 * chunked["mean_ttft_ms"]
     assert decode_first["max_itl_ms"] <= chunked["max_itl_ms"]  # nothing ever interrupts its decodes
 

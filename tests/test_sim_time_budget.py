@@ -13,6 +13,7 @@ from stallfree.cli import main
 from stallfree.core import Request
 from stallfree.core.serving import ServingConfig
 from stallfree.sim import simulate
+from stallfree.sim.costs import CostChoice
 from stallfree.workload import TraceLengths, Workload, poisson
 
 
@@ -23,8 +24,10 @@ def _long_prompt_into_streams(prompt_tokens: int) -> list[Request]:
 
 
 def test_a_time_budget_holds_every_step_where_a_fixed_budget_grows_with_the_context() -> None:
-    kw: dict[str, Any] = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "keep_steps": True}
-    timed = simulate(_long_prompt_into_streams(32768), serving=ServingConfig(step_budget_ms=40), **kw)
+    h100 = CostChoice(kind="full", model="llama-3.1-8b", hardware="h100-sxm")
+    timed = simulate(
+        _long_prompt_into_streams(32768), h100, ServingConfig(step_budget_ms=40), keep_steps=True
+    )
     s = timed.summary
     assert s["completed"] == 17 and s["step_budget_ms"] == 40
     assert s["num_steps_over_budget"] == 0 and s["max_step_ms"] <= 40.0 and s["max_itl_ms"] <= 40.0
@@ -37,8 +40,8 @@ def test_a_time_budget_holds_every_step_where_a_fixed_budget_grows_with_the_cont
     # a fixed budget as large as the first time-sized step: its later steps run past 40 ms
     fixed = simulate(
         _long_prompt_into_streams(32768),
-        serving=ServingConfig(max_num_batched_tokens=int(chunks[0]) + 16),
-        **kw,
+        h100,
+        ServingConfig(max_num_batched_tokens=int(chunks[0]) + 16),
     ).summary
     assert fixed["max_step_ms"] > 45.0 and "num_steps_over_budget" not in fixed
 
@@ -62,7 +65,9 @@ def test_the_fast_path_equals_the_slow_one_under_memory_pressure() -> None:
 
 
 def test_a_target_below_the_decode_step_is_counted_not_obeyed() -> None:
-    s = simulate(_long_prompt_into_streams(2048), serving=ServingConfig(step_budget_ms=2)).summary
+    s = simulate(
+        _long_prompt_into_streams(2048), CostChoice(kind="full"), ServingConfig(step_budget_ms=2)
+    ).summary
     assert s["completed"] == 17  # the guard still moves the prompt
     assert s["num_steps_over_budget"] == s["num_steps"]  # a decode step alone takes ~8 ms
     # every prompt (the streams, then the long one) moves by the guard's 16 tokens a step

@@ -18,6 +18,7 @@ import pytest
 from stallfree.cli import main
 from stallfree.core.serving import ServingConfig
 from stallfree.sim import simulate
+from stallfree.sim.costs import CostChoice
 from stallfree.ui.api import handle
 from stallfree.ui.server import serve_in_thread
 from stallfree.workload import TraceLengths, Workload, gamma
@@ -123,8 +124,9 @@ def test_simulate_is_the_simulator() -> None:
     assert status == 200
     direct = simulate(
         Workload(gamma(4.0, 0.5), TraceLengths("sharegpt")),
+        CostChoice(kind="full"),
+        ServingConfig(policy="prefill-first", max_num_batched_tokens=256),
         num_requests=300,
-        serving=ServingConfig(policy="prefill-first", max_num_batched_tokens=256),
         keep_steps=True,
     ).summary
     assert view["summary"] == {key: direct[key] for key in view["summary"]}

@@ -13,6 +13,7 @@ pytest.importorskip("torch")
 from stallfree.cli import main
 from stallfree.engine.profiler import model_dims
 from stallfree.engine.random_models import random_spec
+from stallfree.sim.costs import CostChoice
 from stallfree.sim.measured import plan_features
 from stallfree.specs.step_profile import SamplingPoint, Stats, StepPoint, StepProfile, save_profile
 from stallfree.workload.bench_result import load_bench_result
@@ -178,9 +179,11 @@ def test_a_profile_sizes_the_kv_cache_as_the_engine_does_not_from_the_hardware(t
     context = random_spec("tiny").max_position_embeddings
     for seqs, model_len in ((4, None), (8, 256)):
         serving = ServingConfig(max_num_seqs=seqs, max_model_len=model_len)
-        result = simulate(workload, profile=profile, serving=serving, num_requests=3)
+        result = simulate(workload, CostChoice(kind="full", profile=profile), serving, num_requests=3)
         assert result.summary["num_kv_blocks"] == seqs * ceil_div(model_len or context, 16)
-    fixed = simulate(workload, profile=profile, serving=ServingConfig(num_blocks=100), num_requests=3)
+    fixed = simulate(
+        workload, CostChoice(kind="full", profile=profile), ServingConfig(num_blocks=100), num_requests=3
+    )
     assert fixed.summary["num_kv_blocks"] == 100
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from stallfree.core.serving import ServingConfig
+    from stallfree.sim.costs import CostPick
 
 
 class UsageError(Exception):
@@ -96,16 +97,29 @@ COST_MODEL_CHOICES = ("weights-only", "full", "measured")
 
 
 def resolve_cost_model(args: argparse.Namespace) -> str | None:
-    """``--cost-model auto`` replaced in ``args`` by what it picks for ``--hardware`` (see
-    :func:`stallfree.sim.api.auto_cost_model`); the few words that say why, or None when a kind
-    was given. Call it before :func:`measured_profile`."""
+    """``--cost-model auto`` replaced in ``args`` by what the cost-model factory picks for it; the
+    few words that say why, or None when a kind was given. Call it before :func:`measured_profile`."""
     if args.cost_model != "auto":
         return None
-    from stallfree.sim.api import auto_cost_model
+    pick = pick_costs(args)
+    args.cost_model = pick.kind
+    return pick.why
 
-    kind, why = auto_cost_model(args.hardware, model=args.model, tp=args.tp, profile=args.profile)
-    args.cost_model = kind
-    return f"{why}; auto"
+
+def pick_costs(args: argparse.Namespace, **options: Any) -> CostPick:
+    """``--model --hardware --tp --cost-model --profile`` through the one cost-model factory;
+    ``options`` are further :class:`~stallfree.sim.costs.CostChoice` fields (``dtype_bytes``,
+    ``sampling``, ``step_overhead_s``)."""
+    from stallfree.sim.costs import CostChoice, pick_cost_model
+
+    kind = args.cost_model
+    if kind != "auto":
+        measured_profile(args, gpu_tables=True)  # measured with neither: say which flag is missing
+    choice = CostChoice(kind, args.model, args.hardware, args.tp, args.profile, **options)
+    try:
+        return pick_cost_model(choice)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def measured_profile(args: argparse.Namespace, gpu_tables: bool = False) -> str | None:

@@ -19,8 +19,7 @@ from stallfree.cli.common import (
     UsageError,
     add_roofline_args,
     add_serving_args,
-    measured_profile,
-    resolve_cost_model,
+    pick_costs,
     serving_config,
 )
 from stallfree.tune.sigint import sigterm_as_sigint, stop_on_signal  # light: stdlib only
@@ -159,19 +158,27 @@ def run(args: argparse.Namespace) -> int:
     from stallfree.workload import sample
 
     policies = _policies(args.policy)
-    step_profile = None  # read once: the model default, the header and every policy's run
+    step_profile = None  # the model default and the header's fingerprint
     if args.profile is not None:
         from stallfree.specs.step_profile import load_profile
 
         step_profile = load_profile(args.profile)
     if args.model is None:
         args.model = str(step_profile.fingerprint.get("model", "profiled")) if step_profile else "llama-3-8b"
-    cost_model_note = resolve_cost_model(args)
-    measured_profile(args, gpu_tables=True)  # checks --cost-model measured has what it needs
     if args.step_noise and step_profile is None:
         raise UsageError("--step-noise needs --profile: it is how the profiled machine's steps varied")
     if not args.step_overhead_ms >= 0:
         raise UsageError(f"--step-overhead-ms must be >= 0, got {args.step_overhead_ms}")
+    auto = args.cost_model == "auto"
+    dtype_bytes = _DTYPE_BYTES[args.dtype] if args.dtype else None
+    costs = pick_costs(
+        args,
+        dtype_bytes=dtype_bytes,
+        sampling=args.sampling,
+        step_overhead_s=args.step_overhead_ms / 1000,
+    )
+    args.cost_model = costs.kind  # resolved: never "auto"
+    cost_model_note = costs.why if auto else None
     goodput = parse_goodput(args.goodput) if args.goodput else None
     if args.replay:
         from stallfree.workload.bench_result import load_bench_result
@@ -189,15 +196,8 @@ def run(args: argparse.Namespace) -> int:
             started = time.perf_counter()
             result = simulate(
                 requests,
-                model=args.model,
-                hardware=args.hardware,
-                tp=args.tp,
-                cost_model=args.cost_model,
-                profile=step_profile,
-                sampling=args.sampling,
-                dtype_bytes=_DTYPE_BYTES[args.dtype] if args.dtype else None,
-                step_overhead_s=args.step_overhead_ms / 1000,
-                serving=_serving(args, policy),
+                costs,
+                _serving(args, policy),
                 gpu_memory_utilization=args.gpu_memory_utilization,
                 goodput=goodput,
                 keep_steps=keep_steps,

@@ -26,6 +26,7 @@ import numpy as np
 
 from stallfree.cli.common import DTYPE_CHOICES, ENGINE_MODELS, UsageError, positive_float, positive_int
 from stallfree.core import DEFAULT_STEP_TOKEN_CAP, DEFAULT_TOKEN_BUDGET
+from stallfree.sim.costs import CostChoice
 
 _DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
 
@@ -230,7 +231,7 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
         per_step = step_errors(model, run.steps, serving.step_budget_s)
     measured = summarize(records, measured_itl, duration)
     measured["max_itl_ms"] = max((r.max_itl_s for r in records if r.is_completed), default=0.0) * 1000
-    sim = simulate(requests, model=None, profile=model, serving=serving)
+    sim = simulate(requests, CostChoice(kind="measured", profile=model), serving)
     predicted = sim.summary
     comparison = {
         key: {
@@ -253,7 +254,7 @@ def _validate_policy(args: argparse.Namespace, policy: str, model: Any) -> dict[
         )
         extra["at_run_speed"] = {"step_scales": run_scales}
     for name, options in extra.items():
-        again = simulate(requests, model=None, profile=model, serving=serving, **options).summary
+        again = simulate(requests, CostChoice(kind="measured", profile=model), serving, **options).summary
         for key, m in comparison.items():
             m[name] = again.get(key)
             m[f"{name}_ratio"] = _ratio(m[name], m["measured"])

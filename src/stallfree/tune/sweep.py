@@ -10,7 +10,7 @@ Output directory layout:
   ``best`` marking each (model, hardware, tp, policy)'s best budget.
 
 The grid's ``cost_model: auto`` (its default) is resolved per hardware, as ``tune`` resolves it
-(:func:`~stallfree.sim.api.auto_cost_model`), so both files record the kind that ran.
+(:func:`~stallfree.sim.costs.pick_cost_model`), so both files record the kind that ran.
 
 Resume: rows already in ``trials.csv`` are read back by ``key`` and never run again; a search
 replays them and continues where it stopped (searches are deterministic given their trials).
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from stallfree.metrics import Summary
-from stallfree.sim.api import auto_cost_model
+from stallfree.sim.costs import CostChoice, pick_cost_model
 from stallfree.tune.candidates import budget_candidates
 from stallfree.tune.capacity import QPS_RANGE_FACTOR
 from stallfree.tune.grid import CapacityGrid, Grid
@@ -64,7 +64,11 @@ def grid_jobs(grid: Grid) -> tuple[list[Job], list[tuple[TrialSpec, CapacitySear
     searches: list[tuple[TrialSpec, CapacitySearch]] = []
     for model in grid.models:
         for hardware in grid.hardware:
-            cost_model = grid.cost_model if grid.cost_model != "auto" else auto_cost_model(hardware)[0]
+            cost_model = (
+                grid.cost_model
+                if grid.cost_model != "auto"
+                else pick_cost_model(CostChoice(model=model, hardware=hardware)).kind
+            )
             for tp in grid.tp:
                 budgets = (
                     sorted(grid.budgets)

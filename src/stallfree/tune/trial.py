@@ -118,15 +118,10 @@ def run_trial(spec: TrialSpec) -> Summary:
 
 
 def _simulate(spec: TrialSpec) -> SimulationResult:
-    costs = spec.costs
     return simulate(
         _workload(spec),
-        model=spec.model,
-        hardware=spec.hardware,
-        tp=spec.tp,
-        cost_model=costs.kind,  # type: ignore[arg-type]  # checked by the factory
-        profile=costs.profile,
-        serving=spec.serving,
+        _pick(spec.costs),
+        spec.serving,
         gpu_memory_utilization=spec.gpu_memory_utilization,
         num_requests=spec.num_requests,
         seed=spec.seed,

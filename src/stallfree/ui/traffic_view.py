@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from stallfree.core.serving import ServingConfig
 from stallfree.sim import COST_MODEL_KINDS
+from stallfree.sim.costs import CostChoice
 from stallfree.ui.errors import ApiError, check_known, choice, number, one_value, whole
 
 if TYPE_CHECKING:
@@ -97,13 +98,15 @@ def traffic_view(query: dict[str, list[str]]) -> dict[str, Any]:
     budget = whole(query, "token_budget", DEFAULTS["token_budget"], minimum=1, maximum=65536)
     result = simulate(
         workload,
+        CostChoice(
+            model=choice(query, "model", DEFAULTS["model"], tuple(MODEL_PRESETS)),
+            hardware=choice(query, "hardware", DEFAULTS["hardware"], tuple(HARDWARE_PRESETS)),
+            tp=whole(query, "tp", DEFAULTS["tp"], minimum=1, maximum=64),
+            kind=cast("CostModelKind", choice(query, "cost_model", "full", COST_MODEL_KINDS)),
+        ),
+        ServingConfig(policy=policy, max_num_batched_tokens=budget),
         num_requests=whole(query, "num_requests", DEFAULTS["num_requests"], minimum=1, maximum=MAX_REQUESTS),
         seed=whole(query, "seed", DEFAULTS["seed"], minimum=0, maximum=2**31 - 1),
-        model=choice(query, "model", DEFAULTS["model"], tuple(MODEL_PRESETS)),
-        hardware=choice(query, "hardware", DEFAULTS["hardware"], tuple(HARDWARE_PRESETS)),
-        tp=whole(query, "tp", DEFAULTS["tp"], minimum=1, maximum=64),
-        cost_model=cast("CostModelKind", choice(query, "cost_model", "full", COST_MODEL_KINDS)),
-        serving=ServingConfig(policy=policy, max_num_batched_tokens=budget),  # every policy, as the CLI
         keep_steps=True,
     )
     steps = result.steps
