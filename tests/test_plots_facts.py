@@ -1,7 +1,8 @@
-"""What the simulate and tune figures say, read from the figure objects (not pixels)."""
+"""What the simulate, tune and explain figures say, read from the figure objects (not pixels)."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -9,7 +10,11 @@ import pytest
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
+from stallfree.cli import build_parser
+from stallfree.cli.explain import explanation
 from stallfree.core.serving import ServingConfig
+from stallfree.explain import PROMPT_ID, Explanation
+from stallfree.explain.plots import timeline_figure
 from stallfree.plots.traffic import traffic_figures
 from stallfree.plots.tune import tune_figures
 from stallfree.sim import SimulationResult, simulate
@@ -122,6 +127,75 @@ def test_tbt_vs_qps_labels_every_budget_and_says_what_hollow_means() -> None:
         label.get_text() and "^" not in label.get_text() for label in ax.get_xticklabels() if label.get_text()
     )
     _close(figures)
+
+
+def _explained(*args: str) -> Explanation:
+    return explanation(build_parser().parse_args(["explain", "--sweep", "256", *args]))
+
+
+def _with_gid(ax: Any, gid: str) -> list[Any]:
+    return [a for a in (*ax.patches, *ax.lines, *ax.texts) if a.get_gid() == gid]
+
+
+def _spans(patches: list[Any]) -> dict[tuple[float, float], Any]:
+    return {(round(p.get_x(), 9), round(p.get_width(), 9)): p for p in patches}
+
+
+def test_explain_timeline_draws_what_it_claims() -> None:
+    result = _explained()
+    fig = timeline_figure(result)
+    assert fig.axes[-1].get_xlabel() == "time since the prompt arrived (s)"
+    for ax, name in zip(fig.axes, ("prefill-first", "chunked"), strict=False):
+        run = result.runs[name]
+        # x = 0 is the arrival, so the TTFT is read off the axis where its label says
+        (ttft_line,) = _with_gid(ax, "ttft")
+        assert list(ttft_line.get_xdata()) == pytest.approx([run.ttft_s] * 2)
+        (span,) = _with_gid(ax, "ttft-span")
+        assert (span.xyann[0], span.xy[0]) == pytest.approx((0.0, run.ttft_s))
+        label = f"TTFT {run.ttft_s:.2f} s"
+        (text,) = [t for t in ax.texts if label in t.get_text()]
+        assert 0.0 <= text.get_position()[0] <= run.ttft_s
+        # the gap marker spans exactly the longest gap, between two of one stream's tokens
+        (bracket,) = _with_gid(ax, "longest-gap")
+        x0, x1 = min(bracket.get_xdata()), max(bracket.get_xdata())
+        assert x1 - x0 == pytest.approx(run.max_gap_s, rel=1e-9)
+        assert any(
+            (a, b) == pytest.approx((x0 + run.arrival_s, x1 + run.arrival_s))
+            for rid, times in run.token_times_s.items()
+            if rid != PROMPT_ID
+            for a, b in itertools.pairwise(times)
+        )
+        (shade,) = _with_gid(ax, "longest-gap-shade")
+        assert (shade.get_x(), shade.get_width()) == pytest.approx((x0, run.max_gap_s))
+        gap_label = "longest gap 30.8 ms" if name == "chunked" else "longest gap 1.88 s"
+        assert any(t.get_text() == gap_label for t in ax.texts)  # the table's figure
+        # every step that carries the prompt has its orange part; decodes their blue part, below it
+        decode, prompt = _spans(_with_gid(ax, "decode-lane")), _spans(_with_gid(ax, "prompt-lane"))
+        chunk_steps = run.prompt_chunk_steps()
+        assert len(prompt) == len(chunk_steps)
+        for step in chunk_steps:
+            key = (round(step.start_s - run.arrival_s, 9), round(step.duration_s, 9))
+            assert prompt[key].get_height() > 0
+            if step.num_decode_tokens:
+                assert decode[key].get_height() > 0
+                assert prompt[key].get_y() >= decode[key].get_y() + decode[key].get_height()
+            else:
+                assert key not in decode  # the stall: no stream decodes in this step
+    chunked = result.runs["chunked"].prompt_chunk_steps()
+    assert len(chunked) == 64 and all(s.num_decode_tokens == 16 for s in chunked)  # both parts, each step
+    assert len(result.runs["prefill-first"].prompt_chunk_steps()) == 1
+    plt.close(fig)
+
+
+def test_explain_timeline_shows_time_sized_chunks_shrinking() -> None:
+    result = _explained("--cost-model", "full", "--step-budget-ms", "60")
+    fig = timeline_figure(result)
+    heights = [p.get_height() for p in _with_gid(fig.axes[1], "prompt-lane")]
+    sizes = result.runs["chunked"].prompt_chunk_tokens()
+    assert sizes[0] > sizes[-2]
+    assert heights == pytest.approx([max(heights) * n / max(sizes) for n in sizes])
+    assert f"{sizes[0]:,} down to {sizes[-2]:,}" in fig.axes[1].get_title(loc="left")
+    plt.close(fig)
 
 
 def _close(figures: list[tuple[str, Figure]]) -> None:

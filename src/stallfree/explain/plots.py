@@ -1,9 +1,13 @@
 """Figures for ``stallfree explain``: the two-row timeline and the chunk-size sweep.
 
-The timeline puts both policies on one time axis. Each step is a box; its
-orange part is the share of the step's tokens that are prompt tokens, blue the
-decode tokens. Under each row, one line per stream with a tick per token, so
-a stall is a blank stretch across every line.
+The timeline puts both policies on one time axis whose zero is the prompt's arrival, so
+the TTFT is read off the axis. Each step is a box in two lanes: the lower (blue) holds
+its decode tokens (full: one for every stream), the upper (orange) its prompt tokens
+(full: the row's largest step), so a chunked step shows both parts and a stall shows as
+an empty decode lane. Under each row, one line per stream with a tick per token, so a
+stall is a blank stretch across every line; the longest gap is shaded and bracketed.
+Artists that carry a fact have a gid (``decode-lane``, ``prompt-lane``, ``longest-gap``,
+``longest-gap-shade``, ``ttft``, ``ttft-span``) so tests read the figure, not its pixels.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 from pathlib import Path
+from typing import Any
 
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
@@ -22,6 +27,9 @@ from stallfree.explain.scenario import PROMPT_ID, Explanation, PolicyRun
 from stallfree.plots import DECODE_COLOR, PROMPT_COLOR, save_figures
 
 TICK_COLOR = "#333333"
+GAP_COLOR = "crimson"
+LANE_H = 1.8  # each of a step box's two lanes, in stream rows
+EMPTY_LANE = "#eeeeee"
 
 
 def _plain_number(value: float, _pos: object = None) -> str:
@@ -39,42 +47,40 @@ def _plain_minor(value: float, _pos: object = None) -> str:
 _PLAIN, _PLAIN_MINOR = FuncFormatter(_plain_number), FuncFormatter(_plain_minor)
 
 
+def _duration(seconds: float) -> str:
+    """As ``stallfree explain`` prints it, so the figure and the table read alike."""
+    return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.2f} s"
+
+
 def plot_explanation(result: Explanation, out_dir: str | Path) -> list[Path]:
     """Write ``timeline`` and ``sweep`` figures as PNG and SVG; return the paths."""
-    return save_figures((("timeline", _timeline(result)), ("sweep", _sweep(result))), out_dir)
+    return save_figures((("timeline", timeline_figure(result)), ("sweep", _sweep(result))), out_dir)
 
 
-def _timeline(result: Explanation) -> Figure:
+def timeline_figure(result: Explanation) -> Figure:
+    """Both policies' steps and stream ticks on one axis, in seconds since the prompt arrived."""
     runs = [result.runs["prefill-first"], result.runs["chunked"]]
-    end_s = max(r.steps[-1].end_s for r in runs)
-    fig, axes = plt.subplots(2, 1, figsize=(12, 6.5), sharex=True)
+    # Each row is shifted by its own arrival: a measured run's lead steps differ a little.
+    x_range = (min(-r.arrival_s for r in runs), max(r.steps[-1].end_s - r.arrival_s for r in runs))
+    fig, axes = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
     sc = result.scenario
-    budget_ms = sc.get("step_budget_ms")
     for ax, run in zip(axes, runs, strict=True):
-        if run.policy == "prefill-first":
-            _draw_run(ax, run, "prefill-first", end_s)
-        elif budget_ms:
-            sizes = run.prompt_chunk_tokens()
-            title = (
-                f"chunked ({budget_ms:g} ms steps: chunks of {sizes[0]:,} down to "
-                f"{sizes[-2] if len(sizes) > 1 else sizes[0]:,} tokens; orange height = the step's chunk)"
-            )
-            _draw_run(ax, run, title, end_s, chunk_heights=True)
-        else:
-            _draw_run(ax, run, f"chunked ({sc['chunk_tokens']}-token chunks)", end_s)
-    axes[-1].set_xlabel("time since every stream was decoding (s)")
+        _draw_run(ax, run, _row_title(run, sc), x_range)
+    axes[-1].set_xlabel("time since the prompt arrived (s)")
     fig.suptitle(
-        f"A {sc['prompt_tokens']:,}-token prompt arrives while {sc['decoders']} streams decode — "
+        f"A {sc['prompt_tokens']:,}-token prompt arrives while {sc['streams']} streams decode — "
         f"{sc['model']} on {sc['tp']} x {sc['hardware']}",
         fontsize=12,
     )
     fig.legend(
         handles=[
-            Patch(color=DECODE_COLOR, label="decode tokens in the step"),
-            Patch(color=PROMPT_COLOR, label="prompt tokens in the step"),
+            Patch(color=DECODE_COLOR, label="decode tokens in the step (lower lane)"),
+            Patch(color=PROMPT_COLOR, label="prompt tokens in the step (upper lane)"),
+            Patch(color=EMPTY_LANE, label="lane empty"),
+            Patch(color=GAP_COLOR, alpha=0.3, label="the streams' longest gap"),
         ],
         loc="lower center",
-        ncol=2,
+        ncol=4,
         frameon=False,
         bbox_to_anchor=(0.5, -0.02),
     )
@@ -82,83 +88,115 @@ def _timeline(result: Explanation) -> Figure:
     return fig
 
 
-def _draw_run(ax: Axes, run: PolicyRun, title: str, end_s: float, *, chunk_heights: bool = False) -> None:
-    """One policy's row. ``chunk_heights``: the orange part's height is the step's prompt chunk
-    relative to the run's largest (so time-sized chunks are seen shrinking), not its token share."""
+def _row_title(run: PolicyRun, sc: dict[str, object]) -> str:
+    chunk_steps = run.prompt_chunk_steps()
+    sizes = run.prompt_chunk_tokens()
+    if run.policy == "prefill-first":
+        if len(sizes) == 1 and not chunk_steps[0].num_decode_tokens:
+            return f"prefill-first: the {sizes[0]:,}-token prompt runs alone as one step, no stream decodes"
+        return "prefill-first"
+    decodes = chunk_steps[0].num_decode_tokens
+    if sc.get("step_budget_ms"):
+        smallest = sizes[-2] if len(sizes) > 1 else sizes[0]  # the last chunk is the remainder
+        return (
+            f"chunked ({sc['step_budget_ms']:g} ms steps): each step runs {decodes} decode tokens + a "
+            f"chunk of {sizes[0]:,} down to {smallest:,} prompt tokens"
+        )
+    return (
+        f"chunked ({sc['chunk_tokens']}-token chunks): each step runs {decodes} decode tokens + "
+        f"a prompt chunk of {sizes[0]:,} tokens"
+    )
+
+
+def _draw_run(ax: Axes, run: PolicyRun, title: str, x_range: tuple[float, float]) -> None:
+    """One policy's row, with x = time since this run's prompt arrived."""
     streams = sorted((rid for rid in run.token_times_s if rid != PROMPT_ID), key=lambda r: int(r[1:]))
     n = len(streams)
-    box_y, box_h = n + 1.0, 3.0
+    t0 = run.arrival_s
+    box_y = n + 1.0
+    prompt_y = box_y + LANE_H
+    top = box_y + 2 * LANE_H
     largest = max((s.num_prefill_tokens for s in run.steps), default=0) or 1
     for step in run.steps:
-        total = step.num_decode_tokens + step.num_prefill_tokens
-        if chunk_heights:
-            prompt_share = step.num_prefill_tokens / largest
-        else:
-            prompt_share = step.num_prefill_tokens / total if total else 0.0
-        ax.add_patch(
-            Rectangle(
-                (step.start_s, box_y), step.duration_s, box_h * (1 - prompt_share), color=DECODE_COLOR, lw=0
-            )
-        )
-        if prompt_share:
+        x = step.start_s - t0
+        ax.add_patch(Rectangle((x, box_y), step.duration_s, 2 * LANE_H, color=EMPTY_LANE, lw=0))
+        if step.num_decode_tokens:
+            height = LANE_H * min(step.num_decode_tokens / n, 1.0)
             ax.add_patch(
-                Rectangle(
-                    (step.start_s, box_y + box_h * (1 - prompt_share)),
-                    step.duration_s,
-                    box_h * prompt_share,
-                    color=PROMPT_COLOR,
-                    lw=0,
-                )
+                Rectangle((x, box_y), step.duration_s, height, color=DECODE_COLOR, lw=0, gid="decode-lane")
             )
-        ax.add_patch(Rectangle((step.start_s, box_y), step.duration_s, box_h, fill=False, ec="white", lw=0.4))
+        if step.num_prefill_tokens:
+            height = LANE_H * step.num_prefill_tokens / largest
+            ax.add_patch(
+                Rectangle((x, prompt_y), step.duration_s, height, color=PROMPT_COLOR, lw=0, gid="prompt-lane")
+            )
+        ax.add_patch(Rectangle((x, box_y), step.duration_s, 2 * LANE_H, fill=False, ec="white", lw=0.4))
     for row, rid in enumerate(streams):
-        times = run.token_times_s[rid]
-        ax.hlines(row, 0, end_s, color="#dddddd", lw=0.6)
-        ax.vlines(times, row - 0.35, row + 0.35, color=TICK_COLOR, lw=0.6)
-    ax.axvline(run.arrival_s, color="black", ls="--", lw=1)
-    ax.annotate(
-        "prompt arrives",
-        (run.arrival_s, box_y + box_h + 0.3),
-        fontsize=8,
-        ha="left",
-        xytext=(3, 0),
-        textcoords="offset points",
+        ax.hlines(row, *x_range, color="#dddddd", lw=0.6)
+        ax.vlines([t - t0 for t in run.token_times_s[rid]], row - 0.35, row + 0.35, color=TICK_COLOR, lw=0.6)
+    _draw_ttft(ax, run, top, x_range)
+    _draw_gap(ax, run, streams, x_range)
+    ax.set_xlim(*x_range)
+    ax.set_ylim(-3.4, top + 2.0)
+    ax.set_yticks([box_y + LANE_H / 2, prompt_y + LANE_H / 2, (n - 1) / 2])
+    ax.set_yticklabels(
+        [f"decode tokens ({n})", f"prompt tokens (≤ {largest:,})", f"{n} streams\n(a tick per token)"]
     )
-    ax.axvline(run.first_token_s, color=PROMPT_COLOR, ls=":", lw=1.2)
-    # Right of the line when the prompt was quick, so the two labels do not overlap.
-    quick = run.ttft_s < 0.4 * end_s
-    ax.annotate(
-        f"prompt's first token (TTFT {run.ttft_s:.2f} s)",
-        (run.first_token_s, box_y + box_h + 0.3),
-        fontsize=8,
-        ha="left" if quick else "right",
-        xytext=(3 if quick else -3, 0),
-        textcoords="offset points",
-    )
-    gap_start, gap = _longest_gap(run, streams)
-    ax.annotate(
-        "",
-        xy=(gap_start + gap, -1.2),
-        xytext=(gap_start, -1.2),
-        arrowprops={"arrowstyle": "<->", "color": "crimson", "lw": 1.2},
-    )
-    label = f"longest gap {gap * 1e3:,.0f} ms"
-    if gap > 0.1 * end_s:
-        ax.text(gap_start + gap / 2, -2.6, label, color="crimson", ha="center", fontsize=9)
-    elif gap_start + gap > 0.7 * end_s:  # near the right edge: write it leftwards, inside the axes
-        ax.text(gap_start, -1.6, label + "  ", color="crimson", ha="right", fontsize=9)
-    else:
-        ax.text(gap_start + gap, -1.6, "  " + label, color="crimson", ha="left", fontsize=9)
-    ax.set_xlim(0, end_s)
-    ax.set_ylim(-3.4, box_y + box_h + 1.5)
-    ax.set_yticks([box_y + box_h / 2, (n - 1) / 2])
-    ax.set_yticklabels(["steps", f"{n} streams\n(a tick per token)"])
     ax.set_title(title, loc="left", fontsize=11)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
 
 
+def _draw_ttft(ax: Axes, run: PolicyRun, top: float, x_range: tuple[float, float]) -> None:
+    """The arrival at x = 0 and a span from it to the prompt's first token, labelled with the TTFT."""
+    ax.axvline(0.0, color="black", ls="--", lw=1)
+    ax.axvline(run.ttft_s, color=PROMPT_COLOR, ls=":", lw=1.2, gid="ttft")
+    y = top + 0.6
+    ax.annotate(
+        "",
+        xy=(run.ttft_s, y),
+        xytext=(0.0, y),
+        arrowprops={"arrowstyle": "<->", "color": PROMPT_COLOR, "lw": 1.2, "shrinkA": 0, "shrinkB": 0},
+    ).set_gid("ttft-span")
+    label = f"prompt arrives (0) to its first token: TTFT {_duration(run.ttft_s)}"
+    span = x_range[1] - x_range[0]
+    # Centred on the span when it has room; else beside its end, inside the axes.
+    if run.ttft_s > 0.45 * span:
+        ax.text(run.ttft_s / 2, y + 0.35, label, fontsize=8, ha="center", va="bottom")
+    else:
+        ax.text(run.ttft_s, y + 0.35, "  " + label, fontsize=8, ha="left", va="bottom")
+
+
+def _draw_gap(ax: Axes, run: PolicyRun, streams: list[str], x_range: tuple[float, float]) -> None:
+    """Shade the longest gap across every stream and bracket it underneath, with its length."""
+    gap_start, gap = _longest_gap(run, streams)
+    x0, x1 = gap_start - run.arrival_s, gap_start - run.arrival_s + gap
+    n = len(streams)
+    ax.add_patch(
+        Rectangle((x0, -0.6), gap, n + 0.2, color=GAP_COLOR, alpha=0.3, lw=0, gid="longest-gap-shade")
+    )
+    ax.plot([x0, x0, x1, x1], [-0.6, -1.1, -1.1, -0.6], color=GAP_COLOR, lw=2.5, gid="longest-gap")
+    label = f"longest gap {_duration(gap)}"
+    style: dict[str, Any] = {"color": GAP_COLOR, "fontsize": 10, "fontweight": "bold"}
+    span = x_range[1] - x_range[0]
+    if gap > 0.25 * span:
+        ax.text((x0 + x1) / 2, -1.4, label, ha="center", va="top", **style)
+        return
+    # A narrow gap: the label stands off to the side, an arrow pointing at the bracket.
+    right = x1 + 0.08 * span < x_range[1] - 0.2 * span
+    ax.annotate(
+        label,
+        xy=(x1 if right else x0, -1.1),
+        xytext=(x1 + 0.04 * span if right else x0 - 0.04 * span, -2.5),
+        ha="left" if right else "right",
+        va="center",
+        arrowprops={"arrowstyle": "->", "color": GAP_COLOR, "lw": 1.5},
+        **style,
+    )
+
+
 def _longest_gap(run: PolicyRun, streams: list[str]) -> tuple[float, float]:
+    """(start, length) of the longest gap between two tokens of one stream."""
     best = (0.0, 0.0)
     for rid in streams:
         times = run.token_times_s[rid]
