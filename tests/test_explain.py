@@ -155,3 +155,61 @@ def test_the_size_limit_leaves_long_contexts_that_run_in_seconds() -> None:
     check_size(Scenario(prompt_tokens=1_000_000), 16, DEFAULT_SWEEP)
     with pytest.raises(ValueError, match="too large"):
         check_size(Scenario(prompt_tokens=1_000_000), 16, (1, *DEFAULT_SWEEP))
+
+
+# The options object: what the command line and the page both build, and run_explain runs.
+
+
+def test_the_flags_defaults_are_the_options_defaults() -> None:
+    from stallfree.cli import build_parser
+    from stallfree.cli.explain import explain_options
+    from stallfree.explain import ExplainOptions
+
+    assert explain_options(build_parser().parse_args(["explain"])) == ExplainOptions()
+    flags = ["--engine", "torch", "--tp", "2", "--sweep", "16,32", "--cost-model", "seed"]
+    options = explain_options(build_parser().parse_args(["explain", *flags]))
+    assert options == ExplainOptions(engine="torch", tp=2, sweep=(16, 32))  # the alias resolved
+
+
+def test_run_explain_is_the_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
+    from stallfree.explain import ExplainOptions, run_explain
+
+    args = ("--cost-model", "full", "--sweep", "64,256", "--streams", "8")
+    options = ExplainOptions(cost_model="full", sweep=(64, 256), streams=8)
+    assert run_explain(options).to_json() == explain_json(capsys, *args)
+
+
+@pytest.mark.parametrize(
+    ("flags", "fields"),
+    [
+        (["--prompt-tokens", "0"], {"prompt_tokens": 0}),
+        (["--streams", "-3"], {"streams": -3}),
+        (["--tp", "0"], {"tp": 0}),
+        (["--sweep", "64,0"], {"sweep": (64, 0)}),
+        (["--step-budget-ms", "0"], {"step_budget_ms": 0.0}),
+        (["--engine", "tpu"], {"engine": "tpu"}),
+        (["--cost-model", "measured"], {"cost_model": "measured"}),
+        (["--engine", "torch", "--step-budget-ms", "5"], {"engine": "torch", "step_budget_ms": 5.0}),
+    ],
+)
+def test_options_refuse_what_the_cli_refuses_in_its_words(
+    flags: list[str], fields: dict[str, object], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stallfree.explain import ExplainOptions
+
+    try:
+        code = main(["explain", *flags])
+    except SystemExit as exc:  # argument-type errors exit from the parser itself
+        code = exc.code  # type: ignore[assignment]
+    said = capsys.readouterr().err.strip().removeprefix("stallfree explain: error: ")
+    with pytest.raises(ValueError) as refused:
+        ExplainOptions(**fields)  # type: ignore[arg-type]
+    assert code == 2 and str(refused.value) == said
+
+
+def test_an_unfit_deployment_is_a_value_error_not_a_cli_error() -> None:
+    """The library says it as a ValueError: the page answers 400, the command line exit 2."""
+    from stallfree.explain import ExplainOptions, run_explain
+
+    with pytest.raises(ValueError, match="do not fit on 1 x a100-40gb"):
+        run_explain(ExplainOptions(tp=1))

@@ -106,9 +106,10 @@ def test_explain_is_the_cli_json(query: dict[str, str], flags: list[str]) -> Non
         ({"token_budget": "16"}, "token_budget", "no room for the prompt"),
         ({"chunk_tokens": "64", "token_budget": "200"}, "token_budget", "not both"),
         ({"chunk": "64"}, "chunk", "unknown parameter"),
+        ({"tp": "1"}, None, "do not fit on 1 x a100-40gb"),  # the library's check: was a 5xx
     ],
 )
-def test_explain_bad_input_is_a_400(query: dict[str, str], param: str, words: str) -> None:
+def test_explain_bad_input_is_a_400(query: dict[str, str], param: str | None, words: str) -> None:
     status, body = api("/api/explain", **query)
     assert status == 400
     assert body["error"]["type"] == "invalid_request_error"
@@ -209,6 +210,26 @@ def test_static_export_is_self_contained_and_the_cli(tmp_path: Path) -> None:
             "explain", "--sweep", "64,1024", "--prompt-tokens", "4096", "--chunk-tokens", str(chunk)
         )
         assert view["explain"] == expect
+
+
+def test_the_page_runs_without_the_command_line(tmp_path: Path) -> None:
+    """The API and the export stand on the library alone: ``stallfree.cli`` is never imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from stallfree.explain import ExplainOptions\n"
+        "from stallfree.ui.api import handle\n"
+        "from stallfree.ui.export import write_html\n"
+        "assert handle('GET', '/api/presets', {})[0] == 200\n"
+        "assert handle('GET', '/api/explain', {'prompt_tokens': ['2048']})[0] == 200\n"
+        f"write_html(ExplainOptions(prompt_tokens=2048, sweep=(256,)), {str(tmp_path / 'x.html')!r})\n"
+        "print(sorted(m for m in sys.modules if m.startswith('stallfree.cli')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_html_refuses_the_torch_engine(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,19 +1,20 @@
 """The explain view's data: ``stallfree explain --json`` for the page's settings, plus what to draw.
 
-The settings go through the ``explain`` subcommand's own argument parser and its own
-:func:`stallfree.cli.explain.explanation`, so the numbers equal the CLI's for the same flags
-(``explain`` below is exactly the ``--json`` object). What is added is only for drawing: every
-step of both runs, a tick per token for up to :data:`MAX_STREAMS_DRAWN` streams, and where the
-longest gap is. Limits keep one request within about a second.
+The settings become the same :class:`~stallfree.explain.options.ExplainOptions` the command
+line builds from its flags, run by the same :func:`~stallfree.explain.backends.run_explain`, so
+the numbers equal the CLI's for the same flags (``explain`` below is exactly the ``--json``
+object, ``table`` exactly its table). What is added is only for drawing: every step of both
+runs, a tick per token for up to :data:`MAX_STREAMS_DRAWN` streams, and where the longest gap
+is. Limits keep one request within about a second.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any
 
 from stallfree.core.config import ceil_div
+from stallfree.explain.options import SCENARIO_DEFAULTS, ExplainOptions
 from stallfree.ui.errors import ApiError, check_known, choice, one_value, whole
 
 if TYPE_CHECKING:
@@ -39,47 +40,23 @@ PARAMS = (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    """The CLI's parser, raising instead of exiting."""
-
-    def error(self, message: str) -> NoReturn:
-        flag = (
-            message.removeprefix("argument --").split(":", 1)[0] if message.startswith("argument") else None
-        )
-        raise ApiError(message, param=flag.replace("-", "_") if flag else None)
-
-
-def cli_args(argv: list[str]) -> argparse.Namespace:
-    """``argv`` parsed exactly as ``stallfree explain ARGV`` parses it."""
-    from stallfree.cli.explain import register
-
-    parser = _Parser(prog="stallfree")
-    # The subcommand's parser is a _Parser too (argparse makes it of the parent's class).
-    register(
-        cast("argparse._SubParsersAction[argparse.ArgumentParser]", parser.add_subparsers(dest="command"))
-    )
-    return parser.parse_args(["explain", *argv])
-
-
 def defaults() -> dict[str, Any]:
     """What ``stallfree explain`` runs with no flags (the seed's scenario), as the page's settings."""
-    from stallfree.cli.explain import DEFAULTS
-
-    args, roofline = cli_args([]), DEFAULTS["roofline"]
+    options, seed = ExplainOptions(), SCENARIO_DEFAULTS["roofline"]
     return {
-        "model": args.model or roofline["model"],
-        "hardware": args.hardware,
-        "tp": args.tp,
-        "cost_model": args.cost_model,
-        "streams": args.streams,
-        "context_tokens": args.context_tokens or roofline["context_tokens"],
-        "prompt_tokens": args.prompt_tokens or roofline["prompt_tokens"],
-        "chunk_tokens": args.chunk_tokens or roofline["chunk_tokens"],
+        "model": seed.model,
+        "hardware": options.hardware,
+        "tp": options.tp,
+        "cost_model": options.cost_model,
+        "streams": options.streams,
+        "context_tokens": seed.context_tokens,
+        "prompt_tokens": seed.prompt_tokens,
+        "chunk_tokens": seed.chunk_tokens,
     }
 
 
-def argv_from_query(query: dict[str, list[str]]) -> list[str]:
-    """The page's settings as ``stallfree explain`` flags (presets only, bounded sizes)."""
+def options_from_query(query: dict[str, list[str]]) -> ExplainOptions:
+    """The page's settings as explain options (roofline, presets only, bounded sizes)."""
     from stallfree.sim import COST_MODEL_KINDS
     from stallfree.specs import HARDWARE_PRESETS, MODEL_PRESETS
 
@@ -99,11 +76,16 @@ def argv_from_query(query: dict[str, list[str]]) -> list[str]:
             f"use chunks of at least {ceil_div(prompt, MAX_CHUNK_STEPS)} tokens",
             param="chunk_tokens",
         )
-    return [
-        *("--model", model, "--hardware", hardware, "--tp", str(tp), "--cost-model", cost_model),
-        *("--streams", str(streams), "--context-tokens", str(context)),
-        *("--prompt-tokens", str(prompt), "--chunk-tokens", str(chunk)),
-    ]
+    return ExplainOptions(
+        model=model,
+        hardware=hardware,
+        tp=tp,
+        cost_model=cost_model,
+        streams=streams,
+        context_tokens=context,
+        prompt_tokens=prompt,
+        chunk_tokens=chunk,
+    )
 
 
 def _chunk_tokens(query: dict[str, list[str]], streams: int, default: int) -> int:
@@ -125,19 +107,20 @@ def _chunk_tokens(query: dict[str, list[str]], streams: int, default: int) -> in
 
 def explain_view(query: dict[str, list[str]]) -> dict[str, Any]:
     """``GET /api/explain``: the CLI's JSON for these settings, its table, and the timeline to draw."""
-    return payload(cli_args(argv_from_query(query)))
+    return payload(options_from_query(query))
 
 
-def payload(args: argparse.Namespace) -> dict[str, Any]:
-    """Everything the page shows for parsed ``stallfree explain`` arguments."""
-    from stallfree.cli.explain import explanation, format_table
+def payload(options: ExplainOptions) -> dict[str, Any]:
+    """Everything the page shows for ``options``."""
+    from stallfree.explain.backends import run_explain
+    from stallfree.explain.report import format_explain
 
-    result = explanation(args)
+    result = run_explain(options)
     out = result.to_json()
     runs = {name: _run_view(run) for name, run in result.runs.items()}
     return {
         "explain": out,
-        "table": format_table(out),
+        "table": format_explain(out),
         "token_budget": out["scenario"]["chunk_tokens"] + out["scenario"]["streams"],
         "timeline": {
             "end_s": max(r["steps"][-1][0] + r["steps"][-1][1] for r in runs.values()),

@@ -2,16 +2,17 @@
 
 The page, its stylesheet and scripts are inlined, and so is the data: the API's explain answer
 (:func:`stallfree.ui.explain_view.payload`) for every chunk size of the sweep, each computed by
-the same :func:`stallfree.cli.explain.explanation` as ``stallfree explain --chunk-tokens C``.
+the same :func:`stallfree.explain.backends.run_explain` as ``stallfree explain --chunk-tokens C``.
 The page's chunk slider steps through them; nothing is fetched, no server is needed.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
+from stallfree.explain.options import SEED, ExplainOptions
 from stallfree.ui.api import static_text
 from stallfree.ui.explain_view import payload
 
@@ -21,14 +22,13 @@ def _script(text: str) -> str:
     return text.replace("</", "<\\/")
 
 
-def render_html(args: argparse.Namespace) -> str:
-    """The page for parsed ``stallfree explain`` arguments (roofline engine)."""
-    from stallfree.cli.explain import DEFAULTS
+def render_html(options: ExplainOptions) -> str:
+    """The page for ``options`` (roofline engine: the sweep is precomputed, one view a chunk)."""
     from stallfree.explain import DEFAULT_SWEEP
 
-    chosen = args.chunk_tokens or DEFAULTS["roofline"]["chunk_tokens"]
-    chunks = sorted({*(args.sweep or DEFAULT_SWEEP), chosen})
-    views = [payload(argparse.Namespace(**{**vars(args), "chunk_tokens": chunk})) for chunk in chunks]
+    chosen = options.chunk_tokens or SEED.chunk_tokens
+    chunks = sorted({*(options.sweep or DEFAULT_SWEEP), chosen})
+    views = [payload(replace(options, chunk_tokens=chunk)) for chunk in chunks]
     data = {"chunks": chunks, "index": chunks.index(chosen), "views": views}
     page = static_text("index.html")
     pieces = {
@@ -47,9 +47,9 @@ def render_html(args: argparse.Namespace) -> str:
     return page
 
 
-def write_html(args: argparse.Namespace, path: str | Path) -> Path:
+def write_html(options: ExplainOptions, path: str | Path) -> Path:
     """Write :func:`render_html` to ``path`` (parent folders created); return the path."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render_html(args), encoding="utf-8")
+    target.write_text(render_html(options), encoding="utf-8")
     return target

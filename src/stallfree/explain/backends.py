@@ -1,0 +1,202 @@
+""":func:`run_explain`: :class:`ExplainOptions` -> the :class:`Explanation` ``stallfree explain``
+prints and the page draws.
+
+The options pick the clock that prices the scenario's steps: the roofline cost model, a
+profile's measured model, or the real PyTorch engine (imported only then). What a real server
+could not run as shown (past the model's context, past the KV cache) is said as warnings beside
+the arithmetic; weights that cannot fit at all are refused. Bad input of any kind is a
+``ValueError`` in the command line's words; nothing here prints.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, cast
+
+from stallfree.core.config import ceil_div
+from stallfree.explain.options import ExplainOptions
+from stallfree.explain.scenario import Explanation, Scenario, StepTimer, explain
+
+if TYPE_CHECKING:
+    from stallfree.explain.roofline import RooflineTimer
+    from stallfree.sim.cost_model import CostModelConfig, CostModelKind
+
+MEM_UTILIZATION = 0.9  # as simulate's default --gpu-memory-utilization
+
+_log = logging.getLogger(__name__)
+
+
+def run_explain(options: ExplainOptions) -> Explanation:
+    """Both policies and the chunk sweep for ``options``, on the clock they choose."""
+    defaults = options.scenario_defaults
+    model = options.model or defaults.model
+    prompt = options.prompt_tokens or defaults.prompt_tokens
+    context = options.context_tokens or defaults.context_tokens
+    sweep = options.sweep_chunks
+    roofline: RooflineTimer | None = None
+    timer: StepTimer
+    if options.is_priced_by_profile:
+        timer, echo = _measured(options)
+    elif options.engine == "roofline":
+        roofline, echo = _roofline(options, model)
+        timer = roofline
+    else:
+        timer, echo = _torch(options, model, prompt, context, sweep)
+    chunk = options.chunk_tokens or defaults.chunk_tokens
+    if chunk is None:
+        chunk = int(timer.ridge_tokens(options.streams, context))
+    budget_ms = options.step_budget_ms
+    scenario = Scenario(
+        prompt, options.streams, context, chunk, step_budget_s=budget_ms / 1000 if budget_ms else None
+    )
+    warnings = _deployment_warnings(roofline.cost_model.config, scenario) if roofline else []
+    if budget_ms:
+        echo["step_budget_ms"] = budget_ms
+    if options.engine != "torch" or options.profile is None:
+        return explain(scenario, timer, sweep, echo, warnings=warnings)
+    # A real run with a profile: the measured model plans a time budget's chunks, and prices the
+    # same scenario beside the run (its error, in the same run).
+    from stallfree.explain.roofline import PricedTimer
+    from stallfree.sim.measured import MeasuredCostModel
+
+    cost = MeasuredCostModel.from_file(options.profile)
+    echo["profile"] = options.profile
+    run = explain(scenario, timer, sweep, echo, warnings=warnings, predictor=cost.step_time_s)
+    priced = explain(scenario, PricedTimer(cost, cost.ridge_tokens), ())
+    return replace(run, predicted=priced.runs)
+
+
+def _roofline(options: ExplainOptions, model_name: str) -> tuple[RooflineTimer, dict[str, Any]]:
+    from stallfree.explain.roofline import RooflineTimer
+    from stallfree.sim.cost_model import CostModel, CostModelConfig
+    from stallfree.specs import load_hardware_spec, load_model_spec
+
+    model = load_model_spec(model_name)
+    hardware = load_hardware_spec(options.hardware)
+    kind = cast("CostModelKind", options.cost_model)  # a roofline kind: "measured" went to _measured
+    cost = CostModel(CostModelConfig(model, hardware, tp=options.tp, kind=kind))
+    _check_weights_fit(cost.config)
+    echo = {
+        "model": model.name,
+        "hardware": hardware.name,
+        "tp": options.tp,
+        "cost_model": options.cost_model,
+        "engine": "roofline",
+    }
+    return RooflineTimer(cost), echo
+
+
+def _measured(options: ExplainOptions) -> tuple[StepTimer, dict[str, Any]]:
+    from stallfree.explain.roofline import PricedTimer
+    from stallfree.sim.measured import MeasuredCostModel
+
+    path = options.profile
+    if path is None:  # ExplainOptions refuses "measured" without a profile; said again for mypy
+        raise ValueError("--cost-model measured needs --profile FILE (write one with `stallfree profile`)")
+    cost = MeasuredCostModel.from_file(path)
+    fp = cost.profile.fingerprint
+    echo = {
+        "model": str(fp.get("model")),
+        "hardware": f"{fp.get('device')} ({fp.get('device_name')})",
+        "tp": 1,
+        "cost_model": "measured",
+        "profile": path,
+        "engine": "measured profile",
+    }
+    return PricedTimer(cost, cost.ridge_tokens), echo
+
+
+def _check_weights_fit(config: CostModelConfig) -> None:
+    """Refuse a deployment whose weights do not fit (as ``simulate`` does)."""
+    model, hardware, tp = config.model, config.hardware, config.tp
+    usable = hardware.mem_capacity_bytes * tp * MEM_UTILIZATION
+    weights = model.weight_bytes(config.dtype_bytes)
+    if weights >= usable:
+        raise ValueError(
+            f"{model.name}'s weights ({weights / 1e9:,.1f} GB) do not fit on {tp} x {hardware.name} "
+            f"({usable / 1e9:,.1f} GB at utilisation {MEM_UTILIZATION}); raise --tp or pick larger hardware"
+        )
+
+
+def _deployment_warnings(config: CostModelConfig, scenario: Scenario) -> list[str]:
+    """What a real server could not run as shown: the model's context, and each policy's KV memory."""
+    from stallfree.sim.memory import kv_memory
+
+    model, hardware, tp = config.model, config.hardware, config.tp
+    prompt, context, streams = scenario.prompt_tokens, scenario.context_tokens, scenario.streams
+    warnings = []
+    limit = model.max_position_embeddings
+    if context + prompt > limit:
+        warnings.append(
+            f"a {prompt:,}-token prompt beside {context:,}-token streams exceeds {model.name}'s "
+            f"{limit:,}-token context: a real server would reject it"
+        )
+    # Each stream grows one token per step: lead and tail steps, plus the prompt's steps.
+    prompt_steps = {"prefill-first": 1, "chunked": ceil_div(prompt, scenario.chunk_tokens)}
+    step_tokens = {"prefill-first": prompt, "chunked": scenario.chunk_tokens + streams}
+    for policy, steps in prompt_steps.items():
+        needed = streams * (context + scenario.lead_steps + scenario.tail_steps + steps + 1) + prompt
+        try:
+            kv = kv_memory(
+                model,
+                hardware,
+                tp=tp,
+                gpu_memory_utilization=MEM_UTILIZATION,
+                dtype_bytes=config.dtype_bytes,
+                max_num_batched_tokens=step_tokens[policy],
+            )
+            held = kv.num_tokens
+        except ValueError:
+            held = 0
+        if held < needed:
+            warnings.append(
+                f"{policy} needs {needed:,} KV-cache tokens; beside the weights and its "
+                f"{step_tokens[policy]:,}-token step's activations, {tp} x {hardware.name} holds {held:,}: "
+                "a real server would preempt or queue (the figures assume it does not)"
+            )
+    return warnings
+
+
+def _torch(
+    options: ExplainOptions, model_name: str, prompt: int, context: int, sweep: Sequence[int]
+) -> tuple[StepTimer, dict[str, Any]]:
+    """The real engine as the clock. ``options.device`` is not checked here: an unusable one fails
+    inside torch (the command line checks it first, ``stallfree.cli.device``)."""
+    try:
+        import torch
+
+        from stallfree.engine.dtypes import choose_dtype
+        from stallfree.explain.engine import EngineTimer
+    except ImportError as exc:
+        raise ValueError(
+            f"--engine torch needs the engine extra (pip install -e '.[engine]'): {exc}"
+        ) from None
+    device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = choose_dtype(options.dtype, torch.device(device))
+    if dtype.note:
+        _log.warning("note: %s", dtype.note)  # as the engine says it: stderr, unless logging is set up
+    smallest = min([*sweep, options.chunk_tokens or 8])
+    # Streams grow by one token per step; a chunked run takes at most prompt / chunk steps.
+    stream_tokens = context + ceil_div(prompt, smallest) + 32
+    timer = EngineTimer(
+        model_name,
+        max_tokens=options.streams * stream_tokens + prompt + 64,
+        max_seq_tokens=max(prompt + 1, stream_tokens),
+        dtype=dtype.dtype,
+        device=device,
+    )
+    hardware = (
+        torch.cuda.get_device_name(device)
+        if device.startswith("cuda")
+        else f"{torch.get_num_threads()}-thread CPU"
+    )
+    echo = {
+        "model": timer.model.spec.name,
+        "hardware": hardware,
+        "tp": 1,
+        "cost_model": "measured",
+        "engine": f"torch {dtype.name} on {device}",
+    }
+    return timer, echo

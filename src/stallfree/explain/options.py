@@ -1,0 +1,125 @@
+"""Everything ``stallfree explain`` can be asked, as one frozen value: :class:`ExplainOptions`.
+
+The command line builds one from its flags, the page from its query; :func:`~stallfree.explain.
+backends.run_explain` runs it. An option left ``None`` takes its engine's default
+(:data:`SCENARIO_DEFAULTS`): the seed's scenario on the roofline, a CPU-sized one on the real
+engine. Construction refuses what cannot run, in the command line's own words (``--flag``);
+what needs a model, a device or a file to check (a spec that does not load, weights that do not
+fit, a ``--device`` torch lacks, a ``--dtype`` it cannot run) is refused when the options run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from stallfree.explain.scenario import DEFAULT_SWEEP, Scenario
+from stallfree.sim.cost_model import COST_MODEL_KINDS, cost_model_kind
+
+Engine = Literal["roofline", "torch"]
+ENGINES: tuple[Engine, ...] = ("roofline", "torch")
+# The step pricers explain takes: the roofline's kinds, and a profile's measured model.
+EXPLAIN_COST_MODELS = (*COST_MODEL_KINDS, "measured")
+ENGINE_SWEEP = (16, 32, 64, 128, 256, 512)  # --engine torch: every chunk is a real run
+SEED = Scenario()  # the seed's scenario: its sizes are the roofline's defaults
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioDefaults:
+    """An engine's scenario when the options leave its sizes out."""
+
+    model: str
+    prompt_tokens: int
+    context_tokens: int
+    chunk_tokens: int | None  # None: the timer's ridge point (measured, on the real engine)
+
+
+SCENARIO_DEFAULTS: dict[Engine, ScenarioDefaults] = {
+    "roofline": ScenarioDefaults("llama-3.1-70b", SEED.prompt_tokens, SEED.context_tokens, SEED.chunk_tokens),
+    "torch": ScenarioDefaults("random:medium", 2048, 256, None),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ExplainOptions:
+    """One ``stallfree explain`` run: which clock prices the steps, and the scenario's sizes.
+
+    ``model``, ``prompt_tokens``, ``context_tokens``, ``chunk_tokens`` and ``sweep``: None takes
+    the engine's default. ``hardware``, ``tp`` and ``cost_model`` are the roofline's; ``device``
+    and ``dtype`` the real engine's. ``profile`` (a ``stallfree profile`` file): on the roofline it
+    prices every step (as ``cost_model="measured"``, which needs it); with ``engine="torch"`` it
+    prices the same scenario beside the measured run, and predicts the steps of a
+    ``step_budget_ms`` (which the real engine needs it for).
+    """
+
+    engine: Engine = "roofline"
+    model: str | None = None
+    hardware: str = "a100-40gb"
+    tp: int = 4
+    cost_model: str = "weights-only"  # aliases (seed) are resolved
+    profile: str | None = None
+    device: str | None = None
+    dtype: str = "auto"
+    prompt_tokens: int | None = None
+    streams: int = SEED.streams
+    context_tokens: int | None = None
+    chunk_tokens: int | None = None
+    step_budget_ms: float | None = None
+    sweep: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cost_model", cost_model_kind(self.cost_model))  # frozen: normalise
+        if self.sweep is not None:
+            object.__setattr__(self, "sweep", tuple(self.sweep))  # a list from a parser is fine
+        _choose("engine", self.engine, ENGINES)
+        _choose("cost-model", self.cost_model, EXPLAIN_COST_MODELS)
+        for name in ("tp", "prompt_tokens", "streams", "context_tokens", "chunk_tokens"):
+            _positive(name, getattr(self, name), whole=True)
+        for chunk in self.sweep or ():
+            _positive("sweep", chunk, whole=True)
+        _positive("step_budget_ms", self.step_budget_ms, whole=False)
+        if self.step_budget_ms and self.engine == "torch" and self.profile is None:
+            # The engine's timer runs plans; a time budget needs a prediction before running one.
+            raise ValueError(
+                "--engine torch --step-budget-ms needs --profile FILE (a `stallfree profile` of this "
+                "machine): its measured model predicts each candidate step"
+            )
+        if self.engine == "roofline" and self.cost_model == "measured" and self.profile is None:
+            raise ValueError(
+                "--cost-model measured needs --profile FILE (write one with `stallfree profile`)"
+            )
+
+    @property
+    def is_priced_by_profile(self) -> bool:
+        """Roofline engine, but every step priced by the profile's measured model."""
+        return self.engine == "roofline" and (self.profile is not None or self.cost_model == "measured")
+
+    @property
+    def scenario_defaults(self) -> ScenarioDefaults:
+        """The sizes left out take these. A profile is of the engine: its defaults are the engine's,
+        for a like-for-like run."""
+        return SCENARIO_DEFAULTS["torch" if self.is_priced_by_profile else self.engine]
+
+    @property
+    def sweep_chunks(self) -> tuple[int, ...]:
+        """The chunk sizes to sweep (given, or the engine's default)."""
+        return self.sweep or (DEFAULT_SWEEP if self.engine == "roofline" else ENGINE_SWEEP)
+
+
+def _choose(flag: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        listed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"argument --{flag}: invalid choice: {value!r} (choose from {listed})")
+
+
+def _positive(name: str, value: object, *, whole: bool) -> None:
+    """None, or a positive number (``whole``: an int), refused as the command line's
+    ``positive_int`` / ``positive_float`` say it."""
+    if value is None:
+        return
+    flag = f"argument --{name.replace('_', '-')}"
+    types = (int,) if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, types):
+        raise ValueError(f"{flag}: expected a {'whole number' if whole else 'number'}, got {value!r}")
+    if not value > 0:
+        raise ValueError(f"{flag}: must be positive, got {value}")

@@ -1,0 +1,97 @@
+"""The table ``stallfree explain`` prints, from its JSON object (:meth:`Explanation.to_json`).
+
+The page shows the same text (``stallfree ui``), so it lives here, beside the scenario, and not
+in the command line. It reads only the JSON: what is printed is what ``--json`` emits.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+_CHUNK_NOTES = {
+    "full": "  [attention over earlier chunks is charged]",
+    "weights-only": "  [weights-only model: attention not charged; try --cost-model full]",
+}
+_RIDGE_NOTES = {"measured": " (measured: a mixed step costs <= 1.2x a decode step)"}
+
+
+def _chunking(sc: dict[str, Any]) -> str:
+    """How the chunked run cut the prompt: by a step-time target or a fixed chunk."""
+    if sc.get("step_budget_ms"):
+        return f"{sc['step_budget_ms']:g} ms steps"
+    return f"{sc['chunk_tokens']}-token chunks"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.2f} s"
+
+
+def format_explain(out: dict[str, Any]) -> str:
+    """The human-readable report of an explain JSON object (:meth:`Explanation.to_json`)."""
+    sc = out["scenario"]
+    lines = [
+        f"{sc['model']} on {sc['tp']} x {sc['hardware']} ({sc['engine']}, cost model: {sc['cost_model']})",
+        f"{sc['streams']} streams decoding at {sc['context_tokens']:,} tokens of context; a {sc['prompt_tokens']:,}-token prompt arrives.",
+        *(f"warning: {w}" for w in out.get("warnings", ())),
+        "",
+        f"  decode step ({sc['streams']} streams)   {_ms(out['decode_step_s'])}",
+        f"  prompt prefill alone        {_ms(out['prefill_alone_s'])}",
+        f"  ridge point                 {out['ridge_tokens']:,.0f} tokens per step"
+        + _RIDGE_NOTES.get(sc["cost_model"], ""),
+        "",
+        f"  {'policy':<28}{'longest gap':>14}{'median gap':>14}{'prompt TTFT':>14}{'vs alone':>10}",
+    ]
+    for name, p in out["policies"].items():
+        label = f"{name} ({_chunking(sc)})" if name == "chunked" else name
+        lines.append(
+            f"  {label:<28}{_ms(p['max_gap_s']):>14}{_ms(p['median_gap_s']):>14}{_ms(p['ttft_s']):>14}{p['ttft_vs_alone']:>9.3f}x"
+        )
+    if out.get("predicted"):
+        lines += [
+            "",
+            f"  the same scenario priced by the profile {sc['profile']} (x predicted / measured):",
+            f"  {'policy':<28}{'longest gap':>20}{'median gap':>20}{'prompt TTFT':>20}",
+        ]
+        for name, p in out["predicted"].items():
+            label = f"{name} ({_chunking(sc)})" if name == "chunked" else name
+            cells = (f"{_ms(m['predicted'])} x{m['ratio']:.2f}" for m in p.values())
+            lines.append(f"  {label:<28}" + "".join(f"{c:>20}" for c in cells))
+    pc = out["prompt_chunks"]
+    lines += [
+        "",
+        f"  chunked: the prompt's {pc['num_steps']} chunk steps cost {_ms(pc['first_step_s'])} (first) to "
+        f"{_ms(pc['last_step_s'])} (last): {pc['last_vs_first']:.2f}x"
+        + _CHUNK_NOTES.get(sc["cost_model"], ""),
+    ]
+    if sc.get("step_budget_ms"):
+        sizes = pc["chunk_tokens"]
+        over = pc["num_steps_over_budget"]
+        lines.append(
+            f"  chunk sizes along the prompt: {sizes[0]:,} (first) to {sizes[-2] if len(sizes) > 1 else sizes[0]:,} "
+            f"(last full one) tokens; longest step {_ms(pc['max_step_s'])}; "
+            + (
+                f"{over} step(s) over the {sc['step_budget_ms']:g} ms target"
+                if over
+                else "every step within the target"
+            )
+        )
+    lines += [
+        "",
+        f"  chunk sweep (ridge ~{out['ridge_tokens']:,.0f} tokens):",
+        f"  {'chunk':>8}{'longest gap':>14}{'prompt TTFT':>14}{'vs alone':>10}",
+    ]
+    ridge = out["ridge_tokens"]
+    nearest = min(
+        (row["chunk_tokens"] for row in out["sweep"]), key=lambda c: abs(math.log(c / ridge)), default=0
+    )
+    for row in out["sweep"]:
+        mark = "  <- ridge" if row["chunk_tokens"] == nearest else ""
+        lines.append(
+            f"  {row['chunk_tokens']:>8,}{_ms(row['max_gap_s']):>14}{_ms(row['ttft_s']):>14}{row['ttft_vs_alone']:>9.3f}x{mark}"
+        )
+    if "figures" in out:
+        lines += ["", "  figures: " + ", ".join(out["figures"])]
+    if "html" in out:
+        lines += ["", f"  page: {out['html']}"]
+    return "\n".join(lines)
