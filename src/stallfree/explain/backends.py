@@ -21,7 +21,8 @@ from stallfree.explain.scenario import Explanation, Scenario, StepTimer, explain
 
 if TYPE_CHECKING:
     from stallfree.explain.roofline import RooflineTimer
-    from stallfree.sim.cost_model import CostModelConfig, CostModelKind
+    from stallfree.sim.cost_model import CostModelConfig
+    from stallfree.sim.measured import MeasuredCostModel
 
 MEM_UTILIZATION = 0.9  # as simulate's default --gpu-memory-utilization
 
@@ -59,9 +60,8 @@ def run_explain(options: ExplainOptions) -> Explanation:
     # A real run with a profile: the measured model plans a time budget's chunks, and prices the
     # same scenario beside the run (its error, in the same run).
     from stallfree.explain.roofline import PricedTimer
-    from stallfree.sim.measured import MeasuredCostModel
 
-    cost = MeasuredCostModel.from_file(options.profile)
+    cost = _profile_model(options.profile)
     echo["profile"] = options.profile
     run = explain(scenario, timer, sweep, echo, warnings=warnings, predictor=cost.step_time_s)
     priced = explain(scenario, PricedTimer(cost, cost.ridge_tokens), ())
@@ -70,13 +70,13 @@ def run_explain(options: ExplainOptions) -> Explanation:
 
 def _roofline(options: ExplainOptions, model_name: str) -> tuple[RooflineTimer, dict[str, Any]]:
     from stallfree.explain.roofline import RooflineTimer
-    from stallfree.sim.cost_model import CostModel, CostModelConfig
-    from stallfree.specs import load_hardware_spec, load_model_spec
+    from stallfree.sim.cost_model import CostModel
+    from stallfree.sim.costs import CostChoice, pick_cost_model
 
-    model = load_model_spec(model_name)
-    hardware = load_hardware_spec(options.hardware)
-    kind = cast("CostModelKind", options.cost_model)  # a roofline kind: "measured" went to _measured
-    cost = CostModel(CostModelConfig(model, hardware, tp=options.tp, kind=kind))
+    # a roofline kind: "measured" went to _measured
+    pick = pick_cost_model(CostChoice(options.cost_model, model_name, options.hardware, options.tp))
+    cost = cast("CostModel", pick.pricer)
+    model, hardware = pick.model, pick.hardware
     _check_weights_fit(cost.config)
     echo = {
         "model": model.name,
@@ -90,12 +90,11 @@ def _roofline(options: ExplainOptions, model_name: str) -> tuple[RooflineTimer, 
 
 def _measured(options: ExplainOptions) -> tuple[StepTimer, dict[str, Any]]:
     from stallfree.explain.roofline import PricedTimer
-    from stallfree.sim.measured import MeasuredCostModel
 
     path = options.profile
     if path is None:  # ExplainOptions refuses "measured" without a profile; said again for mypy
         raise ValueError("--cost-model measured needs --profile FILE (write one with `stallfree profile`)")
-    cost = MeasuredCostModel.from_file(path)
+    cost = _profile_model(path)
     fp = cost.profile.fingerprint
     echo = {
         "model": str(fp.get("model")),
@@ -106,6 +105,15 @@ def _measured(options: ExplainOptions) -> tuple[StepTimer, dict[str, Any]]:
         "engine": "measured profile",
     }
     return PricedTimer(cost, cost.ridge_tokens), echo
+
+
+def _profile_model(path: str) -> MeasuredCostModel:
+    """A profile's measured model, through the one cost-model factory."""
+    from stallfree.sim.costs import CostChoice, pick_cost_model
+
+    measured = pick_cost_model(CostChoice("measured", profile=path)).measured
+    assert measured is not None  # a profile is always priced by its measured model
+    return measured
 
 
 def _check_weights_fit(config: CostModelConfig) -> None:
