@@ -108,12 +108,11 @@ def _measured(options: ExplainOptions) -> tuple[StepTimer, dict[str, Any]]:
 
 
 def _profile_model(path: str) -> MeasuredCostModel:
-    """A profile's measured model, through the one cost-model factory."""
-    from stallfree.sim.costs import CostChoice, pick_cost_model
+    """A profile's measured model: all explain prices by (no model spec needed, so profiles
+    without a model_config work too)."""
+    from stallfree.sim.measured import MeasuredCostModel
 
-    measured = pick_cost_model(CostChoice("measured", profile=path)).measured
-    assert measured is not None  # a profile is always priced by its measured model
-    return measured
+    return MeasuredCostModel.from_file(path)
 
 
 def _check_weights_fit(config: CostModelConfig) -> None:
