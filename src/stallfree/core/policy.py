@@ -10,6 +10,8 @@ class registered in :data:`POLICIES`; the scheduler loop never changes.
   gets its token, then prompts part-way through prefill, then new prompts,
   chunked to fill the step's token budget, or, with ``step_budget_s`` and a
   step-time predictor, its time target (:mod:`stallfree.core.time_budget`).
+  With a token budget it plans the steps vLLM V1 plans with the same
+  ``--max-num-batched-tokens`` / ``--max-num-seqs`` (tests/test_vllm_parity.py).
 - ``prefill-first`` — vLLM's old default: waiting prompts run whole, batched
   up to ``max_num_batched_tokens``, in a step of their own; decodes pause.
 - ``decode-first`` — request-level batching: prompts are admitted only when
@@ -176,13 +178,21 @@ class ChunkedPolicy(Policy):
         else:
             assert self.token_budget is not None  # one of the two is set (checked in __init__)
             budget = self.token_budget - ctx.num_scheduled_tokens
-        # 2. Prompts already part-way through prefill (and recomputes) continue.
+        # 2. Prompts already part-way through prefill (and recomputes) continue. Short of KV
+        # blocks they preempt the newest running request, possibly themselves, as vLLM V1 does
+        # (docs/vllm-parity.md); a chunk shrunk to the free blocks would run a step vLLM never runs.
         for seq in ctx.running:
             if budget <= 0:
                 return
             if not seq.is_decoding and ctx.is_running(seq) and not ctx.is_scheduled(seq):
-                budget -= ctx.schedule_running(seq, budget, preempt=False)
-        # 3. New prompts, first-come-first-served, each chunked to what is left.
+                budget -= ctx.schedule_running(seq, budget, preempt=True)
+                if not ctx.is_running(seq):
+                    return  # it preempted itself: nothing newer is left to run
+        # 3. New prompts, first-come-first-served, each chunked to what is left; none in a step
+        # that preempted (vLLM V1: the preempted request, now at the queue's head, goes first
+        # once blocks free up, and a new prompt must not take them).
+        if any(not ctx.is_running(seq) for seq in ctx.running):
+            return
         while budget > 0 and ctx.waiting:
             admitted = ctx.admit(budget)
             if admitted == 0:
