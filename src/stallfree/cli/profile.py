@@ -1,15 +1,24 @@
-"""``stallfree profile``: measure the real engine on this machine into a step-profile JSON file."""
+"""``stallfree profile``: measure the real engine on this machine, or a running server through its API
+(``--base-url``, :mod:`stallfree.bench.profile`), into a step-profile JSON file."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stallfree.cli.common import ENGINE_MODELS, add_dtype_arg, check_writable, positive_float, positive_int
+from stallfree.cli.common import (
+    ENGINE_MODELS,
+    UsageError,
+    add_dtype_arg,
+    check_writable,
+    positive_float,
+    positive_int,
+)
 from stallfree.specs.step_profile import reference_spread
 
 if TYPE_CHECKING:
@@ -33,6 +42,8 @@ examples:
   stallfree profile --model random:medium --out medium.profile.json        # a few minutes on 2 cores
   stallfree profile --model random:tiny --quick --out tiny.profile.json    # seconds
   stallfree specs --profile medium.profile.json                            # what was measured
+  stallfree profile --base-url http://localhost:8000 --max-num-batched-tokens 2048 \
+      --max-num-seqs 16 --model-config ./model --out vllm.profile.json    # a running server
 """
 
 
@@ -44,7 +55,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default="random:medium", help=f"{ENGINE_MODELS} (default %(default)s)")
+    p.add_argument(
+        "--model",
+        help=f"{ENGINE_MODELS} (default random:medium); with --base-url: the served model (default: its first)",
+    )
     p.add_argument("--out", required=True, help="profile JSON file to write")
     add_dtype_arg(p)
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
@@ -52,8 +66,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--max-num-seqs",
         type=positive_int,
-        default=64,
-        help="largest decode batch to measure (default %(default)s)",
+        help="largest decode batch to measure (default 64; with --base-url 16: the server's own limit "
+        "or less, recorded as given)",
     )
     p.add_argument("--quick", action="store_true", help="a sparse grid, 3 repeats (well under a minute)")
     p.add_argument(
@@ -69,30 +83,54 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="measurements of a busy point at most (default 3)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    _add_server_args(p)
     p.set_defaults(handler=run)
 
 
+def _add_server_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "a running server, black box (stallfree.bench.profile: streams' gaps, TTFT; the same schema)"
+    )
+    g.add_argument("--base-url", help="profile this OpenAI-compatible server instead of the engine")
+    g.add_argument("--api-key", help="bearer token for the server")
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=positive_int,
+        help="the server's token budget a step, as it was started with (default: assume 512); prompts "
+        "up to it are single steps",
+    )
+    g.add_argument(
+        "--server-setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another scheduler setting the server runs with, recorded in the fingerprint as given",
+    )
+    g.add_argument(
+        "--model-config",
+        help="the served model's HF config.json (or its folder): model dims for KV sizing (default: none)",
+    )
+    g.add_argument("--seed", type=int, help="seed of the prompt text (default: a new one each run)")
+    g.add_argument(
+        "--timeout", type=positive_float, default=600.0, help="seconds per request (default %(default)s)"
+    )
+    g.add_argument(
+        "--no-ignore-eos",
+        dest="ignore_eos",
+        action="store_false",
+        help="send neither ignore_eos nor min_tokens (for servers that reject unknown fields)",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    from stallfree.engine.profiler import run_profile
     from stallfree.specs.step_profile import save_profile
 
     def log(message: str) -> None:
         print(message, file=sys.stderr)
 
-    kwargs: dict[str, Any] = {
-        "dtype": args.dtype,
-        "device": args.device,
-        "threads": args.threads,
-        "max_num_seqs": args.max_num_seqs,
-        "quick": args.quick,
-        "busy_fraction": args.busy_fraction,
-        "max_attempts": args.max_attempts,
-        "progress": False if args.no_progress else None,
-        "log": log,
-    }
     out = Path(args.out)
     check_writable(out, "--out")
-    profile = run_profile(args.model, **kwargs)
+    profile = _server_profile(args, log) if args.base_url else _engine_profile(args, log)
     counts = (
         f"{len(profile.steps)} steps, {len(profile.sampling)} sampling, {len(profile.linear)} linear, "
         f"{len(profile.overhead)} overhead points"
@@ -115,6 +153,50 @@ def run(args: argparse.Namespace) -> int:
     path = save_profile(profile, out)
     print(f"wrote {path}: {counts}; {profile.describe()}")
     return 0
+
+
+def _engine_profile(args: argparse.Namespace, log: Callable[[str], None]) -> StepProfile:
+    from stallfree.engine.profiler import run_profile
+
+    kwargs: dict[str, Any] = {
+        "dtype": args.dtype,
+        "device": args.device,
+        "threads": args.threads,
+        "max_num_seqs": args.max_num_seqs or 64,
+        "quick": args.quick,
+        "busy_fraction": args.busy_fraction,
+        "max_attempts": args.max_attempts,
+        "progress": False if args.no_progress else None,
+        "log": log,
+    }
+    return run_profile(args.model or "random:medium", **kwargs)
+
+
+def _server_profile(args: argparse.Namespace, log: Callable[[str], None]) -> StepProfile:
+    from stallfree.bench.profile import ServerProfileOptions, run_server_profile
+
+    settings = dict(_setting(text) for text in args.server_setting)
+    options = ServerProfileOptions(
+        base_url=args.base_url,
+        model=args.model,
+        api_key=args.api_key,
+        max_num_seqs=args.max_num_seqs or 16,
+        token_budget=args.max_num_batched_tokens,
+        scheduler=settings,
+        model_config=args.model_config,
+        quick=args.quick,
+        ignore_eos=args.ignore_eos,
+        timeout_s=args.timeout,
+        seed=args.seed,
+    )
+    return run_server_profile(options, log)
+
+
+def _setting(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise UsageError(f"--server-setting wants KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
 
 
 def _fit_problems(profile: StepProfile) -> list[str]:

@@ -496,6 +496,13 @@ class MeasuredCostModel:
         if median > MAX_FIT_ERROR:
             problems.append(f"the fit misses its own step points by a median {median:.0%}")
         fw = self.forward
+        if self.profile.fingerprint.get("kind") == "server":
+            # Every step a server is seen through emits a token: its fixed cost and its first
+            # sampled row are one term there, and only their sum must not vanish.
+            first_row_s = fw.sample_curve(fw.sample_curve.knots[1])
+            if fw.fixed_s + first_row_s <= 0:
+                problems.append("the fixed step cost fitted to zero")
+            return problems
         if fw.fixed_s <= 0:
             problems.append("the fixed step cost fitted to zero: no point tells it apart from per-row costs")
         if fw.sample_curve.slopes[0] <= 0:

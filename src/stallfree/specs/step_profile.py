@@ -9,6 +9,13 @@ Schema ``stallfree-step-profile`` version 1, one JSON object:
 ``fingerprint``  where it was measured: ``model`` (as given), ``model_name``, ``dtype``,
                  ``dtype_bytes``, ``device``, ``device_name`` (CPU model or GPU name),
                  ``threads``, ``torch``, ``stallfree``, ``date`` (UTC, ISO 8601), ``hostname``.
+                 ``kind`` (:data:`FINGERPRINT_KINDS`; absent: ``engine``): ``server`` for a
+                 black-box profile of a running server (:mod:`stallfree.bench.profile`), which
+                 has ``base_url``, ``server`` and ``server_version`` (where it says), the
+                 ``scheduler`` settings as the user gave them and ``device`` ``"server"``
+                 instead of dtype, threads and torch; its steps are full server steps (no
+                 sampling, linear or overhead points) and its ``model`` dims are zeros unless a
+                 model config was given.
 ``model``        the model's dimensions (:data:`MODEL_FIELDS`), so a reader needs no spec.
 ``model_config`` the model's ``config.json`` dict (:meth:`ModelSpec.to_hf_config`), so the
                  simulator can rebuild the exact spec (``random:`` models have no file).
@@ -50,6 +57,7 @@ SCHEMA = "stallfree-step-profile"
 VERSION = 1
 SAMPLING_MODES = ("greedy", "temperature", "top-p")
 STEP_KINDS = ("decode", "prefill", "mixed")
+FINGERPRINT_KINDS = ("engine", "server")  # our engine in process; any server through its API
 # settings key of each reference step's timings -> what it is
 REFERENCES = {"reference_step_s": "decode", "reference_prompt_step_s": "prompt"}
 MODEL_FIELDS = (
@@ -169,6 +177,10 @@ class StepProfile:
 
     def describe(self) -> str:
         fp = self.fingerprint
+        partial = ", partial" if self.settings.get("partial") else ""
+        if fp.get("kind") == "server":
+            server = " ".join(str(fp[key]) for key in ("server", "server_version") if fp.get(key))
+            return f"{fp.get('model', '?')} at {fp.get('base_url', '?')} ({server or 'a server'}, {fp.get('date', '?')}){partial}"
         return (
             f"{fp.get('model', '?')} {fp.get('dtype', '?')} on {fp.get('device', '?')} "
             f"({fp.get('device_name', '?')}, {fp.get('threads', '?')} threads, torch {fp.get('torch', '?')}, "
