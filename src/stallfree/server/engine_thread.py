@@ -14,8 +14,8 @@ Invariants:
   once, and :attr:`EngineThread.dead_reason` says why (``/health`` answers 503);
 - the engine's kernels get ``num_threads`` torch threads, by default every core on a machine of up
   to ``SMALL_MACHINE_CORES`` cores and every core but one above: on 2 cores, a core kept for the event
-  loop (HTTP, SSE framing, detokenized text) halved the bandwidth the weights stream at (13.9 vs
-  27.7 GB/s) and cost more than the OpenMP barrier stalls it avoids (benchmarks/README.md); with
+  loop (HTTP, SSE framing, detokenized text) halved the bandwidth the weights stream at (14.5 vs
+  25.8 GB/s) and cost more than the OpenMP barrier stalls it avoids (benchmarks/README.md); with
   more cores it is a small share, kept so that the event loop never preempts an OpenMP worker.
 """
 
