@@ -161,7 +161,7 @@ async def _profile(
     fingerprint = {
         "kind": "server",
         "model": model,
-        "model_name": spec.name if spec else model,
+        "model_name": model,  # the served id (a config path names a spec after its folder)
         "base_url": base_url,
         "server": server_name,
         "server_version": version,
@@ -376,11 +376,7 @@ class _Session:
         for sent_s, first_s in marks:
             longest = [
                 max(
-                    (
-                        b - a
-                        for a, b in pairwise(r.chunk_times_s)
-                        if b > sent_s and a < first_s
-                    ),
+                    (b - a for a, b in pairwise(r.chunk_times_s) if b > sent_s and a < first_s),
                     default=0.0,
                 )
                 for r in results

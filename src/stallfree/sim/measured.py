@@ -378,7 +378,12 @@ class MeasuredCostModel:
         """The profiled model's spec (from the profile's ``model_config``)."""
         config = self.profile.model_config
         if config is None:
-            raise ValueError("the profile has no model_config; pass the model explicitly")
+            how = (
+                " (profile the server with --model-config)"
+                if self.profile.fingerprint.get("kind") == "server"
+                else ""
+            )
+            raise ValueError(f"the profile has no model_config{how}; pass the model explicitly")
         return ModelSpec.from_hf_config(
             config, name=str(self.profile.fingerprint.get("model_name", "profiled"))
         )

@@ -1,0 +1,103 @@
+"""``stallfree profile --base-url``: a black-box profile of a live stallfree server on random:tiny,
+read back and priced by the measured cost model, and taken by explain and simulate unchanged."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stallfree.bench.profile import default_server_grid
+from stallfree.cli import main
+from stallfree.engine.random_models import random_spec
+from stallfree.server.launch import ServerThread, build_server
+from stallfree.sim.measured import MeasuredCostModel
+from stallfree.specs.step_profile import load_profile
+
+BUDGET = 256
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerThread]:
+    app = build_server("random:tiny", dtype="float32", device="cpu", token_budget=BUDGET, num_blocks=2048)
+    with ServerThread(app) as running:
+        yield running
+
+
+def _profile(server: ServerThread, out: Path, *extra: str) -> int:
+    argv = ["profile", "--base-url", server.base_url, "--quick", "--max-num-seqs", "4"]
+    argv += ["--max-num-batched-tokens", str(BUDGET), "--seed", "3", "--out", str(out), *extra]
+    return main(argv)
+
+
+@pytest.fixture(scope="module")
+def profiled(server: ServerThread, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("server-profile")
+    config = folder / "config.json"
+    config.write_text(json.dumps(random_spec("tiny").to_hf_config()))
+    out = folder / "tiny.server.json"
+    assert _profile(server, out, "--model-config", str(config), "--server-setting", "policy=stall-free") == 0
+    return out
+
+
+def test_the_profile_has_every_kind_of_point_within_the_budget(profiled: Path) -> None:
+    profile = load_profile(profiled)
+    fp = profile.fingerprint
+    assert fp["kind"] == "server" and fp["server"] == "stallfree" and fp["model"] == "random:tiny"
+    assert fp["scheduler"] == {"max_num_seqs": 4, "max_num_batched_tokens": BUDGET, "policy": "stall-free"}
+    kinds = {p.kind for p in profile.steps}
+    assert kinds == {"decode", "prefill", "mixed"}
+    for point in profile.steps:
+        assert sum(n for n, _, _ in point.chunks) + len(point.decode_contexts) <= BUDGET
+        assert all(t > 0 for t in point.stats.times_s)
+    decodes = [p for p in profile.steps if p.kind == "decode"]
+    assert {len(p.decode_contexts) for p in decodes} == {1, 4}
+    assert all(len(p.stats.times_s) == 10 for p in decodes)  # --quick: 10 steps each
+    settings = profile.settings
+    assert "round trip" in settings["prefill_times"] and len(settings["http_round_trip_s"]) >= 3
+    assert len(settings["reference_step_s"]) >= 3  # before, every few points, after
+    assert profile.model["num_layers"] == random_spec("tiny").num_layers
+    assert profile.model_config is not None and "--model-config" in settings["model_dims"]
+
+
+def test_the_measured_model_fits_and_prices_it(profiled: Path) -> None:
+    model = MeasuredCostModel.from_file(str(profiled))
+    assert model.fit_problems() == []
+    assert model.decode_step_s(4, 256) >= model.decode_step_s(1, 16) > 0
+    assert model.prefill_time_s(200) > model.prefill_time_s(16) > 0
+    assert model.model_spec().num_layers == random_spec("tiny").num_layers
+
+
+def test_explain_and_simulate_take_it(profiled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "--profile", str(profiled), "--json"]) == 0
+    assert main(["simulate", "--profile", str(profiled), "--num-requests", "20", "--json"]) == 0
+    capsys.readouterr()
+
+
+def test_without_a_model_config_explain_still_prices(
+    server: ServerThread, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bare.json"
+    assert _profile(server, out) == 0
+    profile = load_profile(out)
+    assert profile.model_config is None and set(profile.model.values()) == {0}
+    assert MeasuredCostModel(profile).parameters()["fixed_step_s"] > 0
+    assert main(["explain", "--profile", str(out)]) == 0
+    assert main(["simulate", "--profile", str(out), "--model", "llama-3-8b", "--num-requests", "10"]) == 0
+    assert main(["simulate", "--profile", str(out), "--num-requests", "10"]) == 2
+    assert "--model-config" in capsys.readouterr().err
+
+
+def test_grid_prompts_stay_single_steps() -> None:
+    grid = default_server_grid(16, 512, 4096)
+    assert max(grid.prefill_tokens) == 512 and max(grid.num_seqs) == 16
+    assert all(n + max(grid.mixed_num_seqs) <= 512 for n in grid.mixed_tokens)
+    short = default_server_grid(4, 2048, 300, quick=True)
+    assert all(c + 84 <= 300 for c in short.contexts)
+    assert all(n + 8 <= 300 for n in short.prefill_tokens)
+
+
+def test_a_bad_server_setting_is_one_line(server: ServerThread, tmp_path: Path) -> None:
+    assert _profile(server, tmp_path / "x.json", "--server-setting", "nokey") == 2
