@@ -3,7 +3,8 @@
 For each dtype (bf16, fp32): ``stallfree profile --model random:medium``, then
 ``stallfree validate`` (the real engine in process vs the simulator with the profile) on
 Poisson arrivals with 512-token prompts and 64-token outputs, chunked (budget 64) and
-prefill-first, at ``--load`` (default 0.65) x the capacity the measured model predicts for
+prefill-first (its prompts batched up to the context, not the budget; both at most 64 running
+requests), at ``--load`` (default 0.65) x the capacity the measured model predicts for
 the slower policy (all requests at once: completed / duration). Prints per-step errors and
 end-to-end ratios as markdown rows, with the machine's load average around each phase, and
 keeps every JSON under ``--out``. Run on a quiet machine: timings are the measurement.
@@ -23,8 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stallfree.cli.validate import machine_summary
+from stallfree.core.serving import ServingConfig
+from stallfree.plots.validate import plot_validation
 from stallfree.sim.costs import CostChoice
+from stallfree.validate import ValidationOptions, machine_summary, validate
 
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 LENGTHS = "fixed:512,64"
@@ -43,20 +46,21 @@ def load() -> str:
     return f"{one:.2f}/{five:.2f}/{fifteen:.2f}"
 
 
+def serving(policy: str) -> ServingConfig:
+    """Chunked at a budget of ``BUDGET`` tokens; the whole-prompt policies batch prompts up to the
+    context; both run at most ``BUDGET`` requests."""
+    budget = BUDGET if policy == "chunked" else None
+    return ServingConfig(policy=policy, max_num_batched_tokens=budget, max_num_seqs=BUDGET)
+
+
 def capacity_qps(profile: Path, policy: str, num_requests: int) -> float:
     """Requests per second the measured model says the engine sustains, all arriving at once."""
-    from stallfree.core.serving import ServingConfig
     from stallfree.sim import simulate
     from stallfree.workload import WorkloadOptions, workload_from_options
 
-    serving = ServingConfig(
-        policy=policy,
-        max_num_batched_tokens=BUDGET if policy == "chunked" else None,
-        max_num_seqs=BUDGET,
-    )
     workload = workload_from_options(WorkloadOptions(arrival="all-at-once", lengths=LENGTHS))
     result = simulate(
-        workload, CostChoice(kind="full", profile=str(profile)), serving, num_requests=num_requests
+        workload, CostChoice(kind="full", profile=str(profile)), serving(policy), num_requests=num_requests
     )
     return float(result.summary["request_throughput"])
 
@@ -93,15 +97,21 @@ def main() -> int:
         num_requests = args.num_requests if dtype == "bf16" else max(20, args.num_requests // 3)
         before = load()
         started = time.perf_counter()
-        out = stallfree(
-            "validate", "--profile", str(profile), "--qps", str(qps), "--lengths", LENGTHS,
-            "--num-requests", str(num_requests), "--policy", "chunked,prefill-first",
-            "--token-budget", str(BUDGET), "--max-num-seqs", str(BUDGET), "--json", "--no-progress",
-            "--plot", str(args.out / f"plots-{dtype}"), "--step-noise",
-            capture=True,
+        # In process, through the library: one `stallfree validate --token-budget` would cap
+        # prefill-first's prompt batches at the chunked budget too.
+        options = ValidationOptions(
+            profile=str(profile), servings=(serving("chunked"), serving("prefill-first")), qps=qps,
+            lengths=LENGTHS, num_requests=num_requests, step_noise=True,
         )  # fmt: skip
+        print(
+            f"validate: {profile}, {qps} QPS, {num_requests} requests, in process",
+            file=sys.stderr,
+            flush=True,
+        )
+        result = validate(options)
         validate_s = time.perf_counter() - started
-        body: dict[str, Any] = json.loads(out)
+        plots = [str(path) for path in plot_validation(result, args.out / f"plots-{dtype}")]
+        body: dict[str, Any] = result.to_json(plots)
         body["bench"] = {"capacity_qps": capacity, "qps": qps, "load_before": before, "load_after": load(),
                          "wall_s": validate_s}  # fmt: skip
         (args.out / f"validate-{dtype}.json").write_text(json.dumps(body, indent=2))
@@ -109,7 +119,9 @@ def main() -> int:
             f"validate {dtype}: predicted capacity {capacity:.3f} req/s, run at {qps} QPS, "
             f"{num_requests} requests, {validate_s:.0f} s, load {before} -> {load()}"
         )
-        for policy, r in body["policies"].items():
+        for policy_run in result.policies:
+            policy = policy_run.policy
+            r = body["policies"][policy]
             s, m = r["per_step"], r["metrics"]
             rows.append(
                 f"| {dtype} | {policy} | {s['num_steps']} | {s['median_abs_error']:.1%} | {s['p90_abs_error']:.1%} "
@@ -121,8 +133,8 @@ def main() -> int:
                 )
                 + " |"
             )
-            if r.get("machine"):  # the profile's reference steps after this run vs when profiled
-                rows.append(f"  reference steps, {policy}: {machine_summary(r['machine'])}")
+            if policy_run.machine:  # the profile's reference steps after this run vs when profiled
+                rows.append(f"  reference steps, {policy}: {machine_summary(policy_run.machine)}")
         if "ordering" in body:
             rows.append(f"ordering {dtype}: {body['ordering']}")
     print("\n".join(rows))

@@ -59,7 +59,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 @pytest.mark.parametrize(
-    "package", ["core", "sim", "specs", "workload", "metrics", "explain", "engine", "ui"]
+    "package", ["core", "sim", "specs", "workload", "metrics", "explain", "engine", "ui", "validate"]
 )
 def test_imports_inside_a_package_form_no_cycle(package: str) -> None:
     assert _cycle(_graph(package)) is None

@@ -241,6 +241,31 @@ def serving_config(args: argparse.Namespace, policy: str | None = None) -> Servi
         raise UsageError(str(exc)) from None
 
 
+def policy_list(text: str) -> list[str]:
+    """``--policy chunked,prefill-first`` -> the policies, each known and named once."""
+    from stallfree.core import POLICIES
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in POLICIES]
+    if unknown or not names:
+        named = ", ".join(repr(name) for name in unknown) if unknown else repr(text)
+        raise UsageError(f"unknown policy {named}; choose from: {', '.join(POLICIES)}")
+    if len(set(names)) != len(names):
+        raise UsageError(f"policy listed twice in {text!r}")
+    return names
+
+
+def serving_configs(args: argparse.Namespace) -> list[ServingConfig]:
+    """One :class:`ServingConfig` per policy of ``--policy``'s comma list (``add_serving_args(...,
+    policy_list=True)``); ``--step-budget-ms`` is the chunked policy's, so the baselines beside it
+    run without it (and it needs chunked among them)."""
+    policies = policy_list(args.policy)
+    if args.step_budget_ms is not None and "chunked" not in policies:
+        raise UsageError("--step-budget-ms applies to the chunked policy only")
+    baseline = argparse.Namespace(**{**vars(args), "step_budget_ms": None})
+    return [serving_config(args if policy == "chunked" else baseline, policy) for policy in policies]
+
+
 # stallfree.engine.dtypes.DTYPE_CHOICES, spelled out so that parsing never imports torch.
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 

@@ -1,0 +1,72 @@
+"""One validation, start to end: :func:`validate` turns :class:`ValidationOptions` into a
+:class:`ValidationResult`.
+
+For each policy: the measured side (:mod:`.measured`), every timed step priced by the profile
+(:mod:`.steps`), then the predictions on the same requests and the same configuration
+(:mod:`.pricing`): the plain one; with ``step_noise``, each step varied as the profiled machine's
+steps varied; where steps were timed, each kind of step at the speed this run's steps ran.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stallfree.core.serving import ServingConfig
+from stallfree.specs.step_profile import load_profile
+from stallfree.validate.measured import measure
+from stallfree.validate.options import ValidationOptions
+from stallfree.validate.pricing import ProfileCosts
+from stallfree.validate.result import PolicyValidation, ValidationResult, ValidationScenario
+from stallfree.validate.steps import step_errors
+
+NOISE_PERCENTILES = (1, 10, 50, 90, 99)
+"""The spread of the step-noise factors a result reports."""
+
+
+def validate(options: ValidationOptions) -> ValidationResult:
+    """Run ``options``: each policy measured and predicted on the same requests."""
+    profile = load_profile(options.profile)
+    costs = ProfileCosts.of(profile, options.sampling)
+    policies = tuple(_policy(options, serving, costs) for serving in options.servings)
+    noise = None
+    if options.step_noise:
+        noise = tuple(float(q) for q in np.percentile(costs.model.step_noise(), NOISE_PERCENTILES))
+    model = options.model or profile.fingerprint.get("model")
+    scenario = ValidationScenario(
+        model=None if model is None else str(model),
+        # a bench result brings its own requests and arrival times
+        qps=None if options.measured else options.qps,
+        lengths=None if options.measured else options.lengths,
+        num_requests=policies[0].num_requests if options.measured else options.num_requests,
+        seed=options.seed,
+        sampling=options.sampling,
+        measured=options.measured or "engine in process",
+    )
+    return ValidationResult(profile.describe(), scenario, policies, noise)
+
+
+def _policy(options: ValidationOptions, serving: ServingConfig, costs: ProfileCosts) -> PolicyValidation:
+    run = measure(options, serving, costs.model)
+    per_step = None
+    if run.steps is not None:
+        per_step = step_errors(costs.model, run.steps, run.serving.step_budget_s)
+    predicted = costs.predict(run.requests, run.serving)
+    with_noise = None
+    if options.step_noise:
+        with_noise = costs.predict(run.requests, run.serving, step_noise=True, seed=options.seed)
+    # Each kind of step priced at the speed this run's steps ran (1 / (1 + median error)): what
+    # the simulator gives when the step prices are right, the machine's drift taken out.
+    scales = None if per_step is None else per_step.run_step_scales
+    at_run_speed = None if scales is None else costs.predict(run.requests, run.serving, step_scales=scales)
+    return PolicyValidation(
+        serving=run.serving,
+        num_requests=len(run.requests),
+        measured=run.scores,
+        predicted=predicted,
+        with_noise=with_noise,
+        at_run_speed=at_run_speed,
+        run_step_scales=scales,
+        per_step=per_step,
+        machine=run.machine,
+        engine_predictor=run.engine_predictor,
+    )
