@@ -21,6 +21,7 @@ from stallfree.cli.common import (
     add_serving_args,
     pick_costs,
     serving_config,
+    serving_configs,
 )
 from stallfree.tune.sigint import sigterm_as_sigint, stop_on_signal  # light: stdlib only
 
@@ -157,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
     from stallfree.sim import simulate
     from stallfree.workload import sample
 
-    policies = _policies(args.policy)
+    servings = serving_configs(args)
+    policies = [serving.policy for serving in servings]
     step_profile = None  # the model default and the header's fingerprint
     if args.profile is not None:
         from stallfree.specs.step_profile import load_profile
@@ -190,14 +192,14 @@ def run(args: argparse.Namespace) -> int:
     keep_steps = bool(args.trace_out or args.plot)
     results: list[SimulationResult] = []
     with stop_on_signal() as stop:  # a Ctrl-C / SIGTERM now stops the simulation between steps
-        for policy in policies:
+        for serving in servings:
             if stop.is_set():
                 break
             started = time.perf_counter()
             result = simulate(
                 requests,
                 costs,
-                _serving(args, policy),
+                serving,
                 gpu_memory_utilization=args.gpu_memory_utilization,
                 goodput=goodput,
                 keep_steps=keep_steps,
@@ -277,28 +279,7 @@ def _interrupted_text(stopped: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _serving(args: argparse.Namespace, policy: str) -> Any:
-    """``policy``'s serving config; --step-budget-ms is the chunked policy's, so the baselines
-    beside it run without it."""
-    if policy != "chunked" and args.step_budget_ms is not None:
-        args = argparse.Namespace(**{**vars(args), "step_budget_ms": None})
-    return serving_config(args, policy)
-
-
 _DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
-
-
-def _policies(text: str) -> list[str]:
-    from stallfree.core import POLICIES
-
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in POLICIES]
-    if unknown or not names:
-        named = ", ".join(repr(name) for name in unknown) if unknown else repr(text)
-        raise UsageError(f"unknown policy {named}; choose from: {', '.join(POLICIES)}")
-    if len(set(names)) != len(names):
-        raise UsageError(f"policy listed twice in {text!r}")
-    return names
 
 
 def _workload(args: argparse.Namespace) -> tuple[Any, int | None]:
