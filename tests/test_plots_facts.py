@@ -18,6 +18,7 @@ from stallfree.explain.plots import timeline_figure
 from stallfree.plots.traffic import traffic_figures
 from stallfree.plots.tune import tune_figures
 from stallfree.sim import SimulationResult, simulate
+from stallfree.sim.costs import CostChoice
 from stallfree.workload import TraceLengths, Workload, poisson
 
 
@@ -25,7 +26,9 @@ from stallfree.workload import TraceLengths, Workload, poisson
 def runs() -> list[SimulationResult]:
     workload = Workload(poisson(2.0), TraceLengths("arxiv"))
     return [
-        simulate(workload, serving=ServingConfig(policy=p), num_requests=120, keep_steps=True)
+        simulate(
+            workload, CostChoice(kind="full"), ServingConfig(policy=p), num_requests=120, keep_steps=True
+        )
         for p in ("prefill-first", "chunked")
     ]
 

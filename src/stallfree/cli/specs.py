@@ -109,7 +109,10 @@ def run(args: argparse.Namespace) -> int:
         # no --profile here: measured is a GPU preset's shipped tables
         pick = pick_cost_model(CostChoice(args.cost_model, model, hw, args.tp, dtype_bytes=dtype_bytes))
         if isinstance(pick.pricer, GpuMeasuredCostModel):
-            report["measured"] = {**_step_figures(pick.pricer, "measured", *figures), **pick.pricer.describe()}
+            report["measured"] = {
+                **_step_figures(pick.pricer, "measured", *figures),
+                **pick.pricer.describe(),
+            }
         else:
             report["roofline"] = _step_figures(pick.pricer, pick.kind, *figures)
     print(json.dumps(report, indent=2) if args.json else _report_text(report))
