@@ -93,6 +93,7 @@ def test_without_a_model_config_explain_still_prices(
 def test_grid_prompts_stay_single_steps() -> None:
     grid = default_server_grid(16, 512, 4096)
     assert max(grid.prefill_tokens) == 512 and max(grid.num_seqs) == 16
+    assert max(grid.mixed_num_seqs) == 15  # the prompt is one more sequence
     assert all(n + max(grid.mixed_num_seqs) <= 512 for n in grid.mixed_tokens)
     short = default_server_grid(4, 2048, 300, quick=True)
     assert all(c + 84 <= 300 for c in short.contexts)

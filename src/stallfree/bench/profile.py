@@ -92,9 +92,11 @@ def default_server_grid(
     sizes = (16, 128) if quick else (16, 64, 256, 1024, 4096)
     prefill = tuple(sorted({s for s in sizes if s < token_budget} | {token_budget}))
     prefill = tuple(s for s in prefill if s + 8 <= max_model_len)
-    mixed_seqs = (min(4, max_num_seqs),) if quick else tuple(sorted({1, min(16, max_num_seqs)}))
+    # The prompt is one more sequence: beside max_num_seqs streams it would wait for one to end.
+    room = max(0, max_num_seqs - 1)
+    mixed_seqs = tuple(n for n in ((min(4, room),) if quick else sorted({1, min(16, room)})) if n >= 1)
     mixed_context = max(c for c in contexts if c <= 256)
-    mixed = tuple(sorted({min(s, token_budget - max(mixed_seqs)) for s in prefill if s >= 64}))
+    mixed = tuple(sorted({min(s, token_budget - max(mixed_seqs, default=0)) for s in prefill if s >= 64}))
     return ServerGrid(
         num_seqs=tuple(seqs[:2] if quick else seqs),
         contexts=contexts,
@@ -381,10 +383,15 @@ class _Session:
                 )
                 for r in results
             ]
-            if all(g > 0 for g in longest):
+            # Kept only if every stream still decoded after the prompt's first token: one that was
+            # queued until a stream ended measured nothing (a server full at max_num_seqs).
+            if all(g > 0 for g in longest) and all(r.chunk_times_s[-1] > first_s for r in results):
                 steps.append(statistics.median(longest))
         if not steps:
-            raise ValueError(f"no stream decoded while a {length}-token prompt was prefilled")
+            raise ValueError(
+                f"no stream decoded while a {length}-token prompt was prefilled beside {num_seqs} streams: "
+                "does the server run fewer sequences at once than --max-num-seqs?"
+            )
         return steps, tokens + int(statistics.median(generated)), length
 
     async def ttft(self, num_tokens: int, repeats: int, text: str | None = None) -> tuple[list[float], int]:
