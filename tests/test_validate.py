@@ -11,11 +11,17 @@ import pytest
 pytest.importorskip("torch")
 
 from stallfree.cli import main
-from stallfree.engine.profiler import model_dims
 from stallfree.engine.random_models import random_spec
 from stallfree.sim.costs import CostChoice
 from stallfree.sim.measured import plan_features
-from stallfree.specs.step_profile import SamplingPoint, Stats, StepPoint, StepProfile, save_profile
+from stallfree.specs.step_profile import (
+    SamplingPoint,
+    Stats,
+    StepPoint,
+    StepProfile,
+    model_dims,
+    save_profile,
+)
 from stallfree.workload.bench_result import load_bench_result
 
 

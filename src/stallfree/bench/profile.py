@@ -50,7 +50,7 @@ from stallfree.bench.client import Endpoint, StreamResult, client, count_tokens,
 from stallfree.bench.prompts import PromptSizer, calibrate, fallback_target, fit_prompts
 from stallfree.bench.scenarios import _wait_any
 from stallfree.specs.model import ModelSpec, load_model_spec
-from stallfree.specs.step_profile import MODEL_FIELDS, Stats, StepPoint, StepProfile, drift
+from stallfree.specs.step_profile import MODEL_FIELDS, Stats, StepPoint, StepProfile, drift, model_dims
 
 PROBE_EVERY = 4  # points between two timings of the reference decode point
 LOG_EVERY = 3  # points between two progress lines
@@ -197,20 +197,6 @@ async def _profile(
         model=model_dims(spec, dtype_bytes or 2) if spec else dict.fromkeys(MODEL_FIELDS, 0),
         model_config=spec.to_hf_config() if spec else None,
     )
-
-
-def model_dims(spec: ModelSpec, dtype_bytes: int) -> dict[str, int]:
-    """The profile's ``model`` entry (as :func:`stallfree.engine.profiler.model_dims`, without torch)."""
-    dims = {
-        name: getattr(spec, name)
-        for name in MODEL_FIELDS
-        if name not in ("weight_bytes", "kv_bytes_per_token")
-    }
-    return {
-        **dims,
-        "weight_bytes": spec.weight_bytes(dtype_bytes),
-        "kv_bytes_per_token": spec.kv_bytes_per_token(dtype_bytes),
-    }
 
 
 def _config_dtype_bytes(path: str | None) -> int | None:

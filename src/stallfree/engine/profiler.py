@@ -38,7 +38,6 @@ from stallfree.engine.engine import LLMEngine
 from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.profiling import CpuMeter, plan_times
 from stallfree.engine.sampler import sample
-from stallfree.specs import ModelSpec
 from stallfree.specs.step_profile import (
     REFERENCES,
     SAMPLING_MODES,
@@ -49,6 +48,7 @@ from stallfree.specs.step_profile import (
     StepPoint,
     StepProfile,
     drift,
+    model_dims,
     reference_spread,
 )
 
@@ -450,24 +450,6 @@ def run_profile(
         overhead=tuple(overhead),
         model_config=spec.to_hf_config(),
     )
-
-
-def model_dims(spec: ModelSpec, dtype_bytes: int) -> dict[str, int]:
-    return {
-        "num_params": spec.num_params,
-        "num_non_embedding_params": spec.num_non_embedding_params,
-        "lm_head_params": spec.lm_head_params,
-        "num_layers": spec.num_layers,
-        "hidden_size": spec.hidden_size,
-        "num_attention_heads": spec.num_attention_heads,
-        "num_kv_heads": spec.num_kv_heads,
-        "head_dim": spec.head_dim,
-        "intermediate_size": spec.intermediate_size,
-        "vocab_size": spec.vocab_size,
-        "max_position_embeddings": spec.max_position_embeddings,
-        "weight_bytes": spec.weight_bytes(dtype_bytes),
-        "kv_bytes_per_token": spec.kv_bytes_per_token(dtype_bytes),
-    }
 
 
 def _dtype_bytes(dtype: torch.dtype) -> int:

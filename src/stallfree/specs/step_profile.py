@@ -51,7 +51,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stallfree.specs.model import ModelSpec
 
 SCHEMA = "stallfree-step-profile"
 VERSION = 1
@@ -328,3 +331,17 @@ def load_profile(path: str | Path) -> StepProfile:
         return profile_from_dict(data)
     except ValueError as exc:
         raise ValueError(f"{source}: {exc}") from None
+
+
+def model_dims(spec: ModelSpec, dtype_bytes: int) -> dict[str, int]:
+    """The profile's ``model`` entry for ``spec`` with weights and KV of ``dtype_bytes`` each."""
+    dims = {
+        name: getattr(spec, name)
+        for name in MODEL_FIELDS
+        if name not in ("weight_bytes", "kv_bytes_per_token")
+    }
+    return {
+        **dims,
+        "weight_bytes": spec.weight_bytes(dtype_bytes),
+        "kv_bytes_per_token": spec.kv_bytes_per_token(dtype_bytes),
+    }
