@@ -349,3 +349,17 @@ def test_a_fit_that_misses_its_points_is_refused_and_a_refused_profile_never_loa
     rejected = dataclasses.replace(profile, settings={"rejected": problems})
     with pytest.raises(ValueError, match="rejected when it was measured"):
         MeasuredCostModel(rejected)
+
+
+def test_explain_says_when_a_prompt_is_priced_beyond_the_profiles_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stallfree.cli import main
+
+    path = save_profile(synthetic_profile(), tmp_path / "p.json")  # steps of at most 512 prompt tokens
+    args = ["explain", "--profile", str(path), "--streams", "4", "--context-tokens", "100", "--json"]
+    assert main([*args, "--prompt-tokens", "512", "--sweep", "64"]) == 0
+    assert not json.loads(capsys.readouterr().out)["warnings"]
+    assert main([*args, "--prompt-tokens", "4096", "--sweep", "64"]) == 0
+    (warning,) = json.loads(capsys.readouterr().out)["warnings"]
+    assert "at most 512 prompt tokens" in warning and "4,096-token step is priced beyond them" in warning

@@ -20,7 +20,7 @@ from stallfree.explain.options import ExplainOptions
 from stallfree.explain.scenario import Explanation, Scenario, StepTimer, explain
 
 if TYPE_CHECKING:
-    from stallfree.explain.roofline import RooflineTimer
+    from stallfree.explain.roofline import PricedTimer, RooflineTimer
     from stallfree.sim.cost_model import CostModelConfig
     from stallfree.sim.measured import MeasuredCostModel
 
@@ -53,6 +53,9 @@ def run_explain(options: ExplainOptions) -> Explanation:
         prompt, options.streams, context, chunk, step_budget_s=budget_ms / 1000 if budget_ms else None
     )
     warnings = _deployment_warnings(roofline.cost_model.config, scenario) if roofline else []
+    if options.is_priced_by_profile:  # a PricedTimer over the profile's measured model
+        measured = cast("MeasuredCostModel", cast("PricedTimer", timer).cost_model)
+        warnings += _beyond_the_profile(measured, prompt)
     if budget_ms:
         echo["step_budget_ms"] = budget_ms
     if options.engine != "torch" or options.profile is None:
@@ -113,6 +116,20 @@ def _profile_model(path: str) -> MeasuredCostModel:
     from stallfree.sim.measured import MeasuredCostModel
 
     return MeasuredCostModel.from_file(path)
+
+
+def _beyond_the_profile(cost: MeasuredCostModel, prompt_tokens: int) -> list[str]:
+    """A prompt run whole in a step longer than any the profile measured is priced by extrapolation;
+    on a server that chunks at its budget, it would not even run as one step."""
+    largest = max(sum(n for n, _, _ in p.chunks) for p in cost.profile.steps)
+    if prompt_tokens <= largest:
+        return []
+    budget = cost.profile.fingerprint.get("scheduler", {}).get("max_num_batched_tokens")
+    server = f"; the server chunks prompts at its {budget}-token budget" if budget else ""
+    return [
+        f"the profile measured steps of at most {largest:,} prompt tokens: prefill-first's "
+        f"{prompt_tokens:,}-token step is priced beyond them, by extrapolation{server}"
+    ]
 
 
 def _check_weights_fit(config: CostModelConfig) -> None:
