@@ -363,3 +363,15 @@ def test_explain_says_when_a_prompt_is_priced_beyond_the_profiles_steps(
     assert main([*args, "--prompt-tokens", "4096", "--sweep", "64"]) == 0
     (warning,) = json.loads(capsys.readouterr().out)["warnings"]
     assert "at most 512 prompt tokens" in warning and "4,096-token step is priced beyond them" in warning
+
+
+def test_specs_names_the_terms_the_points_never_showed_apart() -> None:
+    from stallfree.cli.profile import profile_figures_text
+
+    params = MeasuredCostModel(synthetic_profile()).parameters()
+    assert "no cost beyond the other terms" not in profile_figures_text(params)  # every term > 0
+    params["per_decode_s"] = 0.0
+    params["lm_head_per_row_s_by_segment"][1] = 0.0
+    lo, hi = params["lm_head_knots"][1:3]
+    line = profile_figures_text(params).splitlines()[-1]
+    assert line == f"  no cost beyond the other terms (0 above): per decode row, LM head rows {lo}-{hi}"

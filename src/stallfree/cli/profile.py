@@ -264,6 +264,24 @@ def profile_figures_text(p: dict[str, Any]) -> str:
         f" max {p['fit_max_abs_error']:.1%} over {p['num_fit_points']} of {p['num_step_points']} step points"
         + (f" ({p['num_busy_points']} measured while busy)" if p["num_busy_points"] else "")
     )
+    zeros = [
+        name
+        for name, value in (
+            ("per decode row", p["per_decode_s"]),
+            ("per chunk", p["per_chunk_s"]),
+            ("per gathered context token", p["per_gather_token_s"]),
+        )
+        if value == 0
+    ]
+    zeros += [
+        f"LM head rows {lo}-{hi}"
+        for lo, hi, slope in zip(
+            p["lm_head_knots"], p["lm_head_knots"][1:], p["lm_head_per_row_s_by_segment"], strict=False
+        )
+        if slope == 0
+    ]
+    if zeros:  # the fit's terms are >= 0: a zero is a cost the points never showed apart from the rest
+        lines.append(f"  no cost beyond the other terms (0 above): {', '.join(zeros)}")
     spread = reference_spread(p)
     scaled = p.get("drift_scale_range") or [1, 1]
     if spread:
