@@ -82,7 +82,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=3,
         help="measurements of a busy point at most (default 3)",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    p.add_argument("--no-progress", action="store_true", help="progress lines, not a bar, even on a terminal")
     _add_server_args(p)
     p.set_defaults(handler=run)
 
