@@ -16,6 +16,7 @@ import pytest
 
 from stallfree.tune.sigint import SigintGuard, deferred, sigterm_as_sigint, stop_on_signal
 from tests.interrupts import interrupt
+from tests.test_tune_interrupt import GRID  # the same sweep, stopped by SIGTERM instead
 
 
 def term() -> None:
@@ -99,17 +100,6 @@ def test_tune_sigterm_json_is_marked_partial_with_the_trials_run() -> None:
     assert stopped["searches"] == 8 and len(stopped["unfinished"]) == 8 - stopped["searches_finished"]
     assert sum(s["num_trials"] for s in stopped["unfinished"]) <= len(body["trials"])
     assert result.stderr.rstrip().endswith("is on stdout (JSON, partial: true)")
-
-
-GRID = """
-models: [mistral-7b]
-hardware: [a100-80gb]
-tp: [1]
-policies: [chunked, prefill-first]
-budgets: [256, 512, 1024]
-workload: {lengths: sharegpt, num_requests: 300, seed: 0}
-qps: [1, 2, 4, 8, 16]
-"""
 
 
 @pytest.mark.parametrize("whole_group", [False, True], ids=["kill PID", "kill the group"])
