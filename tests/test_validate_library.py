@@ -125,3 +125,19 @@ def test_the_command_line_only_parses_into_options() -> None:
         qps=2.0,
         step_noise=True,
     )
+
+
+def test_a_cache_too_small_for_the_reference_step_leaves_out_the_machine_check_not_the_run() -> None:
+    import dataclasses
+
+    from stallfree.engine.engine import LLMEngine
+    from stallfree.sim.measured import MeasuredCostModel
+    from stallfree.validate.measured import _machine
+    from tests.test_profile_measured import synthetic_profile
+
+    profile = synthetic_profile()
+    model = MeasuredCostModel(
+        dataclasses.replace(profile, settings={"reference_step_s": [0.01], "max_num_seqs": 64})
+    )
+    engine = LLMEngine("random:tiny", dtype="float32", device="cpu", num_blocks=32, max_num_seqs=4)
+    assert _machine(model, engine) is None  # 16 decodes at 256 tokens need 272 blocks

@@ -155,7 +155,10 @@ def _machine(model: MeasuredCostModel, engine: LLMEngine) -> tuple[ReferenceStep
     if not settings.get("reference_step_s") or engine.has_unfinished_requests():
         return None
     engine.model_runner.reset()  # the last finished requests' tables (the scheduler freed their blocks)
-    now = reference_times_s(engine.model_runner, int(settings.get("max_num_seqs", 16)), 5)
+    try:
+        now = reference_times_s(engine.model_runner, int(settings.get("max_num_seqs", 16)), 5)
+    except ValueError:  # a cache sized for this run's fewer sequences cannot hold the reference step
+        return None  # the run is kept; only the machine check is left out
     return tuple(
         ReferenceStep(kind, float(statistics.median(settings[key])), now[kind])
         for key, kind in REFERENCES.items()
