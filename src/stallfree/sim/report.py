@@ -1,0 +1,113 @@
+"""The text table of ``stallfree simulate``: policies as columns, vLLM's metrics as rows.
+
+It formats what :func:`~stallfree.sim.simulate` returned (summaries) under a header that says what
+ran (the scenario dict the command line builds); a metric with no sample prints "-".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from stallfree.metrics import format_metric
+from stallfree.workload import AllAtOnce, GammaArrivals, ReplayArrivals, Workload
+
+
+def _kv_line(sc: dict[str, Any]) -> str:
+    if sc.get("num_blocks"):
+        return f"KV cache: {sc['num_blocks']:,} blocks of {sc['block_size']} tokens (--num-blocks)"
+    if sc.get("profile"):
+        return f"KV cache: blocks of {sc['block_size']} tokens as the profiled engine allocates them (max seqs full contexts)"
+    return (
+        f"KV cache: blocks of {sc['block_size']} tokens at utilisation {sc['gpu_memory_utilization']:g}, "
+        "after the weights and the largest step's activations"
+    )
+
+
+def describe_workload(workload: Workload) -> str:
+    """The arrivals and lengths in a few words (the table's third line)."""
+    arrivals, lengths = workload.arrivals, workload.lengths
+    if isinstance(arrivals, GammaArrivals):
+        when = (
+            f"poisson at {arrivals.qps:g} QPS"
+            if arrivals.burstiness == 1
+            else (f"gamma at {arrivals.qps:g} QPS, burstiness {arrivals.burstiness:g}")
+        )
+    elif isinstance(arrivals, AllAtOnce):
+        when = "all at once"
+    elif isinstance(arrivals, ReplayArrivals):
+        when = f"arrivals replayed from {arrivals.trace}"
+    else:  # pragma: no cover - a new arrival process
+        when = repr(arrivals)
+    kind = type(lengths).__name__.removesuffix("Lengths").lower()
+    return f"{when}; lengths {kind}({', '.join(str(v) for v in dataclasses.astuple(lengths))})"
+
+
+_ROWS: tuple[tuple[str, str, str], ...] = (
+    # (label, summary key, format)
+    ("completed", "completed", "{:,}"),
+    ("rejected", "rejected", "{:,}"),
+    ("duration (s)", "duration", "{:,.1f}"),
+    ("requests/s", "request_throughput", "{:.3f}"),
+    ("output tokens/s", "output_throughput", "{:,.1f}"),
+    ("goodput (req/s)", "request_goodput", "{:.3f}"),
+    ("TTFT mean (ms)", "mean_ttft_ms", "{:,.1f}"),
+    ("TTFT p99 (ms)", "p99_ttft_ms", "{:,.1f}"),
+    ("TPOT mean (ms)", "mean_tpot_ms", "{:,.2f}"),
+    ("TPOT p99 (ms)", "p99_tpot_ms", "{:,.2f}"),
+    ("ITL median (ms)", "median_itl_ms", "{:,.2f}"),
+    ("ITL p99 (ms)", "p99_itl_ms", "{:,.2f}"),
+    ("ITL max (ms)", "max_itl_ms", "{:,.1f}"),
+    ("E2EL p99 (ms)", "p99_e2el_ms", "{:,.0f}"),
+    ("sched. delay mean (ms)", "mean_scheduling_delay_ms", "{:,.1f}"),
+    ("sched. delay p99 (ms)", "p99_scheduling_delay_ms", "{:,.1f}"),
+    ("preemptions", "num_preemptions", "{:,}"),
+    ("KV blocks", "num_kv_blocks", "{:,}"),
+    ("steps", "num_steps", "{:,}"),
+    ("step max (ms)", "max_step_ms", "{:,.1f}"),
+    ("steps over budget", "num_steps_over_budget", "{:,}"),
+    ("  first prompt guarded", "num_guarded_steps", "{:,}"),
+    ("  decodes alone over", "num_decode_overruns", "{:,}"),
+    ("simulation wall (s)", "sim_wall_s", "{:.2f}"),
+)
+
+
+_OPTIONAL_ROWS = {"request_goodput", "num_steps_over_budget", "num_guarded_steps", "num_decode_overruns"}
+
+
+def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outputs: list[str]) -> str:
+    """Policies as columns, metrics as rows; a metric with no sample is "-"."""
+    sc = scenario
+    budget = f"chunk {sc['chunk_tokens']}" if sc["chunk_tokens"] else f"token budget {sc['token_budget']}"
+    if sc.get("step_budget_ms"):
+        budget = f"step budget {sc['step_budget_ms']:g} ms (cap: {budget})"
+    lines = [
+        f"{sc['model']} on {sc['tp']} x {sc['hardware']} (cost model: {sc['cost_model']}"
+        + (f" ({sc['cost_model_note']})" if sc.get("cost_model_note") else "")
+        + (f" + {sc['step_overhead_ms']:g} ms a step" if sc["step_overhead_ms"] else "")
+        + (", steps varied as the profiled machine's" if sc.get("step_noise") else "")
+        + f"); chunked {budget}, "
+        f"max {sc['max_num_seqs']} seqs",
+        _kv_line(sc),
+        f"{sc['num_requests']:,} requests: {sc['workload']}, seed {sc['seed']}",
+        "",
+        f"  {'':<24}" + "".join(f"{s['policy']:>16}" for s in summaries),
+    ]
+    for label, key, fmt in _ROWS:
+        if key in _OPTIONAL_ROWS and all(s.get(key) is None for s in summaries):
+            continue
+        cells = [format_metric(s.get(key), fmt) for s in summaries]
+        lines.append(f"  {label:<24}" + "".join(f"{c:>16}" for c in cells))
+    for s in summaries:
+        for reason, count in s["rejected_reasons"].items():
+            example = ", e.g." if count > 1 else ""
+            lines.append(f"  {s['policy']}: rejected {count:,}{example}: {reason}")
+        if not s["completed"]:
+            lines.append(
+                f"  {s['policy']}: no request completed, so it has no latencies (-); see the rejections above"
+                if s["rejected"]
+                else f"  {s['policy']}: no request completed, so it has no latencies (-)"
+            )
+    if outputs:
+        lines += ["", "  wrote: " + ", ".join(outputs)]
+    return "\n".join(lines)
