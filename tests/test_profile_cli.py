@@ -21,7 +21,12 @@ from stallfree.specs.step_profile import SAMPLING_MODES, STEP_KINDS, load_profil
 def tiny_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("profile") / "tiny.profile.json"
     args = ["profile", "--model", "random:tiny", "--quick", "--max-num-seqs", "8"]
-    assert main([*args, "--max-attempts", "1", "--dtype", "float32", "--out", str(path)]) == 0
+    # A quick profile of a tiny model beside other tests on two cores can miss its own points by a
+    # median over 20% (seen: 30%), and the fit's quality gate would then rightly refuse it: these
+    # tests read the file's shape, the gate has tests of its own.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MeasuredCostModel, "fit_problems", lambda self: [])
+        assert main([*args, "--max-attempts", "1", "--dtype", "float32", "--out", str(path)]) == 0
     return path
 
 
