@@ -99,17 +99,14 @@ COST_MODEL_CHOICES = ("weights-only", "full", "measured")
 def resolve_cost_model(args: argparse.Namespace) -> str | None:
     """``--cost-model auto`` replaced in ``args`` by what the cost-model factory picks for it; the
     few words that say why, or None when a kind was given. Call it before :func:`measured_profile`."""
-    if args.cost_model != "auto":
-        return None
-    pick = pick_costs(args)
-    args.cost_model = pick.kind
-    return pick.why
+    return None if args.cost_model != "auto" else pick_costs(args)[1]
 
 
-def pick_costs(args: argparse.Namespace, **options: Any) -> CostPick:
-    """``--model --hardware --tp --cost-model --profile`` through the one cost-model factory;
-    ``options`` are further :class:`~stallfree.sim.costs.CostChoice` fields (``dtype_bytes``,
-    ``sampling``, ``step_overhead_s``)."""
+def pick_costs(args: argparse.Namespace, **options: Any) -> tuple[CostPick, str | None]:
+    """``--model --hardware --tp --cost-model --profile`` through the one cost-model factory, with
+    ``args.cost_model`` set to the kind picked (never ``auto``); the pick and, for ``auto``, the few
+    words that say why (None when a kind was named). ``options`` are further
+    :class:`~stallfree.sim.costs.CostChoice` fields (``dtype_bytes``, ``sampling``, ``step_overhead_s``)."""
     from stallfree.sim.costs import CostChoice, pick_cost_model
 
     kind = args.cost_model
@@ -117,9 +114,11 @@ def pick_costs(args: argparse.Namespace, **options: Any) -> CostPick:
         measured_profile(args, gpu_tables=True)  # measured with neither: say which flag is missing
     choice = CostChoice(kind, args.model, args.hardware, args.tp, args.profile, **options)
     try:
-        return pick_cost_model(choice)
+        pick = pick_cost_model(choice)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    args.cost_model = pick.kind
+    return pick, pick.why if kind == "auto" else None
 
 
 def measured_profile(args: argparse.Namespace, gpu_tables: bool = False) -> str | None:

@@ -171,16 +171,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--step-noise needs --profile: it is how the profiled machine's steps varied")
     if not args.step_overhead_ms >= 0:
         raise UsageError(f"--step-overhead-ms must be >= 0, got {args.step_overhead_ms}")
-    auto = args.cost_model == "auto"
     dtype_bytes = _DTYPE_BYTES[args.dtype] if args.dtype else None
-    costs = pick_costs(
-        args,
-        dtype_bytes=dtype_bytes,
-        sampling=args.sampling,
-        step_overhead_s=args.step_overhead_ms / 1000,
+    costs, cost_model_note = pick_costs(
+        args, dtype_bytes=dtype_bytes, sampling=args.sampling, step_overhead_s=args.step_overhead_ms / 1000
     )
-    args.cost_model = costs.kind  # resolved: never "auto"
-    cost_model_note = costs.why if auto else None
     goodput = parse_goodput(args.goodput) if args.goodput else None
     if args.replay:
         from stallfree.workload.bench_result import load_bench_result

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from stallfree.core.config import ceil_div
-from stallfree.explain.options import ExplainOptions
+from stallfree.explain.options import MEASURED_NEEDS_PROFILE, ExplainOptions
 from stallfree.explain.scenario import Explanation, Scenario, StepTimer, explain
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def _measured(options: ExplainOptions) -> tuple[StepTimer, dict[str, Any]]:
 
     path = options.profile
     if path is None:  # ExplainOptions refuses "measured" without a profile; said again for mypy
-        raise ValueError("--cost-model measured needs --profile FILE (write one with `stallfree profile`)")
+        raise ValueError(MEASURED_NEEDS_PROFILE)
     cost = _profile_model(path)
     fp = cost.profile.fingerprint
     echo = {

@@ -24,6 +24,9 @@ ENGINE_SWEEP = (16, 32, 64, 128, 256, 512)  # --engine torch: every chunk is a r
 SEED = Scenario()  # the seed's scenario: its sizes are the roofline's defaults
 
 
+MEASURED_NEEDS_PROFILE = "--cost-model measured needs --profile FILE (write one with `stallfree profile`)"
+
+
 @dataclass(frozen=True, slots=True)
 class ScenarioDefaults:
     """An engine's scenario when the options leave its sizes out."""
@@ -85,9 +88,7 @@ class ExplainOptions:
                 "machine): its measured model predicts each candidate step"
             )
         if self.engine == "roofline" and self.cost_model == "measured" and self.profile is None:
-            raise ValueError(
-                "--cost-model measured needs --profile FILE (write one with `stallfree profile`)"
-            )
+            raise ValueError(MEASURED_NEEDS_PROFILE)
 
     @property
     def is_priced_by_profile(self) -> bool:
