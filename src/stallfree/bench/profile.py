@@ -48,7 +48,7 @@ import httpx
 from stallfree import __version__
 from stallfree.bench.client import Endpoint, StreamResult, client, count_tokens, discover, stream_completion
 from stallfree.bench.prompts import PromptSizer, calibrate, fallback_target, fit_prompts
-from stallfree.bench.scenarios import _wait_any
+from stallfree.bench.scenarios import wait_any
 from stallfree.specs.model import ModelSpec, load_model_spec
 from stallfree.specs.step_profile import MODEL_FIELDS, Stats, StepPoint, StepProfile, drift, model_dims
 
@@ -326,7 +326,7 @@ class _Session:
             want[0] = num_chunks
             ready.clear()
             if min(counts) < num_chunks:
-                await _wait_any(ready, tasks)
+                await wait_any(ready, tasks)
             return min(counts) >= num_chunks
 
         stop = asyncio.Event()
@@ -410,7 +410,7 @@ class _Session:
             for i, t in enumerate(texts)
         ]
         try:
-            await _wait_any(done, tasks)
+            await wait_any(done, tasks)
         finally:
             stop.set()
             results = list(await asyncio.gather(*tasks))

@@ -121,7 +121,7 @@ async def run_workload(
     if stop is None:
         results = list(await asyncio.gather(*tasks))
         return _build(results, prompts, start_s, time.perf_counter())
-    await _wait_any(stop, tasks)
+    await wait_any(stop, tasks)
     end_s = time.perf_counter()
     for task in tasks:
         task.cancel()
@@ -230,7 +230,7 @@ async def run_long_prompt(
             )
             for i, text in enumerate(stream_texts)
         ]
-        await _wait_any(warmed, streams)  # an interrupt ends every stream: these waits end too
+        await wait_any(warmed, streams)  # an interrupt ends every stream: these waits end too
     if not interrupted():
         phase = "prompt"
         prompt_task = asyncio.ensure_future(
@@ -243,10 +243,10 @@ async def run_long_prompt(
                 interrupt=interrupt,
             )
         )
-        await _wait_any(first_token, [*streams, prompt_task])
+        await wait_any(first_token, [*streams, prompt_task])
         if first_token.is_set():
             phase = "tail"
-        await _wait_any(tail_done, streams)
+        await wait_any(tail_done, streams)
     stop.set()
     stream_results = list(await asyncio.gather(*streams))
     prompt_result = await prompt_task if prompt_task is not None else None
@@ -315,7 +315,7 @@ def _interrupted_long_prompt(
     return run
 
 
-async def _wait_any(event: asyncio.Event, tasks: Sequence[asyncio.Future[Any]]) -> None:
+async def wait_any(event: asyncio.Event, tasks: Sequence[asyncio.Future[Any]]) -> None:
     """Wait for ``event``, or until every task has ended (a failure must not hang the run)."""
     waiter: asyncio.Future[Any] = asyncio.ensure_future(event.wait())
     pending: set[asyncio.Future[Any]] = set(tasks)
