@@ -12,9 +12,26 @@ pytest.importorskip("torch")
 
 from stallfree.cli import main
 from stallfree.core import ScheduledChunk, StepPlan
-from stallfree.engine.profiler import _PROBE_EVERY, RIDGE_TOKENS, drift_scales, point_scales, synthetic_step
+from stallfree.engine.profiler import _PROBE_EVERY, ProfileOptions, synthetic_step
 from stallfree.sim.measured import MeasuredCostModel
-from stallfree.specs.step_profile import SAMPLING_MODES, STEP_KINDS, load_profile, reference_spread
+from stallfree.specs.speed import (
+    RIDGE_TOKENS,
+    Timeline,
+    correct_drift,
+    drift_scales,
+    point_scales,
+    reference_spread,
+)
+from stallfree.specs.step_profile import (
+    MODEL_FIELDS,
+    SAMPLING_MODES,
+    STEP_KINDS,
+    LinearPoint,
+    Stats,
+    StepPoint,
+    StepProfile,
+    load_profile,
+)
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +126,31 @@ def test_point_scales_follow_the_reference_step_of_their_kind() -> None:
     assert point_scales([0.0, 1.0], [1, 512], [0.0, 1.0], steady) == [1.0, 1.0]
 
 
+def test_drift_correction_is_a_pass_over_a_finished_profile() -> None:
+    def point(tokens: int, time_s: float) -> StepPoint:
+        return StepPoint("prefill", (), ((tokens, 0, True),), Stats((time_s, time_s)))
+
+    measured = StepProfile(
+        fingerprint={}, model=dict.fromkeys(MODEL_FIELDS, 1), settings={"repeats": 2},
+        steps=(point(4096, 0.2), point(4096, 0.4)), linear=(LinearPoint(1, Stats((0.01,))),),
+    )  # fmt: skip
+    # The prompt reference ran 2x slower from t=1 on: the second point, at t=2, is halved.
+    timeline = Timeline(
+        {"decode": [0.01, 0.01], "prompt": [0.1, 0.2]}, [0.0, 2.0], [0.0, 2.0, 2.0], [4096] * 3
+    )
+    corrected = correct_drift(measured, timeline)
+    first, second = (p.stats.times_s[0] for p in corrected.steps)
+    assert first == pytest.approx(0.2 * 1.5 ** (4096 / (4096 + RIDGE_TOKENS)))  # median 0.15 s / 0.1 s
+    assert second == pytest.approx(0.4 * 0.75 ** (4096 / (4096 + RIDGE_TOKENS)))
+    assert corrected.settings["reference_prompt_drift"] == pytest.approx(1.0)
+    assert corrected.settings["repeats"] == 2 and corrected.settings["reference_step_s"] == [0.01, 0.01]
+    steady = Timeline({"decode": [0.01, 0.01], "prompt": [0.1, 0.1]}, [0.0, 2.0], [0.0, 1.0, 2.0], [1] * 3)
+    assert correct_drift(measured, steady).steps == measured.steps
+    assert correct_drift(measured, steady).settings["drift_scale_range"] == [1.0, 1.0]
+    with pytest.raises(ValueError, match="the timeline has 2 points, the profile 3"):
+        correct_drift(measured, Timeline(steady.reference, steady.probe_at, [0.0, 1.0], [1, 1]))
+
+
 def test_a_profile_on_a_host_that_slows_down_is_brought_to_one_speed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -157,7 +199,8 @@ def test_without_a_terminal_progress_is_a_line_every_few_points_and_ctrl_c_keeps
         if message.startswith(f"profile: {_LOG_EVERY}/"):
             raise KeyboardInterrupt  # as Ctrl-C would, between two points
 
-    profile = run_profile("random:tiny", dtype="float32", quick=True, max_num_seqs=8, progress=False, log=log)
+    options = ProfileOptions(model="random:tiny", dtype="float32", quick=True, max_num_seqs=8)
+    profile = run_profile(options, progress=False, log=log)
     assert lines[0].startswith(f"profile: {_LOG_EVERY}/") and lines[0].endswith(" s")
     assert profile.settings["partial"] is True and "partial" in profile.describe()
     # the point whose progress line was interrupted had been timed but not kept

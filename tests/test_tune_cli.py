@@ -96,6 +96,7 @@ def test_bad_input_is_one_line_and_exit_2(
 
 
 def test_auto_cost_model_is_resolved_in_the_result(capsys: pytest.CaptureFixture[str]) -> None:
+    from stallfree.sim.costs import CostChoice
     from stallfree.tune.trial import decode_step_ms
 
     one = [*SMALL, "--budgets", "512", "--policy", "chunked"]
@@ -103,7 +104,7 @@ def test_auto_cost_model_is_resolved_in_the_result(capsys: pytest.CaptureFixture
     out = json.loads(capsys.readouterr().out)
     assert out["cost_model"] == "measured" and out["cost_model_note"] == "Vidur's A100 tables; auto"
     # The strict SLO is 5 x the decode step of the model that ran, here the measured one.
-    step_ms = decode_step_ms("mistral-7b", "a100-80gb", 1, 32, 4096, "measured")
+    step_ms = decode_step_ms(CostChoice(kind="measured", model="mistral-7b", hardware="a100-80gb"), 32, 4096)
     assert out["slos"]["tbt_p99_ms"] == round(5 * step_ms, 1)
 
     assert main(["tune", *one, "--cost-model", "full", "--json"]) == 0

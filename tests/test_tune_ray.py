@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Iterator
 
 import pytest
 
 from stallfree.metrics import Summary
+from stallfree.sim.costs import CostChoice
 from stallfree.tune.jobs import FixedQps, Job, TrialRecord, run_jobs
 from stallfree.tune.pools import RayPool, SerialPool
 from stallfree.tune.search import CapacitySearch, SearchConfig
 from stallfree.tune.slo import Slos
 from stallfree.tune.trial import TrialSpec, run_trial
+
+MISTRAL = CostChoice(kind="full", model="mistral-7b", hardware="a100-80gb")
 
 ray = pytest.importorskip("ray")
 
@@ -34,9 +36,9 @@ def local_ray() -> Iterator[None]:
 
 
 def jobs() -> list[Job]:
-    base = TrialSpec(model="mistral-7b", hardware="a100-80gb")
+    base = TrialSpec(costs=MISTRAL)
     return [
-        Job(dataclasses.replace(base, token_budget=b), CapacitySearch(SearchConfig(qps_start=1.0)))
+        Job(base.with_serving(256, max_num_batched_tokens=b), CapacitySearch(SearchConfig(qps_start=1.0)))
         for b in (256, 512, 2048)
     ]
 
@@ -55,8 +57,8 @@ def test_ray_backend_gives_the_serial_results(local_ray: None) -> None:
 
     # Real simulations as Ray tasks (one BLAS thread there) equal the same simulations here, to
     # the last bit: big enough that a BLAS dot would have summed the ITLs in another order.
-    real = TrialSpec(
-        model="mistral-7b", hardware="a100-80gb", policy="prefill-first", token_budget=256, num_requests=300
+    real = TrialSpec(costs=MISTRAL, num_requests=300).with_serving(
+        256, policy="prefill-first", max_num_batched_tokens=256
     )
     with RayPool(run_trial) as backend:
         on_ray = run_jobs([Job(real, FixedQps(q)) for q in (1.0, 1.962940791930829)], backend, SLOS)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from stallfree.metrics import Summary
+from stallfree.sim.costs import CostChoice
 from stallfree.tune.jobs import FixedQps, Job, TrialRecord, run_jobs
 from stallfree.tune.pools import ProcessPool, SerialPool, make_pool
 from stallfree.tune.search import CapacitySearch, SearchConfig
@@ -14,7 +13,7 @@ from stallfree.tune.slo import Slos
 from stallfree.tune.trial import TrialSpec, run_trial
 
 SLOS = Slos.from_mapping({"tbt_p99_ms": 100})
-BASE = TrialSpec(model="fake", hardware="fake")
+BASE = TrialSpec(costs=CostChoice(model="fake", hardware="fake"))
 
 
 def fake_trial(spec: TrialSpec) -> Summary:
@@ -25,7 +24,7 @@ def fake_trial(spec: TrialSpec) -> Summary:
 def capacity_jobs(budgets: tuple[int, ...] = (128, 256, 512, 1024)) -> list[Job]:
     return [
         Job(
-            dataclasses.replace(BASE, token_budget=b),
+            BASE.with_serving(256, max_num_batched_tokens=b),
             CapacitySearch(SearchConfig(qps_start=1.0, precision=0.02)),
         )
         for b in budgets
@@ -56,11 +55,11 @@ def test_local_pool_gives_the_serial_results() -> None:
 
 
 def test_real_simulations_in_a_pool_equal_those_run_here() -> None:
-    real = TrialSpec(model="mistral-7b", hardware="a100-80gb", lengths="sharegpt", num_requests=30)
+    real = TrialSpec(costs=CostChoice(kind="full", model="mistral-7b"), lengths="sharegpt", num_requests=30)
     policies = ("chunked", "prefill-first")
 
     def jobs() -> list[Job]:
-        return [Job(dataclasses.replace(real, policy=p), FixedQps(q)) for p in policies for q in (0.5, 4.0)]
+        return [Job(real.with_serving(256, policy=p), FixedQps(q)) for p in policies for q in (0.5, 4.0)]
 
     with ProcessPool(run_trial, workers=2) as pool:
         pooled = run_jobs(jobs(), pool, SLOS)

@@ -31,7 +31,7 @@ capacity:
 
 def fake_trial(spec: TrialSpec) -> Summary:
     """P99 TBT grows with QPS x budget; prefill-first is twice as bad."""
-    factor = 2.0 if spec.policy == "prefill-first" else 1.0
+    factor = 2.0 if spec.serving.policy == "prefill-first" else 1.0
     return {"p99_itl_ms": factor * spec.qps * spec.token_budget / 50, "completed": spec.num_requests}
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from stallfree.cli import main
+from stallfree.sim.costs import CostChoice
 from stallfree.tune.trial import TrialSpec
 
 SMALL = ["--lengths", "fixed:768,32", "--num-requests", "150", "--workers", "1", "--no-progress"]
@@ -42,17 +44,25 @@ def test_bad_step_budgets_are_one_line(capsys: pytest.CaptureFixture[str]) -> No
     assert "--step-budgets-ms" in capsys.readouterr().err
 
 
-def test_a_spec_without_a_step_budget_keeps_its_key() -> None:
-    spec = TrialSpec(model="mistral-7b", hardware="a100-80gb")
-    assert spec.key() == "59f072f4f3fc505a"  # the key it had before step_budget_ms existed
-    timed = TrialSpec(model="mistral-7b", hardware="a100-80gb", step_budget_ms=40.0)
-    assert timed.key() != spec.key() and timed.serving.step_budget_ms == 40.0
-
-
-def test_a_spec_without_a_block_count_keeps_its_key() -> None:
-    spec = TrialSpec(model="mistral-7b", hardware="a100-80gb", num_blocks=None)
-    assert spec.key() == "59f072f4f3fc505a"
-    sized = TrialSpec(model="mistral-7b", hardware="a100-80gb", num_blocks=2000)
-    assert sized.key() != spec.key() and sized.serving.num_blocks == 2000
+def test_a_spec_key_names_its_serving_and_costs() -> None:
+    costs = CostChoice(kind="full", model="mistral-7b", hardware="a100-80gb")
+    spec = TrialSpec(costs=costs)
+    assert (
+        spec.key() == TrialSpec(costs=CostChoice(kind="full", model="mistral-7b", hardware="a100-80gb")).key()
+    )
+    timed = spec.with_serving(256, step_budget_ms=40.0)
+    sized = spec.with_serving(256, num_blocks=2000)
+    other = replace(spec, costs=replace(costs, hardware="h100-80gb"))
+    assert len({spec.key(), timed.key(), sized.key(), other.key()}) == 4
+    assert timed.serving.step_budget_ms == 40.0 and sized.columns()["num_blocks"] == 2000
     with pytest.raises(ValueError, match="num_blocks"):
-        TrialSpec(model="mistral-7b", hardware="a100-80gb", num_blocks=0)
+        spec.with_serving(256, num_blocks=0)
+
+
+def test_a_trial_runs_at_most_max_num_seqs_and_never_more_than_a_chunked_budget() -> None:
+    spec = TrialSpec(costs=CostChoice(kind="full", model="mistral-7b", hardware="a100-80gb"))
+    assert spec.with_serving(256, max_num_batched_tokens=128).serving.num_seqs_limit == 128
+    assert spec.with_serving(64, max_num_batched_tokens=128).serving.num_seqs_limit == 64
+    # The whole-prompt policies' budget caps prompt tokens, not running sequences.
+    whole = spec.with_serving(256, policy="prefill-first", max_num_batched_tokens=128)
+    assert whole.serving.num_seqs_limit == 256 and whole.token_budget == 128

@@ -194,22 +194,17 @@ def test_a_profile_sizes_the_kv_cache_as_the_engine_does_not_from_the_hardware(t
 
 
 def test_tune_trials_with_a_profile_take_the_engine_sizing_or_num_blocks(tmp_path: Path) -> None:
-    from dataclasses import replace
-
     from stallfree.tune.trial import TrialSpec, run_trial
 
     profile = tiny_profile(tmp_path / "tiny.json")
     spec = TrialSpec(
-        model="random:tiny",
-        hardware="a100-80gb",
-        cost_model=f"measured:{profile}",
+        costs=CostChoice(kind="measured", model="random:tiny", profile=str(profile)),
         lengths="fixed:40,5",
         num_requests=3,
-        max_num_seqs=4,
-    )
+    ).with_serving(4)
     context = random_spec("tiny").max_position_embeddings
     assert run_trial(spec)["num_kv_blocks"] == 4 * -(-context // 16)
-    assert run_trial(replace(spec, num_blocks=40))["num_kv_blocks"] == 40
+    assert run_trial(spec.with_serving(4, num_blocks=40))["num_kv_blocks"] == 40
 
 
 def test_simulate_with_a_profile_names_the_profiled_machine(

@@ -50,11 +50,11 @@ from stallfree.bench.client import Endpoint, StreamResult, client, count_tokens,
 from stallfree.bench.prompts import PromptSizer, calibrate, fallback_target, fit_prompts
 from stallfree.bench.scenarios import wait_any
 from stallfree.specs.model import ModelSpec, load_model_spec
-from stallfree.specs.step_profile import MODEL_FIELDS, Stats, StepPoint, StepProfile, drift, model_dims
+from stallfree.specs.speed import DRIFT_WARNING, drift
+from stallfree.specs.step_profile import MODEL_FIELDS, Stats, StepPoint, StepProfile, model_dims
 
 PROBE_EVERY = 4  # points between two timings of the reference decode point
 LOG_EVERY = 3  # points between two progress lines
-DRIFT_WARNING = 0.15  # as the engine profiler's
 DEFAULT_TOKEN_BUDGET = 512  # assumed when the user does not give the server's
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1}
 

@@ -19,7 +19,7 @@ from stallfree.cli.common import (
     positive_float,
     positive_int,
 )
-from stallfree.specs.step_profile import reference_spread
+from stallfree.specs.speed import reference_spread
 
 if TYPE_CHECKING:
     from stallfree.specs.step_profile import StepProfile
@@ -42,7 +42,7 @@ examples:
   stallfree profile --model random:medium --out medium.profile.json        # a few minutes on 2 cores
   stallfree profile --model random:tiny --quick --out tiny.profile.json    # seconds
   stallfree specs --profile medium.profile.json                            # what was measured
-  stallfree profile --base-url http://localhost:8000 --max-num-batched-tokens 2048 \
+  stallfree profile --base-url http://localhost:8000 --max-num-batched-tokens 2048 \\
       --max-num-seqs 16 --model-config ./model --out vllm.profile.json    # a running server
 """
 
@@ -156,20 +156,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _engine_profile(args: argparse.Namespace, log: Callable[[str], None]) -> StepProfile:
-    from stallfree.engine.profiler import run_profile
+    from stallfree.engine.profiler import ProfileOptions, run_profile
 
-    kwargs: dict[str, Any] = {
-        "dtype": args.dtype,
-        "device": args.device,
-        "threads": args.threads,
-        "max_num_seqs": args.max_num_seqs or 64,
-        "quick": args.quick,
-        "busy_fraction": args.busy_fraction,
-        "max_attempts": args.max_attempts,
-        "progress": False if args.no_progress else None,
-        "log": log,
-    }
-    return run_profile(args.model or "random:medium", **kwargs)
+    options = ProfileOptions(
+        model=args.model or "random:medium",
+        dtype=args.dtype,
+        device=args.device,
+        threads=args.threads,
+        max_num_seqs=args.max_num_seqs or 64,
+        quick=args.quick,
+        busy_fraction=args.busy_fraction,
+        max_attempts=args.max_attempts,
+    )
+    return run_profile(options, progress=False if args.no_progress else None, log=log)
 
 
 def _server_profile(args: argparse.Namespace, log: Callable[[str], None]) -> StepProfile:

@@ -19,6 +19,7 @@ from stallfree.cli.common import (
     add_roofline_args,
     add_serving_args,
     pick_costs,
+    profiled_machine,
     serving_config,
     serving_configs,
 )
@@ -318,8 +319,7 @@ def _scenario(
     hardware_file = None if args.hardware in HARDWARE_PRESETS else args.hardware
     hardware = load_hardware_spec(args.hardware).name  # a JSON file's own name, not its path
     if fingerprint is not None:  # steps priced by a profile run on the profiled machine, not on --hardware
-        fp = fingerprint
-        hardware, hardware_file = f"{fp.get('device', '?')} ({fp.get('device_name', '?')}, profiled)", None
+        hardware, hardware_file = profiled_machine(fingerprint), None
     return {
         "model": args.model,
         "hardware": hardware,

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,11 +20,13 @@ from stallfree.cli.common import (
     non_negative_int,
     positive_float,
     positive_int,
+    profiled_machine,
     resolve_cost_model,
 )
 from stallfree.tune.sigint import SigintGuard, sigterm_as_sigint  # light: stdlib only
 
 if TYPE_CHECKING:
+    from stallfree.sim.costs import CostChoice
     from stallfree.tune.pools import TrialPool
 
 STRICT_TBT_MULTIPLE = 5  # Sarathi-Serve's strict P99 TBT SLO: 5 x a decode step without prefill
@@ -204,41 +207,28 @@ def run_tune(args: argparse.Namespace) -> int:
     from stallfree.tune.candidates import budget_candidates
     from stallfree.tune.capacity import TuneConfig, TuneInterrupted, tune
     from stallfree.tune.slo import SLO_FLAGS, Slos
-    from stallfree.tune.trial import TrialSpec, decode_step_ms, full_step_ms, ridge_tokens
+    from stallfree.tune.trial import DEFAULT_SERVING, TrialSpec, decode_step_ms, full_step_ms, ridge_tokens
 
-    cost_model_note = resolve_cost_model(args)
-    profile = measured_profile(args, gpu_tables=True)
-    if profile is not None:  # a trial spec holds strings: the profile rides in the kind
-        args.cost_model = f"measured:{profile}"
-        if args.model == DEFAULT_MODEL:  # the profiled model unless one is named
-            from stallfree.specs.step_profile import load_profile
-
-            args.model = str(load_profile(profile).fingerprint.get("model", args.model))
-
+    costs, cost_model_note = _tune_costs(args)
     policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
     base = TrialSpec(
-        model=args.model,
-        hardware=args.hardware,
-        tp=args.tp,
+        costs=costs,
+        serving=replace(DEFAULT_SERVING, num_blocks=args.num_blocks),
         lengths=args.lengths,
         arrival=args.arrival,
         burstiness=args.burstiness,
         num_requests=args.num_requests,
         seed=args.seed,
-        cost_model=args.cost_model,
         gpu_memory_utilization=args.gpu_memory_utilization,
-        num_blocks=args.num_blocks,
     )
-    ridge = ridge_tokens(args.model, args.hardware, args.tp, args.cost_model)
+    ridge = ridge_tokens(costs)
     budgets = budget_candidates(ridge) if args.budgets == "auto" else tuple(_int_list(args.budgets))
     limits = {
         name: getattr(args, f"slo_{name}") for name in SLO_FLAGS if getattr(args, f"slo_{name}") is not None
     }
     notes = {}
     if "tbt_p99_ms" not in limits:
-        step_ms = decode_step_ms(
-            args.model, args.hardware, args.tp, STRICT_TBT_BATCH, STRICT_TBT_CONTEXT, args.cost_model
-        )
+        step_ms = decode_step_ms(costs, STRICT_TBT_BATCH, STRICT_TBT_CONTEXT)
         limits = {"tbt_p99_ms": round(STRICT_TBT_MULTIPLE * step_ms, 1), **limits}
         notes["tbt_p99_ms"] = (
             f"strict: {STRICT_TBT_MULTIPLE} x a {STRICT_TBT_BATCH}-sequence decode step at "
@@ -277,20 +267,22 @@ def run_tune(args: argparse.Namespace) -> int:
             "searches": interrupted.num_searches,
             "unfinished": [search.to_json() for search in interrupted.unfinished],
         }
+    if isinstance(costs.profile, str):  # steps priced as the profiled machine ran them, not --hardware
+        from stallfree.specs.step_profile import load_profile
+
+        out["hardware"] = profiled_machine(load_profile(costs.profile).fingerprint)
     out["cost_model_note"] = cost_model_note  # why auto picked the kind; None when named
     out["ridge_tokens"] = ridge
-    out["full_step_ms"] = {
-        str(b): full_step_ms(args.model, args.hardware, args.tp, args.cost_model, b) for b in budgets
-    }
+    out["full_step_ms"] = {str(b): full_step_ms(costs, b) for b in budgets}
     out["slo_notes"] = notes
     best_time = out.get("time_budget", {}).get("best_step_budget_ms")
     if best_time is not None:
         from stallfree.tune.capacity import time_budget_commands
 
-        closest = _closest_fixed_budget(args, best_time)
+        closest = _closest_fixed_budget(costs, best_time)
         out["time_budget"]["closest_fixed_budget"] = closest
         out["time_budget"]["commands"] = time_budget_commands(
-            args.model, args.tp, best_time, closest, args.max_num_seqs
+            str(costs.model), costs.tp, best_time, closest, args.max_num_seqs
         )
     out["wall_s"] = time.perf_counter() - started
     out["backend"] = {"name": args.backend, "workers": workers}
@@ -334,7 +326,23 @@ def _step_budgets(text: str | None, tbt_p99_ms: float | None) -> tuple[float, ..
     return values
 
 
-def _closest_fixed_budget(args: argparse.Namespace, step_budget_ms: float) -> int:
+def _tune_costs(args: argparse.Namespace) -> tuple[CostChoice, str | None]:
+    """The trials' cost-model choice (names and paths only, so trials pickle) and why auto
+    picked its kind (None when named)."""
+    from stallfree.sim.costs import CostChoice
+
+    note = resolve_cost_model(args)
+    profile = measured_profile(args, gpu_tables=True)
+    model = args.model
+    if profile is not None and model == DEFAULT_MODEL:  # the profiled model unless one is named
+        from stallfree.specs.step_profile import load_profile
+
+        model = str(load_profile(profile).fingerprint.get("model", model))
+    kind = "measured" if profile is not None else args.cost_model
+    return CostChoice(kind, model, args.hardware, args.tp, profile), note
+
+
+def _closest_fixed_budget(costs: CostChoice, step_budget_ms: float) -> int:
     """The largest tile-multiple token budget whose full step, with no earlier context, fits the
     target: the fixed budget nearest a time budget (its later chunks of a long prompt do not)."""
     from stallfree.tune.candidates import TILE_TOKENS
@@ -343,10 +351,7 @@ def _closest_fixed_budget(args: argparse.Namespace, step_budget_ms: float) -> in
     low, high = 1, 16384 // TILE_TOKENS
     while low < high:
         mid = (low + high + 1) // 2
-        fits = (
-            full_step_ms(args.model, args.hardware, args.tp, args.cost_model, mid * TILE_TOKENS)
-            <= step_budget_ms
-        )
+        fits = full_step_ms(costs, mid * TILE_TOKENS) <= step_budget_ms
         low, high = (mid, high) if fits else (low, mid - 1)
     return low * TILE_TOKENS
 

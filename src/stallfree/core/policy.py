@@ -99,6 +99,16 @@ class Policy(abc.ABC):
         return admitted
 
 
+def check_budget_holds_seqs(token_budget: int | None, max_num_seqs: int | None) -> None:
+    """A chunked token budget must hold a decode token for every running request (vLLM refuses
+    the same); None: nothing to check."""
+    if token_budget is not None and max_num_seqs is not None and token_budget < max_num_seqs:
+        raise ValueError(
+            f"token budget {token_budget} is smaller than max_num_seqs {max_num_seqs}: every running "
+            "request needs its decode token each step; raise the budget or lower max_num_seqs"
+        )
+
+
 class ChunkedPolicy(Policy):
     """Stall-free batching under a per-step token budget or step-time target.
 
@@ -154,11 +164,7 @@ class ChunkedPolicy(Policy):
         self.num_decode_overruns = 0
 
     def check_config(self, config: SchedulerConfig) -> None:
-        if self.token_budget is not None and self.token_budget < config.max_num_seqs:
-            raise ValueError(
-                f"token budget {self.token_budget} is smaller than max_num_seqs {config.max_num_seqs}: "
-                "every running request needs its decode token each step; raise the budget or lower max_num_seqs"
-            )
+        check_budget_holds_seqs(self.token_budget, config.max_num_seqs)
 
     def schedule(self, ctx: StepContext) -> None:
         # 1. Every decoding request gets exactly one token: the stall-free property.

@@ -18,7 +18,7 @@ Rules that used to be re-derived by each (and drifted apart) live here:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stallfree.core.config import (
@@ -28,7 +28,7 @@ from stallfree.core.config import (
     SchedulerConfig,
     ceil_div,
 )
-from stallfree.core.policy import POLICIES, ChunkedPolicy, Policy, make_policy
+from stallfree.core.policy import POLICIES, ChunkedPolicy, Policy, check_budget_holds_seqs, make_policy
 from stallfree.core.scheduler import Scheduler
 from stallfree.core.time_budget import StepTimePredictor
 
@@ -79,12 +79,7 @@ class ServingConfig:
             if self.policy != ChunkedPolicy.name:
                 raise ValueError(f"step_budget_ms applies to the chunked policy only, not {self.policy}")
         CacheConfig(block_size=self.block_size, watermark=self.watermark)  # validates both
-        budget = self.token_budget
-        if budget is not None and self.max_num_seqs is not None and self.max_num_seqs > budget:
-            raise ValueError(
-                f"token budget {budget} is smaller than max_num_seqs {self.max_num_seqs}: every running "
-                "request needs its decode token each step; raise the budget or lower max_num_seqs"
-            )
+        check_budget_holds_seqs(self.token_budget, self.max_num_seqs)
 
     @classmethod
     def from_options(cls, **options: Any) -> ServingConfig:
@@ -103,6 +98,13 @@ class ServingConfig:
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         return DEFAULT_STEP_TOKEN_CAP if self.step_budget_ms is not None else DEFAULT_TOKEN_BUDGET
+
+    def at_most_seqs(self, limit: int) -> ServingConfig:
+        """This config running at most ``limit`` sequences, fewer where a chunked token budget is
+        smaller (every running request needs its decode token each step; vLLM refuses
+        ``--max-num-seqs`` above ``--max-num-batched-tokens``)."""
+        budget = self.token_budget
+        return replace(self, max_num_seqs=limit if budget is None else min(limit, budget))
 
     @property
     def step_budget_s(self) -> float | None:

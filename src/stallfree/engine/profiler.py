@@ -8,12 +8,9 @@ other processes used more than ``busy_fraction`` of the machine's CPU is re-meas
 ``max_attempts``, keeping the quietest attempt) and flagged ``busy`` if it never got quiet;
 after five busy points in a row each point is measured once until the machine quiets down.
 Two reference steps (:func:`reference_steps`: a decode batch, bound by memory, and a prompt,
-bound by compute) are timed before, every ``_PROBE_EVERY`` step points and after: when one's
-slowest and fastest timings differ by more than ``DRIFT_WARNING`` (a host whose speed drifts
-with nothing here to show for it), every point's times are scaled to that step's median
-speed, by its time interpolated at the point (:func:`drift_scales`), weighted by how
-compute-bound the point is (:func:`compute_share`).
-The result is a :class:`~stallfree.specs.step_profile.StepProfile` (schema in that module).
+bound by compute) are timed before, every ``_PROBE_EVERY`` step points and after; the finished
+profile is then corrected for the machine's drift by :func:`stallfree.specs.speed.correct_drift`
+(a pass over the points and their :class:`~stallfree.specs.speed.Timeline`). The result is a :class:`~stallfree.specs.step_profile.StepProfile` (schema in that module).
 """
 
 from __future__ import annotations
@@ -23,13 +20,12 @@ import socket
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
-import numpy as np
 import torch
 
 from stallfree import __version__
@@ -38,8 +34,8 @@ from stallfree.engine.engine import LLMEngine
 from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.profiling import CpuMeter, plan_times
 from stallfree.engine.sampler import sample
+from stallfree.specs.speed import DRIFT_WARNING, Timeline, correct_drift, reference_spread
 from stallfree.specs.step_profile import (
-    REFERENCES,
     SAMPLING_MODES,
     LinearPoint,
     OverheadPoint,
@@ -47,12 +43,8 @@ from stallfree.specs.step_profile import (
     Stats,
     StepPoint,
     StepProfile,
-    drift,
     model_dims,
-    reference_spread,
 )
-
-_Point = TypeVar("_Point", StepPoint, SamplingPoint, LinearPoint, OverheadPoint)
 
 _PARAMS = {
     "greedy": SamplingParams(temperature=0.0),
@@ -172,44 +164,7 @@ def default_grid(max_num_seqs: int, max_model_len: int, *, quick: bool = False) 
 
 _PROBE_EVERY = 4  # step points between two timings of the reference steps
 _LOG_EVERY = 10  # points between two progress lines when stderr is not a terminal
-DRIFT_WARNING = 0.15  # a reference step's slowest / fastest - 1 past which profile warns and corrects
 REFERENCE_PROMPT_TOKENS = 256
-RIDGE_TOKENS = 64  # tokens a step at which a CPU's matmuls turn compute-bound (measured: 16-64)
-
-
-def drift_scales(
-    point_at: Sequence[float], probe_at: Sequence[float], probe_s: Sequence[float]
-) -> list[float]:
-    """Per point measured at time ``point_at[i]``: the factor that brings it to the machine's median
-    speed, ``median(probe_s)`` over the reference step's time interpolated at the point (linearly
-    between the probes around it; the nearest probe's outside them)."""
-    if len(probe_at) != len(probe_s) or not probe_s or sorted(probe_at) != list(probe_at):
-        raise ValueError("probe_at must be ascending and as long as probe_s, which must not be empty")
-    median = statistics.median(probe_s)
-    return [float(median / t) for t in np.interp(point_at, probe_at, probe_s)]
-
-
-def point_scales(
-    point_at: Sequence[float],
-    point_tokens: Sequence[int],
-    probe_at: Sequence[float],
-    reference: Mapping[str, Sequence[float]],
-) -> list[float]:
-    """Per point (measured at ``point_at[i]``, running ``point_tokens[i]`` tokens): the factor that
-    brings it to the machine's median speeds. The ``decode`` and ``prompt`` reference steps'
-    :func:`drift_scales` (1 for one that drifted less than ``DRIFT_WARNING``), blended
-    geometrically by the point's :func:`compute_share`."""
-    ones = [1.0] * len(point_at)
-    decode, prompt = (
-        drift_scales(point_at, probe_at, times) if drift(times) > DRIFT_WARNING else ones
-        for times in (reference["decode"], reference["prompt"])
-    )
-    shares = [compute_share(n) for n in point_tokens]
-    return [d ** (1 - w) * p**w for d, p, w in zip(decode, prompt, shares, strict=True)]
-
-
-def _scaled(point: _Point, factor: float) -> _Point:
-    return replace(point, stats=replace(point.stats, times_s=tuple(t * factor for t in point.stats.times_s)))
 
 
 class _Measurer:
@@ -286,85 +241,105 @@ def reference_times_s(runner: ModelRunner, max_num_seqs: int, repeats: int) -> d
     }
 
 
-def compute_share(num_tokens: int) -> float:
-    """How much of a ``num_tokens``-token step's time follows the compute-bound reference step
-    rather than the memory-bound one: ``n / (n + RIDGE_TOKENS)`` (half at a CPU's ridge point)."""
-    return num_tokens / (num_tokens + RIDGE_TOKENS)
+@dataclass(frozen=True, slots=True)
+class ProfileOptions:
+    """What ``stallfree profile`` (of the engine) was asked: the model and how it runs, the grid
+    (None: :func:`default_grid` for ``max_num_seqs`` and the model's context, ``quick``: sparse),
+    and how hard to try on a busy machine."""
+
+    model: str = "random:medium"
+    dtype: str = "auto"
+    device: str | None = None
+    threads: int | None = None
+    max_num_seqs: int = 64
+    quick: bool = False
+    grid: ProfileGrid | None = None
+    busy_fraction: float = 0.25
+    max_attempts: int = 3
+    block_size: int = 16
 
 
 def run_profile(
-    model: str = "random:medium",
+    options: ProfileOptions = ProfileOptions(),
     *,
-    dtype: str = "auto",
-    device: str | None = None,
-    threads: int | None = None,
-    max_num_seqs: int = 64,
-    quick: bool = False,
-    grid: ProfileGrid | None = None,
-    busy_fraction: float = 0.25,
-    max_attempts: int = 3,
-    block_size: int = 16,
     progress: bool | None = None,
     log: Callable[[str], None] | None = None,
 ) -> StepProfile:
-    """Measure ``model`` on this machine; see the module docstring. ``progress``: a tqdm bar
-    (default: when stderr is a terminal; without one, a line through ``log`` every few points).
+    """Measure ``options.model`` on this machine, then correct the points for the machine's drift
+    (:func:`stallfree.specs.speed.correct_drift`); see the module docstring. ``progress``: a tqdm
+    bar (default: when stderr is a terminal; without one, a line through ``log`` every few points).
     A KeyboardInterrupt stops the measuring: the profile returned then holds the points measured
     so far and ``settings["partial"]``."""
-    from tqdm import tqdm
+    if options.threads is not None:
+        if options.threads < 1:
+            raise ValueError(f"threads must be positive, got {options.threads}")
+        torch.set_num_threads(options.threads)
+    engine = _profiling_engine(options)
+    grid = options.grid or default_grid(options.max_num_seqs, engine.max_model_len, quick=options.quick)
+    measure = _Measurer(options.busy_fraction, options.max_attempts)
+    show = sys.stderr.isatty() if progress is None else progress
+    measured, timeline = _measure(engine, grid, options, measure, show, log)
+    profile = correct_drift(measured, timeline)
+    if log is not None:
+        _log_quality(profile, grid.num_points(), measure, options, log)
+    return replace(profile, fingerprint=_fingerprint(options.model, engine))
 
-    if threads is not None:
-        if threads < 1:
-            raise ValueError(f"threads must be positive, got {threads}")
-        torch.set_num_threads(threads)
-    # The largest default grid (no context limit) bounds the KV cache any model's grid needs.
-    sizing = grid or default_grid(max_num_seqs, 1 << 30, quick=quick)
+
+def _profiling_engine(options: ProfileOptions) -> LLMEngine:
+    """An engine whose KV cache and limits hold every point of the largest default grid."""
+    sizing = options.grid or default_grid(options.max_num_seqs, 1 << 30, quick=options.quick)
+    block_size = options.block_size
     num_blocks = ceil_div(sizing.max_kv_tokens(block_size), block_size) + 8
-    engine = LLMEngine(
-        model,
-        dtype=dtype,
-        device=device,
+    return LLMEngine(
+        options.model,
+        dtype=options.dtype,
+        device=options.device,
         num_blocks=max(num_blocks, ceil_div(max(sizing.overhead_rows) * 64, block_size) + 8),
         block_size=block_size,
-        max_num_seqs=max(max_num_seqs, *sizing.overhead_rows),
+        max_num_seqs=max(options.max_num_seqs, *sizing.overhead_rows),
         policy="chunked",
         token_budget=max(512, *sizing.overhead_rows),
     )
-    spec = engine.model.spec
-    grid = grid or default_grid(max_num_seqs, engine.max_model_len, quick=quick)
-    measure = _Measurer(busy_fraction, max_attempts)
-    show = sys.stderr.isatty() if progress is None else progress
+
+
+def _measure(
+    engine: LLMEngine,
+    grid: ProfileGrid,
+    options: ProfileOptions,
+    measure: _Measurer,
+    show: bool,
+    log: Callable[[str], None] | None,
+) -> tuple[StepProfile, Timeline]:
+    """Every point of ``grid`` as measured (no correction) and when each was taken, with the
+    reference steps timed before, every few step points and after."""
+    from tqdm import tqdm
+
     steps: list[StepPoint] = []
     sampling: list[SamplingPoint] = []
     linear: list[LinearPoint] = []
     overhead: list[OverheadPoint] = []
     started = time.perf_counter()
-    runner = engine.model_runner
+    runner, max_num_seqs = engine.model_runner, options.max_num_seqs
     # Warm up: first calls of each kernel (oneDNN primitives, allocator growth) are slow.
     for _kind, decodes, chunks in list(grid.step_points())[:: max(1, grid.num_points() // 6)]:
         plan_times(runner, synthetic_step(decodes, chunks), 1)
-    # The same reference steps, timed now and then: how steady this machine was meanwhile (a
-    # shared host can slow every step by tens of percent with no process here to show for it).
-    reference: dict[str, list[float]] = {kind: [] for kind in reference_steps(max_num_seqs)}
-    probe_at: list[float] = []  # when each reference timing and each point was taken (midpoints)
-    point_at: list[float] = []
-    point_tokens: list[int] = []  # tokens each point's step runs (its compute share)
+    timeline = Timeline({kind: [] for kind in reference_steps(max_num_seqs)})
 
     def probe() -> None:
         start = time.perf_counter()
         for kind, seconds in reference_times_s(runner, max_num_seqs, 3).items():
-            reference[kind].append(seconds)
-        probe_at.append((start + time.perf_counter()) / 2)
+            timeline.reference[kind].append(seconds)
+        timeline.probe_at.append((start + time.perf_counter()) / 2)
 
     total = grid.num_points()
 
     def timed(run: Callable[[], list[float]], num_tokens: int = 0) -> Stats:
         start = time.perf_counter()
         stats = measure(run)
-        point_at.append((start + time.perf_counter()) / 2)
-        point_tokens.append(num_tokens)
+        timeline.point_at.append((start + time.perf_counter()) / 2)
+        timeline.point_tokens.append(num_tokens)
         bar.update()
-        done = len(point_at)
+        done = len(timeline.point_at)
         if not show and log is not None and (done % _LOG_EVERY == 0 or done == total):
             log(f"profile: {done}/{total} points, {time.perf_counter() - started:.0f} s")
         return stats
@@ -396,52 +371,23 @@ def run_profile(
             # came, before its point was kept, is dropped.
             interrupted = True
             kept = len(steps) + len(sampling) + len(linear) + len(overhead)
-            del point_at[kept:], point_tokens[kept:]
+            del timeline.point_at[kept:], timeline.point_tokens[kept:]
     if not interrupted:
         probe()
-    elapsed = time.perf_counter() - started
-    references = {key: reference[kind] for key, kind in REFERENCES.items()}  # by settings key
-    drifts = {kind: drift(times) for kind, times in reference.items()}
-    # Points measured at different speeds are brought to one (factors of 1 on a steady machine).
-    scales = point_scales(point_at, point_tokens, probe_at, reference)
-    factor = iter(scales)  # in measuring order: steps, sampling, linear, overhead
-    steps = [_scaled(x, next(factor)) for x in steps]
-    sampling = [_scaled(x, next(factor)) for x in sampling]
-    linear = [_scaled(x, next(factor)) for x in linear]
-    overhead = [_scaled(x, next(factor)) for x in overhead]
-    if log is not None:
-        log(f"measured {len(point_at)} of {total} points in {elapsed:.0f} s")
-        if measure.num_busy:
-            log(
-                f"warning: {measure.num_busy} of {total} points stayed busy after {max_attempts} attempts "
-                f"(other processes used > {busy_fraction:.0%} of the CPU); the profile is noisy — rerun on a quiet machine"
-            )
-        elif measure.num_remeasured:
-            log(f"note: {measure.num_remeasured} re-measurements while the machine was busy")
-        if max(drifts.values()) > DRIFT_WARNING:
-            log(
-                f"warning: the same reference steps took {reference_spread(references)} over the profile: "
-                "this machine's speed drifts (a shared host?); every point's times were scaled to their median "
-                f"speeds (x{min(scales):.2f}-{max(scales):.2f}), but a run here will drift as well"
-            )
-    return StepProfile(
-        fingerprint=_fingerprint(model, engine),
+    spec = engine.model.spec
+    profile = StepProfile(
+        fingerprint={},
         model=model_dims(spec, _dtype_bytes(engine.dtype)),
         settings={
-            "block_size": block_size,
-            "num_blocks": engine.model_runner.kv_cache.num_blocks,
+            "block_size": options.block_size,
+            "num_blocks": runner.kv_cache.num_blocks,
             "max_num_seqs": max_num_seqs,
             "repeats": grid.repeats,
-            "quick": quick,
-            "busy_fraction": busy_fraction,
-            "max_attempts": max_attempts,
-            "elapsed_s": elapsed,
+            "quick": options.quick,
+            "busy_fraction": options.busy_fraction,
+            "max_attempts": options.max_attempts,
+            "elapsed_s": time.perf_counter() - started,
             "num_busy_points": measure.num_busy,
-            **references,
-            "reference_drift": drifts["decode"],
-            "reference_prompt_drift": drifts["prompt"],
-            # each point's times were multiplied by a factor in this range (1 = not corrected)
-            "drift_scale_range": [min(scales, default=1.0), max(scales, default=1.0)],
             **({"partial": True} if interrupted else {}),
         },
         steps=tuple(steps),
@@ -450,6 +396,30 @@ def run_profile(
         overhead=tuple(overhead),
         model_config=spec.to_hf_config(),
     )
+    return profile, timeline
+
+
+def _log_quality(
+    profile: StepProfile, total: int, measure: _Measurer, options: ProfileOptions, log: Callable[[str], None]
+) -> None:
+    """How many points were measured, how busy the machine was and how far its speed drifted."""
+    settings = profile.settings
+    measured = len(profile.steps) + len(profile.sampling) + len(profile.linear) + len(profile.overhead)
+    log(f"measured {measured} of {total} points in {settings['elapsed_s']:.0f} s")
+    if measure.num_busy:
+        log(
+            f"warning: {measure.num_busy} of {total} points stayed busy after {options.max_attempts} attempts "
+            f"(other processes used > {options.busy_fraction:.0%} of the CPU); the profile is noisy — rerun on a quiet machine"
+        )
+    elif measure.num_remeasured:
+        log(f"note: {measure.num_remeasured} re-measurements while the machine was busy")
+    if max(settings["reference_drift"], settings["reference_prompt_drift"]) > DRIFT_WARNING:
+        low, high = settings["drift_scale_range"]
+        log(
+            f"warning: the same reference steps took {reference_spread(settings)} over the profile: "
+            "this machine's speed drifts (a shared host?); every point's times were scaled to their median "
+            f"speeds (x{low:.2f}-{high:.2f}), but a run here will drift as well"
+        )
 
 
 def _dtype_bytes(dtype: torch.dtype) -> int:

@@ -35,6 +35,7 @@ import numpy.typing as npt
 
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.specs.model import ModelSpec
+from stallfree.specs.speed import noise_factors
 from stallfree.specs.step_profile import REFERENCES, SAMPLING_MODES, StepPoint, StepProfile, load_profile
 
 FloatArray = npt.NDArray[np.float64]
@@ -476,17 +477,9 @@ class MeasuredCostModel:
         return float(low)
 
     def step_noise(self) -> FloatArray:
-        """How this machine's step times varied while it was profiled, as factors on a priced
-        step: every repeat of each fitted point over its point's median (back-to-back runs of one
-        step), times every reference-step timing over its steps' median (the machine's speed over
-        the profile's minutes; 1 in a profile without them). Median ~1; on a shared 2-vCPU VM
-        p1 0.56-0.61 and p99 1.81-1.97 (a steadier machine's profile gives narrower factors)."""
-        short = [
-            t / p.stats.median_s for p in self.fit_points if len(p.stats.times_s) > 1 for t in p.stats.times_s
-        ]
-        settings = self.profile.settings
-        drift = [t / np.median(ts) for key in REFERENCES if (ts := settings.get(key)) for t in ts]
-        return np.outer(short or [1.0], drift or [1.0]).ravel()
+        """How this machine's step times varied while it was profiled (its fitted points' repeats
+        and reference timings): :func:`stallfree.specs.speed.noise_factors`."""
+        return noise_factors(self.fit_points, self.profile.settings)
 
     def fit_errors(self) -> FloatArray:
         """Relative error (predicted / measured - 1) of the forward on each step point it was fitted to."""

@@ -191,25 +191,6 @@ class StepProfile:
         )
 
 
-def drift(times: Sequence[float]) -> float:
-    """A reference step's slowest timing over its fastest, less 1: how far the machine's speed moved."""
-    return max(times) / min(times) - 1
-
-
-def reference_spread(settings: Mapping[str, Any]) -> str:
-    """How far the profile's reference steps' timings spread: ``"43.0-101.2 ms (decode, +135%,
-    9 timings), ..."``; empty for a profile without them."""
-    parts = []
-    for key, label in REFERENCES.items():
-        times = settings.get(key)
-        if times:
-            parts.append(
-                f"{min(times) * 1e3:.1f}-{max(times) * 1e3:.1f} ms ({label}, +{drift(times):.0%}, "
-                f"{len(times)} timings)"
-            )
-    return ", ".join(parts)
-
-
 def quantile(values: Sequence[float], q: float) -> float:
     """numpy's default (linear) quantile, without numpy."""
     ordered = sorted(values)

@@ -11,11 +11,11 @@ pool (see :mod:`stallfree.tune.jobs`).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from stallfree.core import DEFAULT_STEP_TOKEN_CAP
+from stallfree.core.serving import ServingConfig
 from stallfree.specs.model_presets import HF_REPOS
 from stallfree.tune.jobs import Job, JobsInterrupted, TrialRecord, run_jobs
 from stallfree.tune.pools import TrialPool
@@ -31,8 +31,8 @@ QPS_RANGE_FACTOR = 128.0
 class TuneConfig:
     """``base`` fixes the deployment and workload; its policy, budget and QPS are replaced.
 
-    Each budget runs with ``min(max_num_seqs, budget)`` sequences, since every running sequence
-    needs its decode token inside the budget (vLLM enforces the same).
+    Each candidate runs at most ``max_num_seqs`` sequences, fewer under a smaller chunked budget
+    (:meth:`~stallfree.core.serving.ServingConfig.at_most_seqs`).
     """
 
     base: TrialSpec
@@ -72,20 +72,15 @@ class CapacityPoint:
 
 def tune_searches(config: TuneConfig) -> list[tuple[TrialSpec, CapacitySearch]]:
     """One capacity search per (policy, budget) and per step budget, checked before anything runs."""
+    base, seqs = config.base, config.max_num_seqs
     specs = [
-        dataclasses.replace(
-            config.base, policy=policy, token_budget=budget, max_num_seqs=min(config.max_num_seqs, budget)
-        )
+        base.with_serving(seqs, policy=policy, max_num_batched_tokens=budget, step_budget_ms=None)
         for policy in config.policies
         for budget in config.budgets
     ]
     specs += [
-        dataclasses.replace(
-            config.base,
-            policy="chunked",
-            token_budget=DEFAULT_STEP_TOKEN_CAP,
-            max_num_seqs=config.max_num_seqs,
-            step_budget_ms=step_ms,
+        base.with_serving(
+            seqs, policy="chunked", max_num_batched_tokens=DEFAULT_STEP_TOKEN_CAP, step_budget_ms=step_ms
         )
         for step_ms in config.step_budgets_ms
     ]
@@ -147,9 +142,9 @@ def tune(config: TuneConfig, pool: TrialPool, *, progress: bool = False) -> Tune
         finished = [(spec, search) for spec, search in searches if search.is_done]
         unfinished = [
             UnfinishedSearch(
-                policy=spec.policy,
+                policy=spec.serving.policy,
                 token_budget=spec.token_budget,
-                step_budget_ms=spec.step_budget_ms,
+                step_budget_ms=spec.serving.step_budget_ms,
                 num_trials=search.num_trials,
                 passed_qps=search.lo,
                 failed_qps=search.hi,
@@ -167,13 +162,13 @@ def _points(searches: list[tuple[TrialSpec, CapacitySearch]]) -> list[CapacityPo
     for spec, search in searches:
         points.append(
             CapacityPoint(
-                policy=spec.policy,
+                policy=spec.serving.policy,
                 token_budget=spec.token_budget,
-                max_num_seqs=spec.max_num_seqs,
+                max_num_seqs=spec.serving.num_seqs_limit,
                 capacity_qps=search.capacity_qps,
                 hit_qps_max=search.hit_qps_max,
                 num_trials=search.num_trials,
-                step_budget_ms=spec.step_budget_ms,
+                step_budget_ms=spec.serving.step_budget_ms,
             )
         )
     return points
@@ -199,11 +194,12 @@ class TuneResult:
 
     def closest(self, policy: str | None = None) -> TrialRecord | None:
         """The trial whose worst SLO came nearest its limit (of ``policy``, or of all)."""
-        trials = [t for t in self.trials if policy is None or t.spec.policy == policy]
+        trials = [t for t in self.trials if policy is None or t.spec.serving.policy == policy]
         return min(trials, key=lambda t: self.config.slos.worst_ratio(t.metrics), default=None)
 
     def to_json(self) -> dict[str, Any]:
         base = self.config.base
+        costs, model = base.costs, str(base.costs.model)
         policies: dict[str, Any] = {}
         for policy in self.config.policies:
             best = self.best(policy)
@@ -227,15 +223,15 @@ class TuneResult:
                 closest = self.closest(policy)
                 entry["closest"] = closest.to_json() if closest else None
             elif policy == "chunked":
-                entry["commands"] = serve_commands(base.model, base.tp, best.token_budget, best.max_num_seqs)
+                entry["commands"] = serve_commands(model, costs.tp, best.token_budget, best.max_num_seqs)
             policies[policy] = entry
         out: dict[str, Any] = {
-            "model": base.model,
-            "hardware": base.hardware,
-            "tp": base.tp,
-            "cost_model": base.cost_model,
+            "model": model,
+            "hardware": costs.hardware,
+            "tp": costs.tp,
+            "cost_model": base.columns()["cost_model"],
             "gpu_memory_utilization": base.gpu_memory_utilization,
-            "num_blocks": base.num_blocks,
+            "num_blocks": base.serving.num_blocks,
             "workload": {
                 "lengths": base.lengths,
                 "arrival": base.arrival,
@@ -304,7 +300,8 @@ def time_budget_commands(
 ) -> dict[str, str]:
     """The launch lines closest to a step-time target: the fixed budget whose step with no earlier
     context (``closest_budget``) fits it, and what those flags cannot express."""
-    commands = serve_commands(model, tp, closest_budget, min(max_num_seqs, closest_budget))
+    seqs = ServingConfig(max_num_batched_tokens=closest_budget).at_most_seqs(max_num_seqs).num_seqs_limit
+    commands = serve_commands(model, tp, closest_budget, seqs)
     return {
         **commands,
         "stallfree": f"stallfree serve --model {model} --step-budget-ms {step_budget_ms:g} --profile PROFILE.json",

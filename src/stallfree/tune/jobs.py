@@ -67,10 +67,10 @@ class TrialRecord:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "policy": self.spec.policy,
+            "policy": self.spec.serving.policy,
             "token_budget": self.spec.token_budget,
-            "step_budget_ms": self.spec.step_budget_ms,
-            "max_num_seqs": self.spec.max_num_seqs,
+            "step_budget_ms": self.spec.serving.step_budget_ms,
+            "max_num_seqs": self.spec.serving.num_seqs_limit,
             "qps": self.spec.qps,
             "passed": self.passed,
             "violations": list(self.violations),

@@ -21,7 +21,6 @@ dependency, and ``pandas.read_csv`` loads it as easily.
 from __future__ import annotations
 
 import csv
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -34,9 +33,9 @@ from stallfree.tune.grid import CapacityGrid, Grid
 from stallfree.tune.jobs import FixedQps, Job, TrialRecord, run_jobs
 from stallfree.tune.pools import TrialPool
 from stallfree.tune.search import CapacitySearch, SearchConfig
+from stallfree.tune.trial import COLUMNS as SPEC_COLUMNS
 from stallfree.tune.trial import TrialSpec, check_spec, estimate_qps, ridge_tokens
 
-SPEC_COLUMNS = tuple(f.name for f in dataclasses.fields(TrialSpec))
 # The search's deployment and workload (its spec without the QPS), then what it found.
 CAPACITY_COLUMNS = (
     *(name for name in SPEC_COLUMNS if name != "qps"),
@@ -64,34 +63,26 @@ def grid_jobs(grid: Grid) -> tuple[list[Job], list[tuple[TrialSpec, CapacitySear
     searches: list[tuple[TrialSpec, CapacitySearch]] = []
     for model in grid.models:
         for hardware in grid.hardware:
-            cost_model = (
+            kind = (
                 grid.cost_model
                 if grid.cost_model != "auto"
                 else pick_cost_model(CostChoice(model=model, hardware=hardware)).kind
             )
+            profile = kind.removeprefix("measured:") if kind.startswith("measured:") else None
             for tp in grid.tp:
-                budgets = (
-                    sorted(grid.budgets)
-                    if grid.budgets
-                    else budget_candidates(ridge_tokens(model, hardware, tp, cost_model))
-                )
+                costs = CostChoice("measured" if profile else kind, model, hardware, tp, profile)
+                budgets = sorted(grid.budgets) if grid.budgets else budget_candidates(ridge_tokens(costs))
                 for policy in grid.policies:
                     for budget in budgets:
                         base = TrialSpec(
-                            model=model,
-                            hardware=hardware,
-                            tp=tp,
-                            policy=policy,
-                            token_budget=budget,
-                            max_num_seqs=min(grid.max_num_seqs, budget),
+                            costs=costs,
                             lengths=grid.lengths,
                             arrival=grid.arrival,
                             burstiness=grid.burstiness,
                             num_requests=grid.num_requests,
                             seed=grid.seed,
-                            cost_model=cost_model,
                             gpu_memory_utilization=grid.gpu_memory_utilization,
-                        )
+                        ).with_serving(grid.max_num_seqs, policy=policy, max_num_batched_tokens=budget)
                         check_spec(base)
                         jobs.extend(Job(base, FixedQps(qps)) for qps in grid.qps)
                         if grid.capacity is not None:
@@ -140,7 +131,7 @@ class TrialWriter:
         self._writer: csv.DictWriter[str] | None = None
 
     def write(self, record: TrialRecord) -> None:
-        row: dict[str, object] = {name: getattr(record.spec, name) for name in SPEC_COLUMNS}
+        row: dict[str, object] = record.spec.columns()
         row["passed"] = record.passed
         row.update(record.metrics)
         row["key"] = record.spec.key()
@@ -186,10 +177,9 @@ def write_capacity(
     capacity, a group being everything but the budget (as ``stallfree tune`` picks)."""
 
     def group(spec: TrialSpec) -> tuple[object, ...]:
+        columns = spec.columns()
         return tuple(
-            getattr(spec, name)
-            for name in SPEC_COLUMNS
-            if name not in ("qps", "token_budget", "max_num_seqs")
+            columns[name] for name in SPEC_COLUMNS if name not in ("qps", "token_budget", "max_num_seqs")
         )
 
     best: dict[tuple[object, ...], float] = {}
@@ -207,7 +197,7 @@ def write_capacity(
         for spec, search in searches:
             writer.writerow(
                 [
-                    *(getattr(spec, name) for name in SPEC_COLUMNS if name != "qps"),
+                    *(value for name, value in spec.columns().items() if name != "qps"),
                     slos,
                     capacity.precision,
                     search.capacity_qps,

@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from stallfree.core import DEFAULT_TOKEN_BUDGET
 from stallfree.core.serving import ServingConfig
@@ -27,29 +28,23 @@ from stallfree.sim.costs import CostChoice, CostPick, pick_cost_model
 from stallfree.workload import Workload, gamma, parse_lengths, sample
 
 ARRIVALS = ("poisson", "gamma")
+DEFAULT_SERVING = ServingConfig(max_num_batched_tokens=DEFAULT_TOKEN_BUDGET)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrialSpec:
-    """Everything that decides a trial's result. ``token_budget`` is vLLM's
-    ``--max-num-batched-tokens`` (SGLang's ``--chunked-prefill-size``) for every policy."""
+    """Everything that decides a trial's result: how steps are priced (a choice of strings and
+    numbers: a kind, presets or paths), how the replica schedules, and the workload."""
 
-    model: str
-    hardware: str
-    tp: int = 1
-    policy: str = "chunked"
-    token_budget: int = DEFAULT_TOKEN_BUDGET
-    max_num_seqs: int = 256
+    costs: CostChoice
+    serving: ServingConfig = DEFAULT_SERVING
     qps: float = 1.0
     lengths: str = "sharegpt"
     arrival: str = "poisson"
     burstiness: float = 1.0
     num_requests: int = 1000
     seed: int = 0
-    cost_model: str = "full"
     gpu_memory_utilization: float = 0.9
-    step_budget_ms: float | None = None  # chunked: chunks sized by time; token_budget is then a cap
-    num_blocks: int | None = None  # KV-cache blocks (default: from memory; a profile's engine sizing)
 
     def __post_init__(self) -> None:
         if self.arrival not in ARRIVALS:
@@ -57,46 +52,62 @@ class TrialSpec:
         for label, value in (("qps", self.qps), ("burstiness", self.burstiness)):
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{label} must be a positive number, got {value}")
-        for label, count in (
-            ("tp", self.tp),
-            ("token_budget", self.token_budget),
-            ("max_num_seqs", self.max_num_seqs),
-            ("num_requests", self.num_requests),
-            ("num_blocks", 1 if self.num_blocks is None else self.num_blocks),
-        ):
-            if count <= 0:
-                raise ValueError(f"{label} must be positive, got {count}")
+        if self.num_requests <= 0:
+            raise ValueError(f"num_requests must be positive, got {self.num_requests}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if not isinstance(self.costs.model, str) or not isinstance(self.costs.hardware, str):
+            raise ValueError("a trial names its model and hardware (preset or path), so it pickles and keys")
+        if self.costs.profile is not None and not isinstance(self.costs.profile, str):
+            raise ValueError("a trial names its profile by path")
+        if self.serving.max_num_batched_tokens is None:
+            raise ValueError("a trial's serving config names its max_num_batched_tokens")
 
     @property
-    def serving(self) -> ServingConfig:
-        """How the trial schedules: ``token_budget`` is the chunked budget or the batch cap."""
-        return ServingConfig(
-            policy=self.policy,
-            max_num_batched_tokens=self.token_budget,
-            max_num_seqs=self.max_num_seqs,
-            step_budget_ms=self.step_budget_ms,
-            num_blocks=self.num_blocks,
-        )
+    def token_budget(self) -> int:
+        """vLLM's ``--max-num-batched-tokens`` (SGLang's ``--chunked-prefill-size``): the chunked
+        budget (a time-budgeted candidate's cap) or the whole-prompt policies' batch cap."""
+        assert self.serving.max_num_batched_tokens is not None  # checked when built
+        return self.serving.max_num_batched_tokens
+
+    def columns(self) -> dict[str, object]:
+        """The spec as flat named values (a sweep's CSV columns, :data:`COLUMNS`)."""
+        c, s = self.costs, self.serving
+        return {
+            "model": c.model,
+            "hardware": c.hardware,
+            "tp": c.tp,
+            "policy": s.policy,
+            "token_budget": s.max_num_batched_tokens,
+            "max_num_seqs": s.num_seqs_limit,
+            "qps": self.qps,
+            "lengths": self.lengths,
+            "arrival": self.arrival,
+            "burstiness": self.burstiness,
+            "num_requests": self.num_requests,
+            "seed": self.seed,
+            "cost_model": c.kind if c.profile is None else f"measured:{c.profile}",
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "step_budget_ms": s.step_budget_ms,
+            "num_blocks": s.num_blocks,
+        }
 
     def key(self) -> str:
-        """A stable 16-hex-digit name of this trial (same fields, same key, in any process; a spec
-        without a step budget or a block count keeps the key it had before those fields existed)."""
-        fields = dataclasses.asdict(self)
-        for name in ("step_budget_ms", "num_blocks"):
-            if fields[name] is None:
-                del fields[name]
-        text = json.dumps(fields, sort_keys=True)
+        """A stable 16-hex-digit name of this trial (same spec, same key, in any process)."""
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
-
-    @property
-    def costs(self) -> CostChoice:
-        """How the trial prices steps (``cost_model`` is a kind, or ``measured:<profile path>``)."""
-        return _choice(self.model, self.hardware, self.tp, self.cost_model)
 
     def at_qps(self, qps: float) -> TrialSpec:
         return dataclasses.replace(self, qps=qps)
+
+    def with_serving(self, max_num_seqs: int, **changes: Any) -> TrialSpec:
+        """This spec scheduling as ``changes`` say, running at most ``max_num_seqs`` sequences
+        (fewer under a smaller chunked budget: :meth:`ServingConfig.at_most_seqs`)."""
+        serving = dataclasses.replace(self.serving, max_num_seqs=None, **changes)
+        return dataclasses.replace(self, serving=serving.at_most_seqs(max_num_seqs))
+
+
+COLUMNS = tuple(TrialSpec(costs=CostChoice(model="m")).columns())
 
 
 def check_spec(spec: TrialSpec) -> None:
@@ -141,34 +152,27 @@ def estimate_qps(spec: TrialSpec) -> float:
     return 0.5 * tokens_per_s / tokens_per_request
 
 
-def ridge_tokens(model: str, hardware: str, tp: int, cost_model: str = "full") -> float:
-    return _pick(_choice(model, hardware, tp, cost_model)).pricer.ridge_tokens()
+def ridge_tokens(costs: CostChoice) -> float:
+    return _pick(costs).pricer.ridge_tokens()
 
 
-def decode_step_ms(
-    model: str, hardware: str, tp: int, num_seqs: int, context_len: int, cost_model: str = "full"
-) -> float:
+def decode_step_ms(costs: CostChoice, num_seqs: int, context_len: int) -> float:
     """One decode step with no prompt in it (the yardstick of Sarathi-Serve's TBT SLOs); the
-    roofline's ``full`` kind unless ``cost_model`` is measured."""
-    kind = cost_model if cost_model.startswith("measured") else "full"
-    return _pick(_choice(model, hardware, tp, kind)).pricer.decode_step_s(num_seqs, context_len) * 1000
+    roofline's ``full`` kind unless the steps are measured."""
+    if costs.kind != "measured" and costs.profile is None:
+        costs = dataclasses.replace(costs, kind="full")
+    return _pick(costs).pricer.decode_step_s(num_seqs, context_len) * 1000
 
 
-def full_step_ms(model: str, hardware: str, tp: int, cost_model: str, token_budget: int) -> float:
+def full_step_ms(costs: CostChoice, token_budget: int) -> float:
     """One step filled with ``token_budget`` prompt tokens: the gap a full chunk puts between
     two tokens of every running stream."""
-    return _pick(_choice(model, hardware, tp, cost_model)).pricer.prefill_time_s(token_budget) * 1000
+    return _pick(costs).pricer.prefill_time_s(token_budget) * 1000
 
 
 @functools.lru_cache(maxsize=16)
 def _pick(choice: CostChoice) -> CostPick:
     return pick_cost_model(choice)
-
-
-def _choice(model: str, hardware: str, tp: int, cost_model: str) -> CostChoice:
-    """A spec's strings as a choice: a kind, or ``measured:<profile path>`` (a spec holds only strings)."""
-    profile = cost_model.removeprefix("measured:") if cost_model.startswith("measured:") else None
-    return CostChoice("measured" if profile else cost_model, model, hardware, tp, profile)
 
 
 def _workload(spec: TrialSpec) -> Workload:

