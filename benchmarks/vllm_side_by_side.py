@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,6 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 from server_overhead import serving
 from stallfree.core.serving import ServingConfig
-from stallfree.sim import CostChoice, simulate
-from stallfree.workload import WorkloadOptions, workload_from_options
 from validate_cpu import load, stallfree
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,9 +113,9 @@ def bench(base_url: str, result: Path, *args: str) -> dict[str, Any]:
 
 
 def long_prompt(base_url: str, result: Path, streams: int = STREAMS) -> dict[str, Any]:
-    body = bench(base_url, result, "--scenario", "long-prompt", "--streams", str(streams),
-                 "--prompt-tokens", str(LONG_PROMPT), "--seed", "0")  # fmt: skip
-    return body
+    """The long-prompt scenario; a new seed each run, so no prompt hits vLLM's prefix cache."""
+    args = ["--scenario", "long-prompt", "--streams", str(streams), "--prompt-tokens", str(LONG_PROMPT)]
+    return bench(base_url, result, *args)
 
 
 def explain_long_prompt(profile: Path, budget: int) -> dict[str, Any]:
@@ -128,11 +127,19 @@ def explain_long_prompt(profile: Path, budget: int) -> dict[str, Any]:
     return dict(out["policies"]["chunked"])
 
 
-def capacity_qps(profile: Path, serving_config: ServingConfig, lengths: str) -> float:
-    """Requests per second the profile says the server sustains, all arriving at once."""
-    workload = workload_from_options(WorkloadOptions(arrival="all-at-once", lengths=lengths))
-    result = simulate(workload, CostChoice(profile=str(profile)), serving_config, num_requests=200)
-    return float(result.summary["request_throughput"])
+def tune_json(profile: Path, config: ServingConfig, lengths: str, *extra: str) -> dict[str, Any]:
+    """``stallfree tune --profile`` of this server for the workload, at ``config``'s max_num_seqs
+    and KV blocks (``extra``: budgets, SLOs)."""
+    return json_of("tune", "--profile", str(profile), "--lengths", lengths, "--policy", "chunked",
+                   "--max-num-seqs", str(config.max_num_seqs), "--num-blocks", str(config.num_blocks),
+                   "--num-requests", "400", "--no-progress", *extra)  # fmt: skip
+
+
+def capacity_qps(profile: Path, config: ServingConfig, lengths: str) -> float:
+    """tune's capacity for ``config``'s budget under its default SLOs (strict P99 TBT, P50
+    scheduling delay 2 s): the load a validation run is a share of."""
+    out = tune_json(profile, config, lengths, "--budgets", str(config.max_num_batched_tokens))
+    return float(out["policies"]["chunked"]["capacity_qps"])
 
 
 def scheduler_flags(config: ServingConfig) -> list[str]:
@@ -171,13 +178,14 @@ def served_run(
     config: ServingConfig,
     qps: float,
     args: argparse.Namespace,
+    seed: int,
 ) -> dict[str, Any]:
     """Poisson traffic at ``qps`` on the server, then validate --measured on the same requests."""
     result = out / f"bench-{name}.json"
     queued = queue_buckets(base_url)
     before, started = load(), time.perf_counter()
     bench(base_url, result, "--scenario", "poisson", "--qps", f"{qps:.4f}", "--lengths", args.lengths,
-          "--num-requests", str(args.num_requests), "--seed", "0", "--temperature", "0")  # fmt: skip
+          "--num-requests", str(args.num_requests), "--seed", str(seed), "--temperature", "0")  # fmt: skip
     wall_s = time.perf_counter() - started
     within_2s = queue_share_within(queued, queue_buckets(base_url), 2.0)
     body = json_of("validate", "--profile", str(profile), "--measured", str(result), *scheduler_flags(config))
@@ -204,10 +212,9 @@ def validate_part(args: argparse.Namespace) -> list[str]:
         rows.append(
             f"profile: {settings['elapsed_s']:.0f} s, reference drift {settings.get('reference_drift')}"
         )
-        tuned = json_of("tune", "--profile", str(profile), "--lengths", args.lengths, "--policy", "chunked",
-                        "--max-num-seqs", str(VLLM_DEFAULT[1]), "--num-blocks", str(num_blocks),
-                        "--num-requests", "400", "--slo-tbt-p99-ms", str(args.slo_tbt_p99_ms),
-                        "--no-progress")  # fmt: skip
+        default = ServingConfig(policy="chunked", max_num_batched_tokens=VLLM_DEFAULT[0],
+                                max_num_seqs=VLLM_DEFAULT[1], num_blocks=num_blocks)  # fmt: skip
+        tuned = tune_json(profile, default, args.lengths, "--slo-tbt-p99-ms", str(args.slo_tbt_p99_ms))
         runs["tune"] = tuned
         chunked = tuned["policies"]["chunked"]
         slo_ms = tuned["slos"]["tbt_p99_ms"]
@@ -218,11 +225,9 @@ def validate_part(args: argparse.Namespace) -> list[str]:
             f"{capacity:.3f} req/s (at 2048: {curve.get(2048, 'not tried')}); {chunked['commands']['vllm']}"
         )
         configs = {
-            "default": ServingConfig(policy="chunked", max_num_batched_tokens=VLLM_DEFAULT[0],
-                                     max_num_seqs=VLLM_DEFAULT[1], num_blocks=num_blocks, watermark=0.0),
-            "tuned": ServingConfig(policy="chunked", max_num_batched_tokens=budget, max_num_seqs=seqs,
-                                   num_blocks=num_blocks, watermark=0.0),
-        }  # fmt: skip
+            "default": default,
+            "tuned": replace(default, max_num_batched_tokens=budget, max_num_seqs=seqs),
+        }
         server: contextlib.AbstractContextManager[tuple[str, int]] = contextlib.nullcontext(
             (base_url, kv_tokens)
         )
@@ -238,14 +243,21 @@ def validate_part(args: argparse.Namespace) -> list[str]:
                 qps = args.load * capacity_qps(profile, config, args.lengths)
                 for run in range(1, args.runs + 1):
                     measured = long_prompt(url, out / f"long-prompt-{name}-{run}.json")
-                    entry = served_run(url, out, f"{name}-{run}", profile, config, qps, args)
+                    entry = served_run(url, out, f"{name}-{run}", profile, config, qps, args, seed=run)
                     entry |= {"config": name, "long_prompt": measured, "long_prompt_predicted": predicted}
                     runs["runs"].append(entry)
                     print(json.dumps(entry), file=sys.stderr, flush=True)
                 if name == "tuned":
                     for share in (1.0, 1.25):
                         entry = served_run(
-                            url, out, f"capacity-{share}", profile, config, share * capacity, args
+                            url,
+                            out,
+                            f"capacity-{share}",
+                            profile,
+                            config,
+                            share * capacity,
+                            args,
+                            int(100 * share),
                         )
                         entry |= {"config": f"{share} x capacity", "slo_p99_itl_ms": slo_ms}
                         runs["runs"].append(entry)
@@ -320,7 +332,7 @@ def main() -> int:
     parser.add_argument("--part", choices=("validate", "engine"), default="validate")
     parser.add_argument("--out", type=Path, default=Path("out/vllm"))
     parser.add_argument("--lengths", default="fixed:512,64")
-    parser.add_argument("--num-requests", type=int, default=100)
+    parser.add_argument("--num-requests", type=int, default=80)
     parser.add_argument("--runs", type=int, default=3, help="repeats of each check")
     parser.add_argument("--load", type=float, default=0.65, help="share of the predicted capacity")
     parser.add_argument("--model-dir", type=Path, help="the saved model (default: saved under --out)")
