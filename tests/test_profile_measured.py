@@ -366,7 +366,7 @@ def test_explain_says_when_a_prompt_is_priced_beyond_the_profiles_steps(
 
 
 def test_specs_names_the_terms_the_points_never_showed_apart() -> None:
-    from stallfree.cli.profile import profile_figures_text
+    from stallfree.sim.measured_report import format_parameters as profile_figures_text
 
     params = MeasuredCostModel(synthetic_profile()).parameters()
     assert "no cost beyond the other terms" not in profile_figures_text(params)  # every term > 0

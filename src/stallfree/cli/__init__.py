@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "specs",
     "simulate",
     "tune",
+    "sweep",
     "generate",
     "serve",
     "bench",

@@ -115,6 +115,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 @sigterm_as_sigint()  # a SIGTERM stops the run as Ctrl-C does: what was measured is kept
 def run(args: argparse.Namespace) -> int:
+    from stallfree.bench.report import format_result, interrupted_text
     from stallfree.metrics.io import parse_goodput
 
     if args.scenario != "long-prompt" and args.streams is not None:
@@ -126,13 +127,13 @@ def run(args: argparse.Namespace) -> int:
         args.seed = random.SystemRandom().randrange(2**31)
     result = asyncio.run(_run(args, goodput))
     interrupted = result.get("interrupted")
-    _print(result)
+    print(format_result(result))
     if args.save_result:
         path = Path(args.save_result)
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"saved {path}", file=sys.stderr)
     if interrupted:
-        print(f"stallfree bench: interrupted; {_interrupted_text(interrupted)}", file=sys.stderr)
+        print(f"stallfree bench: interrupted; {interrupted_text(interrupted)}", file=sys.stderr)
         return 130
     return 0 if result["completed"] else 1
 
@@ -291,76 +292,3 @@ def _workload(args: argparse.Namespace) -> Any:
         max_total_tokens=args.max_total_tokens,
     )
     return workload_from_options(options)
-
-
-_ROWS = (
-    ("completed", "Successful requests", "{}"),
-    ("failed", "Failed requests", "{}"),
-    ("rejected", "Rejected requests", "{}"),
-    ("duration", "Benchmark duration (s)", "{:.2f}"),
-    ("total_input_tokens", "Total input tokens", "{}"),
-    ("total_output_tokens", "Total generated tokens", "{}"),
-    ("request_throughput", "Request throughput (req/s)", "{:.2f}"),
-    ("output_throughput", "Output token throughput (tok/s)", "{:.2f}"),
-    ("mean_ttft_ms", "Mean TTFT (ms)", "{:.2f}"),
-    ("p99_ttft_ms", "P99 TTFT (ms)", "{:.2f}"),
-    ("mean_tpot_ms", "Mean TPOT (ms)", "{:.2f}"),
-    ("median_itl_ms", "Median ITL (ms)", "{:.2f}"),
-    ("p99_itl_ms", "P99 ITL (ms)", "{:.2f}"),
-    ("max_itl_ms", "Max ITL (ms)", "{:.2f}"),
-    ("request_goodput", "Request goodput (req/s)", "{:.2f}"),
-    ("long_prompt_tokens", "Long prompt tokens (server)", "{}"),
-    ("long_prompt_alone_ttft_ms", "Long prompt TTFT alone (ms)", "{:.2f}"),
-    ("long_prompt_ttft_ms", "Long prompt TTFT with streams (ms)", "{:.2f}"),
-    ("streams_median_itl_ms", "Streams' median gap (ms)", "{:.2f}"),
-    ("streams_max_itl_ms", "Streams' longest gap (ms)", "{:.2f}"),
-)
-# Rows of another scenario or of a phase not reached, left out when None; every other None (a
-# latency with no sample, such as TPOT and ITL when no request had two tokens) shows as "-".
-_OPTIONAL_ROWS = {
-    "request_goodput",
-    "long_prompt_tokens",
-    "long_prompt_alone_ttft_ms",
-    "long_prompt_ttft_ms",
-    "streams_median_itl_ms",
-    "streams_max_itl_ms",
-}
-
-
-# Where a long-prompt run was when Ctrl-C stopped it (its result's interrupted.phase).
-_PHASES = {
-    "alone": "while the long prompt ran alone",
-    "warm-up": "while the streams warmed up",
-    "prompt": "before the long prompt's first token",
-    "tail": "after the long prompt's first token, before the streams' tail ended",
-}
-
-
-def _interrupted_text(interrupted: dict[str, Any]) -> str:
-    if "phase" in interrupted:  # long-prompt
-        return f"stopped {_PHASES[interrupted['phase']]}; the table covers what was measured by then"
-    return (
-        f"{interrupted['finished']} of {interrupted['requests']} requests had finished; "
-        "the table covers those"
-    )
-
-
-def _print(result: dict[str, Any]) -> None:
-    from stallfree.metrics import format_metric
-
-    print(f"{' ' + result['scenario'] + ' @ ' + result['base_url'] + ' ':=^60}")
-    for key, label, fmt in _ROWS:
-        value = result.get(key)
-        if value is not None or key not in _OPTIONAL_ROWS:
-            print(f"{label + ':':<42}{format_metric(value, fmt):>18}")
-    if result.get("interrupted"):
-        print(f"INTERRUPTED: {_interrupted_text(result['interrupted'])}")
-    if result.get("streams_not_decoding_to_the_end"):
-        print(
-            f"warning: {result['streams_not_decoding_to_the_end']} streams stopped before the measurement ended "
-            "(failed, or hit --stream-max-tokens): their gaps do not cover the whole prompt"
-        )
-    errors = [e for e in result["errors"] if e]
-    if errors:
-        print(f"first error ({len(errors)} in all): {errors[0]}")
-    print("=" * 60)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -332,8 +332,3 @@ def check_writable(path: Path, flag: str) -> None:
             path.unlink()
     except OSError as error:
         raise UsageError(f"{flag} {path}: {error.strerror or error}") from None
-
-
-def profiled_machine(fingerprint: Mapping[str, Any]) -> str:
-    """Where a profile's steps ran, for a header: ``cpu (AMD EPYC, profiled)``."""
-    return f"{fingerprint.get('device', '?')} ({fingerprint.get('device_name', '?')}, profiled)"

@@ -19,13 +19,13 @@ from stallfree.cli.common import (
     add_roofline_args,
     add_serving_args,
     pick_costs,
-    profiled_machine,
     serving_config,
     serving_configs,
 )
 from stallfree.tune.sigint import sigterm_as_sigint, stop_on_signal  # light: stdlib only
 
 if TYPE_CHECKING:
+    from stallfree.core.serving import ServingConfig
     from stallfree.sim import SimulationResult
 
 _DESCRIPTION = """\
@@ -154,10 +154,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 @sigterm_as_sigint()
 def run(args: argparse.Namespace) -> int:
-    from stallfree.metrics.io import parse_goodput, write_records_csv
-    from stallfree.sim import simulate
-    from stallfree.sim.report import format_table
-    from stallfree.workload import sample
+    from stallfree.sim.report import format_table, interrupted_text, summarize_interruption
 
     servings = serving_configs(args)
     policies = [serving.policy for serving in servings]
@@ -172,58 +169,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--step-noise needs --profile: it is how the profiled machine's steps varied")
     if not args.step_overhead_ms >= 0:
         raise UsageError(f"--step-overhead-ms must be >= 0, got {args.step_overhead_ms}")
-    dtype_bytes = _DTYPE_BYTES[args.dtype] if args.dtype else None
-    costs, cost_model_note = pick_costs(
-        args, dtype_bytes=dtype_bytes, sampling=args.sampling, step_overhead_s=args.step_overhead_ms / 1000
-    )
-    goodput = parse_goodput(args.goodput) if args.goodput else None
-    if args.replay:
-        from stallfree.workload.bench_result import load_bench_result
-
-        workload, requests = None, load_bench_result(args.replay).arrays
-    else:
-        workload, num_requests = _workload(args)
-        requests = sample(workload, num_requests, args.seed)
-    keep_steps = bool(args.trace_out or args.plot)
-    results: list[SimulationResult] = []
-    with stop_on_signal() as stop:  # a Ctrl-C / SIGTERM now stops the simulation between steps
-        for serving in servings:
-            if stop.is_set():
-                break
-            started = time.perf_counter()
-            result = simulate(
-                requests,
-                costs,
-                serving,
-                gpu_memory_utilization=args.gpu_memory_utilization,
-                goodput=goodput,
-                keep_steps=keep_steps,
-                fast=not args.step_by_step,
-                step_noise=args.step_noise,
-                seed=args.seed,
-                stop=stop.is_set,
-            )
-            result.summary["sim_wall_s"] = time.perf_counter() - started
-            results.append(result)
-    interrupted = len(results) < len(policies) or any(r.partial for r in results)
-    outputs: list[str] = []
-    if args.requests_out:
-        for result in results:
-            path = _per_policy_path(args.requests_out, result.policy, len(policies))
-            write_records_csv(result.records, path)
-            outputs.append(str(path))
-    if args.trace_out and results:
-        from stallfree.sim.perfetto import write_chrome_trace
-
-        write_chrome_trace(((r.policy, r.steps) for r in results if r.steps is not None), args.trace_out)
-        outputs.append(args.trace_out)
-    if args.plot and not interrupted:
-        from stallfree.plots.traffic import plot_traffic
-
-        outputs += [str(path) for path in plot_traffic(results, args.plot)]
+    workload, requests, results, cost_model_note = _simulate_all(args, servings)
+    outputs = _write_outputs(args, results, len(policies))
     fingerprint = step_profile.fingerprint if step_profile is not None else None
     scenario = _scenario(args, workload, len(requests), cost_model_note, fingerprint)
-    stopped = _interrupted(results, policies, len(requests)) if interrupted else None
+    interrupted = len(results) < len(policies) or any(r.partial for r in results)
+    stopped = summarize_interruption(results, policies, len(requests)) if interrupted else None
     if args.json:
         # One shape whether one policy ran or several.
         body: dict[str, Any] = {"scenario": scenario, "policies": {r.policy: r.summary for r in results}}
@@ -237,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(scenario, [r.summary for r in results], outputs))
     if stopped is None:
         return 0
-    text = _interrupted_text(stopped)
+    text = interrupted_text(stopped)
     if not args.json:
         print(f"INTERRUPTED: {text}")
     sys.stdout.flush()
@@ -248,30 +199,70 @@ def run(args: argparse.Namespace) -> int:
     return 130
 
 
-def _interrupted(results: list[SimulationResult], policies: list[str], num_requests: int) -> dict[str, Any]:
-    """What an interrupted run kept: the policy cut short (None if the stop fell between two),
-    how many of its requests had finished, and the policies not run."""
-    cut = results[-1] if results and results[-1].partial else None
-    return {
-        "policy": cut.policy if cut is not None else None,
-        "requests_finished": len(cut.records) if cut is not None else None,
-        "requests": num_requests,
-        "simulated_s": cut.summary["duration"] if cut is not None else None,
-        "policies_not_run": policies[len(results) :],
-    }
+def _simulate_all(
+    args: argparse.Namespace, servings: list[ServingConfig]
+) -> tuple[Any, Any, list[SimulationResult], str | None]:
+    """The workload, its sampled requests, one result per serving config (fewer after a Ctrl-C
+    or SIGTERM, which stops the simulation between steps) and why auto picked the cost model."""
+    from stallfree.metrics.io import parse_goodput
+    from stallfree.sim import simulate
+    from stallfree.workload import sample
+
+    dtype_bytes = _DTYPE_BYTES[args.dtype] if args.dtype else None
+    costs, cost_model_note = pick_costs(
+        args, dtype_bytes=dtype_bytes, sampling=args.sampling, step_overhead_s=args.step_overhead_ms / 1000
+    )
+    goodput = parse_goodput(args.goodput) if args.goodput else None
+    if args.replay:
+        from stallfree.workload.bench_result import load_bench_result
+
+        workload, requests = None, load_bench_result(args.replay).arrays
+    else:
+        workload, num_requests = _workload(args)
+        requests = sample(workload, num_requests, args.seed)
+    results: list[SimulationResult] = []
+    with stop_on_signal() as stop:
+        for serving in servings:
+            if stop.is_set():
+                break
+            started = time.perf_counter()
+            result = simulate(
+                requests,
+                costs,
+                serving,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                goodput=goodput,
+                keep_steps=bool(args.trace_out or args.plot),
+                fast=not args.step_by_step,
+                step_noise=args.step_noise,
+                seed=args.seed,
+                stop=stop.is_set,
+            )
+            result.summary["sim_wall_s"] = time.perf_counter() - started
+            results.append(result)
+    return workload, requests, results, cost_model_note
 
 
-def _interrupted_text(stopped: dict[str, Any]) -> str:
-    parts = []
-    if stopped["policy"] is not None:
-        parts.append(
-            f"{stopped['policy']} stopped after {stopped['simulated_s']:,.1f} s simulated, "
-            f"{stopped['requests_finished']:,} of {stopped['requests']:,} requests finished "
-            "(its summary covers those; ITL every gap simulated)"
-        )
-    if stopped["policies_not_run"]:
-        parts.append(f"not run: {', '.join(stopped['policies_not_run'])}")
-    return "; ".join(parts)
+def _write_outputs(args: argparse.Namespace, results: list[SimulationResult], num_policies: int) -> list[str]:
+    """``--requests-out``, ``--trace-out`` and ``--plot`` (not after an interruption): the paths written."""
+    from stallfree.metrics.io import write_records_csv
+
+    outputs: list[str] = []
+    if args.requests_out:
+        for result in results:
+            path = _per_policy_path(args.requests_out, result.policy, num_policies)
+            write_records_csv(result.records, path)
+            outputs.append(str(path))
+    if args.trace_out and results:
+        from stallfree.sim.perfetto import write_chrome_trace
+
+        write_chrome_trace(((r.policy, r.steps) for r in results if r.steps is not None), args.trace_out)
+        outputs.append(args.trace_out)
+    if args.plot and len(results) == num_policies and not any(r.partial for r in results):
+        from stallfree.plots.traffic import plot_traffic
+
+        outputs += [str(path) for path in plot_traffic(results, args.plot)]
+    return outputs
 
 
 _DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
@@ -314,12 +305,13 @@ def _scenario(
 ) -> dict[str, Any]:
     from stallfree.sim.report import describe_workload
     from stallfree.specs import HARDWARE_PRESETS, load_hardware_spec
+    from stallfree.specs.step_profile import machine_label
 
     chunked = serving_config(args, "chunked")  # the header describes the chunked policy's step
     hardware_file = None if args.hardware in HARDWARE_PRESETS else args.hardware
     hardware = load_hardware_spec(args.hardware).name  # a JSON file's own name, not its path
     if fingerprint is not None:  # steps priced by a profile run on the profiled machine, not on --hardware
-        hardware, hardware_file = profiled_machine(fingerprint), None
+        hardware, hardware_file = machine_label(fingerprint), None
     return {
         "model": args.model,
         "hardware": hardware,

@@ -72,9 +72,12 @@ def run(args: argparse.Namespace) -> int:
 
     profile = measured_profile(args, gpu_tables=True)
     if profile is not None:
-        from stallfree.cli.profile import print_profile_figures
+        from stallfree.sim.measured import MeasuredCostModel
+        from stallfree.sim.measured_report import format_parameters
 
-        return print_profile_figures(profile, as_json=args.json)
+        params = MeasuredCostModel.from_file(profile).parameters()
+        print(json.dumps(params, indent=2) if args.json else format_parameters(params))
+        return 0
     if args.model is None and args.hardware is None:
         models = [load_model_spec(name) for name in MODEL_PRESETS]
         hardware = list(HARDWARE_PRESETS.values())

@@ -7,10 +7,13 @@ ran (the scenario dict the command line builds); a metric with no sample prints 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stallfree.metrics import format_metric
 from stallfree.workload import AllAtOnce, GammaArrivals, ReplayArrivals, Workload
+
+if TYPE_CHECKING:
+    from stallfree.sim.api import SimulationResult
 
 
 def _kv_line(sc: dict[str, Any]) -> str:
@@ -111,3 +114,31 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
     if outputs:
         lines += ["", "  wrote: " + ", ".join(outputs)]
     return "\n".join(lines)
+
+
+def summarize_interruption(
+    results: list[SimulationResult], policies: list[str], num_requests: int
+) -> dict[str, Any]:
+    """What an interrupted run kept: the policy cut short (None if the stop fell between two),
+    how many of its requests had finished, and the policies not run."""
+    cut = results[-1] if results and results[-1].partial else None
+    return {
+        "policy": cut.policy if cut is not None else None,
+        "requests_finished": len(cut.records) if cut is not None else None,
+        "requests": num_requests,
+        "simulated_s": cut.summary["duration"] if cut is not None else None,
+        "policies_not_run": policies[len(results) :],
+    }
+
+
+def interrupted_text(stopped: dict[str, Any]) -> str:
+    parts = []
+    if stopped["policy"] is not None:
+        parts.append(
+            f"{stopped['policy']} stopped after {stopped['simulated_s']:,.1f} s simulated, "
+            f"{stopped['requests_finished']:,} of {stopped['requests']:,} requests finished "
+            "(its summary covers those; ITL every gap simulated)"
+        )
+    if stopped["policies_not_run"]:
+        parts.append(f"not run: {', '.join(stopped['policies_not_run'])}")
+    return "; ".join(parts)

@@ -191,6 +191,11 @@ class StepProfile:
         )
 
 
+def machine_label(fingerprint: Mapping[str, Any]) -> str:
+    """Where a profile's steps ran, for a header: ``cpu (AMD EPYC, profiled)``."""
+    return f"{fingerprint.get('device', '?')} ({fingerprint.get('device_name', '?')}, profiled)"
+
+
 def quantile(values: Sequence[float], q: float) -> float:
     """numpy's default (linear) quantile, without numpy."""
     ordered = sorted(values)

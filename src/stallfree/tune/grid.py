@@ -9,7 +9,7 @@ Example::
     tp: [1]                         # default [1]
     policies: [chunked, prefill-first]
     budgets: [256, 512, 1024]       # or auto (powers of two + ridge multiples, per model/hardware/TP)
-    max_num_seqs: 256               # each budget runs min(this, budget) sequences
+    max_num_seqs: 256               # at most, fewer under a smaller chunked budget
     workload: {lengths: sharegpt, arrival: poisson, num_requests: 1000, seed: 0}
     cost_model: auto                # default; or full, weights-only, measured (+ profile: FILE)
     qps: [0.5, 1, 2]                # fixed-rate trials, and/or:

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 Metrics = Mapping[str, float | int | None]
+STRICT_TBT_MULTIPLE = 5  # Sarathi-Serve's strict P99 TBT SLO: 5 x a decode step without prefill
+STRICT_TBT_BATCH, STRICT_TBT_CONTEXT = 32, 4096
 
 
 @dataclass(frozen=True, slots=True)
