@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from stallfree.cli.common import SERVING_FLAGS, add_serving_args, serving_config
+from stallfree.cli.serving_args import SERVING_FLAGS, add_serving_args, serving_config
 from stallfree.core import DEFAULT_TOKEN_BUDGET, ChunkedPolicy, PrefillFirstPolicy, ServingConfig
 
 

@@ -13,7 +13,8 @@ import pytest
 pytest.importorskip("torch")
 
 from stallfree.cli import main
-from stallfree.cli.common import UsageError, add_serving_args, serving_configs
+from stallfree.cli.common import UsageError
+from stallfree.cli.serving_args import add_serving_args, serving_configs
 from stallfree.core import ScheduledChunk, StepPlan
 from stallfree.core.serving import ServingConfig
 from stallfree.plots.validate import plot_validation

@@ -20,12 +20,11 @@ from typing import TYPE_CHECKING, Any
 from stallfree.cli.common import (
     ENGINE_MODELS,
     UsageError,
-    add_engine_args,
-    engine_kwargs,
     non_negative_int,
     positive_int,
 )
 from stallfree.cli.device import check_device
+from stallfree.cli.serving_args import add_engine_args, engine_kwargs
 
 if TYPE_CHECKING:
     from stallfree.engine.engine import LLMEngine

@@ -6,8 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from stallfree.cli.common import add_engine_args, check_writable, engine_kwargs, positive_int
+from stallfree.cli.common import check_writable, positive_int
 from stallfree.cli.device import check_device
+from stallfree.cli.serving_args import add_engine_args, engine_kwargs
 from stallfree.tune.sigint import sigterm_as_sigint  # light: stdlib only
 
 

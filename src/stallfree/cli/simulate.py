@@ -17,11 +17,9 @@ from typing import TYPE_CHECKING, Any
 from stallfree.cli.common import (
     UsageError,
     add_roofline_args,
-    add_serving_args,
     pick_costs,
-    serving_config,
-    serving_configs,
 )
+from stallfree.cli.serving_args import add_serving_args, serving_config, serving_configs
 from stallfree.tune.sigint import sigterm_as_sigint, stop_on_signal  # light: stdlib only
 
 if TYPE_CHECKING:

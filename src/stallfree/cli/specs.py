@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stallfree.cli.common import add_roofline_args, measured_profile, positive_int
 
-if TYPE_CHECKING:
-    from stallfree.sim.costs import StepPricer
-    from stallfree.specs import HardwareSpec, ModelSpec
-
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-DECODE_STREAMS = (1, 16, 64)
-MEM_UTILIZATION = 0.9
 
 _DESCRIPTION = """\
 Without options: list the model and hardware presets.
@@ -68,6 +62,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    from stallfree.sim.specs_report import (
+        hardware_figures,
+        kv_capacity_tokens,
+        model_figures,
+        presets_table,
+        report_text,
+        step_figures,
+    )
     from stallfree.specs import HARDWARE_PRESETS, MODEL_PRESETS, load_hardware_spec, load_model_spec
 
     profile = measured_profile(args, gpu_tables=True)
@@ -85,14 +87,14 @@ def run(args: argparse.Namespace) -> int:
             print(
                 json.dumps(
                     {
-                        "models": [_model_figures(m, 2) for m in models],
-                        "hardware": [_hardware_dict(h) for h in hardware],
+                        "models": [model_figures(m, 2) for m in models],
+                        "hardware": [hardware_figures(h) for h in hardware],
                     },
                     indent=2,
                 )
             )
         else:
-            print(_presets_table(models, hardware))
+            print(presets_table(models, hardware))
         return 0
 
     report: dict[str, Any] = {"dtype": args.dtype}
@@ -100,11 +102,11 @@ def run(args: argparse.Namespace) -> int:
     model = load_model_spec(args.model) if args.model is not None else None
     hw = load_hardware_spec(args.hardware) if args.hardware is not None else None
     if model is not None:
-        report["model"] = _model_figures(model, dtype_bytes)
+        report["model"] = model_figures(model, dtype_bytes)
     if hw is not None:
-        report["hardware"] = _hardware_dict(hw)
+        report["hardware"] = hardware_figures(hw)
     if model is not None and hw is not None:
-        kv_tokens = _kv_capacity_tokens(model, hw, args.tp, dtype_bytes)
+        kv_tokens = kv_capacity_tokens(model, hw, args.tp, dtype_bytes)
         figures = (args.tp, kv_tokens, args.context_tokens, args.prompt_tokens)
         from stallfree.sim.costs import CostChoice, pick_cost_model
         from stallfree.sim.gpu_measured import GpuMeasuredCostModel
@@ -113,183 +115,10 @@ def run(args: argparse.Namespace) -> int:
         pick = pick_cost_model(CostChoice(args.cost_model, model, hw, args.tp, dtype_bytes=dtype_bytes))
         if isinstance(pick.pricer, GpuMeasuredCostModel):
             report["measured"] = {
-                **_step_figures(pick.pricer, "measured", *figures),
+                **step_figures(pick.pricer, "measured", *figures),
                 **pick.pricer.describe(),
             }
         else:
-            report["roofline"] = _step_figures(pick.pricer, pick.kind, *figures)
-    print(json.dumps(report, indent=2) if args.json else _report_text(report))
+            report["roofline"] = step_figures(pick.pricer, pick.kind, *figures)
+    print(json.dumps(report, indent=2) if args.json else report_text(report))
     return 0
-
-
-def _model_figures(model: ModelSpec, dtype_bytes: int) -> dict[str, Any]:
-    return {
-        "name": model.name,
-        "architecture": model.architecture,
-        "num_params": model.num_params,
-        "num_non_embedding_params": model.num_non_embedding_params,
-        "num_layers": model.num_layers,
-        "hidden_size": model.hidden_size,
-        "num_attention_heads": model.num_attention_heads,
-        "num_kv_heads": model.num_kv_heads,
-        "head_dim": model.head_dim,
-        "intermediate_size": model.intermediate_size,
-        "vocab_size": model.vocab_size,
-        "max_position_embeddings": model.max_position_embeddings,
-        "weight_bytes": model.weight_bytes(dtype_bytes),
-        "kv_bytes_per_token": model.kv_bytes_per_token(dtype_bytes),
-    }
-
-
-def _hardware_dict(hw: HardwareSpec) -> dict[str, Any]:
-    return {
-        "name": hw.name,
-        "peak_flops_per_s": hw.peak_flops_per_s,
-        "mem_bandwidth_bytes_per_s": hw.mem_bandwidth_bytes_per_s,
-        "mem_capacity_bytes": hw.mem_capacity_bytes,
-        "interconnect_bandwidth_bytes_per_s": hw.interconnect_bandwidth_bytes_per_s,
-        "interconnect_latency_s": hw.interconnect_latency_s,
-    }
-
-
-def _step_figures(
-    costs: StepPricer,
-    kind: str,
-    tp: int,
-    kv_capacity_tokens: int,
-    context_tokens: int,
-    prompt_tokens: int,
-) -> dict[str, Any]:
-    prefill_s = costs.prefill_time_s(prompt_tokens)
-    return {
-        "tp": tp,
-        "cost_model": kind,
-        "mem_utilization": MEM_UTILIZATION,
-        "kv_capacity_tokens": kv_capacity_tokens,
-        "context_tokens": context_tokens,
-        "decode_step_s": {str(n): costs.decode_step_s(n, context_tokens) for n in DECODE_STREAMS},
-        "prompt_tokens": prompt_tokens,
-        "prefill_s": prefill_s,
-        "prefill_tokens_per_s": prompt_tokens / prefill_s,
-        "ridge_tokens": costs.ridge_tokens(),
-    }
-
-
-def _kv_capacity_tokens(model: ModelSpec, hw: HardwareSpec, tp: int, dtype_bytes: int) -> int:
-    """KV tokens one replica holds, as ``simulate`` sizes it by default (0: the weights do not fit)."""
-    from stallfree.core import DEFAULT_TOKEN_BUDGET
-    from stallfree.sim.memory import kv_memory
-
-    try:
-        kv = kv_memory(
-            model,
-            hw,
-            tp=tp,
-            gpu_memory_utilization=MEM_UTILIZATION,
-            dtype_bytes=dtype_bytes,
-            max_num_batched_tokens=DEFAULT_TOKEN_BUDGET,
-        )
-    except ValueError:
-        return 0
-    return kv.num_tokens
-
-
-def _presets_table(models: list[ModelSpec], hardware: list[HardwareSpec]) -> str:
-    lines = [
-        "Model presets (bf16):",
-        f"  {'name':<16}{'architecture':<20}{'params':>9}{'layers':>8}{'hidden':>8}{'heads/kv':>10}{'context':>9}{'KV/token':>11}",
-    ]
-    for m in models:
-        lines.append(
-            f"  {m.name:<16}{m.architecture:<20}{m.num_params / 1e9:>8.2f}B{m.num_layers:>8}{m.hidden_size:>8}"
-            f"{f'{m.num_attention_heads}/{m.num_kv_heads}':>10}{m.max_position_embeddings:>9}"
-            f"{_kib(m.kv_bytes_per_token(2)):>11}"
-        )
-    lines += [
-        "",
-        "Hardware presets (per GPU, dense bf16):",
-        f"  {'name':<12}{'TFLOP/s':>9}{'TB/s':>7}{'memory':>10}{'link GB/s':>11}",
-    ]
-    for h in hardware:
-        lines.append(
-            f"  {h.name:<12}{h.peak_flops_per_s / 1e12:>9.0f}{h.mem_bandwidth_bytes_per_s / 1e12:>7.3f}"
-            f"{h.mem_capacity_bytes / 2**30:>7.0f}GiB{h.interconnect_bandwidth_bytes_per_s / 1e9:>11.0f}"
-        )
-    lines += ["", "Details: stallfree specs --model NAME --hardware NAME [--tp N]"]
-    return "\n".join(lines)
-
-
-def _report_text(report: dict[str, Any]) -> str:
-    lines = []
-    model, hw, roof = report.get("model"), report.get("hardware"), report.get("roofline")
-    if model is not None:
-        lines += [
-            f"model       {model['name']} ({model['architecture']})",
-            f"  params               {model['num_params'] / 1e9:.2f} B"
-            f" ({model['num_non_embedding_params'] / 1e9:.2f} B non-embedding)",
-            f"  layers x hidden      {model['num_layers']} x {model['hidden_size']},"
-            f" {model['num_attention_heads']} heads / {model['num_kv_heads']} KV heads of {model['head_dim']}",
-            f"  weights ({report['dtype']})       {model['weight_bytes'] / 1e9:.1f} GB",
-            f"  KV cache per token   {_kib(model['kv_bytes_per_token'])}",
-        ]
-    if hw is not None:
-        lines += [
-            f"hardware    {hw['name']}",
-            f"  peak compute         {hw['peak_flops_per_s'] / 1e12:.0f} TFLOP/s",
-            f"  memory               {hw['mem_capacity_bytes'] / 1e9:.1f} GB"
-            f" ({hw['mem_capacity_bytes'] / 2**30:.0f} GiB) at"
-            f" {hw['mem_bandwidth_bytes_per_s'] / 1e12:.3f} TB/s",
-            f"  interconnect         {hw['interconnect_bandwidth_bytes_per_s'] / 1e9:.0f} GB/s per direction",
-        ]
-    if roof is not None:
-        lines += [f"roofline    tp={roof['tp']}, cost model {roof['cost_model']}", *_step_lines(roof)]
-    measured = report.get("measured")
-    if measured is not None:
-        lines += _measured_lines(measured)
-    return "\n".join(lines)
-
-
-def _step_lines(figures: dict[str, Any]) -> list[str]:
-    capacity = figures["kv_capacity_tokens"]
-    capacity_text = f"{capacity:,} tokens" if capacity else "none: the weights do not fit"
-    lines = [f"  KV capacity          {capacity_text} (at {figures['mem_utilization']:.0%} memory)"]
-    context = (
-        f", {figures['context_tokens']} cached tokens each" if figures["cost_model"] != "weights-only" else ""
-    )
-    for streams, step_s in figures["decode_step_s"].items():
-        lines.append(f"  decode step x{streams:<4}    {step_s * 1e3:.1f} ms{context}")
-    return [
-        *lines,
-        f"  prefill              {figures['prefill_tokens_per_s']:,.0f} tokens/s"
-        f" ({figures['prompt_tokens']:,}-token prompt alone: {figures['prefill_s']:.2f} s)",
-        f"  ridge                {figures['ridge_tokens']:.0f} tokens per step"
-        + (" (the roofline's, weights only)" if figures["cost_model"] == "measured" else ""),
-    ]
-
-
-def _measured_lines(m: dict[str, Any]) -> list[str]:
-    """The GPU measured model: its table, what is measured and what modelled, achieved figures."""
-    lines = [
-        f"measured    tp={m['tp']}, {m['source']}",
-        f"  decoder layers       {m['linear_layers']}",
-        f"  embedding            measured: the {m['table_model']} table's, once a step",
-        f"  all-reduce           {m['all_reduce']}",
-        f"  attention            {m['attention']}",
-        f"  LM head              {m['lm_head']}",
-        f"  fixed per step       {m['overhead_s'] * 1e3:g} ms (CPU scheduling and sampling left out, as Vidur)",
-        *_step_lines(m),
-        "  by tokens per step   one prompt chunk of that many tokens, no earlier context:",
-        f"  {'tokens':>11}{'decoder layer':>16}{'step':>11}{'achieved (linear FLOPs)':>27}{'table efficiency':>19}",
-    ]
-    for tokens, entry in m["by_tokens_per_step"].items():
-        achieved = f"{entry['flops_per_s'] / 1e12:.1f} TFLOP/s a GPU"
-        lines.append(
-            f"  {int(tokens):>11,}{entry['layer_s'] * 1e3:>13.3f} ms{entry['step_s'] * 1e3:>8.2f} ms"
-            f"{achieved:>27}{entry['table_efficiency']:>19.0%}"
-        )
-    lines.append("  (table efficiency: the roofline's time / the measured time of the table's linear layers)")
-    return lines
-
-
-def _kib(num_bytes: int) -> str:
-    return f"{num_bytes / 1024:g} KiB"

@@ -25,10 +25,9 @@ from typing import TYPE_CHECKING
 from stallfree.cli.common import (
     DTYPE_CHOICES,
     ENGINE_MODELS,
-    add_serving_args,
     positive_int,
-    serving_configs,
 )
+from stallfree.cli.serving_args import add_serving_args, serving_configs
 
 if TYPE_CHECKING:
     from stallfree.validate import ValidationOptions

@@ -1,0 +1,164 @@
+"""The scheduler's flags, one per :class:`~stallfree.core.serving.ServingConfig` field (vLLM's
+names), shared by every command that schedules, and the engine's (generate, serve): declared,
+parsed and turned into configs here."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from stallfree.cli.common import ENGINE_MODELS, UsageError, add_dtype_arg, positive_float, positive_int
+
+if TYPE_CHECKING:
+    from stallfree.core.serving import ServingConfig
+
+
+SERVING_FLAGS: dict[str, tuple[str, ...]] = {
+    "policy": ("--policy",),
+    "max_num_batched_tokens": ("--max-num-batched-tokens", "--token-budget"),
+    "chunk_tokens": ("--chunk-tokens",),
+    "max_num_seqs": ("--max-num-seqs",),
+    "max_model_len": ("--max-model-len",),
+    "block_size": ("--block-size",),
+    "num_blocks": ("--num-blocks",),
+    "watermark": ("--kv-watermark",),
+    "step_budget_ms": ("--step-budget-ms",),
+}
+"""The command-line flags of each :class:`~stallfree.core.serving.ServingConfig` field (vLLM's
+names; ``--token-budget`` is Sarathi-Serve's name for the same budget)."""
+
+_SERVING_HELP = {
+    "max_num_batched_tokens": "tokens per step, for every policy: chunked: the budget, decodes included "
+    "(default {budget}; with --step-budget-ms a cap, default {step_cap}); prefill-first/decode-first: prompt tokens batched whole in one step "
+    "(default max-model-len)",
+    "chunk_tokens": "chunked: prompt tokens per step on top of the decodes, instead of a budget",
+    "max_num_seqs": "running requests at most (default {seqs}, and at most a chunked budget)",
+    "max_model_len": "prompt + output limit (default: the model's context)",
+    "block_size": "tokens per KV block (default {block})",
+    "num_blocks": "KV-cache blocks (default: sized from memory)",
+    "watermark": "share of KV blocks admission keeps free (default {watermark})",
+    "step_budget_ms": "chunked: size prompt chunks so each step's predicted time stays within MS "
+    "(decodes always run; a token budget given with it is a cap, default {step_cap}); needs a step-time "
+    "predictor: the simulator's cost model, or the engine's measured --profile",
+}
+
+
+_SERVING_TYPES: dict[str, Callable[[str], Any]] = {"watermark": float, "step_budget_ms": positive_float}
+
+
+def add_serving_args(parser: argparse._ActionsContainer, *, policy_list: bool = False) -> None:
+    """One flag per :class:`ServingConfig` field (:data:`SERVING_FLAGS`), defaults from the config.
+
+    ``policy_list``: ``--policy`` takes a comma list (simulate compares policies).
+    """
+    from stallfree.core import DEFAULT_STEP_TOKEN_CAP, DEFAULT_TOKEN_BUDGET, POLICIES
+    from stallfree.core.serving import DEFAULT_MAX_NUM_SEQS, ServingConfig
+
+    defaults = ServingConfig()
+    fill = {
+        "budget": DEFAULT_TOKEN_BUDGET,
+        "step_cap": DEFAULT_STEP_TOKEN_CAP,
+        "seqs": DEFAULT_MAX_NUM_SEQS,
+        "block": defaults.block_size,
+        "watermark": defaults.watermark,
+    }
+    if policy_list:
+        parser.add_argument(
+            "--policy",
+            default=defaults.policy,
+            help=f"policy or comma list: {', '.join(POLICIES)} (default %(default)s)",
+        )
+    else:
+        parser.add_argument(
+            "--policy",
+            choices=POLICIES,
+            default=defaults.policy,
+            help="scheduling policy (default %(default)s)",
+        )
+    for name, flags in SERVING_FLAGS.items():
+        if name == "policy":
+            continue
+        value_type = _SERVING_TYPES.get(name, positive_int)
+        parser.add_argument(
+            *flags,
+            dest=name,
+            type=value_type,
+            default=getattr(defaults, name),
+            metavar="MS" if name == "step_budget_ms" else "N",
+            help=_SERVING_HELP[name].format(**fill),
+        )
+
+
+def serving_config(args: argparse.Namespace, policy: str | None = None) -> ServingConfig:
+    """The parsed serving flags as a :class:`ServingConfig` (``policy`` overrides ``--policy``);
+    a combination that cannot work is a :class:`UsageError`."""
+    from stallfree.core.serving import ServingConfig
+
+    fields = {name: getattr(args, name) for name in SERVING_FLAGS}
+    if policy is not None:
+        fields["policy"] = policy
+    try:
+        return ServingConfig(**fields)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def policy_list(text: str) -> list[str]:
+    """``--policy chunked,prefill-first`` -> the policies, each known and named once."""
+    from stallfree.core import POLICIES
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in POLICIES]
+    if unknown or not names:
+        named = ", ".join(repr(name) for name in unknown) if unknown else repr(text)
+        raise UsageError(f"unknown policy {named}; choose from: {', '.join(POLICIES)}")
+    if len(set(names)) != len(names):
+        raise UsageError(f"policy listed twice in {text!r}")
+    return names
+
+
+def serving_configs(args: argparse.Namespace) -> list[ServingConfig]:
+    """One :class:`ServingConfig` per policy of ``--policy``'s comma list (``add_serving_args(...,
+    policy_list=True)``); ``--step-budget-ms`` is the chunked policy's, so the baselines beside it
+    run without it (and it needs chunked among them)."""
+    policies = policy_list(args.policy)
+    if args.step_budget_ms is not None and "chunked" not in policies:
+        raise UsageError("--step-budget-ms applies to the chunked policy only")
+    baseline = argparse.Namespace(**{**vars(args), "step_budget_ms": None})
+    return [serving_config(args if policy == "chunked" else baseline, policy) for policy in policies]
+
+
+def add_engine_args(parser: argparse._ActionsContainer) -> None:
+    """The PyTorch engine's options: ``--model --dtype --device`` and the serving flags (generate, serve)."""
+    parser.add_argument("--model", default="random:small", help=f"{ENGINE_MODELS} (default %(default)s)")
+    add_dtype_arg(parser)
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    add_serving_args(parser)
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="a `stallfree profile` of this machine: its measured model predicts step times for "
+        "--step-budget-ms (which needs it)",
+    )
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine options of parsed ``args``, as ``LLMEngine`` keyword arguments; with
+    ``--step-budget-ms`` the ``--profile``'s measured model is the step-time predictor."""
+    serving = serving_config(args)
+    kwargs: dict[str, Any] = {"dtype": args.dtype, "device": args.device, "serving": serving}
+    profile = getattr(args, "profile", None)
+    if serving.step_budget_ms is not None:
+        if profile is None:
+            raise UsageError(
+                "--step-budget-ms needs --profile FILE: a `stallfree profile` of this machine, whose "
+                "measured model predicts each candidate step's time"
+            )
+        from stallfree.sim.measured import MeasuredCostModel
+
+        try:
+            kwargs["step_time_predictor"] = MeasuredCostModel.from_file(profile).step_time_s
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--profile {profile}: {exc}") from None
+    return kwargs
