@@ -60,6 +60,20 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def wait_healthy(proc: subprocess.Popen[bytes], base_url: str, timeout_s: float, what: str) -> None:
+    """Return once ``base_url``'s /health answers 200; RuntimeError if ``proc`` exits or time runs out."""
+    deadline_s = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
+                return
+        if time.monotonic() > deadline_s:
+            raise RuntimeError(f"{what} did not start in {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def serving(serve_args: list[str]) -> Iterator[tuple[str, int]]:
     """``stallfree serve`` in a subprocess; yields its base URL and pid once /health answers."""
@@ -68,16 +82,7 @@ def serving(serve_args: list[str]) -> Iterator[tuple[str, int]]:
     proc = subprocess.Popen([*argv, *serve_args, "--port", str(port), "--log-level", "warning"])
     base_url = f"http://127.0.0.1:{port}"
     try:
-        deadline_s = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"stallfree serve exited with {proc.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline_s:
-                raise RuntimeError("stallfree serve did not start")
-            time.sleep(0.2)
+        wait_healthy(proc, base_url, 120, "stallfree serve")
         yield base_url, proc.pid
     finally:
         proc.terminate()

@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from server_overhead import serving
+from server_overhead import serving, wait_healthy
 from stallfree.core.serving import ServingConfig
 from validate_cpu import load, stallfree
 
@@ -72,16 +72,7 @@ def vllm_server(model_dir: Path, log: Path, flags: list[str]) -> Iterator[tuple[
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     base_url = f"http://127.0.0.1:{port}"
     try:
-        deadline_s = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {proc.returncode}; see {log}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline_s:
-                raise RuntimeError(f"vLLM did not start in 10 min; see {log}")
-            time.sleep(1)
+        wait_healthy(proc, base_url, 600, f"vLLM (log: {log})")
         found = re.search(r"KV cache size: ([\d,]+) tokens", log.read_text())
         if found is None:
             raise RuntimeError(f"no 'KV cache size' line in {log}")
