@@ -365,6 +365,24 @@ def test_explain_says_when_a_prompt_is_priced_beyond_the_profiles_steps(
     assert "at most 512 prompt tokens" in warning and "4,096-token step is priced beyond them" in warning
 
 
+def test_explain_says_when_later_chunks_are_priced_without_a_chunk_after_context(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stallfree.cli import main
+
+    profile = synthetic_profile()
+    whole = [p for p in profile.steps if all(before == 0 for _, before, _ in p.chunks)]
+    assert len(whole) < len(profile.steps)  # the engine's profile times chunks after context
+    args = ["explain", "--streams", "4", "--context-tokens", "100", "--prompt-tokens", "512", "--json"]
+    for steps, warned in ((profile.steps, False), (tuple(whole), True)):
+        path = save_profile(dataclasses.replace(profile, steps=steps), tmp_path / f"{warned}.json")
+        assert main([*args, "--profile", str(path), "--chunk-tokens", "128", "--sweep", "128"]) == 0
+        warnings = json.loads(capsys.readouterr().out)["warnings"]
+        assert any("no chunk after earlier context" in w for w in warnings) == warned
+        assert main([*args, "--profile", str(path), "--chunk-tokens", "512", "--sweep", "512"]) == 0
+        assert not json.loads(capsys.readouterr().out)["warnings"]  # one chunk: nothing after context
+
+
 def test_specs_names_the_terms_the_points_never_showed_apart() -> None:
     from stallfree.sim.measured_report import format_parameters as profile_figures_text
 
