@@ -57,6 +57,10 @@ def test_the_profile_has_every_kind_of_point_within_the_budget(profiled: Path) -
     for point in profile.steps:
         assert sum(n for n, _, _ in point.chunks) + len(point.decode_contexts) <= BUDGET
         assert all(t > 0 for t in point.stats.times_s)
+    # --quick: one chunk after the budget's worth of context (a prompt of 1.5 budgets, two steps)
+    (after,) = [p for p in profile.steps if any(before for _, before, _ in p.chunks)]
+    assert after.chunks[0][1] == BUDGET and abs(after.chunks[0][0] - BUDGET // 2) <= 8
+    assert "budget + n tokens" in profile.settings["prefill_times"]
     decodes = [p for p in profile.steps if p.kind == "decode"]
     assert {len(p.decode_contexts) for p in decodes} == {1, 4}
     assert all(len(p.stats.times_s) == 10 for p in decodes)  # --quick: 10 steps each
@@ -100,9 +104,12 @@ def test_grid_prompts_stay_single_steps() -> None:
     assert max(grid.prefill_tokens) == 512 and max(grid.num_seqs) == 16
     assert max(grid.mixed_num_seqs) == 15  # the prompt is one more sequence
     assert all(n + max(grid.mixed_num_seqs) <= 512 for n in grid.mixed_tokens)
+    assert grid.context_chunks == (128, 256, 512)  # after 512 tokens of context: two steps
+    assert default_server_grid(16, 2048, 4096).context_chunks == (512, 1024)  # 2 x 2048 + 8 is past 4096
     short = default_server_grid(4, 2048, 300, quick=True)
     assert all(c + 84 <= 300 for c in short.contexts)
     assert all(n + 8 <= 300 for n in short.prefill_tokens)
+    assert short.context_chunks == ()  # no prompt reaches the budget: nothing after it
 
 
 def test_a_bad_server_setting_is_one_line(server: ServerThread, tmp_path: Path) -> None:

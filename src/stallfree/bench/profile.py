@@ -17,6 +17,10 @@ What a point is, measured from outside:
   the token budget (a longer prompt is chunked over several steps). A TTFT includes the HTTP
   round trip, tokenising and queueing: nothing is subtracted; the round trip (a one-word
   prompt's TTFT) is in ``settings["http_round_trip_s"]``.
+- **prefill after context** ``((n, B, True),)``: a lone prompt of ``B + n`` tokens, which a server
+  chunking at its budget ``B`` runs as two steps: its TTFT less the ``B``-token prompt's (where
+  ``B + n`` fits the context; ``n`` a quarter, half and all of ``B``). Without these, chunks after
+  earlier context would be priced from whole prompts only (on vLLM 1.4-1.9x too high).
 - **mixed** ``(ctx,) x N`` + ``((n, 0, True),)``: N streams decode, one ``n``-token prompt
   arrives (``n + N`` within the budget: one step); per stream the longest gap between the
   prompt's send and its first token (and the gap after it), the median over the streams.
@@ -71,10 +75,14 @@ class ServerGrid:
     mixed_tokens: tuple[int, ...]
     repeats: int = 3  # of each prefill and mixed point
     decode_steps: int = 20  # steps timed in each decode point
+    # Chunks after a budget's worth of earlier context: prompts of budget + n tokens, which the
+    # server prefills in two steps (empty when two steps do not fit the context).
+    context_chunks: tuple[int, ...] = ()
 
     def num_points(self) -> int:
         mixed = sum(1 for n in self.mixed_num_seqs for t in self.mixed_tokens if t + n >= 2)
-        return len(self.num_seqs) * len(self.contexts) + len(self.prefill_tokens) + mixed
+        fixed = len(self.num_seqs) * len(self.contexts) + len(self.prefill_tokens) + len(self.context_chunks)
+        return fixed + mixed
 
 
 def default_server_grid(
@@ -97,6 +105,12 @@ def default_server_grid(
     mixed_seqs = tuple(n for n in ((min(4, room),) if quick else sorted({1, min(16, room)})) if n >= 1)
     mixed_context = max(c for c in contexts if c <= 256)
     mixed = tuple(sorted({min(s, token_budget - max(mixed_seqs, default=0)) for s in prefill if s >= 64}))
+    shares = (2,) if quick else (4, 2, 1)
+    after = tuple(
+        n
+        for n in sorted({token_budget // k for k in shares})
+        if n >= 2 and token_budget + n + 8 <= max_model_len
+    )
     return ServerGrid(
         num_seqs=tuple(seqs[:2] if quick else seqs),
         contexts=contexts,
@@ -106,6 +120,7 @@ def default_server_grid(
         mixed_tokens=tuple(m for m in mixed if m >= 2) or (max(2, token_budget // 2),),
         repeats=2 if quick else 3,
         decode_steps=steps,
+        context_chunks=after if token_budget in prefill else (),
     )
 
 
@@ -455,10 +470,23 @@ async def _measure(
             t0 = time.perf_counter()
             times, ctx = await session.decode(num_seqs, context, grid.decode_steps)
             await kept(StepPoint("decode", (ctx,) * num_seqs, (), _stats(times, t0)))
+    one_step: float | None = None  # the budget-sized prompt's median TTFT
     for num_tokens in grid.prefill_tokens:
         t0 = time.perf_counter()
         times, length = await session.ttft(num_tokens, grid.repeats)
         await kept(StepPoint("prefill", (), ((max(2, length), 0, True),), _stats(times, t0)))
+        if num_tokens == budget:
+            one_step = statistics.median(times)
+    for num_tokens in grid.context_chunks if one_step else ():
+        # budget + n tokens run as a budget-sized step, then n tokens after that context: the
+        # second step is the TTFT less the budget-sized prompt's (whose step samples a row the
+        # first step here does not: a row's LM head, left in).
+        assert one_step is not None
+        t0 = time.perf_counter()
+        times, length = await session.ttft(budget + num_tokens, grid.repeats)
+        if length - budget >= 2:  # the first step is the budget's tokens, the second the rest
+            step_s = [max(1e-6, t - one_step) for t in times]
+            await kept(StepPoint("prefill", (), ((length - budget, budget, True),), _stats(step_s, t0)))
     for num_seqs in grid.mixed_num_seqs:
         for num_tokens in grid.mixed_tokens:
             t0 = time.perf_counter()
@@ -484,8 +512,10 @@ async def _measure(
             "mixed_num_seqs": list(grid.mixed_num_seqs),
             "mixed_context": grid.mixed_context,
             "mixed_tokens": list(grid.mixed_tokens),
+            "context_chunks": list(grid.context_chunks),
         },
-        "prefill_times": "time to first token of a lone request: includes the HTTP round trip (nothing subtracted)",
+        "prefill_times": "time to first token of a lone request: includes the HTTP round trip (nothing subtracted); "
+        "a chunk after context: the TTFT of budget + n tokens less the budget-sized prompt's",
         "http_round_trip_s": round_trip,
         "http_round_trip_prompt_tokens": round_trip_tokens,
         "decode_times": "the streams' median inter-token gap, once every stream decodes",
