@@ -16,12 +16,14 @@ with ``stallfree save-model``) and runs what a vLLM user would:
 4. With tune's flags: Poisson traffic at C and at 1.25 x C, P99 TBT measured vs the SLO (it must
    hold at C and break at 1.25 C) and vs the prediction for the same requests.
 
-``--part engine`` instead puts ``stallfree serve`` (the same folder, fp32, one thread as vLLM's
+``--part long-prompt`` profiles vLLM afresh and puts only the long-prompt scenario at the default
+and at 128 tokens beside ``explain --profile``. ``--part engine`` instead puts ``stallfree serve`` (the same folder, fp32, one thread as vLLM's
 CPU worker binds one core here) beside vLLM: the long-prompt scenario at 1 and 16 streams,
 prefill-first / vLLM's default and chunked at 128 tokens.
 
     make vllm && .venv/bin/python benchmarks/vllm_side_by_side.py            # ~45 min on 2 cores
     .venv/bin/python benchmarks/vllm_side_by_side.py --runs 1 --num-requests 60
+    .venv/bin/python benchmarks/vllm_side_by_side.py --part long-prompt --runs 2   # ~12 min
     .venv/bin/python benchmarks/vllm_side_by_side.py --part engine          # ~10 min
 """
 
@@ -196,9 +198,7 @@ def validate_part(args: argparse.Namespace) -> list[str]:
     with vllm_server(model_dir, out / "vllm-default.log", []) as (base_url, kv_tokens):
         num_blocks = kv_tokens // 16
         if not (args.skip_profile and profile.exists()):
-            stallfree("profile", "--base-url", base_url, "--max-num-batched-tokens", str(VLLM_DEFAULT[0]),
-                      "--max-num-seqs", "32", "--server-setting", f"max_num_seqs={VLLM_DEFAULT[1]}",
-                      "--model-config", str(model_dir), "--out", str(profile), "--no-progress")  # fmt: skip
+            profile_server(base_url, profile, model_dir)
         settings = json.loads(profile.read_text())["settings"]
         rows.append(
             f"profile: {settings['elapsed_s']:.0f} s, reference drift {settings.get('reference_drift')}"
@@ -287,6 +287,38 @@ def report(runs: list[dict[str, Any]]) -> list[str]:
     return rows
 
 
+def long_prompt_part(args: argparse.Namespace) -> list[str]:
+    """A fresh profile of vLLM at its default, then the long-prompt scenario at the default and
+    (restarted) at 128 tokens, ``--runs`` times, beside ``explain --profile`` for each budget."""
+    out, model_dir = args.out, saved_model(args)
+    profile = out / "vllm-default.profile.json"
+    rows = [
+        f"machine: {os.cpu_count()} CPUs, load {load()}",
+        "",
+        "| vLLM budget | streams' longest gap ms (meas / pred) | prompt TTFT ms (meas / pred) |",
+        "|---|---|---|",
+    ]
+    for budget, flags in ((VLLM_DEFAULT[0], []), (128, ["--max-num-batched-tokens", "128"])):
+        with vllm_server(model_dir, out / f"vllm-long-prompt-{budget}.log", flags) as (url, _):
+            if budget == VLLM_DEFAULT[0] and not (args.skip_profile and profile.exists()):
+                profile_server(url, profile, model_dir)
+            measured = [
+                long_prompt(url, out / f"long-prompt-{budget}-{run}.json") for run in range(args.runs)
+            ]
+        predicted = explain_long_prompt(profile, budget)
+        gaps = ", ".join(_pair(m["streams_max_itl_ms"], predicted["max_gap_s"] * 1000) for m in measured)
+        ttfts = ", ".join(_pair(m["long_prompt_ttft_ms"], predicted["ttft_s"] * 1000) for m in measured)
+        rows.append(f"| {budget} | {gaps} | {ttfts} |")
+    return rows
+
+
+def profile_server(url: str, profile: Path, model_dir: Path) -> None:
+    """``stallfree profile --base-url`` of vLLM as it starts without flags."""
+    stallfree("profile", "--base-url", url, "--max-num-batched-tokens", str(VLLM_DEFAULT[0]),
+              "--max-num-seqs", "32", "--server-setting", f"max_num_seqs={VLLM_DEFAULT[1]}",
+              "--model-config", str(model_dir), "--out", str(profile), "--no-progress")  # fmt: skip
+
+
 def engine_part(args: argparse.Namespace) -> list[str]:
     out, model_dir = args.out, saved_model(args)
     rows = [
@@ -320,7 +352,7 @@ def engine_part(args: argparse.Namespace) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=("validate", "engine"), default="validate")
+    parser.add_argument("--part", choices=tuple(PARTS), default="validate")
     parser.add_argument("--out", type=Path, default=Path("out/vllm"))
     parser.add_argument("--lengths", default="fixed:512,64")
     parser.add_argument("--num-requests", type=int, default=80)
@@ -337,10 +369,12 @@ def main() -> int:
     parser.add_argument("--skip-profile", action="store_true", help="reuse the profile under --out")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = validate_part(args) if args.part == "validate" else engine_part(args)
+    rows = PARTS[args.part](args)
     print("\n".join(rows))
     return 0
 
+
+PARTS = {"validate": validate_part, "long-prompt": long_prompt_part, "engine": engine_part}
 
 if __name__ == "__main__":
     sys.exit(main())
