@@ -114,3 +114,14 @@ def test_grid_prompts_stay_single_steps() -> None:
 
 def test_a_bad_server_setting_is_one_line(server: ServerThread, tmp_path: Path) -> None:
     assert _profile(server, tmp_path / "x.json", "--server-setting", "nokey") == 2
+
+
+def test_the_budget_sized_step_is_read_off_the_line_through_the_nearest_prompts() -> None:
+    from stallfree.bench.profile import _ttft_at
+
+    # A prompt sized to 2,048 tokens came back with 1,961: its TTFT is extended along the line
+    # through the two nearest prompts, not taken as the 2,048-token step's.
+    points = [(248, 0.575), (965, 2.32), (1961, 4.968)]
+    assert _ttft_at(points, 2048) == pytest.approx(4.968 + (4.968 - 2.32) / (1961 - 965) * 87)
+    assert _ttft_at(points, 965) == pytest.approx(2.32)
+    assert _ttft_at([(256, 1.0)], 300) == 1.0  # one prompt: its own time

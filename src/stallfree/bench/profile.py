@@ -470,18 +470,17 @@ async def _measure(
             t0 = time.perf_counter()
             times, ctx = await session.decode(num_seqs, context, grid.decode_steps)
             await kept(StepPoint("decode", (ctx,) * num_seqs, (), _stats(times, t0)))
-    one_step: float | None = None  # the budget-sized prompt's median TTFT
+    alone: list[tuple[int, float]] = []  # (prompt tokens the server counted, median TTFT)
     for num_tokens in grid.prefill_tokens:
         t0 = time.perf_counter()
         times, length = await session.ttft(num_tokens, grid.repeats)
         await kept(StepPoint("prefill", (), ((max(2, length), 0, True),), _stats(times, t0)))
-        if num_tokens == budget:
-            one_step = statistics.median(times)
-    for num_tokens in grid.context_chunks if one_step else ():
+        alone.append((length, statistics.median(times)))
+    one_step = _ttft_at(alone, budget)
+    for num_tokens in grid.context_chunks:
         # budget + n tokens run as a budget-sized step, then n tokens after that context: the
-        # second step is the TTFT less the budget-sized prompt's (whose step samples a row the
+        # second step is the TTFT less a budget-sized prompt's (whose step samples a row the
         # first step here does not: a row's LM head, left in).
-        assert one_step is not None
         t0 = time.perf_counter()
         times, length = await session.ttft(budget + num_tokens, grid.repeats)
         if length - budget >= 2:  # the first step is the budget's tokens, the second the rest
@@ -529,6 +528,15 @@ async def _measure(
     return StepProfile(
         fingerprint={}, model=dict.fromkeys(MODEL_FIELDS, 0), settings=settings, steps=tuple(points)
     )
+
+
+def _ttft_at(points: Sequence[tuple[int, float]], num_tokens: int) -> float:
+    """A lone prompt's TTFT at exactly ``num_tokens``, along the line through the two measured
+    prompts nearest it (a prompt sized to the budget comes back a few percent short, and each
+    missing token is a step's worth of time the second step would otherwise be charged)."""
+    nearest = sorted(points, key=lambda p: abs(p[0] - num_tokens))
+    (n0, t0), (n1, t1) = nearest[0], nearest[min(1, len(nearest) - 1)]
+    return t0 if n0 == n1 else t0 + (t1 - t0) * (num_tokens - n0) / (n1 - n0)
 
 
 def _stats(times: Sequence[float], started: float) -> Stats:
