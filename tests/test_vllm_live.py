@@ -94,6 +94,8 @@ def test_vllm_profiled_through_its_api_predicts_its_own_stall(
     assert measured["streams_max_itl_ms"] < 0.5 * measured["long_prompt_ttft_ms"], measured
     assert predicted["max_gap_s"] < 0.5 * predicted["ttft_s"], predicted
     assert 0.5 < predicted["ttft_s"] * 1000 / measured["long_prompt_ttft_ms"] < 2.0, (predicted, measured)
-    # A server profile times no chunk with earlier context, and its fit overprices those steps
-    # (1.4-1.9x on random:medium, benchmarks/README.md): the bound says how far, not a target.
-    assert 0.4 < predicted["max_gap_s"] * 1000 / measured["streams_max_itl_ms"] < 4.0, (predicted, measured)
+    # The profile timed a chunk after a budget's worth of context (a 1.5-budget prompt): later
+    # chunks are priced from it, not extrapolated from whole prompts (1.4-1.9x too high without).
+    after = [p for p in json.loads(profile.read_text())["steps"] if any(c[1] for c in p["chunks"])]
+    assert after and all(p["chunks"][0][1] == BUDGET for p in after)
+    assert 0.5 < predicted["max_gap_s"] * 1000 / measured["streams_max_itl_ms"] < 2.0, (predicted, measured)
