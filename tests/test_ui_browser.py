@@ -69,7 +69,8 @@ def page(browser: Any) -> Iterator[Any]:
 def wait_for_chunk(page: Any, chunk: int) -> None:
     page.wait_for_function(
         f"document.getElementById('ch-label').textContent === 'chunked ({chunk}-token chunks)'"
-        " && document.getElementById('explain-busy').hidden"
+        " && document.getElementById('explain-busy').hidden",
+        timeout=90_000,  # a recompute beside the other tests on 2 cores once passed Playwright's 30 s
     )
 
 
