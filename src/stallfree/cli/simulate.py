@@ -168,10 +168,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.step_overhead_ms >= 0:
         raise UsageError(f"--step-overhead-ms must be >= 0, got {args.step_overhead_ms}")
     workload, requests, results, cost_model_note = _simulate_all(args, servings)
-    outputs = _write_outputs(args, results, len(policies))
+    interrupted = len(results) < len(policies) or any(r.partial for r in results)
+    outputs = _write_outputs(args, results, len(policies), draw=not interrupted)
     fingerprint = step_profile.fingerprint if step_profile is not None else None
     scenario = _scenario(args, workload, len(requests), cost_model_note, fingerprint)
-    interrupted = len(results) < len(policies) or any(r.partial for r in results)
     stopped = summarize_interruption(results, policies, len(requests)) if interrupted else None
     if args.json:
         # One shape whether one policy ran or several.
@@ -241,8 +241,11 @@ def _simulate_all(
     return workload, requests, results, cost_model_note
 
 
-def _write_outputs(args: argparse.Namespace, results: list[SimulationResult], num_policies: int) -> list[str]:
-    """``--requests-out``, ``--trace-out`` and ``--plot`` (not after an interruption): the paths written."""
+def _write_outputs(
+    args: argparse.Namespace, results: list[SimulationResult], num_policies: int, *, draw: bool
+) -> list[str]:
+    """``--requests-out``, ``--trace-out`` and, with ``draw`` (not after an interruption), ``--plot``:
+    the paths written."""
     from stallfree.metrics.io import write_records_csv
 
     outputs: list[str] = []
@@ -256,7 +259,7 @@ def _write_outputs(args: argparse.Namespace, results: list[SimulationResult], nu
 
         write_chrome_trace(((r.policy, r.steps) for r in results if r.steps is not None), args.trace_out)
         outputs.append(args.trace_out)
-    if args.plot and len(results) == num_policies and not any(r.partial for r in results):
+    if args.plot and draw:
         from stallfree.plots.traffic import plot_traffic
 
         outputs += [str(path) for path in plot_traffic(results, args.plot)]

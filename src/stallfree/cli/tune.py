@@ -139,7 +139,7 @@ def _add_deployment_args(p: argparse.ArgumentParser) -> None:
 
 @sigterm_as_sigint()  # a SIGTERM stops the pool and reports as Ctrl-C does
 def run_tune(args: argparse.Namespace) -> int:
-    from stallfree.tune.advise import TuneRequest, advise
+    from stallfree.tune.advise import TuneRequest, advise, plan_tune
     from stallfree.tune.slo import SLO_FLAGS
     from stallfree.tune.trial import DEFAULT_SERVING, TrialSpec
 
@@ -158,23 +158,25 @@ def run_tune(args: argparse.Namespace) -> int:
         raise UsageError(f"--precision must be below 1, got {args.precision}")
     if args.plot:
         make_dir(args.plot, "--plot")
-    request = TuneRequest(
-        base=base,
-        policies=tuple(p.strip() for p in args.policy.split(",") if p.strip()),
-        budgets=None if args.budgets == "auto" else tuple(_int_list(args.budgets)),
-        slos={
-            name: getattr(args, f"slo_{name}")
-            for name in SLO_FLAGS
-            if getattr(args, f"slo_{name}") is not None
-        },
-        max_num_seqs=args.max_num_seqs,
-        precision=args.precision,
-        qps_start=args.qps_start,
-        step_budgets_ms=_step_budgets(args.step_budgets_ms),
-        cost_model_note=cost_model_note,
+    plan = plan_tune(
+        TuneRequest(
+            base=base,
+            policies=tuple(p.strip() for p in args.policy.split(",") if p.strip()),
+            budgets=None if args.budgets == "auto" else tuple(_int_list(args.budgets)),
+            slos={
+                name: getattr(args, f"slo_{name}")
+                for name in SLO_FLAGS
+                if getattr(args, f"slo_{name}") is not None
+            },
+            max_num_seqs=args.max_num_seqs,
+            precision=args.precision,
+            qps_start=args.qps_start,
+            step_budgets_ms=_step_budgets(args.step_budgets_ms),
+            cost_model_note=cost_model_note,
+        )
     )
     with trial_pool(args) as pool:
-        out, interrupted = advise(request, pool, progress=show_progress(args))
+        out, interrupted = advise(plan, pool, progress=show_progress(args))
         out["backend"] = {"name": args.backend, "workers": pool.workers}
     if args.plot and interrupted is None:
         from stallfree.plots.tune import plot_tune

@@ -1,6 +1,7 @@
-"""``stallfree tune`` as one library call: a deployment, a workload and SLOs in; the capacity per
-(policy, budget), the best budget and the launch flags out, as the JSON object the command prints
-(:func:`stallfree.tune.report.format_tune` renders it).
+"""``stallfree tune`` as a library: a deployment, a workload and SLOs in (:class:`TuneRequest`,
+resolved by :func:`plan_tune` before any trial or worker starts); :func:`advise` runs the plan and
+returns the capacity per (policy, budget), the best budget and the launch flags as the JSON object
+the command prints (:func:`stallfree.tune.report.format_tune` renders it).
 
 The decisions ``tune`` makes beyond the search live here: the budget candidates (``auto``: around
 the cost model's ridge), Sarathi-Serve's strict P99 TBT SLO when none is given
@@ -16,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stallfree.sim.costs import CostChoice
-from stallfree.specs.step_profile import load_profile, machine_label
+from stallfree.specs.step_profile import machine_label
 from stallfree.tune.candidates import TILE_TOKENS, budget_candidates
 from stallfree.tune.capacity import TuneConfig, TuneInterrupted, time_budget_commands, tune
 from stallfree.tune.pools import TrialPool
 from stallfree.tune.slo import STRICT_TBT_BATCH, STRICT_TBT_CONTEXT, STRICT_TBT_MULTIPLE, Slos
-from stallfree.tune.trial import TrialSpec, decode_step_ms, full_step_ms, ridge_tokens
+from stallfree.tune.trial import TrialSpec, decode_step_ms, full_step_ms, pick, ridge_tokens
 
 STEP_BUDGET_FRACTIONS = (0.5, 0.75, 1.0)  # of the P99 TBT SLO, for ``step_budgets_ms="auto"``
 
@@ -63,19 +64,27 @@ def closest_fixed_budget(costs: CostChoice, step_budget_ms: float) -> int:
     return low * TILE_TOKENS
 
 
-def advise(
-    request: TuneRequest, pool: TrialPool, *, progress: bool = False
-) -> tuple[dict[str, Any], TuneInterrupted | None]:
-    """Run the searches on ``pool``; the result as JSON and, after a Ctrl-C (or SIGTERM), the
-    interruption (the JSON then holds what finished, ``partial: true``). ValueError, one line, for
-    a request that cannot run."""
+@dataclass(frozen=True, slots=True)
+class TunePlan:
+    """A :class:`TuneRequest` with its defaults resolved: the searches' config, the cost model's
+    ridge, and how a default SLO was derived (``slo_notes``)."""
+
+    request: TuneRequest
+    config: TuneConfig
+    ridge_tokens: float
+    slo_notes: Mapping[str, str]
+
+
+def plan_tune(request: TuneRequest) -> TunePlan:
+    """Resolve ``request``'s defaults (no trial runs); ValueError, one line, for a request that
+    cannot run."""
     costs = request.base.costs
     ridge = ridge_tokens(costs)
     budgets = request.budgets or budget_candidates(ridge)
     limits, notes = dict(request.slos), {}
     if "tbt_p99_ms" not in limits:
-        limits["tbt_p99_ms"], notes["tbt_p99_ms"] = strict_tbt_p99_ms(costs)
-        limits = {"tbt_p99_ms": limits.pop("tbt_p99_ms"), **limits}
+        strict, notes["tbt_p99_ms"] = strict_tbt_p99_ms(costs)
+        limits = {"tbt_p99_ms": strict, **limits}
     step_budgets = request.step_budgets_ms
     if step_budgets == "auto":
         step_budgets = tuple(round(f * limits["tbt_p99_ms"], 1) for f in STEP_BUDGET_FRACTIONS)
@@ -92,6 +101,15 @@ def advise(
         qps_start=request.qps_start,
         step_budgets_ms=step_budgets,
     )
+    return TunePlan(request, config, ridge, notes)
+
+
+def advise(
+    plan: TunePlan, pool: TrialPool, *, progress: bool = False
+) -> tuple[dict[str, Any], TuneInterrupted | None]:
+    """Run ``plan``'s searches on ``pool``; the result as JSON and, after a Ctrl-C (or SIGTERM),
+    the interruption (the JSON then holds what finished, ``partial: true``)."""
+    request, config, costs = plan.request, plan.config, plan.request.base.costs
     started = time.perf_counter()
     interrupted: TuneInterrupted | None = None
     try:
@@ -106,12 +124,13 @@ def advise(
             "searches": interrupted.num_searches,
             "unfinished": [search.to_json() for search in interrupted.unfinished],
         }
-    if isinstance(costs.profile, str):  # steps priced as the profiled machine ran them, not on the preset
-        out["hardware"] = machine_label(load_profile(costs.profile).fingerprint)
+    measured = pick(costs).measured
+    if measured is not None:  # steps priced as the profiled machine ran them, not on the preset
+        out["hardware"] = machine_label(measured.profile.fingerprint)
     out["cost_model_note"] = request.cost_model_note
-    out["ridge_tokens"] = ridge
-    out["full_step_ms"] = {str(b): full_step_ms(costs, b) for b in budgets}
-    out["slo_notes"] = notes
+    out["ridge_tokens"] = plan.ridge_tokens
+    out["full_step_ms"] = {str(b): full_step_ms(costs, b) for b in config.budgets}
+    out["slo_notes"] = dict(plan.slo_notes)
     best_time = out.get("time_budget", {}).get("best_step_budget_ms")
     if best_time is not None:
         closest = closest_fixed_budget(costs, best_time)

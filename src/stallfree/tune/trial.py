@@ -131,7 +131,7 @@ def run_trial(spec: TrialSpec) -> Summary:
 def _simulate(spec: TrialSpec) -> SimulationResult:
     return simulate(
         _workload(spec),
-        _pick(spec.costs),
+        pick(spec.costs),
         spec.serving,
         gpu_memory_utilization=spec.gpu_memory_utilization,
         num_requests=spec.num_requests,
@@ -145,7 +145,7 @@ def estimate_qps(spec: TrialSpec) -> float:
     A step full of ``token_budget`` tokens moves ``token_budget / step time`` tokens per second
     and a request needs its prompt plus output tokens; latency SLOs cut capacity below that.
     """
-    cost = _pick(spec.costs).pricer
+    cost = pick(spec.costs).pricer
     arrays = sample(_workload(spec), min(spec.num_requests, 1000), spec.seed)
     tokens_per_request = float(arrays.num_prompt_tokens.mean() + arrays.max_tokens.mean())
     tokens_per_s = spec.token_budget / cost.prefill_time_s(spec.token_budget)
@@ -153,7 +153,7 @@ def estimate_qps(spec: TrialSpec) -> float:
 
 
 def ridge_tokens(costs: CostChoice) -> float:
-    return _pick(costs).pricer.ridge_tokens()
+    return pick(costs).pricer.ridge_tokens()
 
 
 def decode_step_ms(costs: CostChoice, num_seqs: int, context_len: int) -> float:
@@ -161,17 +161,18 @@ def decode_step_ms(costs: CostChoice, num_seqs: int, context_len: int) -> float:
     roofline's ``full`` kind unless the steps are measured."""
     if costs.kind != "measured" and costs.profile is None:
         costs = dataclasses.replace(costs, kind="full")
-    return _pick(costs).pricer.decode_step_s(num_seqs, context_len) * 1000
+    return pick(costs).pricer.decode_step_s(num_seqs, context_len) * 1000
 
 
 def full_step_ms(costs: CostChoice, token_budget: int) -> float:
     """One step filled with ``token_budget`` prompt tokens: the gap a full chunk puts between
     two tokens of every running stream."""
-    return _pick(costs).pricer.prefill_time_s(token_budget) * 1000
+    return pick(costs).pricer.prefill_time_s(token_budget) * 1000
 
 
 @functools.lru_cache(maxsize=16)
-def _pick(choice: CostChoice) -> CostPick:
+def pick(choice: CostChoice) -> CostPick:
+    """:func:`~stallfree.sim.costs.pick_cost_model`, once per choice in a process."""
     return pick_cost_model(choice)
 
 
