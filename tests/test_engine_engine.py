@@ -84,6 +84,35 @@ def test_preempted_requests_recompute_the_same_tokens(checkpoint: Path, hf_greed
     assert [list(o.token_ids) for o in outputs] == hf_greedy
 
 
+SHARED = "you are a helpful assistant who answers briefly. " * 3
+SHARED_PROMPTS = [SHARED + "what is two and two", SHARED + "name a colour", SHARED, SHARED + "what is two and three"]
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [{"token_budget": 7}, {"token_budget": 16, "num_blocks": 36}],
+    ids=["chunked-7", "chunked-16-preempting"],
+)
+def test_prefix_caching_reuses_blocks_and_changes_no_token(checkpoint: Path, schedule: dict[str, int]) -> None:
+    """Prompts that share a prefix, all at once (through chunked prefill and, with 36 blocks,
+    preemption), then two again one by one (from freed, still cached blocks): the same greedy
+    tokens as without the cache, with fewer prompt tokens computed."""
+    runs = {}
+    for caching in (True, False):
+        llm = engine(checkpoint, policy="chunked", enable_prefix_caching=caching, **schedule)
+        outputs = llm.generate(SHARED_PROMPTS, GREEDY)
+        outputs += [llm.generate([p], GREEDY)[0] for p in SHARED_PROMPTS[:2]]
+        state = llm.engine.scheduler.state
+        runs[caching] = ([list(o.token_ids) for o in outputs], state.num_prefix_hit_tokens)
+        assert llm.engine.scheduler.block_manager.num_used_blocks == 0
+        if caching and "num_blocks" in schedule:  # without the cache they run one at a time
+            assert llm.engine.scheduler.num_preemptions > 0
+    assert runs[True][0] == runs[False][0]
+    assert runs[False][1] == 0
+    shared_blocks = len(random_tokenizer(random_spec("tiny").vocab_size).encode(SHARED)) // 4
+    assert runs[True][1] >= 5 * shared_blocks * 4  # all but the first prompt hit at least the prefix
+
+
 def test_streaming_outputs_add_up(checkpoint: Path) -> None:
     eng = LLMEngine(
         str(checkpoint), dtype="float32", block_size=4, num_blocks=64, policy="chunked", token_budget=8

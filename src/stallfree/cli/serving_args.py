@@ -24,6 +24,7 @@ SERVING_FLAGS: dict[str, tuple[str, ...]] = {
     "num_blocks": ("--num-blocks",),
     "watermark": ("--kv-watermark",),
     "step_budget_ms": ("--step-budget-ms",),
+    "enable_prefix_caching": ("--enable-prefix-caching",),
 }
 """The command-line flags of each :class:`~stallfree.core.serving.ServingConfig` field (vLLM's
 names; ``--token-budget`` is Sarathi-Serve's name for the same budget)."""
@@ -41,6 +42,9 @@ _SERVING_HELP = {
     "step_budget_ms": "chunked: size prompt chunks so each step's predicted time stays within MS "
     "(decodes always run; a token budget given with it is a cap, default {step_cap}); needs a step-time "
     "predictor: the simulator's cost model, or the engine's measured --profile",
+    "enable_prefix_caching": "reuse the KV blocks of prompt prefixes seen before (vLLM V1's automatic "
+    "prefix caching; default on, as in vLLM); applies to requests whose prompts are known: the engine's, "
+    "traces with block hashes, multi-turn sessions",
 }
 
 
@@ -78,6 +82,15 @@ def add_serving_args(parser: argparse._ActionsContainer, *, policy_list: bool = 
         )
     for name, flags in SERVING_FLAGS.items():
         if name == "policy":
+            continue
+        if name == "enable_prefix_caching":
+            parser.add_argument(
+                *flags,
+                dest=name,
+                action=argparse.BooleanOptionalAction,
+                default=defaults.enable_prefix_caching,
+                help=_SERVING_HELP[name],
+            )
             continue
         value_type = _SERVING_TYPES.get(name, positive_int)
         parser.add_argument(

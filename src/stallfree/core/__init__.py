@@ -22,7 +22,7 @@ from stallfree.core.policy import (
     Steadiness,
     make_policy,
 )
-from stallfree.core.request import FinishReason, Request, SamplingParams
+from stallfree.core.request import FinishReason, PromptBlocks, Request, SamplingParams
 from stallfree.core.scheduler import Scheduler, StepEvents
 from stallfree.core.serving import ServingConfig
 from stallfree.core.state import SchedulerState, Sequence
@@ -42,6 +42,7 @@ __all__ = [
     "FinishReason",
     "Policy",
     "PrefillFirstPolicy",
+    "PromptBlocks",
     "Request",
     "SamplingParams",
     "ScheduledChunk",

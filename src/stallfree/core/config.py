@@ -43,11 +43,14 @@ class CacheConfig:
 
     ``watermark`` is the fraction of blocks kept free when admitting new
     prompts, so running requests can grow a little before anyone is preempted.
+    ``enable_prefix_caching``: full prompt blocks are cached and shared by requests whose
+    prompts start alike (:mod:`stallfree.core.block_manager`).
     """
 
     block_size: int = 16
     num_blocks: int | None = None
     watermark: float = 0.01
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:

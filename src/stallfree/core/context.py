@@ -57,23 +57,34 @@ class StepContext:
 
         For pricing a candidate (a step-time predictor reads chunks only): the extra chunk
         starts after ``seq``'s computed tokens, exactly as :meth:`schedule_running` or
-        :meth:`admit` would schedule it, and comes last. Nothing changes: no block is
+        :meth:`admit` would schedule it (a waiting one after its cached prefix), and comes last. Nothing changes: no block is
         allocated, nobody is preempted, ``seq`` is not scheduled, and the plan carries no
         block ids, preemptions or frees (whether the chunk would get its blocks is not
         checked: a preview prices, the actions decide). ``ValueError`` if ``seq`` is already
-        scheduled or ``num_tokens`` is not in ``1..seq.num_uncomputed_tokens``.
+        scheduled or ``num_tokens`` is not in ``1..num_tokens_to_run(seq)``.
         """
         if seq is None:
             return StepPlan(tuple(self._chunks))
         if seq.request_id in self._scheduled:
             raise ValueError(f"preview: request {seq.request_id} is already in this step")
-        if not 0 < num_tokens <= seq.num_uncomputed_tokens:
+        start = self._start(seq)
+        if not 0 < num_tokens <= seq.num_known_tokens - start:
             raise ValueError(
-                f"preview: request {seq.request_id} has {seq.num_uncomputed_tokens} tokens to run, "
+                f"preview: request {seq.request_id} has {seq.num_known_tokens - start} tokens to run, "
                 f"asked for {num_tokens}"
             )
-        chunk = ScheduledChunk(seq.request_id, seq.num_computed_tokens, num_tokens, seq.num_known_tokens)
+        chunk = ScheduledChunk(seq.request_id, start, num_tokens, seq.num_known_tokens)
         return StepPlan((*self._chunks, chunk))
+
+    def num_tokens_to_run(self, seq: Sequence) -> int:
+        """Tokens ``seq`` has left to compute; for a waiting one, after its cached prefix."""
+        return seq.num_known_tokens - self._start(seq)
+
+    def _start(self, seq: Sequence) -> int:
+        """The computed tokens ``seq``'s next chunk starts after (a waiting one's cache hit)."""
+        if seq.request_id in self._state.running_by_id:
+            return seq.num_computed_tokens
+        return len(self._state.cached_prefix(seq)) * self._state.block_manager.block_size
 
     # -- actions ----------------------------------------------------------------
     def schedule_running(self, seq: Sequence, num_tokens: int, *, preempt: bool) -> int:
@@ -117,6 +128,7 @@ class StepContext:
                 return 0
             target = seq.num_computed_tokens + num_tokens
         self._add(seq, num_tokens, bm.allocate(rid, target))
+        state.cache_computed(seq, target)
         return num_tokens
 
     def schedule_decodes(self) -> None:
@@ -143,26 +155,39 @@ class StepContext:
     def admit(self, num_tokens: int) -> int:
         """Move the head of the waiting queue to running with a first chunk.
 
-        Admits only if a sequence slot is free and the blocks of the whole prompt
-        (or recompute) fit above the watermark, though only the chunk's are allocated
-        now; returns the tokens scheduled (0: not admitted).
+        Its cached prefix (with prefix caching) counts as computed and costs no budget: the
+        chunk starts after it. Admits only if a sequence slot is free and the blocks of the
+        whole prompt (or recompute) fit above the watermark, though only the chunk's are
+        allocated now; returns the tokens scheduled (0: not admitted).
         """
         state = self._state
         if not state.waiting or len(state.running) >= self._config.max_num_seqs:
             return 0
         seq = state.waiting[0]
-        num_tokens = min(num_tokens, seq.num_uncomputed_tokens)
+        bm = state.block_manager
+        hits = state.cached_prefix(seq)
+        num_cached = len(hits) * bm.block_size
+        num_tokens = min(num_tokens, seq.num_known_tokens - num_cached)
         if num_tokens <= 0:
             return 0
-        bm = state.block_manager
-        target = seq.num_computed_tokens + num_tokens
         # Checking the first chunk alone would admit prompts whose later chunks find no room:
         # under memory pressure they are preempted before their first token, again and again.
-        whole = bm.num_new_blocks(seq.request_id, seq.num_known_tokens)
+        # Cached blocks no one holds are free blocks until taken.
+        whole = bm.blocks_for(seq.num_known_tokens) - len(hits) + bm.num_evictable(hits)
         if not bm.can_allocate(whole, reserve=state.watermark_blocks):
             return 0
         state.admit_head()
-        self._add(seq, num_tokens, bm.allocate(seq.request_id, target))
+        if seq.block_keys:
+            state.num_prefix_queried_tokens += seq.num_known_tokens
+            state.num_prefix_hit_tokens += num_cached
+            if seq.num_output_tokens == 0:
+                seq.num_cached_tokens = num_cached
+        if hits:
+            bm.take_cached(seq.request_id, hits)
+            seq.num_computed_tokens = num_cached
+        target = num_cached + num_tokens
+        self._add(seq, num_tokens, (*hits, *bm.allocate(seq.request_id, target)))
+        state.cache_computed(seq, target)
         return num_tokens
 
     # -- internals --------------------------------------------------------------

@@ -89,7 +89,7 @@ class Policy(abc.ABC):
         """
         admitted = 0
         while ctx.waiting:
-            need = ctx.waiting[0].num_uncomputed_tokens
+            need = ctx.num_tokens_to_run(ctx.waiting[0])
             cap = max_num_batched_tokens
             if admitted and cap is not None and ctx.num_scheduled_tokens + need > cap:
                 break

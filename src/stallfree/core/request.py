@@ -1,7 +1,8 @@
 """Requests as the scheduler sees them: immutable descriptions, no token ids.
 
 A :class:`Request` says how long its prompt is and how many tokens it may
-generate. Progress (tokens computed, blocks held) lives inside the scheduler,
+generate, and optionally what its prompt is (:class:`PromptBlocks`), which is all the
+prefix cache needs to tell which prompts share a prefix. Progress (tokens computed, blocks held) lives inside the scheduler,
 never on the request, so one request object can be replayed through several
 schedulers. :class:`SamplingParams` travels beside it for executors that
 sample real tokens; the scheduler only reads ``max_tokens``.
@@ -52,6 +53,23 @@ class SamplingParams:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptBlocks:
+    """A prompt's content as the prefix cache sees it: ``ids[i]`` names prompt tokens
+    ``[i * tokens_per_id, (i + 1) * tokens_per_id)``, and equal ids mean equal tokens.
+
+    The engine gives token ids (``tokens_per_id`` 1); a trace gives block hash ids (Mooncake's:
+    512 tokens each). Ids may cover fewer tokens than the prompt: the rest is never shared.
+    """
+
+    ids: tuple[int, ...]
+    tokens_per_id: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tokens_per_id <= 0:
+            raise ValueError(f"tokens_per_id must be positive, got {self.tokens_per_id}")
+
+
+@dataclass(frozen=True, slots=True)
 class Request:
     """One generation request: ``num_prompt_tokens`` in, up to ``max_tokens`` out."""
 
@@ -60,6 +78,7 @@ class Request:
     max_tokens: int
     arrival_time_s: float = 0.0
     sampling: SamplingParams | None = field(default=None, compare=False)
+    prompt_blocks: PromptBlocks | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens <= 0:

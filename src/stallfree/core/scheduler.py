@@ -63,7 +63,7 @@ class Scheduler:
             self.num_rejected += 1
             return reason
         self._known_ids.add(request.request_id)
-        self.state.waiting.append(Sequence(request))
+        self.state.add(request)
         return None
 
     def _rejection_reason(self, request: Request) -> str | None:

@@ -49,6 +49,10 @@ class ServingConfig:
     ``step_budget_ms``: chunked steps hold the prompt tokens whose predicted step time stays
     within this many milliseconds (decodes always run); a token budget or ``chunk_tokens`` given
     with it caps the step on top. Building its scheduler needs a step-time predictor.
+
+    ``enable_prefix_caching`` (on by default, as in vLLM V1): requests whose prompts say what
+    they are (:class:`~stallfree.core.request.PromptBlocks`) reuse each other's cached full
+    prompt blocks; requests that do not are never cached.
     """
 
     policy: str = "chunked"
@@ -60,6 +64,7 @@ class ServingConfig:
     num_blocks: int | None = None
     watermark: float = 0.01
     step_budget_ms: float | None = None
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -179,6 +184,7 @@ class ServingConfig:
                 block_size=self.block_size,
                 num_blocks=self.num_blocks if self.num_blocks is not None else num_blocks,
                 watermark=self.watermark,
+                enable_prefix_caching=self.enable_prefix_caching,
             ),
             self.make_policy(model_context, predictor),
         )

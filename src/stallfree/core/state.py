@@ -6,7 +6,8 @@ only through the methods below, which keep the invariants:
 - a request is in exactly one of ``waiting`` / ``running`` / gone, and ``running_by_id`` indexes
   ``running`` (kept in admission order, oldest first);
 - a running request holds exactly the KV blocks of its computed tokens (plus those scheduled
-  this step); a waiting one holds none, so a preempted request recomputes from token 0.
+  this step); a waiting one holds none, so a preempted request recomputes from token 0, less
+  whatever of its prompt is still in the prefix cache when it is admitted again.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from stallfree.core.block_manager import BlockManager
+from stallfree.core.block_manager import BlockManager, block_keys
 from stallfree.core.config import CacheConfig
 from stallfree.core.request import Request
 
@@ -23,7 +24,15 @@ class Sequence:
     """A request's progress inside the scheduler (policies read it; the state changes it)."""
 
     # request_id and num_prompt_tokens are copied from the request: read on every step.
-    __slots__ = ("num_computed_tokens", "num_output_tokens", "num_prompt_tokens", "request", "request_id")
+    __slots__ = (
+        "block_keys",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_output_tokens",
+        "num_prompt_tokens",
+        "request",
+        "request_id",
+    )
 
     def __init__(self, request: Request) -> None:
         self.request = request
@@ -31,6 +40,8 @@ class Sequence:
         self.num_prompt_tokens = request.num_prompt_tokens
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens the prefix cache gave it at its first admission
+        self.block_keys: tuple[int, ...] = ()  # its full prompt blocks' cache keys (with caching)
 
     @property
     def num_known_tokens(self) -> int:
@@ -52,12 +63,40 @@ class SchedulerState:
     """Queues and blocks of one scheduler."""
 
     def __init__(self, cache: CacheConfig) -> None:
-        self.block_manager = BlockManager(cache.block_size, cache.num_blocks)
+        self.block_manager = BlockManager(
+            cache.block_size, cache.num_blocks, enable_prefix_caching=cache.enable_prefix_caching
+        )
         self.watermark_blocks = cache.watermark_blocks
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.running_by_id: dict[str, Sequence] = {}
         self.num_preemptions = 0
+        # vLLM's prefix-cache counters: prompt tokens looked up at first admission, and found.
+        self.num_prefix_queried_tokens = 0
+        self.num_prefix_hit_tokens = 0
+
+    def add(self, request: Request) -> None:
+        """Queue ``request`` last."""
+        seq = Sequence(request)
+        if self.block_manager.enable_prefix_caching and request.prompt_blocks is not None:
+            seq.block_keys = block_keys(
+                request.prompt_blocks, request.num_prompt_tokens, self.block_manager.block_size
+            )
+        self.waiting.append(seq)
+
+    def cached_prefix(self, seq: Sequence) -> list[int]:
+        """The cached blocks a waiting ``seq`` would start from: its prompt's longest cached
+        prefix of full blocks, short of its last known token (which must run to give logits)."""
+        if not seq.block_keys:
+            return []
+        return self.block_manager.match(
+            seq.block_keys, (seq.num_known_tokens - 1) // self.block_manager.block_size
+        )
+
+    def cache_computed(self, seq: Sequence, num_tokens: int) -> None:
+        """Cache ``seq``'s prompt blocks that ``num_tokens`` computed tokens fill."""
+        if seq.block_keys:
+            self.block_manager.cache_blocks(seq.request_id, seq.block_keys, num_tokens)
 
     def admit_head(self) -> Sequence:
         """Move the head of ``waiting`` to the end of ``running``; the caller allocates its blocks."""

@@ -73,7 +73,7 @@ def fill_prompts_by_time(
     first = True
     guarded = decodes_over = False
     for seq in _prompts(ctx):
-        left = seq.num_uncomputed_tokens
+        left = ctx.num_tokens_to_run(seq)
         cap = left if token_cap is None else min(left, token_cap - total)
         if cap <= 0:
             break

@@ -27,6 +27,7 @@ import torch
 
 from stallfree.core import (
     Policy,
+    PromptBlocks,
     Request,
     SamplingParams,
     Scheduler,
@@ -229,7 +230,8 @@ class LLMEngine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._requests:
             raise ValueError(f"request id {rid!r} is already in use")
-        request = Request(rid, len(ids), params.max_tokens, time.perf_counter() - self._start_s, params)
+        arrival_s = time.perf_counter() - self._start_s
+        request = Request(rid, len(ids), params.max_tokens, arrival_s, params, PromptBlocks(tuple(ids)))
         reason = self.scheduler.add_request(request)
         if reason is not None:
             raise ValueError(f"request {rid} rejected: {reason}")
