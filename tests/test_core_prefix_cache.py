@@ -170,7 +170,12 @@ def shared_prefix_cases(
 
 
 def drive(
-    policy: str, kw: dict[str, int], config: SchedulerConfig, num_blocks: int, reqs: list[Request], caching: bool
+    policy: str,
+    kw: dict[str, int],
+    config: SchedulerConfig,
+    num_blocks: int,
+    reqs: list[Request],
+    caching: bool,
 ) -> tuple[Scheduler, list[StepPlan]]:
     """Replay on a step counter, writing each chunk's token ids into a fake KV store through the
     plan's block tables (as the engine does) and checking that every chunk's earlier context
@@ -200,10 +205,12 @@ def drive(
         for c in plan.chunks:
             assert c.num_computed_tokens < c.num_known_tokens  # the last known token always runs
             for pos in range(c.context_len):
-                assert kv[tables[c.request_id][pos // BLOCK] * BLOCK + pos % BLOCK] == token(c.request_id, pos)
+                assert kv[tables[c.request_id][pos // BLOCK] * BLOCK + pos % BLOCK] == token(
+                    c.request_id, pos
+                )
         plans.append(plan)
 
-    _, rejected = run_on_step_counter(sched, reqs, check)
+    run_on_step_counter(sched, reqs, check)
     assert sched.block_manager.num_used_blocks == 0 and not sched.has_unfinished_requests()
     assert sched.state.num_prefix_hit_tokens <= sched.state.num_prefix_queried_tokens
     return sched, plans

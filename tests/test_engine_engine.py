@@ -85,7 +85,12 @@ def test_preempted_requests_recompute_the_same_tokens(checkpoint: Path, hf_greed
 
 
 SHARED = "you are a helpful assistant who answers briefly. " * 3
-SHARED_PROMPTS = [SHARED + "what is two and two", SHARED + "name a colour", SHARED, SHARED + "what is two and three"]
+SHARED_PROMPTS = [
+    SHARED + "what is two and two",
+    SHARED + "name a colour",
+    SHARED,
+    SHARED + "what is two and three",
+]
 
 
 @pytest.mark.parametrize(
@@ -93,7 +98,9 @@ SHARED_PROMPTS = [SHARED + "what is two and two", SHARED + "name a colour", SHAR
     [{"token_budget": 7}, {"token_budget": 16, "num_blocks": 36}],
     ids=["chunked-7", "chunked-16-preempting"],
 )
-def test_prefix_caching_reuses_blocks_and_changes_no_token(checkpoint: Path, schedule: dict[str, int]) -> None:
+def test_prefix_caching_reuses_blocks_and_changes_no_token(
+    checkpoint: Path, schedule: dict[str, int]
+) -> None:
     """Prompts that share a prefix, all at once (through chunked prefill and, with 36 blocks,
     preemption), then two again one by one (from freed, still cached blocks): the same greedy
     tokens as without the cache, with fewer prompt tokens computed."""

@@ -52,7 +52,9 @@ def block_keys(content: PromptBlocks, num_prompt_tokens: int, block_size: int) -
 class BlockManager:
     """Hands out block ids and keeps the prefix cache; knows nothing about scheduling."""
 
-    def __init__(self, block_size: int, num_blocks: int | None, *, enable_prefix_caching: bool = False) -> None:
+    def __init__(
+        self, block_size: int, num_blocks: int | None, *, enable_prefix_caching: bool = False
+    ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         if num_blocks is not None and num_blocks <= 0:
