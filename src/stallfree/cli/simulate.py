@@ -330,6 +330,7 @@ def _scenario(
         "chunk_tokens": chunked.chunk_tokens,
         "step_budget_ms": chunked.step_budget_ms,
         "max_num_seqs": chunked.num_seqs_limit,
+        "enable_prefix_caching": chunked.enable_prefix_caching,
         "block_size": chunked.block_size,
         "num_blocks": chunked.num_blocks,
         "gpu_memory_utilization": args.gpu_memory_utilization,

@@ -9,8 +9,10 @@ automatic prefix caching), a full block of prompt tokens is also *cached* under 
 chains its content to every block before it (:func:`block_keys`), so equal keys mean equal
 prefixes. A cached block may be held by several requests at once (reference counts); when the
 last one frees it, it stays cached but counts as free: it is evictable, and an allocation that
-finds no other free block takes the least recently freed one (a request's tail blocks first),
-dropping it from the cache. Only full blocks are cached, so a block written by one request is
+finds no uncached free block takes the least recently freed cached one (a request's tail blocks
+first), dropping it from the cache. (vLLM keeps one queue of free blocks, cached or not, and
+takes the least recently freed of all; keeping cached blocks until no other is free differs only
+when memory is short, and keeps a request without a known prompt as cheap as without caching.) Only full blocks are cached, so a block written by one request is
 never written by another; the executor writes a step's KV before any attention reads it, so a
 block cached by one chunk may be read by another chunk of the same step.
 """
@@ -39,13 +41,18 @@ def block_keys(content: PromptBlocks, num_prompt_tokens: int, block_size: int) -
     keys: list[int] = []
     parent = 0
     ids = content.ids
-    for i in range(num_blocks):
-        start = i * block_size
-        if per_id <= block_size:
-            parent = hash((parent, ids[start // per_id : (start + block_size) // per_id]))
-        else:
-            parent = hash((parent, ids[start // per_id], start % per_id))
-        keys.append(parent)
+    if per_id <= block_size:
+        step = block_size // per_id
+        for start in range(0, num_blocks * step, step):
+            parent = hash((parent, ids[start : start + step]))
+            keys.append(parent)
+    else:
+        offsets = range(0, per_id, block_size)
+        for block_id in ids:
+            for offset in offsets:
+                parent = hash((parent, block_id, offset))
+                keys.append(parent)
+        del keys[num_blocks:]
     return tuple(keys)
 
 
@@ -62,20 +69,17 @@ class BlockManager:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
-        # Without caching, free ids are popped from the end: lowest ids are handed out first.
+        # Uncached free ids are popped from the end: lowest ids are handed out first.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1)) if num_blocks is not None else []
         self._next_unbounded_id = 0
         self._tables: dict[str, list[int]] = {}
         self.num_used_blocks = 0
-        # With caching, free blocks (cached or not) queue in the order they were freed.
-        self._free_queue: OrderedDict[int, None] = OrderedDict()
-        if enable_prefix_caching:
-            self._free_queue.update((b, None) for b in reversed(self._free))
-            self._free = []
-        self._refs: dict[int, int] = {}  # held blocks: how many requests hold each
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, held by no one: LRU first
+        self._refs: dict[int, int] = {}  # cached blocks in use: how many requests hold each
         self._cached: dict[int, int] = {}  # key -> block id
         self._key_of: dict[int, int] = {}  # cached block id -> its key
-        self._num_keyed: dict[str, int] = {}  # how many of a request's first blocks are cached
+        # How many of a request's first blocks are settled: taken from the cache or offered to it.
+        self._num_keyed: dict[str, int] = {}
 
     def blocks_for(self, num_tokens: int) -> int:
         return ceil_div(num_tokens, self.block_size)
@@ -83,9 +87,7 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int | None:
         """Free blocks, evictable cached ones included, or ``None`` for an unbounded pool."""
-        if self.num_blocks is None:
-            return None
-        return len(self._free_queue) if self.enable_prefix_caching else len(self._free)
+        return len(self._free) + len(self._evictable) if self.num_blocks is not None else None
 
     @property
     def num_cached_blocks(self) -> int:
@@ -111,45 +113,51 @@ class BlockManager:
         if self.num_blocks is None:
             new = tuple(range(self._next_unbounded_id, self._next_unbounded_id + need))
             self._next_unbounded_id += need
-        elif self.enable_prefix_caching:
-            new = tuple(self._pop_free() for _ in range(need))
         else:
-            new = tuple(self._free[-need:][::-1])
-            del self._free[-need:]
-        if self.enable_prefix_caching:
-            self._refs.update((b, 1) for b in new)
+            free = self._free
+            plain = min(need, len(free))
+            new = tuple(free[len(free) - plain :][::-1])
+            del free[len(free) - plain :]
+            if plain < need:
+                new += self._evict(need - plain)
         self._tables.setdefault(request_id, []).extend(new)
         self.num_used_blocks += need
         return new
 
-    def _pop_free(self) -> int:
-        block, _ = self._free_queue.popitem(last=False)
-        key = self._key_of.pop(block, None)
-        if key is not None:  # evicted
-            del self._cached[key]
-        return block
+    def _evict(self, num_blocks: int) -> tuple[int, ...]:
+        """The ``num_blocks`` least recently freed cached blocks, dropped from the cache."""
+        evictable, cached, key_of = self._evictable, self._cached, self._key_of
+        blocks = []
+        for _ in range(num_blocks):
+            block = evictable.popitem(last=False)[0]
+            del cached[key_of.pop(block)]
+            blocks.append(block)
+        return tuple(blocks)
 
     def free(self, request_id: str) -> None:
         """Release every block of ``request_id`` (no-op if it holds none); cached blocks no one
         else holds become evictable, its last blocks first."""
         table = self._tables.pop(request_id, None)
-        self._num_keyed.pop(request_id, None)
+        num_keyed = self._num_keyed.pop(request_id, 0)
         if not table:
             return
-        if not self.enable_prefix_caching:
-            self.num_used_blocks -= len(table)
-            if self.num_blocks is not None:
-                self._free.extend(reversed(table))
+        self.num_used_blocks -= len(table)
+        if self.num_blocks is None and not num_keyed:
             return
-        refs = self._refs
-        for block in reversed(table):
-            refs[block] -= 1
-            if refs[block] == 0:
+        # Only the first num_keyed blocks can be cached; the rest go back uncached.
+        if self.num_blocks is not None:
+            self._free.extend(reversed(table[num_keyed:]))
+        refs, key_of = self._refs, self._key_of
+        for block in reversed(table[:num_keyed]):
+            if block not in key_of:  # a duplicate of a block cached earlier: never shared
+                if self.num_blocks is not None:
+                    self._free.append(block)
+            elif refs[block] > 1:
+                refs[block] -= 1
+                self.num_used_blocks += 1  # still held by another request
+            else:
                 del refs[block]
-                self.num_used_blocks -= 1
-                # An unbounded pool never reuses a block: keep only the cached ones.
-                if self.num_blocks is not None or block in self._key_of:
-                    self._free_queue[block] = None
+                self._evictable[block] = None
 
     def block_table(self, request_id: str) -> tuple[int, ...]:
         return tuple(self._tables.get(request_id, ()))
@@ -173,18 +181,19 @@ class BlockManager:
 
     def num_evictable(self, blocks: Sequence[int]) -> int:
         """How many of ``blocks`` no request holds (taking them uses up free blocks)."""
-        return sum(1 for b in blocks if b not in self._refs)
+        return sum(1 for b in blocks if b in self._evictable)
 
     def take_cached(self, request_id: str, blocks: Sequence[int]) -> None:
         """Start ``request_id``'s (empty) table with cached ``blocks`` from :meth:`match`."""
         if self._tables.get(request_id):
             raise RuntimeError(f"request {request_id}: cached blocks go first in an empty table")
+        refs = self._refs
         for block in blocks:
-            if block in self._refs:
-                self._refs[block] += 1
+            if block in refs:
+                refs[block] += 1
             else:
-                self._free_queue.pop(block)
-                self._refs[block] = 1
+                del self._evictable[block]
+                refs[block] = 1
                 self.num_used_blocks += 1
         self._tables[request_id] = list(blocks)
         self._num_keyed[request_id] = len(blocks)
@@ -197,10 +206,14 @@ class BlockManager:
             return
         done = self._num_keyed.get(request_id, 0)
         upto = min(num_tokens // self.block_size, len(keys), len(table))
+        if upto <= done:
+            return
+        cached, key_of, refs = self._cached, self._key_of, self._refs
         for i in range(done, upto):
             key = keys[i]
-            if key not in self._cached:
-                self._cached[key] = table[i]
-                self._key_of[table[i]] = key
-        if upto > done:
-            self._num_keyed[request_id] = upto
+            if key not in cached:
+                block = table[i]
+                cached[key] = block
+                key_of[block] = key
+                refs[block] = 1
+        self._num_keyed[request_id] = upto

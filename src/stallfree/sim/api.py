@@ -68,8 +68,9 @@ def simulate(
     model only) vary the steps' times: :class:`~stallfree.sim.measured.VariedSteps`.
 
     The summary holds :func:`stallfree.metrics.summarize`'s keys plus ``policy``, ``num_steps``,
-    ``max_step_ms``, ``num_kv_blocks``, ``kv_block_size``, ``rejected_reasons`` (reason -> count)
-    and, with ``serving.step_budget_ms``, what missed the step-time target (``step_budget_ms``,
+    ``max_step_ms``, ``num_kv_blocks``, ``kv_block_size``, ``rejected_reasons`` (reason -> count),
+    the prefix cache's ``enable_prefix_caching``, ``prefix_cache_queried_tokens``,
+    ``prefix_cache_hit_tokens`` and ``prefix_cache_hit_rate``, and, with ``serving.step_budget_ms``, what missed the step-time target (``step_budget_ms``,
     ``num_steps_over_budget``, ``num_guarded_steps``, ``num_decode_overruns``).
 
     ``stop`` (a Ctrl-C's flag, say) is asked between steps; once it returns True the run ends
@@ -111,6 +112,7 @@ def simulate(
         "num_kv_blocks": kv.num_blocks,
         "kv_block_size": serving.block_size,
         "rejected_reasons": run.rejected_reasons,
+        **_prefix_cache_summary(serving, scheduler),
     }
     return SimulationResult(serving.policy, summary, run.records, run.itl, kv, run.steps, run.stopped)
 
@@ -164,6 +166,19 @@ def _step_budget_summary(serving: ServingConfig, scheduler: Scheduler, num_over:
         "num_steps_over_budget": num_over,
         "num_guarded_steps": policy.num_guarded_steps,
         "num_decode_overruns": policy.num_decode_overruns,
+    }
+
+
+def _prefix_cache_summary(serving: ServingConfig, scheduler: Scheduler) -> dict[str, Any]:
+    """Whether the prefix cache was on and, over the prompt tokens it looked up (at every
+    admission, recomputes included, as vLLM counts), the share it found cached (None: no request
+    said what its prompt is, so nothing could be shared)."""
+    queried, hits = scheduler.state.num_prefix_queried_tokens, scheduler.state.num_prefix_hit_tokens
+    return {
+        "enable_prefix_caching": serving.enable_prefix_caching,
+        "prefix_cache_queried_tokens": queried,
+        "prefix_cache_hit_tokens": hits,
+        "prefix_cache_hit_rate": hits / queried if queried else None,
     }
 
 

@@ -65,6 +65,7 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
     ("sched. delay mean (ms)", "mean_scheduling_delay_ms", "{:,.1f}"),
     ("sched. delay p99 (ms)", "p99_scheduling_delay_ms", "{:,.1f}"),
     ("preemptions", "num_preemptions", "{:,}"),
+    ("prefix cache hits", "prefix_cache_hit_rate", "{:.1%}"),
     ("KV blocks", "num_kv_blocks", "{:,}"),
     ("steps", "num_steps", "{:,}"),
     ("step max (ms)", "max_step_ms", "{:,.1f}"),
@@ -75,7 +76,13 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-_OPTIONAL_ROWS = {"request_goodput", "num_steps_over_budget", "num_guarded_steps", "num_decode_overruns"}
+_OPTIONAL_ROWS = {
+    "request_goodput",
+    "prefix_cache_hit_rate",
+    "num_steps_over_budget",
+    "num_guarded_steps",
+    "num_decode_overruns",
+}
 
 
 def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outputs: list[str]) -> str:
@@ -90,7 +97,7 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
         + (f" + {sc['step_overhead_ms']:g} ms a step" if sc["step_overhead_ms"] else "")
         + (", steps varied as the profiled machine's" if sc.get("step_noise") else "")
         + f"); chunked {budget}, "
-        f"max {sc['max_num_seqs']} seqs",
+        f"max {sc['max_num_seqs']} seqs, prefix caching {'on' if sc.get('enable_prefix_caching') else 'off'}",
         _kv_line(sc),
         f"{sc['num_requests']:,} requests: {sc['workload']}, seed {sc['seed']}",
         "",

@@ -128,7 +128,12 @@ class TraceLengths:
 
     def sample(self, num_requests: int, rng: np.random.Generator) -> tuple[IntArray, IntArray]:
         trace = load_trace(self.trace)
-        num_rows = len(trace)
+        rows = self.rows(num_requests, rng)
+        return trace.num_prompt_tokens[rows], trace.num_output_tokens[rows]
+
+    def rows(self, num_requests: int, rng: np.random.Generator) -> IntArray:
+        """The trace rows :meth:`sample` takes (the same ``rng`` draws)."""
+        num_rows = len(load_trace(self.trace))
         if self.sampling == "with-replacement":
             rows = rng.integers(0, num_rows, size=num_requests)
         elif num_requests > num_rows:
@@ -139,7 +144,7 @@ class TraceLengths:
             rows = rng.choice(num_rows, size=num_requests, replace=False)
         else:
             rows = np.arange(num_requests)
-        return trace.num_prompt_tokens[rows], trace.num_output_tokens[rows]
+        return rows
 
 
 Lengths = FixedLengths | UniformLengths | LognormalLengths | TraceLengths

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from stallfree.core.request import Request
+from stallfree.core.request import PromptBlocks, Request
 from stallfree.workload.arrivals import Arrivals, ReplayArrivals
 from stallfree.workload.lengths import Lengths, TraceLengths, cap_lengths
 from stallfree.workload.traces import load_trace
@@ -46,11 +46,13 @@ class Workload:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class WorkloadArrays:
-    """A sampled workload as columns; row ``i`` is request ``str(i)``."""
+    """A sampled workload as columns; row ``i`` is request ``str(i)``. ``prompt_blocks`` (one per
+    row, or None): what each prompt is, for the prefix cache (a trace's block hashes)."""
 
     arrival_time_s: FloatArray
     num_prompt_tokens: IntArray
     max_tokens: IntArray
+    prompt_blocks: tuple[PromptBlocks, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_time_s)
@@ -65,12 +67,14 @@ class WorkloadArrays:
                 self.max_tokens[start:stop].tolist(),
                 strict=True,
             )
+            blocks = self.prompt_blocks
             for offset, (arrival_s, num_prompt_tokens, max_tokens) in enumerate(rows):
                 yield Request(
                     request_id=str(start + offset),
                     num_prompt_tokens=num_prompt_tokens,
                     max_tokens=max_tokens,
                     arrival_time_s=arrival_s,
+                    prompt_blocks=None if blocks is None else blocks[start + offset],
                 )
 
 
@@ -89,9 +93,22 @@ def sample(workload: Workload, num_requests: int | None = None, seed: int = 0) -
         raise ValueError(f"the workload's trace has {limit} rows; asked for {num_requests} requests")
     arrival_seed, length_seed = np.random.SeedSequence(seed).spawn(2)
     times_s = workload.arrivals.times_s(num_requests, np.random.default_rng(arrival_seed))
-    prompts, outputs = workload.lengths.sample(num_requests, np.random.default_rng(length_seed))
+    length_rng = np.random.default_rng(length_seed)
+    blocks = None
+    if isinstance(workload.lengths, TraceLengths):
+        trace = load_trace(workload.lengths.trace)
+        rows = workload.lengths.rows(num_requests, length_rng)
+        prompts, outputs = trace.num_prompt_tokens[rows], trace.num_output_tokens[rows]
+        if trace.hash_ids is not None:
+            blocks = tuple(
+                PromptBlocks(trace.hash_ids[row], trace.hash_block_tokens) for row in rows.tolist()
+            )
+    else:
+        prompts, outputs = workload.lengths.sample(num_requests, length_rng)
     prompts, outputs = cap_lengths(prompts, outputs, workload.max_prompt_tokens, workload.max_total_tokens)
-    return WorkloadArrays(arrival_time_s=times_s, num_prompt_tokens=prompts, max_tokens=outputs)
+    return WorkloadArrays(
+        arrival_time_s=times_s, num_prompt_tokens=prompts, max_tokens=outputs, prompt_blocks=blocks
+    )
 
 
 def iter_requests(workload: Workload, num_requests: int | None = None, seed: int = 0) -> Iterator[Request]:

@@ -2,12 +2,15 @@
 
 Two CSV layouts are read (plain or gzipped): ``arrived_at,num_prefill_tokens,num_decode_tokens``
 (Azure/Splitwise, with arrival times in seconds) and ``num_prefill_tokens,num_decode_tokens,...``
-(lengths only; extra columns are ignored). Invariants of a loaded :class:`Trace`: at least one
+(lengths only; extra columns are ignored); and Mooncake's JSON lines (``.jsonl``, plain or
+gzipped: ``timestamp`` in ms, ``input_length``, ``output_length``, ``hash_ids``, one id per
+512-token prompt block, equal ids meaning the same prefix block), whose prompts the prefix cache
+can share. Invariants of a loaded :class:`Trace`: at least one
 row, every length a positive whole number, arrival times (when present) finite, >= 0 and
 non-decreasing. Its arrays are read-only because loaded traces are shared through the cache.
 
-The five public traces in ``stallfree/data/`` have short names (``sharegpt``, ``arxiv``, ``bwb``,
-``splitwise-conv``, ``splitwise-code``); a path that exists always wins over a name.
+The public traces in ``stallfree/data/`` have short names (:data:`TRACE_NAMES`); a path that
+exists always wins over a name.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import csv
 import functools
 import gzip
 import io
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -35,12 +39,16 @@ TRACE_FILES: dict[str, str] = {
     "bwb": "bwb_stats_llama2_tokenizer_filtered_v2.csv.gz",
     "splitwise-conv": "splitwise_conv.csv.gz",
     "splitwise-code": "splitwise_code.csv.gz",
+    "mooncake-conversation": "mooncake_conversation_3000.jsonl.gz",
+    "mooncake-synthetic": "mooncake_synthetic_1000.jsonl.gz",
 }
 TRACE_NAMES: tuple[str, ...] = tuple(TRACE_FILES)
 
 PROMPT_COLUMN = "num_prefill_tokens"
 OUTPUT_COLUMN = "num_decode_tokens"
 ARRIVAL_COLUMN = "arrived_at"
+MOONCAKE_BLOCK_TOKENS = 512
+"""Prompt tokens per hash id in Mooncake's traces."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -51,6 +59,8 @@ class Trace:
     num_prompt_tokens: npt.NDArray[np.int64]
     num_output_tokens: npt.NDArray[np.int64]
     arrival_time_s: npt.NDArray[np.float64] | None  # None: a lengths-only trace
+    hash_ids: tuple[tuple[int, ...], ...] | None = None  # per row, one per hash_block_tokens prompt tokens
+    hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS
 
     def __len__(self) -> int:
         return len(self.num_prompt_tokens)
@@ -78,6 +88,8 @@ def load_trace(path_or_name: str | os.PathLike[str]) -> Trace:
 @functools.lru_cache(maxsize=16)
 def _load_cached(path: Path, mtime_ns: int) -> Trace:
     del mtime_ns  # only part of the cache key: an edited file is read again
+    if path.name.endswith((".jsonl", ".jsonl.gz")):
+        return _load_jsonl(path)
     with _open_text(path) as text:
         reader = csv.reader(text)
         header = [name.strip() for name in next(reader, [])]
@@ -114,6 +126,47 @@ def _load_cached(path: Path, mtime_ns: int) -> Trace:
         num_prompt_tokens=_frozen(np.array(prompts, dtype=np.int64)),
         num_output_tokens=_frozen(np.array(outputs, dtype=np.int64)),
         arrival_time_s=_frozen(np.array(arrivals, dtype=np.float64)) if arrival_at is not None else None,
+    )
+
+
+def _load_jsonl(path: Path) -> Trace:
+    """Mooncake's layout: one JSON object a line with timestamp (ms), input_length,
+    output_length and hash_ids."""
+    prompts: list[int] = []
+    outputs: list[int] = []
+    arrivals: list[float] = []
+    hash_ids: list[tuple[int, ...]] = []
+    with _open_text(path) as text:
+        for line_num, line in enumerate(text, 1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {line_num}"
+            try:
+                row = json.loads(line)
+                fields = (row["timestamp"], row["input_length"], row["output_length"], row["hash_ids"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(
+                    f"{where}: expected a JSON object with timestamp, input_length, output_length, "
+                    f"hash_ids ({exc})"
+                ) from None
+            timestamp_ms, prompt, output, ids = fields
+            prompts.append(_positive_int(str(prompt), "input_length", where))
+            outputs.append(_positive_int(str(output), "output_length", where))
+            arrival_s = _arrival(str(timestamp_ms), where) / 1000
+            if arrivals and arrival_s < arrivals[-1]:
+                raise ValueError(f"{where}: timestamp goes back in time ({arrival_s} s < {arrivals[-1]} s)")
+            arrivals.append(arrival_s)
+            if not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
+                raise ValueError(f"{where}: hash_ids must be a list of whole numbers")
+            hash_ids.append(tuple(ids))
+    if not prompts:
+        raise ValueError(f"{path}: no rows")
+    return Trace(
+        path=path,
+        num_prompt_tokens=_frozen(np.array(prompts, dtype=np.int64)),
+        num_output_tokens=_frozen(np.array(outputs, dtype=np.int64)),
+        arrival_time_s=_frozen(np.array(arrivals, dtype=np.float64)),
+        hash_ids=tuple(hash_ids),
     )
 
 
