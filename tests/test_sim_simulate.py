@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from stallfree.core import Request
 from stallfree.core.serving import ServingConfig
 from stallfree.sim import simulate
 from stallfree.sim.costs import CostChoice
-from stallfree.workload import AllAtOnce, FixedLengths, TraceLengths, Workload, poisson
+from stallfree.workload import AllAtOnce, FixedLengths, ReplayArrivals, TraceLengths, Workload, poisson
 
 ARXIV = Workload(poisson(2.0), TraceLengths("arxiv"))  # prompts of ~2,600 tokens, outputs ~290
 
@@ -62,6 +63,29 @@ def test_memory_pressure_preempts_and_the_fast_path_still_equals_the_slow_one() 
     assert fast.summary["completed"] == 120
     assert fast.records == slow.records
     _same(fast.summary, slow.summary)
+
+
+@pytest.mark.parametrize("policy", ["chunked", "prefill-first"])
+def test_prefix_caching_on_mooncake_cuts_ttft_and_the_fast_path_still_equals_the_slow_one(policy: str) -> None:
+    """Mooncake's conversation slice (hash ids per 512 tokens) under a small KV pool: hits,
+    evictions and preemptions, the fast path equal to scheduling every step; the cache never
+    finds more than an unbounded one would, and without it nothing is found."""
+    trace = "mooncake-conversation"
+    heavy = Workload(ReplayArrivals(trace), TraceLengths(trace, "in-order"))
+    costs = CostChoice(kind="full", model="llama-3-8b", hardware="h100-sxm")
+    kw: dict[str, Any] = {"num_requests": 200, "gpu_memory_utilization": 0.5}
+    serving = ServingConfig(policy=policy, max_num_batched_tokens=2048)
+    fast = simulate(heavy, costs, serving, **kw)
+    slow = simulate(heavy, costs, serving, fast=False, **kw)
+    assert fast.records == slow.records
+    _same(fast.summary, slow.summary)
+    unbounded = simulate(heavy, costs, replace(serving, num_blocks=1 << 22), **kw).summary
+    plain = simulate(heavy, costs, replace(serving, enable_prefix_caching=False), **kw).summary
+    cached = fast.summary
+    assert cached["enable_prefix_caching"] and not plain["enable_prefix_caching"]
+    assert plain["prefix_cache_hit_tokens"] == 0 and plain["prefix_cache_hit_rate"] is None
+    assert 0.05 < cached["prefix_cache_hit_rate"] <= unbounded["prefix_cache_hit_rate"] < 0.5
+    assert cached["mean_ttft_ms"] < 0.9 * plain["mean_ttft_ms"]
 
 
 def test_requests_that_can_never_fit_are_rejected_and_counted() -> None:

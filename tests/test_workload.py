@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stallfree.core import PromptBlocks
 from stallfree.workload import (
     TRACE_NAMES,
     AllAtOnce,
@@ -43,9 +44,28 @@ def write(path: Path, text: str) -> Path:
 @pytest.mark.parametrize("name", TRACE_NAMES)
 def test_shipped_traces_load_by_name(name: str) -> None:
     trace = load_trace(name)
-    assert len(trace) > 5000
+    assert len(trace) >= 1000
     assert trace.num_prompt_tokens.min() >= 1 and trace.num_output_tokens.min() >= 1
-    assert (trace.arrival_time_s is not None) == name.startswith("splitwise")
+    assert (trace.arrival_time_s is not None) == name.startswith(("splitwise", "mooncake"))
+    assert (trace.hash_ids is not None) == name.startswith("mooncake")
+
+
+def test_mooncake_rows_and_hash_ids(tmp_path: Path) -> None:
+    """Timestamps in ms, one hash id per 512 prompt tokens; a workload built on it carries them to
+    its requests, and bad rows are named."""
+    rows = [
+        '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}',
+        '{"timestamp": 1500, "input_length": 1100, "output_length": 7, "hash_ids": [0, 1, 2]}',
+    ]
+    path = write(tmp_path / "t.jsonl", "\n".join(rows) + "\n")
+    trace = load_trace(path)
+    assert trace.arrival_time_s is not None and trace.arrival_time_s.tolist() == [0.0, 1.5]
+    assert trace.hash_ids == ((0, 1), (0, 1, 2)) and trace.hash_block_tokens == 512
+    requests = generate(Workload(ReplayArrivals(str(path)), TraceLengths(str(path), "in-order")))
+    assert [r.prompt_blocks for r in requests] == [PromptBlocks((0, 1), 512), PromptBlocks((0, 1, 2), 512)]
+    write(path, rows[0] + '\n{"timestamp": 10, "input_length": 3}\n')
+    with pytest.raises(ValueError, match="line 2: expected a JSON object with timestamp"):
+        load_trace(path)
 
 
 def test_sharegpt_matches_published_stats() -> None:
