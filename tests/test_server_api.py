@@ -259,3 +259,26 @@ def test_tokenize_counts_as_completions_do(server: ServerThread, client: openai.
     out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
     assert out.usage is not None and response.json()["count"] == out.usage.prompt_tokens
     assert httpx.post(f"{server.base_url}/tokenize", json={"prompt": prompt}).status_code == 401
+
+
+def _metric(server: ServerThread, name: str) -> float:
+    for line in httpx.get(f"{server.base_url}/metrics").text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_a_repeated_prompt_is_served_from_the_prefix_cache(server: ServerThread, client: openai.OpenAI) -> None:
+    """The server caches prompt prefixes by default (as vLLM): the second of two equal prompts
+    finds all its full blocks but the last token's in the cache, and /metrics counts them."""
+    prompt = "a long shared system prompt, " * 8
+    num_tokens = len(_tokenizer(server).encode(prompt))
+    before = _metric(server, "stallfree:prefix_cache_hits_total")
+    texts = [
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0).choices[0].text
+        for _ in range(2)
+    ]
+    assert texts[0] == texts[1]
+    hits = _metric(server, "stallfree:prefix_cache_hits_total") - before
+    assert hits == (num_tokens - 1) // 16 * 16
+    assert _metric(server, "stallfree:prefix_cache_queries_total") >= 2 * num_tokens

@@ -163,6 +163,7 @@ class EngineThread:
         self._arrival_s: dict[str, float] = {}
         self._last_token_s: dict[str, float] = {}
         self._num_preemptions_seen = 0
+        self._prefix_seen = (0, 0)  # the scheduler's prefix-cache token counters last reported
 
     # -- lifecycle (event loop) ------------------------------------------------------------
 
@@ -345,12 +346,18 @@ class EngineThread:
         scheduler = self.engine.scheduler
         new_preemptions = scheduler.num_preemptions - self._num_preemptions_seen
         self._num_preemptions_seen = scheduler.num_preemptions
+        state = scheduler.state
+        queried, hits = state.num_prefix_queried_tokens, state.num_prefix_hit_tokens
+        seen_queried, seen_hits = self._prefix_seen
+        self._prefix_seen = (queried, hits)
         self.metrics.update_engine(
             num_running=scheduler.num_running,
             num_waiting=scheduler.num_waiting,
             num_used_blocks=scheduler.block_manager.num_used_blocks,
             num_blocks=scheduler.block_manager.num_blocks,
             new_preemptions=new_preemptions,
+            new_prefix_queries=queried - seen_queried,
+            new_prefix_hits=hits - seen_hits,
         )
 
     def _deliver(self, deliveries: list[Callable[[], None]]) -> None:

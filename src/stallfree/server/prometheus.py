@@ -88,6 +88,13 @@ class ServerMetrics:
         self.preemptions = counter("num_preemptions", "Requests preempted (recomputed later).").labels(
             model_name
         )
+        # vLLM's names: prompt tokens looked up in the prefix cache at admission, and found there.
+        self.prefix_cache_queries = counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        ).labels(model_name)
+        self.prefix_cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.").labels(
+            model_name
+        )
         self.prompt_tokens = counter(
             "prompt_tokens", "Prompt tokens of requests that got a first token."
         ).labels(model_name)
@@ -131,6 +138,8 @@ class ServerMetrics:
         num_used_blocks: int,
         num_blocks: int | None,
         new_preemptions: int,
+        new_prefix_queries: int = 0,
+        new_prefix_hits: int = 0,
     ) -> None:
         self.num_requests_running.set(num_running)
         self.num_requests_waiting.set(num_waiting)
@@ -138,6 +147,9 @@ class ServerMetrics:
         self.kv_cache_usage.set(num_used_blocks / num_blocks if num_blocks else 0.0)
         if new_preemptions:
             self.preemptions.inc(new_preemptions)
+        if new_prefix_queries:
+            self.prefix_cache_queries.inc(new_prefix_queries)
+            self.prefix_cache_hits.inc(new_prefix_hits)
 
     def render(self) -> bytes:
         """The Prometheus text exposition format."""
