@@ -92,6 +92,19 @@ def test_the_last_prompt_token_always_runs() -> None:
     assert (chunk.num_computed_tokens, chunk.num_tokens) == (12, 4)
 
 
+def test_named_output_tokens_are_cached_once_computed() -> None:
+    """A session's next turn repeats the last answer: with the answer's ids named, the blocks its
+    decodes filled are hits too (all but the last sampled token, whose KV is never computed)."""
+    sched = caching_scheduler()
+    prompt, answer = list(range(8)), list(range(50, 58))
+    sched.add_request(Request("turn-1", 8, 8, prompt_blocks=PromptBlocks(tuple(prompt + answer))))
+    while sched.has_unfinished_requests():
+        run_one_step(sched)
+    sched.add_request(tokens_request("turn-2", [*prompt, *answer, 99, 98]))
+    chunk = sched.schedule().chunks[0]
+    assert (chunk.num_computed_tokens, chunk.num_tokens) == (12, 6)
+
+
 def test_freed_cached_blocks_are_free_until_evicted_lru() -> None:
     bm = BlockManager(BLOCK, 4, enable_prefix_caching=True)
     keys = block_keys(PromptBlocks(tuple(range(8))), 8, BLOCK)
@@ -156,16 +169,22 @@ def test_a_preempted_request_restarts_from_what_is_still_cached() -> None:
 def shared_prefix_cases(
     draw: st.DrawFn, repeats: bool = True
 ) -> tuple[str, dict[str, int], SchedulerConfig, int, list[Request]]:
-    """Prompts that start with one of a few shared prefixes (or, without ``repeats``, never
-    share a token), arriving over ten steps, under a small KV pool."""
+    """Requests whose token ids start with one of a few shared sequences (or, without
+    ``repeats``, never share a token), arriving over ten steps, under a small KV pool. Half of them
+    name their output tokens too (as a multi-turn session's workload knows its answers), so one
+    request's prompt may be another's prompt and output."""
     policy, kw, config = draw(policy_cases())
-    prefixes = [list(range(1000 * p, 1000 * p + draw(st.integers(0, 24)))) for p in range(1, 4)]
+    shared = [list(range(1000 * p, 1000 * p + draw(st.integers(0, 40)))) for p in range(1, 4)]
     reqs = []
     for i in range(draw(st.integers(1, 10))):
-        prefix = draw(st.sampled_from(prefixes)) if repeats else []
-        suffix = [100_000 * (i + 1) + j for j in range(draw(st.integers(1, 30)))]
-        tokens = [*prefix, *suffix]
-        reqs.append(tokens_request(str(i), tokens, draw(st.integers(1, 12)), draw(st.floats(0, 10))))
+        unique = [100_000 * (i + 1) + j for j in range(60)]
+        tokens = [*draw(st.sampled_from(shared)), *unique] if repeats else unique
+        num_prompt, max_tokens = draw(st.integers(1, 30)), draw(st.integers(1, 12))
+        named = num_prompt + max_tokens if draw(st.booleans()) else num_prompt
+        request = Request(
+            str(i), num_prompt, max_tokens, draw(st.floats(0, 10)), prompt_blocks=PromptBlocks(tuple(tokens[:named]))
+        )
+        reqs.append(request)
     return policy, kw, config, draw(st.integers(12, 48)), reqs
 
 
@@ -188,8 +207,8 @@ def drive(
     plans: list[StepPlan] = []
 
     def token(rid: str, pos: int) -> int:
-        prompt = prompts[rid]
-        return prompt[pos] if pos < len(prompt) else -(pos + 1)  # generated: never cached
+        named = prompts[rid]
+        return named[pos] if pos < len(named) else -(pos + 1)  # generated, unnamed: never cached
 
     def check(plan: StepPlan, decoding: set[str]) -> None:
         bm = sched.block_manager

@@ -26,18 +26,18 @@ from stallfree.core.config import ceil_div
 from stallfree.core.request import PromptBlocks
 
 
-def block_keys(content: PromptBlocks, num_prompt_tokens: int, block_size: int) -> tuple[int, ...]:
-    """The prefix-cache key of each full ``block_size`` block of a prompt whose tokens ``content``
-    names: key ``i`` hashes key ``i - 1`` with block ``i``'s ids (token ids, or for coarser ids the
-    id and the block's offset inside it), so two keys are equal only if the prefixes are (up to
-    64-bit hash collisions, as in vLLM's default hash)."""
+def block_keys(content: PromptBlocks, num_tokens: int, block_size: int) -> tuple[int, ...]:
+    """The prefix-cache key of each full ``block_size`` block of the first ``num_tokens`` tokens
+    that ``content`` names: key ``i`` hashes key ``i - 1`` with block ``i``'s ids (token ids, or
+    for coarser ids the id and the block's offset inside it), so two keys are equal only if the
+    prefixes are (up to 64-bit hash collisions, as in vLLM's default hash)."""
     per_id = content.tokens_per_id
     if block_size % per_id and per_id % block_size:
         raise ValueError(
             f"prefix caching: blocks of {block_size} tokens cannot be keyed by ids of {per_id} tokens "
             "(one must divide the other)"
         )
-    num_blocks = min(num_prompt_tokens, len(content.ids) * per_id) // block_size
+    num_blocks = min(num_tokens, content.num_named_tokens) // block_size
     keys: list[int] = []
     parent = 0
     ids = content.ids

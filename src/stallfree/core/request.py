@@ -58,15 +58,25 @@ class PromptBlocks:
     ``[i * tokens_per_id, (i + 1) * tokens_per_id)``, and equal ids mean equal tokens.
 
     The engine gives token ids (``tokens_per_id`` 1); a trace gives block hash ids (Mooncake's:
-    512 tokens each). Ids may cover fewer tokens than the prompt: the rest is never shared.
+    512 tokens each). Ids may cover fewer tokens than the prompt (the rest is never shared) or go
+    on into the tokens the request will generate, where its workload knows them (a multi-turn
+    session's answers, which the next turn's prompt repeats), so those blocks are cached too.
     """
 
     ids: tuple[int, ...]
     tokens_per_id: int = 1
+    num_tokens: int | None = None  # tokens the ids name, if fewer than all (a partial last id)
 
     def __post_init__(self) -> None:
         if self.tokens_per_id <= 0:
             raise ValueError(f"tokens_per_id must be positive, got {self.tokens_per_id}")
+        if self.num_tokens is not None and not 0 <= self.num_tokens <= len(self.ids) * self.tokens_per_id:
+            raise ValueError(f"num_tokens must be in [0, {len(self.ids) * self.tokens_per_id}], got {self.num_tokens}")
+
+    @property
+    def num_named_tokens(self) -> int:
+        """How many tokens, from the first, the ids name."""
+        return len(self.ids) * self.tokens_per_id if self.num_tokens is None else self.num_tokens
 
 
 @dataclass(frozen=True, slots=True)

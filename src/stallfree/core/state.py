@@ -41,7 +41,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens the prefix cache gave it at its first admission
-        self.block_keys: tuple[int, ...] = ()  # its full prompt blocks' cache keys (with caching)
+        self.block_keys: tuple[int, ...] = ()  # its known full blocks' cache keys (with caching)
 
     @property
     def num_known_tokens(self) -> int:
@@ -79,8 +79,9 @@ class SchedulerState:
         """Queue ``request`` last."""
         seq = Sequence(request)
         if self.block_manager.enable_prefix_caching and request.prompt_blocks is not None:
+            # Ids may go on into the output (a session's answers, known to its workload).
             seq.block_keys = block_keys(
-                request.prompt_blocks, request.num_prompt_tokens, self.block_manager.block_size
+                request.prompt_blocks, request.num_prompt_tokens + request.max_tokens, self.block_manager.block_size
             )
         self.waiting.append(seq)
 
@@ -94,7 +95,7 @@ class SchedulerState:
         )
 
     def cache_computed(self, seq: Sequence, num_tokens: int) -> None:
-        """Cache ``seq``'s prompt blocks that ``num_tokens`` computed tokens fill."""
+        """Cache ``seq``'s keyed blocks that ``num_tokens`` computed tokens fill."""
         if seq.block_keys:
             self.block_manager.cache_blocks(seq.request_id, seq.block_keys, num_tokens)
 

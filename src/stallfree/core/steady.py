@@ -101,8 +101,7 @@ def apply_steady(state: SchedulerState, plan: StepPlan, num_steps: int) -> tuple
         # It holds the blocks of its first step's context; grow only past them.
         if ceil_div(computed, block_size) > ceil_div(chunk.context_len, block_size):
             bm.allocate(rid, computed)
-        if not chunk.emits_token:
-            state.cache_computed(seq, computed)
+        state.cache_computed(seq, computed)
         if chunk.emits_token:
             seq.num_output_tokens += num_steps
             new_tokens.append(rid)

@@ -100,8 +100,10 @@ def sample(workload: Workload, num_requests: int | None = None, seed: int = 0) -
         rows = workload.lengths.rows(num_requests, length_rng)
         prompts, outputs = trace.num_prompt_tokens[rows], trace.num_output_tokens[rows]
         if trace.hash_ids is not None:
+            ids, per_id = trace.hash_ids, trace.hash_block_tokens
             blocks = tuple(
-                PromptBlocks(trace.hash_ids[row], trace.hash_block_tokens) for row in rows.tolist()
+                PromptBlocks(ids[row], per_id, min(int(trace.num_prompt_tokens[row]), len(ids[row]) * per_id))
+                for row in rows.tolist()
             )
     else:
         prompts, outputs = workload.lengths.sample(num_requests, length_rng)
