@@ -47,6 +47,7 @@ class StreamResult:
     num_prompt_tokens: int | None  # from usage; None if the server did not say
     num_output_tokens: int | None
     error: str | None = None
+    text: str = ""  # what the server streamed (a multi-turn session sends it back next turn)
 
 
 def client(timeout_s: float = 600.0) -> httpx.AsyncClient:
@@ -169,9 +170,10 @@ async def stream_completion(
         "stream_options": {"include_usage": True},
     }
     times: list[float] = []  # shared with _receive: what came is known even if it is cancelled
+    pieces: list[str] = []
     usage: dict[str, Any] = {}
     sent_s = time.perf_counter()
-    receiving = _receive(http, endpoint, body, sent_s, times, usage, on_chunk, stop)
+    receiving = _receive(http, endpoint, body, sent_s, (times, pieces), usage, on_chunk, stop)
     if interrupt is None:
         return await receiving
     task = asyncio.ensure_future(receiving)
@@ -185,7 +187,7 @@ async def stream_completion(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
     if task.cancelled():
-        return _partial(sent_s, times, "length", usage, None)
+        return _partial(sent_s, (times, pieces), "length", usage, None)
     return task.result()
 
 
@@ -194,12 +196,14 @@ async def _receive(
     endpoint: Endpoint,
     body: Mapping[str, Any],
     sent_s: float,
-    times: list[float],
+    received: tuple[list[float], list[str]],
     usage: dict[str, Any],
     on_chunk: Callable[[int], None] | None,
     stop: asyncio.Event | None,
 ) -> StreamResult:
-    """Send ``body`` and stamp each chunk into ``times`` (``usage`` gets the server's usage)."""
+    """Send ``body``; stamp each chunk into ``received``'s times and its text into its pieces
+    (``usage`` gets the server's usage)."""
+    times, pieces = received
     empty_close = False  # the last chunk had a finish_reason and no text
     finish_reason: str | None = None
     url = f"{endpoint.base_url}/v1/completions"
@@ -220,20 +224,21 @@ async def _receive(
                 now_s = time.perf_counter()
                 chunk = json.loads(data)
                 if "error" in chunk:
-                    return _partial(sent_s, times, "failed", usage, _error_text(data))
+                    return _partial(sent_s, received, "failed", usage, _error_text(data))
                 if chunk.get("choices"):
                     choice = chunk["choices"][0]
                     finish_reason = choice.get("finish_reason") or finish_reason
-                    empty_close = finish_reason is not None and not _chunk_text(choice)
+                    pieces.append(_chunk_text(choice))
+                    empty_close = finish_reason is not None and not pieces[-1]
                     times.append(now_s)
                     if on_chunk is not None:
                         on_chunk(len(times))
                     if stop is not None and stop.is_set() and finish_reason is None:
-                        return _partial(sent_s, times, "length", usage, None)
+                        return _partial(sent_s, received, "length", usage, None)
                 if chunk.get("usage"):
                     usage.update(chunk["usage"])
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        return _partial(sent_s, times, "failed", usage, f"{type(exc).__name__}: {exc}")
+        return _partial(sent_s, received, "failed", usage, f"{type(exc).__name__}: {exc}")
     # llama.cpp closes a stream with an extra chunk of no text that only carries finish_reason:
     # not a token (stamping it adds a fake near-zero gap). A last token whose text is empty (a
     # special token, a held-back partial character) is one: usage tells them apart.
@@ -241,8 +246,8 @@ async def _receive(
     if empty_close and len(times) > (num_output if isinstance(num_output, int) else 1):
         times.pop()
     if finish_reason is None:
-        return _partial(sent_s, times, "failed", usage, "the stream ended without a finish_reason")
-    return _partial(sent_s, times, finish_reason, usage, None)
+        return _partial(sent_s, received, "failed", usage, "the stream ended without a finish_reason")
+    return _partial(sent_s, received, finish_reason, usage, None)
 
 
 def _chunk_text(choice: Mapping[str, Any]) -> str:
@@ -253,17 +258,22 @@ def _chunk_text(choice: Mapping[str, Any]) -> str:
 
 
 def _partial(
-    sent_s: float, times: list[float], reason: str, usage: Mapping[str, Any], error: str | None
+    sent_s: float,
+    received: tuple[list[float], list[str]],
+    reason: str,
+    usage: Mapping[str, Any],
+    error: str | None,
 ) -> StreamResult:
     prompt_tokens = usage.get("prompt_tokens")
     output_tokens = usage.get("completion_tokens")
     return StreamResult(
         sent_s,
-        tuple(times),
+        tuple(received[0]),
         reason,
         int(prompt_tokens) if isinstance(prompt_tokens, int) else None,
         int(output_tokens) if isinstance(output_tokens, int) else None,
         error,
+        "".join(received[1]),
     )
 
 

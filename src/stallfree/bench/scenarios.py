@@ -3,6 +3,9 @@
 - :func:`run_workload`: requests from a :class:`~stallfree.workload.WorkloadArrays` (Poisson,
   gamma or replayed arrivals; lengths from a trace or a distribution), each sent at its arrival
   time, so a slow server cannot slow the arrivals down (an open loop, as ``vllm bench serve``).
+- :func:`run_sessions`: multi-turn chat sessions, closed loop: each turn's prompt is the previous
+  turn's prompt, the server's answer to it and a new message, sent once the answer is back (and
+  the think time has passed), so a server's prefix cache sees what a chat's would.
 - :func:`run_long_prompt`: the seed's experiment. N streams decode; once each has
   ``warmup_chunks`` chunks, one long prompt arrives; after its first token and ``tail_chunks``
   more chunks per stream the client hangs up on the streams. Reports the streams' longest and
@@ -27,7 +30,7 @@ import numpy as np
 from stallfree.bench.client import Endpoint, StreamResult, stream_completion
 from stallfree.bench.prompts import PromptSizer, fallback_target, fit_prompts
 from stallfree.metrics import ItlAccumulator, RequestRecord, record_from_token_times
-from stallfree.workload import WorkloadArrays
+from stallfree.workload import Sessions, WorkloadArrays
 
 
 @dataclass(slots=True)
@@ -130,6 +133,66 @@ async def run_workload(
     run = _build([tasks[i].result() for i in finished], [prompts[i] for i in finished], start_s, end_s)
     if len(finished) < len(tasks):
         run.extra["interrupted"] = {"finished": len(finished), "requests": len(tasks)}
+    return run
+
+
+async def run_sessions(
+    http: httpx.AsyncClient,
+    endpoint: Endpoint,
+    sessions: Sessions,
+    starts_s: Sequence[float],
+    messages: Sequence[int],
+    answers: Sequence[int],
+    sizer: PromptSizer,
+    *,
+    seed: int = 0,
+    on_done: Callable[[], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> BenchRun:
+    """Session ``i`` starts ``starts_s[i]`` seconds after the start; its turn ``t`` sends a new
+    message of ``messages[i * turns + t]`` tokens and asks for ``answers[...]`` tokens. The run's
+    records are in send order; ``extra`` holds each request's session and turn (for replay)."""
+    rng = random.Random(seed)
+    turns = sessions.turns
+    system = sizer.prompt(sessions.system_prompt_tokens, rng) + " " if sessions.system_prompt_tokens else ""
+    texts = [sizer.prompt(n, rng) for n in messages]  # built up front: sends stay on time
+    sent: list[tuple[int, int, StreamResult, int]] = []  # session, turn, result, requested prompt
+
+    async def session(i: int) -> None:
+        await asyncio.sleep(max(0.0, start_s + starts_s[i] - time.perf_counter()))
+        history = system
+        for t in range(turns):
+            prompt = history + texts[i * turns + t]
+            result = await stream_completion(http, endpoint, prompt, answers[i * turns + t])
+            requested = sessions.system_prompt_tokens + sum(messages[i * turns : i * turns + t + 1])
+            sent.append((i, t, result, requested + sum(answers[i * turns : i * turns + t])))
+            if on_done is not None:
+                on_done()
+            if result.error is not None:
+                return  # the conversation cannot go on without the answer
+            history = prompt + result.text + " "
+            await asyncio.sleep(sessions.think_time_s)
+
+    start_s = time.perf_counter()
+    tasks = [asyncio.ensure_future(session(i)) for i in range(len(starts_s))]
+    if stop is None:
+        await asyncio.gather(*tasks)
+    else:
+        await wait_any(stop, tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    sent.sort(key=lambda row: row[2].sent_s)
+    run = _build([r for _, _, r, _ in sent], [n for _, _, _, n in sent], start_s, time.perf_counter())
+    run.extra["sessions"] = {
+        "turns": turns,
+        "system_prompt_tokens": sessions.system_prompt_tokens,
+        "think_time_s": sessions.think_time_s,
+    }
+    run.extra["session_ids"] = [i for i, _, _, _ in sent]
+    run.extra["turn_ids"] = [t for _, t, _, _ in sent]
+    if stop is not None and stop.is_set():
+        run.extra["interrupted"] = {"finished": len(sent), "requests": len(messages)}
     return run
 
 

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.cli.common import UsageError, check_writable, positive_float, positive_int
+from stallfree.cli.workload_args import add_session_args, session_options, session_requests
 from stallfree.tune.sigint import sigterm_as_sigint  # light: stdlib only
 
-SCENARIOS = ("long-prompt", "poisson", "gamma", "trace")
+SCENARIOS = ("long-prompt", "poisson", "gamma", "trace", "multi-turn")
 _CONTEXT_MARGIN = 0.05  # of the server's context, left free when capping lengths to it
 
 
@@ -110,6 +111,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     w.add_argument(
         "--goodput", nargs="+", metavar="METRIC:MS", help="SLOs for goodput, e.g. ttft:500 tpot:50"
     )
+    m = p.add_argument_group(
+        "multi-turn (sessions start at --qps, else all at once; --lengths or --prompt-tokens / "
+        "--output-tokens: each turn's new message and answer)"
+    )
+    add_session_args(m)
     p.set_defaults(handler=run)
 
 
@@ -197,6 +203,8 @@ async def _run(args: argparse.Namespace, goodput: dict[str, float] | None) -> di
                     f"{max_model_len}-token context also holds its {options.prompt_max_tokens} output tokens",
                     file=sys.stderr,
                 )
+        elif workload.sessions is not None:
+            run = await _run_sessions(http, endpoint, sizer, workload, args, stop, max_model_len)
         else:
             from stallfree.workload import Workload, sample
 
@@ -245,6 +253,50 @@ async def _run(args: argparse.Namespace, goodput: dict[str, float] | None) -> di
     }
 
 
+async def _run_sessions(
+    http: Any,
+    endpoint: Any,
+    sizer: Any,
+    workload: Any,
+    args: argparse.Namespace,
+    stop: Any,
+    context: int | None,
+) -> Any:
+    """The multi-turn scenario: sessions closed loop (see :func:`stallfree.bench.scenarios.run_sessions`)."""
+    from tqdm import tqdm
+
+    from stallfree.bench.scenarios import run_sessions
+    from stallfree.workload import sample_sessions
+
+    starts_s, messages, answers = sample_sessions(workload, args.num_requests, args.seed)
+    if args.max_tokens is not None:
+        answers[:] = args.max_tokens
+    sessions = workload.sessions
+    longest = sessions.system_prompt_tokens + int(
+        max(messages.reshape(-1, sessions.turns).sum(1) + answers.reshape(-1, sessions.turns).sum(1))
+    )
+    if context is not None and longest > context * (1 - _CONTEXT_MARGIN):
+        raise UsageError(
+            f"a session grows to {longest:,} tokens; the server's context is {context:,}: fewer --turns or "
+            "shorter messages and answers"
+        )
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: keep what finished
+    try:
+        with tqdm(
+            total=args.num_requests,
+            disable=not (args.progress and sys.stderr.isatty()),
+            unit="req",
+            file=sys.stderr,
+        ) as bar:
+            return await run_sessions(
+                http, endpoint, sessions, starts_s.tolist(), messages.tolist(), answers.tolist(), sizer,
+                seed=args.seed, on_done=bar.update, stop=stop,
+            )  # fmt: skip
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
 async def _capped_prompts(
     http: Any, endpoint: Any, sizer: Any, arrays: Any, workload: Any, seed: int
 ) -> tuple[list[str] | None, str | None]:
@@ -272,14 +324,21 @@ async def _capped_prompts(
 def _workload(args: argparse.Namespace) -> Any:
     from stallfree.workload import WorkloadOptions, workload_from_options
 
+    if args.scenario == "multi-turn":
+        args.num_requests = session_requests(args)
+    elif args.sessions is not None or args.turns is not None:
+        raise UsageError("--sessions and --turns apply to the multi-turn scenario only")
     if args.scenario == "trace" and args.trace is None:
         raise UsageError("the trace scenario needs --trace (a name or a CSV with an arrived_at column)")
     if args.scenario in ("poisson", "gamma") and args.num_requests is None:
         raise UsageError(f"the {args.scenario} scenario needs --num-requests")
     if args.qps is not None and not args.qps > 0:
         raise UsageError(f"--qps must be positive, got {args.qps}")
+    arrival = args.scenario
+    if arrival == "multi-turn":
+        arrival = "poisson" if args.qps is not None else "all-at-once"
     options = WorkloadOptions(
-        arrival=args.scenario,
+        arrival=arrival,
         qps=args.qps,
         burstiness=args.burstiness,
         trace=args.trace,
@@ -290,5 +349,6 @@ def _workload(args: argparse.Namespace) -> Any:
         sampling=args.sampling,
         max_prompt_tokens=args.max_prompt_tokens,
         max_total_tokens=args.max_total_tokens,
+        **session_options(args),
     )
     return workload_from_options(options)

@@ -20,6 +20,7 @@ from stallfree.cli.common import (
     pick_costs,
 )
 from stallfree.cli.serving_args import add_serving_args, serving_config, serving_configs
+from stallfree.cli.workload_args import add_session_args, session_options, session_requests
 from stallfree.tune.sigint import sigterm_as_sigint, stop_on_signal  # light: stdlib only
 
 if TYPE_CHECKING:
@@ -123,6 +124,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=f"requests to simulate (default {DEFAULT_NUM_REQUESTS:,}; a replayed trace: all its rows)",
     )
     g.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    add_session_args(g)
     g = p.add_argument_group("output")
     g.add_argument(
         "--goodput",
@@ -279,12 +281,18 @@ def _workload(args: argparse.Namespace) -> tuple[Any, int | None]:
     lengths = args.lengths
     if lengths is None and args.trace is None:
         lengths = DEFAULT_LENGTHS
+    sessions = args.sessions is not None or args.turns is not None
+    num_requests = session_requests(args) if sessions else args.num_requests
     workload = workload_from_options(
         WorkloadOptions(
-            arrival=arrival, qps=qps, burstiness=args.burstiness, trace=args.trace, lengths=lengths
+            arrival=arrival,
+            qps=qps,
+            burstiness=args.burstiness,
+            trace=args.trace,
+            lengths=lengths,
+            **session_options(args),
         )
     )
-    num_requests = args.num_requests
     if num_requests is not None and num_requests <= 0:
         raise UsageError(f"--num-requests must be positive, got {num_requests}")
     if num_requests is None and workload.max_num_requests() is None:

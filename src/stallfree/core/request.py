@@ -71,7 +71,9 @@ class PromptBlocks:
         if self.tokens_per_id <= 0:
             raise ValueError(f"tokens_per_id must be positive, got {self.tokens_per_id}")
         if self.num_tokens is not None and not 0 <= self.num_tokens <= len(self.ids) * self.tokens_per_id:
-            raise ValueError(f"num_tokens must be in [0, {len(self.ids) * self.tokens_per_id}], got {self.num_tokens}")
+            raise ValueError(
+                f"num_tokens must be in [0, {len(self.ids) * self.tokens_per_id}], got {self.num_tokens}"
+            )
 
     @property
     def num_named_tokens(self) -> int:

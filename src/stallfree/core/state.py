@@ -81,7 +81,9 @@ class SchedulerState:
         if self.block_manager.enable_prefix_caching and request.prompt_blocks is not None:
             # Ids may go on into the output (a session's answers, known to its workload).
             seq.block_keys = block_keys(
-                request.prompt_blocks, request.num_prompt_tokens + request.max_tokens, self.block_manager.block_size
+                request.prompt_blocks,
+                request.num_prompt_tokens + request.max_tokens,
+                self.block_manager.block_size,
             )
         self.waiting.append(seq)
 

@@ -92,9 +92,9 @@ class ServerMetrics:
         self.prefix_cache_queries = counter(
             "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
         ).labels(model_name)
-        self.prefix_cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.").labels(
-            model_name
-        )
+        self.prefix_cache_hits = counter(
+            "prefix_cache_hits", "Prompt tokens found in the prefix cache."
+        ).labels(model_name)
         self.prompt_tokens = counter(
             "prompt_tokens", "Prompt tokens of requests that got a first token."
         ).labels(model_name)

@@ -43,7 +43,15 @@ def describe_workload(workload: Workload) -> str:
     else:  # pragma: no cover - a new arrival process
         when = repr(arrivals)
     kind = type(lengths).__name__.removesuffix("Lengths").lower()
-    return f"{when}; lengths {kind}({', '.join(str(v) for v in dataclasses.astuple(lengths))})"
+    drawn = f"{kind}({', '.join(str(v) for v in dataclasses.astuple(lengths))})"
+    sessions = workload.sessions
+    if sessions is None:
+        return f"{when}; lengths {drawn}"
+    return (
+        f"sessions of {sessions.turns} turns starting {when.replace(' QPS', '/s')}; each turn's message "
+        f"and answer {drawn}; system prompt {sessions.system_prompt_tokens} tokens; a turn "
+        f"{sessions.think_time_s:g} s after the previous one arrived"
+    )
 
 
 _ROWS: tuple[tuple[str, str, str], ...] = (

@@ -12,7 +12,8 @@ prompt lengths, ``max_tokens``) and :func:`generate` / :func:`iter_requests` int
   they never drop rows (see :func:`cap_lengths`).
 
 Modules: :mod:`.arrivals` (when), :mod:`.lengths` (how long), :mod:`.traces` (the shipped
-and user trace files), :mod:`.requests` (sampling), :mod:`.options` (the command-line form).
+and user trace files), :mod:`.requests` (sampling), :mod:`.sessions` (multi-turn chat), :mod:`.options` (the
+command-line form).
 Shared by the simulator, the engine and the HTTP benchmark client: stdlib + numpy only.
 """
 
@@ -36,7 +37,15 @@ from stallfree.workload.lengths import (
     parse_lengths,
 )
 from stallfree.workload.options import WorkloadOptions, workload_from_options
-from stallfree.workload.requests import Workload, WorkloadArrays, generate, iter_requests, sample
+from stallfree.workload.requests import (
+    Workload,
+    WorkloadArrays,
+    generate,
+    iter_requests,
+    sample,
+    sample_sessions,
+)
+from stallfree.workload.sessions import Sessions, SessionTurns, session_turns
 from stallfree.workload.traces import TRACE_NAMES, Trace, load_trace, resolve_trace_path
 
 __all__ = [
@@ -50,6 +59,8 @@ __all__ = [
     "Lengths",
     "LognormalLengths",
     "ReplayArrivals",
+    "SessionTurns",
+    "Sessions",
     "Trace",
     "TraceLengths",
     "UniformLengths",
@@ -65,5 +76,7 @@ __all__ = [
     "poisson",
     "resolve_trace_path",
     "sample",
+    "sample_sessions",
+    "session_turns",
     "workload_from_options",
 ]

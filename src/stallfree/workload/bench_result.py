@@ -5,7 +5,8 @@ run's start; ours), ``input_lens``, ``output_lens``, ``ttfts`` (null for a faile
 ``itls`` (the gaps between streamed chunks). :func:`load_bench_result` rebuilds the requests as
 :class:`~stallfree.workload.WorkloadArrays` (so ``stallfree simulate --replay`` runs the very
 same arrivals and lengths) and the measured records and ITLs (so ``stallfree validate`` scores
-the served run with the same metrics code as a simulated one). Files without
+the served run with the same metrics code as a simulated one). A multi-turn run's
+``session_ids`` / ``turn_ids`` rebuild what each prompt repeats, for the prefix cache. Files without
 ``arrival_times`` (other tools, older stallfree) are refused with a clear error.
 """
 
@@ -18,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from stallfree.core.request import PromptBlocks
 from stallfree.metrics import ItlAccumulator, RequestRecord, record_from_token_times
 from stallfree.workload.requests import WorkloadArrays
+from stallfree.workload.sessions import measured_conversation
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +78,28 @@ def load_bench_result(path: str | Path) -> BenchResult:
         arrival_time_s=np.array([arrivals[i] for i in order], dtype=np.float64),
         num_prompt_tokens=np.array([max(1, inputs[i]) for i in order], dtype=np.int64),
         max_tokens=np.array([max(1, outputs[i]) for i in order], dtype=np.int64),
+        prompt_blocks=_session_blocks(data, inputs, outputs, order.tolist()),
     )
     duration = float(data.get("duration", max((r.finish_s for r in records), default=0.0)))
     return BenchResult(arrays, records, itl, duration, data)
+
+
+def _session_blocks(
+    data: dict[str, Any], inputs: list[int], outputs: list[int], order: list[int]
+) -> tuple[PromptBlocks, ...] | None:
+    """A multi-turn run's prompts as the prefix cache sees them (each turn repeats its session's
+    conversation so far), from the counted lengths; None for a run without sessions."""
+    if "session_ids" not in data:
+        return None
+    sessions, turns = data["session_ids"], data["turn_ids"]
+    system = int(data["sessions"]["system_prompt_tokens"])
+    by_session: dict[int, list[int]] = {}
+    for i in sorted(range(len(inputs)), key=lambda i: turns[i]):
+        by_session.setdefault(int(sessions[i]), []).append(i)
+    blocks: dict[int, PromptBlocks] = {}
+    for session, rows in by_session.items():
+        conversation = measured_conversation(
+            system, session, [max(1, inputs[i]) for i in rows], [max(1, outputs[i]) for i in rows]
+        )
+        blocks.update((i, b) for i, (_, b) in zip(rows, conversation, strict=True))
+    return tuple(blocks[i] for i in order)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from stallfree.workload.arrivals import ARRIVAL_NAMES, AllAtOnce, Arrivals, ReplayArrivals, gamma, poisson
 from stallfree.workload.lengths import FixedLengths, Lengths, TraceLengths, parse_lengths
 from stallfree.workload.requests import Workload
+from stallfree.workload.sessions import Sessions
 from stallfree.workload.traces import TRACE_NAMES, resolve_trace_path
 
 
@@ -18,7 +19,9 @@ class WorkloadOptions:
     ``poisson``. ``trace`` replays arrival times (and, unless ``lengths`` or fixed tokens are given,
     the same rows' lengths in order). ``lengths``: a trace path or name, ``fixed:P,O``,
     ``uniform:PMIN-PMAX,OMIN-OMAX`` or ``lognormal:PMEDIAN,OMEDIAN[,SIGMA]``; or instead give both
-    ``prompt_tokens`` and ``output_tokens``. ``sampling`` applies to trace lengths only.
+    ``prompt_tokens`` and ``output_tokens``. ``sampling`` applies to trace lengths only. ``turns``
+    makes the arrivals start multi-turn sessions (with a shared ``system_prompt_tokens`` and
+    ``think_time_s`` between turns) and the lengths each turn's message and answer.
     """
 
     arrival: str | None = None
@@ -32,6 +35,9 @@ class WorkloadOptions:
     sampling: str | None = None
     max_prompt_tokens: int | None = None
     max_total_tokens: int | None = None
+    turns: int | None = None
+    system_prompt_tokens: int = 0
+    think_time_s: float = 0.0
 
 
 def workload_from_options(options: WorkloadOptions) -> Workload:
@@ -39,11 +45,17 @@ def workload_from_options(options: WorkloadOptions) -> Workload:
     arrival = options.arrival or ("trace" if options.trace is not None else "poisson")
     if arrival not in ARRIVAL_NAMES:
         raise ValueError(f"unknown workload {arrival!r}; choose from {', '.join(ARRIVAL_NAMES)}")
+    sessions = None
+    if options.turns is not None:
+        sessions = Sessions(options.turns, options.system_prompt_tokens, options.think_time_s)
+    elif options.system_prompt_tokens or options.think_time_s:
+        raise ValueError("a system prompt and think time apply to multi-turn sessions only (give turns)")
     return Workload(
         arrivals=_arrivals_from_options(arrival, options),
         lengths=_lengths_from_options(arrival, options),
         max_prompt_tokens=options.max_prompt_tokens,
         max_total_tokens=options.max_total_tokens,
+        sessions=sessions,
     )
 
 

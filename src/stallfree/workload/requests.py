@@ -11,6 +11,7 @@ import numpy.typing as npt
 from stallfree.core.request import PromptBlocks, Request
 from stallfree.workload.arrivals import Arrivals, ReplayArrivals
 from stallfree.workload.lengths import Lengths, TraceLengths, cap_lengths
+from stallfree.workload.sessions import Sessions, session_turns
 from stallfree.workload.traces import load_trace
 
 FloatArray = npt.NDArray[np.float64]
@@ -19,12 +20,16 @@ IntArray = npt.NDArray[np.int64]
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """Arrivals x lengths, with optional caps on the lengths (applied by :func:`cap_lengths`)."""
+    """Arrivals x lengths, with optional caps on the lengths (applied by :func:`cap_lengths`).
+
+    With ``sessions``, arrivals start multi-turn sessions and lengths are each turn's new message
+    and answer (:mod:`stallfree.workload.sessions`); caps apply to the whole prompts."""
 
     arrivals: Arrivals
     lengths: Lengths
     max_prompt_tokens: int | None = None
     max_total_tokens: int | None = None
+    sessions: Sessions | None = None
 
     def __post_init__(self) -> None:
         if self.max_prompt_tokens is not None and self.max_prompt_tokens <= 0:
@@ -38,7 +43,8 @@ class Workload:
         """How many requests the workload can give, when a trace read in order limits it."""
         limits = []
         if isinstance(self.arrivals, ReplayArrivals):
-            limits.append(self.arrivals.num_rows())
+            turns = 1 if self.sessions is None else self.sessions.turns
+            limits.append(self.arrivals.num_rows() * turns)
         if isinstance(self.lengths, TraceLengths) and self.lengths.sampling != "with-replacement":
             limits.append(len(load_trace(self.lengths.trace)))
         return min(limits) if limits else None
@@ -92,6 +98,13 @@ def sample(workload: Workload, num_requests: int | None = None, seed: int = 0) -
     if limit is not None and num_requests > limit:
         raise ValueError(f"the workload's trace has {limit} rows; asked for {num_requests} requests")
     arrival_seed, length_seed = np.random.SeedSequence(seed).spawn(2)
+    if workload.sessions is not None:
+        starts_s, messages, answers = sample_sessions(workload, num_requests, seed)
+        turns = session_turns(workload.sessions, starts_s, messages, answers)
+        prompts, outputs = cap_lengths(
+            turns.num_prompt_tokens, turns.max_tokens, workload.max_prompt_tokens, workload.max_total_tokens
+        )
+        return WorkloadArrays(turns.arrival_time_s, prompts, outputs, turns.prompt_blocks)
     times_s = workload.arrivals.times_s(num_requests, np.random.default_rng(arrival_seed))
     length_rng = np.random.default_rng(length_seed)
     blocks = None
@@ -111,6 +124,20 @@ def sample(workload: Workload, num_requests: int | None = None, seed: int = 0) -
     return WorkloadArrays(
         arrival_time_s=times_s, num_prompt_tokens=prompts, max_tokens=outputs, prompt_blocks=blocks
     )
+
+
+def sample_sessions(
+    workload: Workload, num_requests: int, seed: int = 0
+) -> tuple[FloatArray, IntArray, IntArray]:
+    """A sessions workload's draws: session start times, then each turn's message and answer
+    lengths, session by session (what :func:`sample` lays out, and ``bench`` sends)."""
+    if workload.sessions is None:
+        raise ValueError("not a sessions workload")
+    arrival_seed, length_seed = np.random.SeedSequence(seed).spawn(2)
+    num_sessions = workload.sessions.num_sessions(num_requests)
+    starts_s = workload.arrivals.times_s(num_sessions, np.random.default_rng(arrival_seed))
+    messages, answers = workload.lengths.sample(num_requests, np.random.default_rng(length_seed))
+    return starts_s, messages, answers
 
 
 def iter_requests(workload: Workload, num_requests: int | None = None, seed: int = 0) -> Iterator[Request]:
