@@ -109,6 +109,41 @@ def test_lengths_are_capped_to_the_listed_context(server: ServerThread, tmp_path
     assert all(p + o <= 1024 for p, o in zip(result["input_lens"], result["output_lens"], strict=True))
 
 
+def test_multi_turn_sessions_send_the_conversation_back(
+    server: ServerThread, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Closed loop: each turn's prompt is the last prompt, the server's answer and a new message,
+    so the server's prefix cache finds the conversation; a replay of the result rebuilds the
+    sharing and the simulator finds it too."""
+    out = tmp_path / "sessions.json"
+    argv = ["bench", "--base-url", server.base_url, "--scenario", "multi-turn", "--sessions", "4"]
+    argv += ["--turns", "3", "--system-prompt-tokens", "200", "--lengths", "fixed:40,20"]
+    argv += ["--no-progress", "--save-result", str(out)]
+    hits_before = server.app.state.engine_thread.engine.scheduler.state.num_prefix_hit_tokens
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["completed"] == 12
+    assert sorted(zip(result["session_ids"], result["turn_ids"], strict=True)) == [
+        (s, t) for s in range(4) for t in range(3)
+    ]
+    turns: dict[int, list[tuple[int, int, int]]] = {}
+    for s, t, n, o in zip(
+        result["session_ids"], result["turn_ids"], result["input_lens"], result["output_lens"], strict=True
+    ):
+        turns.setdefault(s, []).append((t, n, o))
+    for rows in turns.values():
+        rows.sort()
+        for (_, n0, o0), (_, n1, _) in zip(rows, rows[1:], strict=False):
+            assert n0 + o0 + 30 <= n1 <= n0 + o0 + 50  # plus a ~40-token message
+    # Every turn after a session's first reuses at least its system prompt's full blocks.
+    hits = server.app.state.engine_thread.engine.scheduler.state.num_prefix_hit_tokens - hits_before
+    assert hits >= 11 * (200 // 16) * 16 * 0.9
+    capsys.readouterr()
+    assert main(["simulate", "--replay", str(out), "--model", "llama-3-8b", "--json"]) == 0
+    simulated = json.loads(capsys.readouterr().out)["policies"]["chunked"]
+    assert simulated["prefix_cache_hit_tokens"] >= hits * 0.9
+
+
 def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -182,7 +182,11 @@ def shared_prefix_cases(
         num_prompt, max_tokens = draw(st.integers(1, 30)), draw(st.integers(1, 12))
         named = num_prompt + max_tokens if draw(st.booleans()) else num_prompt
         request = Request(
-            str(i), num_prompt, max_tokens, draw(st.floats(0, 10)), prompt_blocks=PromptBlocks(tuple(tokens[:named]))
+            str(i),
+            num_prompt,
+            max_tokens,
+            draw(st.floats(0, 10)),
+            prompt_blocks=PromptBlocks(tuple(tokens[:named])),
         )
         reqs.append(request)
     return policy, kw, config, draw(st.integers(12, 48)), reqs

@@ -268,7 +268,9 @@ def _metric(server: ServerThread, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
-def test_a_repeated_prompt_is_served_from_the_prefix_cache(server: ServerThread, client: openai.OpenAI) -> None:
+def test_a_repeated_prompt_is_served_from_the_prefix_cache(
+    server: ServerThread, client: openai.OpenAI
+) -> None:
     """The server caches prompt prefixes by default (as vLLM): the second of two equal prompts
     finds all its full blocks but the last token's in the cache, and /metrics counts them."""
     prompt = "a long shared system prompt, " * 8

@@ -66,7 +66,9 @@ def test_memory_pressure_preempts_and_the_fast_path_still_equals_the_slow_one() 
 
 
 @pytest.mark.parametrize("policy", ["chunked", "prefill-first"])
-def test_prefix_caching_on_mooncake_cuts_ttft_and_the_fast_path_still_equals_the_slow_one(policy: str) -> None:
+def test_prefix_caching_on_mooncake_cuts_ttft_and_the_fast_path_still_equals_the_slow_one(
+    policy: str,
+) -> None:
     """Mooncake's conversation slice (hash ids per 512 tokens) under a small KV pool: hits,
     evictions and preemptions, the fast path equal to scheduling every step; the cache never
     finds more than an unbounded one would, and without it nothing is found."""

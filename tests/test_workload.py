@@ -62,7 +62,10 @@ def test_mooncake_rows_and_hash_ids(tmp_path: Path) -> None:
     assert trace.arrival_time_s is not None and trace.arrival_time_s.tolist() == [0.0, 1.5]
     assert trace.hash_ids == ((0, 1), (0, 1, 2)) and trace.hash_block_tokens == 512
     requests = generate(Workload(ReplayArrivals(str(path)), TraceLengths(str(path), "in-order")))
-    assert [r.prompt_blocks for r in requests] == [PromptBlocks((0, 1), 512, 600), PromptBlocks((0, 1, 2), 512, 1100)]
+    assert [r.prompt_blocks for r in requests] == [
+        PromptBlocks((0, 1), 512, 600),
+        PromptBlocks((0, 1, 2), 512, 1100),
+    ]
     write(path, rows[0] + '\n{"timestamp": 10, "input_length": 3}\n')
     with pytest.raises(ValueError, match="line 2: expected a JSON object with timestamp"):
         load_trace(path)
