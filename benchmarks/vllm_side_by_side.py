@@ -16,6 +16,10 @@ with ``stallfree save-model``) and runs what a vLLM user would:
 4. With tune's flags: Poisson traffic at C and at 1.25 x C, P99 TBT measured vs the SLO (it must
    hold at C and break at 1.25 C) and vs the prediction for the same requests.
 
+``--part prefix-cache`` runs multi-turn chat sessions (closed loop, a shared 1,024-token system
+prompt) on vLLM with its prefix cache and restarted without it, beside ``validate --measured`` and
+``simulate --replay`` with caching on and off (the profile under ``--out``, made if missing),
+then ``stallfree serve`` (one thread) with and without its cache on the same sessions.
 ``--part long-prompt`` profiles vLLM afresh and puts only the long-prompt scenario at the default
 and at 128 tokens beside ``explain --profile``. ``--part engine`` instead puts ``stallfree serve`` (the same folder, fp32, one thread as vLLM's
 CPU worker binds one core here) beside vLLM: the long-prompt scenario at 1 and 16 streams,
@@ -25,6 +29,7 @@ prefill-first / vLLM's default and chunked at 128 tokens.
     .venv/bin/python benchmarks/vllm_side_by_side.py --runs 1 --num-requests 60
     .venv/bin/python benchmarks/vllm_side_by_side.py --part long-prompt --runs 2   # ~12 min
     .venv/bin/python benchmarks/vllm_side_by_side.py --part engine          # ~10 min
+    .venv/bin/python benchmarks/vllm_side_by_side.py --part prefix-cache --skip-profile --runs 2
 """
 
 from __future__ import annotations
@@ -350,6 +355,73 @@ def engine_part(args: argparse.Namespace) -> list[str]:
     return rows
 
 
+def prefix_counters(base_url: str, server: str = "vllm") -> tuple[float, float]:
+    """A server's prefix-cache counters (prompt tokens looked up, found), summed over their
+    labels: vLLM's ``vllm:prefix_cache_queries`` / ``_hits``, stallfree's the same names."""
+    names = (f"{server}:prefix_cache_queries", f"{server}:prefix_cache_hits")
+    totals = dict.fromkeys(names, 0.0)
+    for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
+        name = line.split("{")[0].split(" ")[0].removesuffix("_total")
+        if name in totals and not line.startswith("#"):
+            totals[name] += float(line.split()[-1])
+    return totals[names[0]], totals[names[1]]
+
+
+def prefix_cache_part(args: argparse.Namespace) -> list[str]:
+    """Multi-turn sessions (closed loop) on vLLM with its prefix cache (the default) and restarted
+    with --no-enable-prefix-caching, ``--runs`` times each, beside validate --measured (TTFT and
+    ITL for the same requests) and simulate --replay's hit rate, with caching on and off as vLLM."""
+    out, model_dir = args.out, saved_model(args)
+    profile = out / "vllm-default.profile.json"
+    session = ["--scenario", "multi-turn", "--sessions", "8", "--turns", "4", "--system-prompt-tokens",
+               "1024", "--lengths", "fixed:128,32", "--qps", "0.05", "--think-time-s", "2", "--temperature", "0"]  # fmt: skip
+    rows = [
+        f"machine: {os.cpu_count()} CPUs, load {load()}; {' '.join(session[2:])}",
+        "",
+        "| vLLM | run | median TTFT ms (meas / pred, ratio) | mean TTFT ms | median ITL ms | prompt tokens from the cache (meas / pred) | load |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for caching in (True, False):
+        flags = [] if caching else ["--no-enable-prefix-caching"]
+        with vllm_server(model_dir, out / f"vllm-prefix-{caching}.log", flags) as (url, kv_tokens):
+            if not (args.skip_profile and profile.exists()):
+                profile_server(url, profile, model_dir)
+                args.skip_profile = True
+            config = [*scheduler_flags(ServingConfig(max_num_batched_tokens=VLLM_DEFAULT[0],
+                      max_num_seqs=VLLM_DEFAULT[1], num_blocks=kv_tokens // 16)),
+                      "--enable-prefix-caching" if caching else "--no-enable-prefix-caching"]  # fmt: skip
+            for run in range(1, args.runs + 1):
+                result = out / f"sessions-{caching}-{run}.json"
+                before, started = prefix_counters(url), load()
+                bench(url, result, *session, "--seed", str(1000 + run + 10 * caching))
+                queried, hits = (a - b for a, b in zip(prefix_counters(url), before, strict=True))
+                body = json_of("validate", "--profile", str(profile), "--measured", str(result), *config)
+                metrics = body["policies"]["chunked"]["metrics"]
+                sim = json_of("simulate", "--profile", str(profile), "--replay", str(result), *config)
+                predicted = sim["policies"]["chunked"]["prefix_cache_hit_rate"] or 0.0
+                share = f"{hits / queried:.0%} / {predicted:.0%}" if queried else "-"
+                cells = [_pair(*(metrics[k]["measured"], metrics[k]["predicted"])) for k in
+                         ("median_ttft_ms", "mean_ttft_ms", "median_itl_ms")]  # fmt: skip
+                rows.append(f"| {'cache on' if caching else 'cache off'} | {run} | " + " | ".join(cells)
+                            + f" | {share} | {started} -> {load()} |")  # fmt: skip
+                print(rows[-1], file=sys.stderr, flush=True)
+    engine = ["--model", str(model_dir), "--dtype", "float32", "--device", "cpu", "--threads", "1",
+              "--token-budget", str(VLLM_DEFAULT[0]), "--max-num-seqs", str(VLLM_DEFAULT[1])]  # fmt: skip
+    for caching in (True, False):
+        flag = "--enable-prefix-caching" if caching else "--no-enable-prefix-caching"
+        with serving([*engine, flag]) as (url, _):
+            result = out / f"sessions-stallfree-{caching}.json"
+            before, started = prefix_counters(url, "stallfree"), load()
+            measured = bench(url, result, *session, "--seed", str(2000 + 10 * caching))
+            queried, hits = (a - b for a, b in zip(prefix_counters(url, "stallfree"), before, strict=True))
+            cells = [f"{measured[k]:,.0f}" for k in ("median_ttft_ms", "mean_ttft_ms", "median_itl_ms")]
+            share = f"{hits / queried:.0%}" if queried else "-"
+            rows.append(f"| stallfree serve, cache {'on' if caching else 'off'} | 1 | " + " | ".join(cells)
+                        + f" | {share} | {started} -> {load()} |")  # fmt: skip
+            print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=tuple(PARTS), default="validate")
@@ -374,7 +446,12 @@ def main() -> int:
     return 0
 
 
-PARTS = {"validate": validate_part, "long-prompt": long_prompt_part, "engine": engine_part}
+PARTS = {
+    "validate": validate_part,
+    "long-prompt": long_prompt_part,
+    "engine": engine_part,
+    "prefix-cache": prefix_cache_part,
+}
 
 if __name__ == "__main__":
     sys.exit(main())
