@@ -223,7 +223,9 @@ class TuneResult:
                 closest = self.closest(policy)
                 entry["closest"] = closest.to_json() if closest else None
             elif policy == "chunked":
-                entry["commands"] = serve_commands(model, costs.tp, best.token_budget, best.max_num_seqs)
+                entry["commands"] = serve_commands(
+                    model, costs.tp, best.token_budget, best.max_num_seqs, base.serving.enable_prefix_caching
+                )
             policies[policy] = entry
         out: dict[str, Any] = {
             "model": model,
@@ -269,8 +271,11 @@ class TuneResult:
         }
 
 
-def serve_commands(model: str, tp: int, token_budget: int, max_num_seqs: int) -> dict[str, str]:
-    """The vLLM and SGLang launch lines for a chunked budget (presets by their HF repository)."""
+def serve_commands(
+    model: str, tp: int, token_budget: int, max_num_seqs: int, prefix_caching: bool = True
+) -> dict[str, str]:
+    """The vLLM and SGLang launch lines for a chunked budget (presets by their HF repository);
+    both cache prefixes by default, so only a run without the cache says so."""
     model = HF_REPOS.get(model, model)
     vllm = (
         f"vllm serve {model} --max-num-batched-tokens {token_budget} --max-num-seqs {max_num_seqs} "
@@ -280,6 +285,9 @@ def serve_commands(model: str, tp: int, token_budget: int, max_num_seqs: int) ->
         f"python -m sglang.launch_server --model-path {model} --chunked-prefill-size {token_budget} "
         f"--max-running-requests {max_num_seqs}"
     )
+    if not prefix_caching:
+        vllm += " --no-enable-prefix-caching"
+        sglang += " --disable-radix-cache"
     if tp > 1:
         vllm += f" --tensor-parallel-size {tp}"
         sglang += f" --tp {tp}"
