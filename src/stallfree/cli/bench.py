@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import random
 import signal
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,6 @@ from stallfree.cli.workload_args import add_session_args, session_options, sessi
 from stallfree.tune.sigint import sigterm_as_sigint  # light: stdlib only
 
 SCENARIOS = ("long-prompt", "poisson", "gamma", "trace", "multi-turn")
-_CONTEXT_MARGIN = 0.05  # of the server's context, left free when capping lengths to it
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -122,16 +119,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 @sigterm_as_sigint()  # a SIGTERM stops the run as Ctrl-C does: what was measured is kept
 def run(args: argparse.Namespace) -> int:
     from stallfree.bench.report import format_result, interrupted_text
-    from stallfree.metrics.io import parse_goodput
 
-    if args.scenario != "long-prompt" and args.streams is not None:
-        raise UsageError("--streams applies only to the long-prompt scenario")
-    goodput = parse_goodput(args.goodput) if args.goodput else None
     if args.save_result:
         check_writable(Path(args.save_result), "--save-result")
-    if args.seed is None:
-        args.seed = random.SystemRandom().randrange(2**31)
-    result = asyncio.run(_run(args, goodput))
+    spec = _spec(args)  # bad options fail before any I/O
+    result = asyncio.run(_run(spec, args.progress and sys.stderr.isatty()))
     interrupted = result.get("interrupted")
     print(format_result(result))
     if args.save_result:
@@ -144,181 +136,59 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result["completed"] else 1
 
 
-def _sampling_body(args: argparse.Namespace) -> dict[str, Any]:
-    body: dict[str, Any] = {"ignore_eos": True} if args.ignore_eos else {}
-    for name in ("temperature", "top_p", "top_k"):
-        if getattr(args, name) is not None:
-            body[name] = getattr(args, name)
-    return body
+def _spec(args: argparse.Namespace) -> Any:
+    from stallfree.bench.run import BenchSpec
+    from stallfree.bench.scenarios import LongPromptOptions
+    from stallfree.metrics.io import parse_goodput
 
-
-async def _run(args: argparse.Namespace, goodput: dict[str, float] | None) -> dict[str, Any]:
-    from tqdm import tqdm
-
-    from stallfree.bench import client as bc
-    from stallfree.bench.prompts import PromptSizer, calibrate
-    from stallfree.bench.scenarios import LongPromptOptions, run_long_prompt, run_workload
-    from stallfree.metrics import summarize
-
-    # Bad options fail before any I/O.
+    if args.scenario != "long-prompt" and args.streams is not None:
+        raise UsageError("--streams applies only to the long-prompt scenario")
     workload = None if args.scenario == "long-prompt" else _workload(args)
-    options = LongPromptOptions(
+    long_prompt = LongPromptOptions(
         num_streams=args.streams or 16,
         prompt_tokens=args.prompt_tokens or 4096,
         stream_prompt_tokens=args.stream_prompt_tokens,
-        stream_max_tokens=args.stream_max_tokens,
+        stream_max_tokens=args.max_tokens if workload is None and args.max_tokens else args.stream_max_tokens,
         prompt_max_tokens=args.prompt_max_tokens,
     )
-    if args.max_tokens is not None and args.scenario == "long-prompt":
-        options = dataclasses.replace(options, stream_max_tokens=args.max_tokens)
-    async with bc.client(args.timeout) as http:
-        model, max_model_len = await bc.discover(http, args.base_url, args.api_key, args.model)
-        max_model_len = args.max_model_len or max_model_len
-        endpoint = bc.Endpoint(
-            base_url=args.base_url.rstrip("/"),
-            model=model,
-            api_key=args.api_key,
-            extra_body=_sampling_body(args),
-            max_model_len=max_model_len,
-        )
-        if args.chars_per_token:
-            sizer = PromptSizer(tokens_per_char=1 / args.chars_per_token)
-        else:
-            sizer = await calibrate(http, endpoint, args.seed)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        if workload is None:
-            print(
-                f"long-prompt: {options.num_streams} streams, then a {options.prompt_tokens}-token prompt",
-                file=sys.stderr,
-            )
-            loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: keep what was measured
-            try:
-                run = await run_long_prompt(http, endpoint, sizer, options, seed=args.seed, interrupt=stop)
-            finally:
-                loop.remove_signal_handler(signal.SIGINT)
-            if "long_prompt_cap" in run.extra:
-                print(
-                    f"note: the long prompt is capped at {run.extra['long_prompt_cap']} tokens: the server's "
-                    f"{max_model_len}-token context also holds its {options.prompt_max_tokens} output tokens",
-                    file=sys.stderr,
-                )
-        elif workload.sessions is not None:
-            run = await _run_sessions(http, endpoint, sizer, workload, args, stop, max_model_len)
-        else:
-            from stallfree.workload import Workload, sample
-
-            if max_model_len is not None and workload.max_total_tokens is None:
-                # A margin for prompt sizing, which is only as exact as the calibration line.
-                cap = int(max_model_len * (1 - _CONTEXT_MARGIN))
-                workload = Workload(workload.arrivals, workload.lengths, workload.max_prompt_tokens, cap)
-            arrays = sample(workload, args.num_requests, args.seed)
-            if args.max_tokens is not None:
-                arrays.max_tokens[:] = args.max_tokens
-            texts, capped = await _capped_prompts(http, endpoint, sizer, arrays, workload, args.seed)
-            loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: keep what finished
-            progress = args.progress and sys.stderr.isatty()
-            try:
-                with tqdm(total=len(arrays), disable=not progress, unit="req", file=sys.stderr) as bar:
-                    run = await run_workload(
-                        http,
-                        endpoint,
-                        arrays,
-                        sizer,
-                        seed=args.seed,
-                        on_done=bar.update,
-                        texts=texts,
-                        stop=stop,
-                    )
-            finally:
-                loop.remove_signal_handler(signal.SIGINT)
-            if capped is not None:
-                run.extra["prompt_caps"] = capped
-    summary = summarize(run.records, run.itl, run.duration_s, goodput)
-    return {
-        "date": datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"),
-        "backend": "openai",
-        "base_url": endpoint.base_url,
-        "model_id": model,
-        "scenario": args.scenario,
-        "num_prompts": len(run.records),
-        "request_rate": args.qps if args.qps is not None else "inf",
-        "burstiness": args.burstiness if args.burstiness is not None else 1.0,
-        "seed": args.seed,
-        "sampling": {k: v for k, v in endpoint.extra_body.items() if k != "ignore_eos"},
-        "tokens_per_char": sizer.tokens_per_char,
-        **summary,
-        **run.extra,
-        **run.per_request(),
+    sampling: dict[str, Any] = {"ignore_eos": True} if args.ignore_eos else {}
+    sampling |= {
+        k: getattr(args, k) for k in ("temperature", "top_p", "top_k") if getattr(args, k) is not None
     }
+    return BenchSpec(
+        base_url=args.base_url,
+        scenario=args.scenario,
+        seed=random.SystemRandom().randrange(2**31) if args.seed is None else args.seed,
+        model=args.model,
+        api_key=args.api_key,
+        max_model_len=args.max_model_len,
+        sampling=sampling,
+        chars_per_token=args.chars_per_token,
+        timeout_s=args.timeout,
+        long_prompt=long_prompt,
+        workload=workload,
+        num_requests=args.num_requests,
+        max_tokens=args.max_tokens if workload is not None else None,
+        request_rate=args.qps,
+        burstiness=args.burstiness,
+        goodput=parse_goodput(args.goodput) if args.goodput else None,
+    )
 
 
-async def _run_sessions(
-    http: Any,
-    endpoint: Any,
-    sizer: Any,
-    workload: Any,
-    args: argparse.Namespace,
-    stop: Any,
-    context: int | None,
-) -> Any:
-    """The multi-turn scenario: sessions closed loop (see :func:`stallfree.bench.scenarios.run_sessions`)."""
+async def _run(spec: Any, progress: bool) -> dict[str, Any]:
+    """The run, Ctrl-C keeping what was measured once the scenario has begun (calibrating, it
+    interrupts as anywhere else)."""
     from tqdm import tqdm
 
-    from stallfree.bench.scenarios import run_sessions
-    from stallfree.workload import sample_sessions
+    from stallfree.bench.run import run_bench
 
-    starts_s, messages, answers = sample_sessions(workload, args.num_requests, args.seed)
-    if args.max_tokens is not None:
-        answers[:] = args.max_tokens
-    sessions = workload.sessions
-    longest = sessions.system_prompt_tokens + int(
-        max(messages.reshape(-1, sessions.turns).sum(1) + answers.reshape(-1, sessions.turns).sum(1))
-    )
-    if context is not None and longest > context * (1 - _CONTEXT_MARGIN):
-        raise UsageError(
-            f"a session grows to {longest:,} tokens; the server's context is {context:,}: fewer --turns or "
-            "shorter messages and answers"
-        )
+    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: keep what finished
-    try:
-        with tqdm(
-            total=args.num_requests,
-            disable=not (args.progress and sys.stderr.isatty()),
-            unit="req",
-            file=sys.stderr,
-        ) as bar:
-            return await run_sessions(
-                http, endpoint, sessions, starts_s.tolist(), messages.tolist(), answers.tolist(), sizer,
-                seed=args.seed, on_done=bar.update, stop=stop,
-            )  # fmt: skip
-    finally:
-        loop.remove_signal_handler(signal.SIGINT)
-
-
-async def _capped_prompts(
-    http: Any, endpoint: Any, sizer: Any, arrays: Any, workload: Any, seed: int
-) -> tuple[list[str] | None, str | None]:
-    """With a length cap (given, or the server's context), prompts the server itself counts
-    within their requested length, so ``prompt <= --max-prompt-tokens`` and ``prompt + max_tokens
-    <= --max-total-tokens`` hold on its tokenizer; None, None when nothing is capped."""
-    from stallfree.bench.prompts import fallback_target, fit_prompts
-
-    if workload.max_prompt_tokens is None and workload.max_total_tokens is None:
-        return None, None
-    targets = [int(n) for n in arrays.num_prompt_tokens.tolist()]
-    rng = random.Random(seed)
-    texts = [sizer.prompt(n, rng) for n in targets]
-    texts, counted = await fit_prompts(http, endpoint, texts, targets)
-    if counted:
-        return texts, "server-counted"
-    rng = random.Random(seed)
-    print(
-        "note: the server has no /tokenize route; prompts are sized 5% short of the caps (approximate)",
-        file=sys.stderr,
-    )
-    return [sizer.prompt(fallback_target(n), rng) for n in targets], "margin"
+    total = spec.num_requests or (spec.workload.max_num_requests() if spec.workload else None)
+    with tqdm(total=total, disable=not progress or spec.workload is None, unit="req", file=sys.stderr) as bar:
+        return await run_bench(
+            spec, stop, on_done=bar.update, started=lambda: loop.add_signal_handler(signal.SIGINT, stop.set)
+        )
 
 
 def _workload(args: argparse.Namespace) -> Any:

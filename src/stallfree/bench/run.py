@@ -1,0 +1,203 @@
+"""One benchmark run against a live endpoint, as ``stallfree bench`` does it: a
+:class:`BenchSpec` in, the result dict (vLLM's keys plus ours) out.
+
+The run discovers the model and its context, sizes prompts on the server (:mod:`.prompts`), runs
+the scenario (:mod:`.scenarios`): the long-prompt experiment, a sampled workload open loop, or
+multi-turn sessions closed loop, and scores it with :func:`stallfree.metrics.summarize`. A set
+``stop`` event (Ctrl-C) ends it early with what was measured (``interrupted`` in the result).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+
+from stallfree.bench import client as bc
+from stallfree.bench.prompts import PromptSizer, calibrate, fallback_target, fit_prompts
+from stallfree.bench.scenarios import BenchRun, LongPromptOptions, run_long_prompt, run_sessions, run_workload
+from stallfree.metrics import summarize
+from stallfree.workload import Workload, WorkloadArrays, sample, sample_sessions
+
+CONTEXT_MARGIN = 0.05  # of the server's context, left free when capping lengths to it
+
+
+@dataclass(frozen=True, slots=True)
+class BenchSpec:
+    """What to run. ``workload`` None: the long-prompt scenario (``long_prompt``). ``sampling``:
+    fields sent with every request. ``max_tokens`` replaces the workload's output lengths.
+    ``chars_per_token`` skips calibration. ``max_model_len`` None: what /v1/models lists."""
+
+    base_url: str
+    scenario: str
+    seed: int
+    model: str | None = None
+    api_key: str | None = None
+    max_model_len: int | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    chars_per_token: float | None = None
+    timeout_s: float = 600.0
+    long_prompt: LongPromptOptions = field(default_factory=LongPromptOptions)
+    workload: Workload | None = None
+    num_requests: int | None = None
+    max_tokens: int | None = None
+    request_rate: float | None = None
+    burstiness: float | None = None
+    goodput: dict[str, float] | None = None
+
+
+async def run_bench(
+    spec: BenchSpec,
+    stop: asyncio.Event,
+    *,
+    on_done: Callable[[], None] | None = None,
+    started: Callable[[], None] = lambda: None,
+    note: Callable[[str], None] = lambda text: print(text, file=sys.stderr),
+) -> dict[str, Any]:
+    """Run ``spec``: ``started`` once the scenario begins (where ``stop`` starts to count: the
+    CLI hooks Ctrl-C to it there), ``on_done`` after each request, ``note`` for what a user
+    should know."""
+    async with bc.client(spec.timeout_s) as http:
+        model, listed_len = await bc.discover(http, spec.base_url, spec.api_key, spec.model)
+        max_model_len = spec.max_model_len or listed_len
+        endpoint = bc.Endpoint(
+            base_url=spec.base_url.rstrip("/"),
+            model=model,
+            api_key=spec.api_key,
+            extra_body=spec.sampling,
+            max_model_len=max_model_len,
+        )
+        if spec.chars_per_token:
+            sizer = PromptSizer(tokens_per_char=1 / spec.chars_per_token)
+        else:
+            sizer = await calibrate(http, endpoint, spec.seed)
+        workload = spec.workload
+        started()
+        if workload is None:
+            run = await _long_prompt(http, endpoint, sizer, spec, stop, note)
+        elif workload.sessions is not None:
+            run = await _sessions(http, endpoint, sizer, spec, workload, stop, on_done)
+        else:
+            run = await _workload(http, endpoint, sizer, spec, workload, stop, on_done, note)
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"),
+        "backend": "openai",
+        "base_url": endpoint.base_url,
+        "model_id": model,
+        "scenario": spec.scenario,
+        "num_prompts": len(run.records),
+        "request_rate": spec.request_rate if spec.request_rate is not None else "inf",
+        "burstiness": spec.burstiness if spec.burstiness is not None else 1.0,
+        "seed": spec.seed,
+        "sampling": {k: v for k, v in endpoint.extra_body.items() if k != "ignore_eos"},
+        "tokens_per_char": sizer.tokens_per_char,
+        **summarize(run.records, run.itl, run.duration_s, spec.goodput),
+        **run.extra,
+        **run.per_request(),
+    }
+
+
+async def _long_prompt(
+    http: httpx.AsyncClient,
+    endpoint: bc.Endpoint,
+    sizer: PromptSizer,
+    spec: BenchSpec,
+    stop: asyncio.Event,
+    note: Callable[[str], None],
+) -> BenchRun:
+    options = spec.long_prompt
+    note(f"long-prompt: {options.num_streams} streams, then a {options.prompt_tokens}-token prompt")
+    run = await run_long_prompt(http, endpoint, sizer, options, seed=spec.seed, interrupt=stop)
+    if "long_prompt_cap" in run.extra:
+        note(
+            f"note: the long prompt is capped at {run.extra['long_prompt_cap']} tokens: the server's "
+            f"{endpoint.max_model_len}-token context also holds its {options.prompt_max_tokens} output tokens"
+        )
+    return run
+
+
+async def _sessions(
+    http: httpx.AsyncClient,
+    endpoint: bc.Endpoint,
+    sizer: PromptSizer,
+    spec: BenchSpec,
+    workload: Workload,
+    stop: asyncio.Event,
+    on_done: Callable[[], None] | None,
+) -> BenchRun:
+    """Multi-turn sessions, closed loop (see :func:`stallfree.bench.scenarios.run_sessions`)."""
+    sessions = workload.sessions
+    assert sessions is not None and spec.num_requests is not None  # a sessions workload says both
+    starts_s, messages, answers = sample_sessions(workload, spec.num_requests, spec.seed)
+    if spec.max_tokens is not None:
+        answers[:] = spec.max_tokens
+    grown = messages.reshape(-1, sessions.turns).sum(1) + answers.reshape(-1, sessions.turns).sum(1)
+    longest = sessions.system_prompt_tokens + int(grown.max())
+    context = endpoint.max_model_len
+    if context is not None and longest > context * (1 - CONTEXT_MARGIN):
+        raise ValueError(
+            f"a session grows to {longest:,} tokens; the server's context is {context:,}: fewer --turns or "
+            "shorter messages and answers"
+        )
+    return await run_sessions(
+        http, endpoint, sessions, starts_s.tolist(), messages.tolist(), answers.tolist(), sizer,
+        seed=spec.seed, on_done=on_done, stop=stop,
+    )  # fmt: skip
+
+
+async def _workload(
+    http: httpx.AsyncClient,
+    endpoint: bc.Endpoint,
+    sizer: PromptSizer,
+    spec: BenchSpec,
+    workload: Workload,
+    stop: asyncio.Event,
+    on_done: Callable[[], None] | None,
+    note: Callable[[str], None],
+) -> BenchRun:
+    """A sampled workload sent open loop; lengths capped to the server's context when it says it."""
+    context = endpoint.max_model_len
+    if context is not None and workload.max_total_tokens is None:
+        # A margin for prompt sizing, which is only as exact as the calibration line.
+        workload = replace(workload, max_total_tokens=int(context * (1 - CONTEXT_MARGIN)))
+    arrays = sample(workload, spec.num_requests, spec.seed)
+    if spec.max_tokens is not None:
+        arrays.max_tokens[:] = spec.max_tokens
+    texts, capped = await _capped_prompts(http, endpoint, sizer, arrays, workload, spec.seed, note)
+    run = await run_workload(
+        http, endpoint, arrays, sizer, seed=spec.seed, on_done=on_done, texts=texts, stop=stop
+    )
+    if capped is not None:
+        run.extra["prompt_caps"] = capped
+    return run
+
+
+async def _capped_prompts(
+    http: httpx.AsyncClient,
+    endpoint: bc.Endpoint,
+    sizer: PromptSizer,
+    arrays: WorkloadArrays,
+    workload: Workload,
+    seed: int,
+    note: Callable[[str], None],
+) -> tuple[list[str] | None, str | None]:
+    """With a length cap (given, or the server's context), prompts the server itself counts
+    within their requested length, so ``prompt <= --max-prompt-tokens`` and ``prompt + max_tokens
+    <= --max-total-tokens`` hold on its tokenizer; None, None when nothing is capped."""
+    if workload.max_prompt_tokens is None and workload.max_total_tokens is None:
+        return None, None
+    targets = [int(n) for n in arrays.num_prompt_tokens.tolist()]
+    rng = random.Random(seed)
+    texts = [sizer.prompt(n, rng) for n in targets]
+    texts, counted = await fit_prompts(http, endpoint, texts, targets)
+    if counted:
+        return texts, "server-counted"
+    rng = random.Random(seed)
+    note("note: the server has no /tokenize route; prompts are sized 5% short of the caps (approximate)")
+    return [sizer.prompt(fallback_target(n), rng) for n in targets], "margin"
