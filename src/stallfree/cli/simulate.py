@@ -11,7 +11,6 @@ import json
 import sys
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stallfree.cli.common import (
@@ -20,7 +19,7 @@ from stallfree.cli.common import (
     pick_costs,
 )
 from stallfree.cli.serving_args import add_serving_args, serving_config, serving_configs
-from stallfree.cli.workload_args import add_session_args, session_options, session_requests
+from stallfree.cli.workload_args import add_traffic_args, traffic_workload
 from stallfree.tune.sigint import sigterm_as_sigint, stop_on_signal  # light: stdlib only
 
 if TYPE_CHECKING:
@@ -52,10 +51,6 @@ examples:
 lengths: a trace path or name (sharegpt, arxiv, bwb, splitwise-conv, splitwise-code),
   fixed:P,O  uniform:PMIN-PMAX,OMIN-OMAX  lognormal:PMEDIAN,OMEDIAN[,SIGMA]
 """
-
-DEFAULT_QPS = 2.0
-DEFAULT_LENGTHS = "arxiv"
-DEFAULT_NUM_REQUESTS = 1000
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -99,32 +94,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=0.9,
         help="fraction of GPU memory for weights, activations and KV cache (default 0.9)",
     )
-    g = p.add_argument_group("workload")
-    g.add_argument(
-        "--workload",
-        choices=("poisson", "gamma", "all-at-once", "trace"),
-        help="arrival process (default: trace if --trace, else poisson)",
-    )
-    g.add_argument(
-        "--qps", type=float, help=f"requests per second for poisson/gamma (default {DEFAULT_QPS:g})"
-    )
-    g.add_argument("--burstiness", type=float, help="gamma shape: 1 Poisson, < 1 burstier")
-    g.add_argument(
-        "--lengths", help=f"length distribution or trace (default {DEFAULT_LENGTHS} unless --trace)"
-    )
-    g.add_argument("--trace", help="replay this trace's arrival times (and its lengths unless --lengths)")
-    g.add_argument(
-        "--replay",
-        metavar="RESULT.json",
-        help="re-create the exact requests (arrivals, lengths) of a `stallfree bench --save-result` file",
-    )
-    g.add_argument(
-        "--num-requests",
-        type=int,
-        help=f"requests to simulate (default {DEFAULT_NUM_REQUESTS:,}; a replayed trace: all its rows)",
-    )
-    g.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    add_session_args(g)
+    add_traffic_args(p.add_argument_group("workload"))
     g = p.add_argument_group("output")
     g.add_argument(
         "--goodput",
@@ -154,6 +124,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 @sigterm_as_sigint()
 def run(args: argparse.Namespace) -> int:
+    from stallfree.sim.outputs import write_outputs
     from stallfree.sim.report import format_table, interrupted_text, summarize_interruption
 
     servings = serving_configs(args)
@@ -171,7 +142,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--step-overhead-ms must be >= 0, got {args.step_overhead_ms}")
     workload, requests, results, cost_model_note = _simulate_all(args, servings)
     interrupted = len(results) < len(policies) or any(r.partial for r in results)
-    outputs = _write_outputs(args, results, len(policies), draw=not interrupted)
+    outputs = write_outputs(
+        results, len(policies), args.requests_out, args.trace_out, args.plot if not interrupted else None
+    )
     fingerprint = step_profile.fingerprint if step_profile is not None else None
     scenario = _scenario(args, workload, len(requests), cost_model_note, fingerprint)
     stopped = summarize_interruption(results, policies, len(requests)) if interrupted else None
@@ -218,7 +191,7 @@ def _simulate_all(
 
         workload, requests = None, load_bench_result(args.replay).arrays
     else:
-        workload, num_requests = _workload(args)
+        workload, num_requests = traffic_workload(args)
         requests = sample(workload, num_requests, args.seed)
     results: list[SimulationResult] = []
     with stop_on_signal() as stop:
@@ -243,66 +216,7 @@ def _simulate_all(
     return workload, requests, results, cost_model_note
 
 
-def _write_outputs(
-    args: argparse.Namespace, results: list[SimulationResult], num_policies: int, *, draw: bool
-) -> list[str]:
-    """``--requests-out``, ``--trace-out`` and, with ``draw`` (not after an interruption), ``--plot``:
-    the paths written."""
-    from stallfree.metrics.io import write_records_csv
-
-    outputs: list[str] = []
-    if args.requests_out:
-        for result in results:
-            path = _per_policy_path(args.requests_out, result.policy, num_policies)
-            write_records_csv(result.records, path)
-            outputs.append(str(path))
-    if args.trace_out and results:
-        from stallfree.sim.perfetto import write_chrome_trace
-
-        write_chrome_trace(((r.policy, r.steps) for r in results if r.steps is not None), args.trace_out)
-        outputs.append(args.trace_out)
-    if args.plot and draw:
-        from stallfree.plots.traffic import plot_traffic
-
-        outputs += [str(path) for path in plot_traffic(results, args.plot)]
-    return outputs
-
-
 _DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
-
-
-def _workload(args: argparse.Namespace) -> tuple[Any, int | None]:
-    from stallfree.workload import WorkloadOptions, workload_from_options
-
-    arrival = args.workload or ("trace" if args.trace else "poisson")
-    qps = args.qps
-    if qps is None and arrival in ("poisson", "gamma"):
-        qps = DEFAULT_QPS
-    lengths = args.lengths
-    if lengths is None and args.trace is None:
-        lengths = DEFAULT_LENGTHS
-    sessions = args.sessions is not None or args.turns is not None
-    num_requests = session_requests(args) if sessions else args.num_requests
-    workload = workload_from_options(
-        WorkloadOptions(
-            arrival=arrival,
-            qps=qps,
-            burstiness=args.burstiness,
-            trace=args.trace,
-            lengths=lengths,
-            **session_options(args),
-        )
-    )
-    if num_requests is not None and num_requests <= 0:
-        raise UsageError(f"--num-requests must be positive, got {num_requests}")
-    if num_requests is None and workload.max_num_requests() is None:
-        num_requests = DEFAULT_NUM_REQUESTS
-    return workload, num_requests
-
-
-def _per_policy_path(path: str, policy: str, num_policies: int) -> Path:
-    target = Path(path)
-    return target if num_policies == 1 else target.with_name(f"{target.stem}.{policy}{target.suffix}")
 
 
 def _scenario(

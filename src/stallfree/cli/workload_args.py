@@ -1,11 +1,73 @@
-"""Workload flags that ``simulate`` and ``bench`` share: multi-turn sessions."""
+"""Workload flags: ``simulate``'s traffic, and the multi-turn sessions it shares with ``bench``."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stallfree.cli.common import UsageError, positive_int
+
+if TYPE_CHECKING:
+    from stallfree.workload import Workload
+
+DEFAULT_QPS = 2.0
+DEFAULT_LENGTHS = "arxiv"
+DEFAULT_NUM_REQUESTS = 1000
+
+
+def add_traffic_args(g: argparse._ActionsContainer) -> None:
+    """``simulate``'s workload: arrivals, lengths, a trace or a bench result to replay, sessions."""
+    g.add_argument(
+        "--workload",
+        choices=("poisson", "gamma", "all-at-once", "trace"),
+        help="arrival process (default: trace if --trace, else poisson)",
+    )
+    g.add_argument(
+        "--qps", type=float, help=f"requests per second for poisson/gamma (default {DEFAULT_QPS:g})"
+    )
+    g.add_argument("--burstiness", type=float, help="gamma shape: 1 Poisson, < 1 burstier")
+    g.add_argument(
+        "--lengths", help=f"length distribution or trace (default {DEFAULT_LENGTHS} unless --trace)"
+    )
+    g.add_argument("--trace", help="replay this trace's arrival times (and its lengths unless --lengths)")
+    g.add_argument(
+        "--replay",
+        metavar="RESULT.json",
+        help="re-create the exact requests (arrivals, lengths) of a `stallfree bench --save-result` file",
+    )
+    g.add_argument(
+        "--num-requests",
+        type=int,
+        help=f"requests to simulate (default {DEFAULT_NUM_REQUESTS:,}; a replayed trace: all its rows)",
+    )
+    g.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    add_session_args(g)
+
+
+def traffic_workload(args: argparse.Namespace) -> tuple[Workload, int | None]:
+    """:func:`add_traffic_args`' flags as a workload and how many requests to draw (None: every
+    row of a trace read in order)."""
+    from stallfree.workload import WorkloadOptions, workload_from_options
+
+    arrival = args.workload or ("trace" if args.trace else "poisson")
+    qps = DEFAULT_QPS if args.qps is None and arrival in ("poisson", "gamma") else args.qps
+    lengths = DEFAULT_LENGTHS if args.lengths is None and args.trace is None else args.lengths
+    sessions = args.sessions is not None or args.turns is not None
+    num_requests = session_requests(args) if sessions else args.num_requests
+    options = WorkloadOptions(
+        arrival=arrival,
+        qps=qps,
+        burstiness=args.burstiness,
+        trace=args.trace,
+        lengths=lengths,
+        **session_options(args),
+    )
+    workload = workload_from_options(options)
+    if num_requests is not None and num_requests <= 0:
+        raise UsageError(f"--num-requests must be positive, got {num_requests}")
+    if num_requests is None and workload.max_num_requests() is None:
+        num_requests = DEFAULT_NUM_REQUESTS
+    return workload, num_requests
 
 
 def add_session_args(group: argparse._ActionsContainer) -> None:
