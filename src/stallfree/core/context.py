@@ -56,9 +56,9 @@ class StepContext:
         """The step's chunks so far plus, if ``seq`` is given, a chunk of ``num_tokens`` of it.
 
         For pricing a candidate (a step-time predictor reads chunks only): the extra chunk
-        starts after ``seq``'s computed tokens, exactly as :meth:`schedule_running` or
-        :meth:`admit` would schedule it (a waiting one after its cached prefix), and comes last. Nothing changes: no block is
-        allocated, nobody is preempted, ``seq`` is not scheduled, and the plan carries no
+        starts after ``seq``'s computed tokens (a waiting one's: its cached prefix), exactly as
+        :meth:`schedule_running` or :meth:`admit` would schedule it, and comes last. Nothing
+        changes: no block is allocated, nobody is preempted, ``seq`` is not scheduled, and the plan carries no
         block ids, preemptions or frees (whether the chunk would get its blocks is not
         checked: a preview prices, the actions decide). ``ValueError`` if ``seq`` is already
         scheduled or ``num_tokens`` is not in ``1..num_tokens_to_run(seq)``.
@@ -180,8 +180,6 @@ class StepContext:
         if seq.block_keys:
             state.num_prefix_queried_tokens += seq.num_known_tokens
             state.num_prefix_hit_tokens += num_cached
-            if seq.num_output_tokens == 0:
-                seq.num_cached_tokens = num_cached
         if hits:
             bm.take_cached(seq.request_id, hits)
             seq.num_computed_tokens = num_cached

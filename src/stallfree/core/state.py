@@ -26,7 +26,6 @@ class Sequence:
     # request_id and num_prompt_tokens are copied from the request: read on every step.
     __slots__ = (
         "block_keys",
-        "num_cached_tokens",
         "num_computed_tokens",
         "num_output_tokens",
         "num_prompt_tokens",
@@ -40,7 +39,6 @@ class Sequence:
         self.num_prompt_tokens = request.num_prompt_tokens
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
-        self.num_cached_tokens = 0  # prompt tokens the prefix cache gave it at its first admission
         self.block_keys: tuple[int, ...] = ()  # its known full blocks' cache keys (with caching)
 
     @property
@@ -71,7 +69,7 @@ class SchedulerState:
         self.running: list[Sequence] = []
         self.running_by_id: dict[str, Sequence] = {}
         self.num_preemptions = 0
-        # vLLM's prefix-cache counters: prompt tokens looked up at first admission, and found.
+        # vLLM's prefix-cache counters: known tokens looked up at each admission, and found.
         self.num_prefix_queried_tokens = 0
         self.num_prefix_hit_tokens = 0
 

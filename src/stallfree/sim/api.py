@@ -70,7 +70,8 @@ def simulate(
     The summary holds :func:`stallfree.metrics.summarize`'s keys plus ``policy``, ``num_steps``,
     ``max_step_ms``, ``num_kv_blocks``, ``kv_block_size``, ``rejected_reasons`` (reason -> count),
     the prefix cache's ``enable_prefix_caching``, ``prefix_cache_queried_tokens``,
-    ``prefix_cache_hit_tokens`` and ``prefix_cache_hit_rate``, and, with ``serving.step_budget_ms``, what missed the step-time target (``step_budget_ms``,
+    ``prefix_cache_hit_tokens`` and ``prefix_cache_hit_rate``, and, with
+    ``serving.step_budget_ms``, what missed the step-time target (``step_budget_ms``,
     ``num_steps_over_budget``, ``num_guarded_steps``, ``num_decode_overruns``).
 
     ``stop`` (a Ctrl-C's flag, say) is asked between steps; once it returns True the run ends

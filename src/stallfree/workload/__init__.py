@@ -12,8 +12,8 @@ prompt lengths, ``max_tokens``) and :func:`generate` / :func:`iter_requests` int
   they never drop rows (see :func:`cap_lengths`).
 
 Modules: :mod:`.arrivals` (when), :mod:`.lengths` (how long), :mod:`.traces` (the shipped
-and user trace files), :mod:`.requests` (sampling), :mod:`.sessions` (multi-turn chat), :mod:`.options` (the
-command-line form).
+and user trace files), :mod:`.requests` (sampling), :mod:`.sessions` (multi-turn chat),
+:mod:`.options` (the command-line form).
 Shared by the simulator, the engine and the HTTP benchmark client: stdlib + numpy only.
 """
 
