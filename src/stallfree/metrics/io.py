@@ -85,7 +85,9 @@ _CONVERTERS: dict[str, Callable[[str], object]] = {
     "max_itl_s": float,
     "num_preemptions": int,
     "finish_reason": str,
+    "num_cached_tokens": int,
 }
+_OPTIONAL_COLUMNS = {"num_cached_tokens": "0"}  # files written before prefix caching lack it
 
 
 def read_records_csv(path: str | os.PathLike[str]) -> list[RequestRecord]:
@@ -93,13 +95,20 @@ def read_records_csv(path: str | os.PathLike[str]) -> list[RequestRecord]:
     source = Path(path)
     with source.open(newline="", encoding="utf-8") as text:
         reader = csv.DictReader(text)
-        missing = [name for name in RECORD_COLUMNS if name not in (reader.fieldnames or [])]
+        missing = [
+            name
+            for name in RECORD_COLUMNS
+            if name not in (reader.fieldnames or []) and name not in _OPTIONAL_COLUMNS
+        ]
         if missing:
             raise ValueError(f"{source}: missing column(s) {', '.join(missing)}")
         records = []
         for row in reader:
             try:
-                values = {name: _CONVERTERS[name](row[name]) for name in RECORD_COLUMNS}
+                values = {
+                    name: _CONVERTERS[name](row.get(name) or _OPTIONAL_COLUMNS.get(name, ""))
+                    for name in RECORD_COLUMNS
+                }
                 records.append(RequestRecord(**values))  # type: ignore[arg-type]
             except (TypeError, ValueError) as error:
                 raise ValueError(f"{source}, line {reader.line_num}: {error}") from None

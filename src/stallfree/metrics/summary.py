@@ -54,10 +54,17 @@ class RequestRecord:
     max_itl_s: float = 0.0
     num_preemptions: int = 0
     finish_reason: str = "length"
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache held when it was first scheduled
 
     def __post_init__(self) -> None:
         where = f"request {self.request_id}"
-        if self.num_prompt_tokens < 0 or self.num_output_tokens < 0 or self.num_preemptions < 0:
+        counts = (
+            self.num_prompt_tokens,
+            self.num_output_tokens,
+            self.num_preemptions,
+            self.num_cached_tokens,
+        )
+        if min(counts) < 0:
             raise ValueError(f"{where}: token and preemption counts must be >= 0")
         if not self.max_itl_s >= 0:
             raise ValueError(f"{where}: max_itl_s must be >= 0, got {self.max_itl_s}")

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from stallfree.core import ChunkedPolicy, Request, Scheduler
 from stallfree.core.serving import ServingConfig
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
@@ -113,7 +115,7 @@ def simulate(
         "num_kv_blocks": kv.num_blocks,
         "kv_block_size": serving.block_size,
         "rejected_reasons": run.rejected_reasons,
-        **_prefix_cache_summary(serving, scheduler),
+        **_prefix_cache_summary(serving, scheduler, run.records),
     }
     return SimulationResult(serving.policy, summary, run.records, run.itl, kv, run.steps, run.stopped)
 
@@ -170,16 +172,30 @@ def _step_budget_summary(serving: ServingConfig, scheduler: Scheduler, num_over:
     }
 
 
-def _prefix_cache_summary(serving: ServingConfig, scheduler: Scheduler) -> dict[str, Any]:
-    """Whether the prefix cache was on and, over the prompt tokens it looked up (at every
-    admission, recomputes included, as vLLM counts), the share it found cached (None: no request
-    said what its prompt is, so nothing could be shared)."""
+def _prefix_cache_summary(
+    serving: ServingConfig, scheduler: Scheduler, records: list[RequestRecord]
+) -> dict[str, Any]:
+    """Whether the prefix cache was on; over the tokens it looked up (at every admission,
+    recomputes included, as vLLM counts), the share it found (None: no request said what its
+    prompt is, so nothing could be shared); the share of completed requests that found any of
+    their prompt cached at first; and the median TTFT of those that found at least half of it
+    cached, and of the rest (None: no such request)."""
     queried, hits = scheduler.state.num_prefix_queried_tokens, scheduler.state.num_prefix_hit_tokens
+    done = [
+        (r, r.first_token_s - r.arrival_s) for r in records if r.is_completed and r.first_token_s is not None
+    ]
+    mostly = [ttft_s for r, ttft_s in done if 2 * r.num_cached_tokens >= r.num_prompt_tokens]
+    rest = [ttft_s for r, ttft_s in done if 2 * r.num_cached_tokens < r.num_prompt_tokens]
     return {
         "enable_prefix_caching": serving.enable_prefix_caching,
         "prefix_cache_queried_tokens": queried,
         "prefix_cache_hit_tokens": hits,
         "prefix_cache_hit_rate": hits / queried if queried else None,
+        "prefix_cache_hit_requests": sum(r.num_cached_tokens > 0 for r, _ in done) / len(done)
+        if queried and done
+        else None,
+        "median_ttft_ms_mostly_cached": float(np.median(mostly)) * 1000 if queried and mostly else None,
+        "median_ttft_ms_mostly_computed": float(np.median(rest)) * 1000 if queried and rest else None,
     }
 
 

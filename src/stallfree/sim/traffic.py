@@ -96,6 +96,7 @@ class _Live:
         "first_token_s",
         "last_token_s",
         "max_itl_s",
+        "num_cached_tokens",
         "num_output_tokens",
         "num_preemptions",
         "num_prompt_tokens",
@@ -111,6 +112,7 @@ class _Live:
         self.max_itl_s = 0.0
         self.num_output_tokens = 0
         self.num_preemptions = 0
+        self.num_cached_tokens = 0
 
 
 _NUMBER = re.compile(r"\d+(\.\d+)?")
@@ -268,6 +270,7 @@ def _record_tokens(
         state = live[chunk.request_id]
         if state.first_scheduled_s is None:
             state.first_scheduled_s = start
+            state.num_cached_tokens = chunk.num_computed_tokens  # a first chunk starts after its hit
         if not chunk.emits_token:
             continue  # a prompt chunk short of the last token: no token yet
         samplers.append(state)
@@ -313,6 +316,7 @@ def _finished_record(request_id: str, state: _Live, finish_s: float, reason: str
         max_itl_s=state.max_itl_s,
         num_preemptions=state.num_preemptions,
         finish_reason=reason,
+        num_cached_tokens=state.num_cached_tokens,
     )
 
 
