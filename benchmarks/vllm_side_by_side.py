@@ -381,7 +381,8 @@ def prefix_cache_part(args: argparse.Namespace) -> list[str]:
         "| vLLM | run | median TTFT ms (meas / pred, ratio) | p99 TTFT ms | median ITL ms | prompt tokens from the cache (meas / pred) | load |",
         "|---|---|---|---|---|---|---|",
     ]
-    for caching in (True, False):
+    modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.prefix_caching]
+    for caching in modes:
         flags = [] if caching else ["--no-enable-prefix-caching"]
         with vllm_server(model_dir, out / f"vllm-prefix-{caching}.log", flags) as (url, kv_tokens):
             if not (args.skip_profile and profile.exists()):
@@ -393,8 +394,10 @@ def prefix_cache_part(args: argparse.Namespace) -> list[str]:
             for run in range(1, args.runs + 1):
                 result = out / f"sessions-{caching}-{run}.json"
                 before, started = prefix_counters(url), load()
-                bench(url, result, *session, "--seed", str(1000 + run + 10 * caching))
-                queried, hits = (a - b for a, b in zip(prefix_counters(url), before, strict=True))
+                measured = bench(url, result, *session, "--seed", str(1000 + run + 10 * caching))
+                hits = prefix_counters(url)[1] - before[1]
+                # The run's own prompts, not the bench's calibration probes (which find nothing).
+                queried = sum(measured["input_lens"])
                 body = json_of("validate", "--profile", str(profile), "--measured", str(result), *config)
                 metrics = body["policies"]["chunked"]["metrics"]
                 sim = json_of("simulate", "--profile", str(profile), "--replay", str(result), *config)
@@ -407,13 +410,14 @@ def prefix_cache_part(args: argparse.Namespace) -> list[str]:
                 print(rows[-1], file=sys.stderr, flush=True)
     engine = ["--model", str(model_dir), "--dtype", "float32", "--device", "cpu", "--threads", "1",
               "--token-budget", str(VLLM_DEFAULT[0]), "--max-num-seqs", str(VLLM_DEFAULT[1])]  # fmt: skip
-    for caching in (True, False):
+    for caching in modes if args.with_engine else ():
         flag = "--enable-prefix-caching" if caching else "--no-enable-prefix-caching"
         with serving([*engine, flag]) as (url, _):
             result = out / f"sessions-stallfree-{caching}.json"
             before, started = prefix_counters(url, "stallfree"), load()
             measured = bench(url, result, *session, "--seed", str(2000 + 10 * caching))
-            queried, hits = (a - b for a, b in zip(prefix_counters(url, "stallfree"), before, strict=True))
+            hits = prefix_counters(url, "stallfree")[1] - before[1]
+            queried = sum(measured["input_lens"])
             cells = [f"{measured[k]:,.0f}" for k in ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms")]
             share = f"{hits / queried:.0%}" if queried else "-"
             rows.append(f"| stallfree serve, cache {'on' if caching else 'off'} | 1 | " + " | ".join(cells)
@@ -439,6 +443,15 @@ def main() -> int:
         "4K context, is 2.3 s on this CPU and every budget meets it for 512-token prompts)",
     )
     parser.add_argument("--skip-profile", action="store_true", help="reuse the profile under --out")
+    parser.add_argument(
+        "--prefix-caching",
+        choices=("both", "on", "off"),
+        default="both",
+        help="--part prefix-cache: which runs",
+    )
+    parser.add_argument(
+        "--no-engine", dest="with_engine", action="store_false", help="--part prefix-cache: vLLM only"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = PARTS[args.part](args)

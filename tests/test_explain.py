@@ -57,6 +57,25 @@ def test_full_cost_model_charges_later_chunks_more(capsys: pytest.CaptureFixture
     assert full["prefill_alone_s"] > seed["prefill_alone_s"]
 
 
+def test_a_cached_prefix_leaves_only_the_tail_to_compute(capsys: pytest.CaptureFixture[str]) -> None:
+    """The prompt's first 12,000 tokens were cached by earlier traffic (11,993 is not a whole
+    number of 16-token blocks: 11,984 are found): prefill-first's stall and chunked's chunks
+    shrink to the 4,400-token tail, which sits after that context (the full model charges it)."""
+    args = ("--cost-model", "full", "--sweep", "256")
+    whole = explain_json(capsys, *args)
+    cached = explain_json(capsys, *args, "--cached-prefix-tokens", "11993")
+    assert sum(cached["prompt_chunks"]["chunk_tokens"]) == 16384 - 11984
+    assert cached["prompt_chunks"]["num_steps"] == -(-(16384 - 11984) // 256)
+    pf, pf_whole = cached["policies"]["prefill-first"], whole["policies"]["prefill-first"]
+    assert 0.2 * pf_whole["max_gap_s"] < pf["max_gap_s"] < 0.5 * pf_whole["max_gap_s"]
+    assert cached["prefill_alone_s"] < 0.5 * whole["prefill_alone_s"]
+    assert cached["policies"]["chunked"]["ttft_vs_alone"] == pytest.approx(
+        whole["policies"]["chunked"]["ttft_vs_alone"], rel=0.1
+    )
+    assert main(["explain", "--cached-prefix-tokens", "16384"]) == 2
+    assert "below the prompt" in capsys.readouterr().err
+
+
 def test_table_and_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explain", "--plot", str(tmp_path), "--sweep", "64,256,1024"]) == 0
     text = capsys.readouterr().out

@@ -95,6 +95,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="each stream's context when the prompt arrives (default 1024; torch 256)",
     )
     add(
+        "--cached-prefix-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the prompt's first N tokens are already in the prefix cache (earlier traffic shared them): "
+        "only its tail is computed and chunked (default 0)",
+    )
+    add(
         "--chunk-tokens",
         type=positive_int,
         help="prompt tokens per chunked step (default 256; torch: the measured ridge)",

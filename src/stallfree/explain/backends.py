@@ -50,7 +50,12 @@ def run_explain(options: ExplainOptions) -> Explanation:
         chunk = int(timer.ridge_tokens(options.streams, context))
     budget_ms = options.step_budget_ms
     scenario = Scenario(
-        prompt, options.streams, context, chunk, step_budget_s=budget_ms / 1000 if budget_ms else None
+        prompt,
+        options.streams,
+        context,
+        chunk,
+        step_budget_s=budget_ms / 1000 if budget_ms else None,
+        cached_prefix_tokens=options.cached_prefix_tokens,
     )
     warnings = _deployment_warnings(roofline.cost_model.config, scenario) if roofline else []
     if options.is_priced_by_profile:  # a PricedTimer over the profile's measured model

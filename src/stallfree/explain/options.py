@@ -69,6 +69,7 @@ class ExplainOptions:
     chunk_tokens: int | None = None
     step_budget_ms: float | None = None
     sweep: tuple[int, ...] | None = None
+    cached_prefix_tokens: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost_model", cost_model_kind(self.cost_model))  # frozen: normalise
@@ -81,6 +82,10 @@ class ExplainOptions:
         for chunk in self.sweep or ():
             _positive("sweep", chunk, whole=True)
         _positive("step_budget_ms", self.step_budget_ms, whole=False)
+        if self.cached_prefix_tokens:
+            _positive("cached_prefix_tokens", self.cached_prefix_tokens, whole=True)
+            if self.engine == "torch":
+                raise ValueError("--cached-prefix-tokens runs on the roofline engine (or a --profile) only")
         if self.step_budget_ms and self.engine == "torch" and self.profile is None:
             # The engine's timer runs plans; a time budget needs a prediction before running one.
             raise ValueError(

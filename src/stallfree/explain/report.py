@@ -32,7 +32,12 @@ def format_explain(out: dict[str, Any]) -> str:
     sc = out["scenario"]
     lines = [
         f"{sc['model']} on {sc['tp']} x {sc['hardware']} ({sc['engine']}, cost model: {sc['cost_model']})",
-        f"{sc['streams']} streams decoding at {sc['context_tokens']:,} tokens of context; a {sc['prompt_tokens']:,}-token prompt arrives.",
+        f"{sc['streams']} streams decoding at {sc['context_tokens']:,} tokens of context; a {sc['prompt_tokens']:,}-token prompt arrives"
+        + (
+            f", its first {sc['cached_prefix_tokens']:,} tokens in the prefix cache (only the rest is computed)."
+            if sc.get("cached_prefix_tokens")
+            else "."
+        ),
         *(f"warning: {w}" for w in out.get("warnings", ())),
         "",
         f"  decode step ({sc['streams']} streams)   {_ms(out['decode_step_s'])}",

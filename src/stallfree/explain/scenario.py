@@ -2,7 +2,9 @@
 
 Both policies see the same arrival: the streams are prefilled (warm-up, cut
 from the result), run ``lead_steps`` decode steps, then the prompt arrives at
-a step boundary. The run ends ``tail_steps`` steps after the prompt's first
+a step boundary. With ``cached_prefix_tokens`` the prompt shares that prefix with earlier
+traffic: a request with the same prefix runs in the warm-up and leaves its blocks in the prefix
+cache, so only the prompt's new tail is computed (and chunked). The run ends ``tail_steps`` steps after the prompt's first
 token. Step durations come from a :class:`StepTimer`: a cost model
 (:mod:`.roofline`), or the real engine's measured steps with ``--engine torch`` (:mod:`.engine`). Gaps are the
 other streams' inter-token times over the measured window: the ``lead_steps`` decode
@@ -14,7 +16,7 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from stallfree.core import (
@@ -22,6 +24,7 @@ from stallfree.core import (
     CacheConfig,
     Executor,
     Policy,
+    PromptBlocks,
     Request,
     Scheduler,
     SchedulerConfig,
@@ -88,15 +91,25 @@ class Scenario:
     lead_steps: int = 4
     tail_steps: int = 4
     step_budget_s: float | None = None  # chunked sizes its chunks by this step-time target instead
+    cached_prefix_tokens: int = 0  # the prompt's first tokens, already in the prefix cache
 
     def __post_init__(self) -> None:
         for name in ("prompt_tokens", "streams", "context_tokens", "chunk_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.cached_prefix_tokens < self.prompt_tokens:
+            raise ValueError(
+                f"cached-prefix-tokens must be >= 0 and below the prompt's {self.prompt_tokens:,} tokens, "
+                f"got {self.cached_prefix_tokens}"
+            )
         if self.step_budget_s is not None and not self.step_budget_s > 0:
             raise ValueError(f"step-budget-ms must be positive, got {self.step_budget_s * 1000}")
         if self.lead_steps < 2 or self.tail_steps < 0:
             raise ValueError("lead_steps must be >= 2 (so every run has a gap) and tail_steps >= 0")
+
+    def num_cached_tokens(self, block_size: int) -> int:
+        """The prompt tokens the cache gives it: whole blocks of the cached prefix."""
+        return self.cached_prefix_tokens // block_size * block_size
 
     @property
     def decoder_max_tokens(self) -> int:
@@ -146,14 +159,22 @@ def run_scenario(scenario: Scenario, policy: Policy, timer: StepTimer) -> Policy
     config = SchedulerConfig(max_num_seqs=scenario.streams + 1)
     policy.check_config(config)
     warm_up = _WarmUp(policy)
-    sched = Scheduler(config, timer.cache_config(), warm_up)
+    cached = scenario.cached_prefix_tokens
+    cache = replace(timer.cache_config(), enable_prefix_caching=True) if cached else timer.cache_config()
+    sched = Scheduler(config, cache, warm_up)
     executor = timer.new_executor()
     streams = [
         Request(f"s{i}", scenario.context_tokens, scenario.decoder_max_tokens)
         for i in range(scenario.streams)
     ]
     ids = [r.request_id for r in streams]
-    tl = simulate_timeline(sched, executor, streams, stop=lambda t: True)  # one prefill-first step
+    # Earlier traffic left the prompt's prefix in the cache: a request that shares it runs (and
+    # leaves) in the warm-up, its blocks freed but still cached when the prompt arrives.
+    prefix = PromptBlocks((*range(cached), -1)) if cached else None
+    earlier = [Request("earlier", cached + 1, 1, prompt_blocks=prefix)] if cached else []
+    tl = simulate_timeline(
+        sched, executor, [*streams, *earlier], stop=lambda t: True
+    )  # one prefill-first step
     if len(tl.token_times_s) < len(ids):
         raise ValueError(
             f"the KV cache cannot hold {scenario.streams} streams of {scenario.context_tokens} tokens"
@@ -168,7 +189,14 @@ def run_scenario(scenario: Scenario, policy: Policy, timer: StepTimer) -> Policy
         stop=lambda t: len(t.steps) - warmup_steps >= scenario.lead_steps,
     )
     arrival_s = tl.end_s
-    prompt = Request(PROMPT_ID, scenario.prompt_tokens, 1, arrival_time_s=arrival_s)
+    content = PromptBlocks((*range(cached), *range(-2, -2 - scenario.prompt_tokens + cached, -1)))
+    prompt = Request(
+        PROMPT_ID,
+        scenario.prompt_tokens,
+        1,
+        arrival_time_s=arrival_s,
+        prompt_blocks=content if cached else None,
+    )
 
     def done(t: Timeline) -> bool:
         first = t.token_times_s.get(PROMPT_ID)
@@ -291,7 +319,8 @@ def explain(
     so it needs a model's prediction) prices each candidate step. The sweep stays fixed chunks.
     """
     check_size(scenario, timer.cache_config().block_size, sweep_chunks)
-    alone = timer.step_time_s(synthetic_plan(0, 0, scenario.prompt_tokens))
+    cached = scenario.num_cached_tokens(timer.cache_config().block_size)
+    alone = timer.step_time_s(synthetic_plan(0, 0, scenario.prompt_tokens - cached, cached))
     if scenario.step_budget_s is None:
         chunked = make_policy("chunked", chunk_tokens=scenario.chunk_tokens)
     else:
