@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import time
@@ -133,7 +134,7 @@ def test_multi_turn_sessions_send_the_conversation_back(
         turns.setdefault(s, []).append((t, n, o))
     for rows in turns.values():
         rows.sort()
-        for (_, n0, o0), (_, n1, _) in zip(rows, rows[1:], strict=False):
+        for (_, n0, o0), (_, n1, _) in itertools.pairwise(rows):
             assert n0 + o0 + 30 <= n1 <= n0 + o0 + 50  # plus a ~40-token message
     # Every turn after a session's first reuses at least its system prompt's full blocks.
     hits = server.app.state.engine_thread.engine.scheduler.state.num_prefix_hit_tokens - hits_before
