@@ -105,6 +105,23 @@ def test_named_output_tokens_are_cached_once_computed() -> None:
     assert (chunk.num_computed_tokens, chunk.num_tokens) == (12, 6)
 
 
+def test_sampled_tokens_key_the_blocks_they_fill() -> None:
+    """An engine's request names only its prompt; the tokens its executor samples key the blocks
+    they fill, so the next turn (prompt + this answer + a new message) hits them as above."""
+    sched = caching_scheduler()
+    prompt, answer = list(range(6)), list(range(50, 58))  # the prompt's last block is partial
+    sched.add_request(tokens_request("turn-1", prompt, max_tokens=8))
+    sampled = iter(answer)
+    while sched.has_unfinished_requests():
+        plan = sched.schedule()
+        tokens = {c.request_id: next(sampled) for c in plan.chunks if c.emits_token}
+        sched.update_from_output(plan, StepResult(1.0, tokens))
+    sched.add_request(tokens_request("turn-2", [*prompt, *answer, 99, 98]))
+    chunk = sched.schedule().chunks[0]
+    # blocks 0-2 (the prompt and answer tokens 0-5) were computed; the last sampled token never ran
+    assert (chunk.num_computed_tokens, chunk.num_tokens) == (12, 4)
+
+
 def test_freed_cached_blocks_are_free_until_evicted_lru() -> None:
     bm = BlockManager(BLOCK, 4, enable_prefix_caching=True)
     keys = block_keys(PromptBlocks(tuple(range(8))), 8, BLOCK)

@@ -120,6 +120,23 @@ def test_prefix_caching_reuses_blocks_and_changes_no_token(
     assert runs[True][1] >= 5 * shared_blocks * 4  # all but the first prompt hit at least the prefix
 
 
+def test_a_next_turn_hits_the_blocks_of_the_answer_it_repeats(checkpoint: Path) -> None:
+    """Turn 2's prompt is turn 1's prompt and generated answer plus a new message: the blocks the
+    answer's tokens filled are cached as they are generated, so turn 2 computes only what is new
+    (and the last of turn 1's tokens, whose KV never ran), with the same tokens as uncached."""
+    prompt = random_tokenizer(random_spec("tiny").vocab_size).encode(SHARED)
+    runs = {}
+    for caching in (True, False):
+        llm = engine(checkpoint, policy="chunked", token_budget=16, enable_prefix_caching=caching)
+        answer = list(llm.generate([prompt], GREEDY)[0].token_ids)
+        state = llm.engine.scheduler.state
+        hits_before = state.num_prefix_hit_tokens
+        second = llm.generate([[*prompt, *answer, 5, 6, 7]], GREEDY)[0]
+        runs[caching] = (list(second.token_ids), state.num_prefix_hit_tokens - hits_before)
+    assert runs[True][0] == runs[False][0]
+    assert runs[True][1] == (len(prompt) + MAX_TOKENS - 1) // 4 * 4
+
+
 def test_streaming_outputs_add_up(checkpoint: Path) -> None:
     eng = LLMEngine(
         str(checkpoint), dtype="float32", block_size=4, num_blocks=64, policy="chunked", token_budget=8

@@ -90,6 +90,27 @@ def test_validate_runs_both_sides_on_the_same_requests(
     assert all(Path(p).is_file() for p in body["outputs"])
 
 
+def test_multi_turn_sessions_hit_the_same_blocks_in_the_engine_and_the_simulator(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each turn repeats the conversation so far, the engine's own answers included: with turns
+    far enough apart that each answer is back before the next turn, the engine's prefix cache
+    (the core's block manager) hits exactly the tokens the simulator's does."""
+    profile = tiny_profile(tmp_path / "tiny.json")
+    args = ["validate", "--profile", str(profile), "--sessions", "3", "--turns", "3", "--qps", "10"]
+    args += ["--system-prompt-tokens", "24", "--think-time-s", "0.5", "--lengths", "fixed:10,6"]
+    assert main([*args, "--token-budget", "16", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["scenario"]["sessions"].startswith("3 sessions x 3 turns, system prompt 24 tokens")
+    result = body["policies"]["chunked"]
+    assert result["completed"] == {"measured": 9, "predicted": 9, "requests": 9}
+    hits = result["metrics"]["prefix_cache_hit_rate"]
+    # block size 4: a session's later turns find all but their last few tokens
+    assert 0.4 < hits["measured"] < 1 and hits["predicted"] == pytest.approx(hits["measured"])
+    assert main([*args, "--no-enable-prefix-caching"]) == 0
+    assert "prefix cache hits" not in capsys.readouterr().out
+
+
 def write_bench_result(path: Path) -> Path:
     data = {
         "duration": 3.0,

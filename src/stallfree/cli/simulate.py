@@ -142,9 +142,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--step-overhead-ms must be >= 0, got {args.step_overhead_ms}")
     workload, requests, results, cost_model_note = _simulate_all(args, servings)
     interrupted = len(results) < len(policies) or any(r.partial for r in results)
-    outputs = write_outputs(
-        results, len(policies), args.requests_out, args.trace_out, args.plot if not interrupted else None
-    )
+    outputs = write_outputs(results, len(policies), args.requests_out, args.trace_out)
+    if args.plot and not interrupted:
+        from stallfree.plots.traffic import plot_traffic
+
+        outputs += [str(path) for path in plot_traffic(results, args.plot)]
     fingerprint = step_profile.fingerprint if step_profile is not None else None
     scenario = _scenario(args, workload, len(requests), cost_model_note, fingerprint)
     stopped = summarize_interruption(results, policies, len(requests)) if interrupted else None

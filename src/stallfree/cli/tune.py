@@ -20,6 +20,7 @@ from stallfree.cli.common import (
     positive_int,
     resolve_cost_model,
 )
+from stallfree.cli.serving_args import SERVING_FLAGS
 from stallfree.cli.sweep import add_run_args, make_dir, show_progress, trial_pool
 from stallfree.tune.sigint import sigterm_as_sigint  # light: stdlib only
 
@@ -135,6 +136,13 @@ def _add_deployment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--seed", type=non_negative_int, default=0, help="workload seed, the same for every trial (default 0)"
     )
+    p.add_argument(
+        *SERVING_FLAGS["enable_prefix_caching"],
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="every trial reuses cached prompt prefixes, as vLLM V1 and SGLang do by default (matters "
+        "for traces with prefix-block hashes, read in order; default on)",
+    )
 
 
 @sigterm_as_sigint()  # a SIGTERM stops the pool and reports as Ctrl-C does
@@ -146,7 +154,9 @@ def run_tune(args: argparse.Namespace) -> int:
     costs, cost_model_note = _tune_costs(args)
     base = TrialSpec(
         costs=costs,
-        serving=replace(DEFAULT_SERVING, num_blocks=args.num_blocks),
+        serving=replace(
+            DEFAULT_SERVING, num_blocks=args.num_blocks, enable_prefix_caching=args.enable_prefix_caching
+        ),
         lengths=args.lengths,
         arrival=args.arrival,
         burstiness=args.burstiness,

@@ -28,6 +28,7 @@ from stallfree.cli.common import (
     positive_int,
 )
 from stallfree.cli.serving_args import add_serving_args, serving_configs
+from stallfree.cli.workload_args import add_session_args, session_options, session_requests
 
 if TYPE_CHECKING:
     from stallfree.validate import ValidationOptions
@@ -40,6 +41,8 @@ examples:
   stallfree validate --profile medium.profile.json --qps 1 --lengths fixed:512,64 --num-requests 150 \\
       --policy chunked,prefill-first --token-budget 64 --plot out/validate
   stallfree validate --profile medium.profile.json --measured bench-result.json --token-budget 64
+  stallfree validate --profile medium.profile.json --sessions 8 --turns 4 --system-prompt-tokens 512 \
+      --qps 0.2 --think-time-s 4 --lengths fixed:64,32 --token-budget 128
 """
 
 # validate.options.SAMPLINGS, spelled out so that parsing imports nothing of the validation.
@@ -80,8 +83,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--qps", type=float, default=1.0, help="Poisson arrivals per second (default 1)")
     g.add_argument("--burstiness", type=float, help="gamma shape (1 = Poisson)")
     g.add_argument("--lengths", default="fixed:512,64", help="length distribution (default %(default)s)")
-    g.add_argument("--num-requests", type=positive_int, default=150, help="requests (default 150)")
+    g.add_argument("--num-requests", type=positive_int, help="requests (default 150)")
     g.add_argument("--seed", type=int, default=0, help="workload seed (default 0; --step-noise's too)")
+    add_session_args(g)
     g = p.add_argument_group("output")
     g.add_argument(
         "--step-noise",
@@ -99,6 +103,8 @@ def validation_options(args: argparse.Namespace) -> ValidationOptions:
     """The parsed flags as :class:`ValidationOptions` (one serving configuration per policy)."""
     from stallfree.validate import ValidationOptions
 
+    sessions = args.sessions is not None or args.turns is not None
+    num_requests = session_requests(args) if sessions else args.num_requests or 150
     return ValidationOptions(
         profile=args.profile,
         servings=tuple(serving_configs(args)),
@@ -111,8 +117,9 @@ def validation_options(args: argparse.Namespace) -> ValidationOptions:
         qps=args.qps,
         burstiness=args.burstiness,
         lengths=args.lengths,
-        num_requests=args.num_requests,
+        num_requests=num_requests,
         seed=args.seed,
+        **session_options(args),
         step_noise=args.step_noise,
         progress=sys.stderr.isatty() and not args.no_progress,
     )

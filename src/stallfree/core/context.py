@@ -104,6 +104,7 @@ class StepContext:
         need = bm.num_new_blocks(rid, target)
         if not need:  # most decodes: the last block still has room
             self._add(seq, num_tokens, ())
+            state.cache_computed(seq, target)  # a block this chunk fills is cached with it
             return num_tokens
         if preempt:
             while not bm.can_allocate(need):
@@ -149,6 +150,8 @@ class StepContext:
                     # A running request holds exactly the blocks of its computed tokens, so its
                     # last block has room: no allocation, nothing to preempt.
                     self._add(seq, 1, ())
+                    if seq.block_keys and not (seq.num_computed_tokens + 1) % block_size:
+                        self._state.cache_computed(seq, seq.num_computed_tokens + 1)  # it fills it
                 else:
                     self.schedule_running(seq, 1, preempt=True)
 

@@ -131,6 +131,10 @@ class Scheduler:
         finished: list[tuple[str, FinishReason]] = []
         stopped = result.stopped_request_ids
         running = self.state.running_by_id
+        if result.sampled_token_ids and self.state.block_manager.enable_prefix_caching:
+            for rid, token_id in result.sampled_token_ids.items():
+                if (seq := running.get(rid)) is not None:
+                    self.state.key_sampled(seq, token_id)
         for chunk in plan.chunks:
             rid = chunk.request_id
             seq = running.get(rid)

@@ -29,6 +29,7 @@ class Sequence:
         "num_computed_tokens",
         "num_output_tokens",
         "num_prompt_tokens",
+        "pending_ids",
         "request",
         "request_id",
     )
@@ -40,6 +41,9 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
         self.block_keys: tuple[int, ...] = ()  # its known full blocks' cache keys (with caching)
+        # With caching and a prompt given as token ids: the known token ids after the last keyed
+        # block, so generated tokens key the blocks they fill (None: not keyed by token ids).
+        self.pending_ids: list[int] | None = None
 
     @property
     def num_known_tokens(self) -> int:
@@ -76,14 +80,27 @@ class SchedulerState:
     def add(self, request: Request) -> None:
         """Queue ``request`` last."""
         seq = Sequence(request)
-        if self.block_manager.enable_prefix_caching and request.prompt_blocks is not None:
+        content = request.prompt_blocks
+        if self.block_manager.enable_prefix_caching and content is not None:
             # Ids may go on into the output (a session's answers, known to its workload).
-            seq.block_keys = block_keys(
-                request.prompt_blocks,
-                request.num_prompt_tokens + request.max_tokens,
-                self.block_manager.block_size,
-            )
+            size = self.block_manager.block_size
+            seq.block_keys = block_keys(content, request.num_prompt_tokens + request.max_tokens, size)
+            if content.tokens_per_id == 1 and content.num_named_tokens == request.num_prompt_tokens:
+                seq.pending_ids = list(content.ids[len(seq.block_keys) * size :])
         self.waiting.append(seq)
+
+    def key_sampled(self, seq: Sequence, token_id: int) -> None:
+        """An executor sampled ``token_id`` for ``seq``: once such tokens fill a block, key it as
+        :func:`block_keys` keys a prompt's, so generated blocks are cached too (as in vLLM), and
+        a later prompt that repeats this answer (the next turn of a chat) finds them."""
+        pending = seq.pending_ids
+        if pending is None:
+            return
+        pending.append(token_id)
+        if len(pending) == self.block_manager.block_size:
+            parent = seq.block_keys[-1] if seq.block_keys else 0
+            seq.block_keys += (hash((parent, tuple(pending))),)
+            pending.clear()
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks a waiting ``seq`` would start from: its prompt's longest cached

@@ -8,7 +8,11 @@ step's plan and wall time (the whole ``LLMEngine.step`` call) are kept, and ever
 time, so the run is scored by the same metrics code as a simulated one.
 
 Prompts are random token ids (seeded) of the requested length; outputs run to ``max_tokens``
-(``ignore_eos``), so the token counts are exactly the simulator's.
+(``ignore_eos``), so the token counts are exactly the simulator's. A request whose
+``prompt_blocks`` name its tokens (a multi-turn session's) gets one random token per distinct
+id, so equal ids are equal tokens and the engine's prefix cache sees the sharing the simulator
+sees; ids naming an earlier request's answer stand for the tokens the engine generated there,
+where that request has finished by the time this one arrives (else they stay random, and miss).
 """
 
 from __future__ import annotations
@@ -49,9 +53,8 @@ def replay(
     """
     template = sampling or SamplingParams(temperature=0.0)
     ordered = sorted(requests, key=lambda r: r.arrival_time_s)
-    rng = random.Random(seed)
-    vocab = engine.model.spec.vocab_size
-    prompts = [[rng.randrange(FIRST_TOKEN_ID, vocab) for _ in range(r.num_prompt_tokens)] for r in ordered]
+    tokens = _Tokens(random.Random(seed), engine.model.spec.vocab_size)
+    by_id = {r.request_id: r for r in ordered}
     token_times: dict[str, list[float]] = {r.request_id: [] for r in ordered}
     first_scheduled: dict[str, float] = {}
     finish_reason: dict[str, str] = {}
@@ -68,7 +71,7 @@ def replay(
             request = ordered[next_index]
             params = _with_max_tokens(template, request.max_tokens)
             engine.add_request(
-                request.request_id, prompt_token_ids=prompts[next_index], sampling_params=params
+                request.request_id, prompt_token_ids=tokens.prompt(request), sampling_params=params
             )
             next_index += 1
         if not engine.has_unfinished_requests():
@@ -87,6 +90,7 @@ def replay(
             token_times[output.request_id].append(step_end)
             if output.finish_reason is not None:
                 finish_reason[output.request_id] = output.finish_reason
+                tokens.answered(by_id[output.request_id], output.token_ids)
                 if on_finish is not None:
                     on_finish()
     duration = now()
@@ -104,6 +108,42 @@ def replay(
         for r in ordered
     ]
     return ReplayRun(records, itl, duration, steps)
+
+
+class _Tokens:
+    """The token ids of each request's prompt: random, one per distinct id where its
+    ``prompt_blocks`` name them, an earlier answer's where the ids name it (see the module)."""
+
+    def __init__(self, rng: random.Random, vocab_size: int) -> None:
+        self._rng = rng
+        self._vocab = vocab_size
+        self._of_id: dict[tuple[int, int], int] = {}
+
+    def _random(self) -> int:
+        return self._rng.randrange(FIRST_TOKEN_ID, self._vocab)
+
+    def prompt(self, request: Request) -> list[int]:
+        content, n = request.prompt_blocks, request.num_prompt_tokens
+        if content is None:
+            return [self._random() for _ in range(n)]
+        per_id, of_id = content.tokens_per_id, self._of_id
+        out = []
+        for i in range(min(n, content.num_named_tokens)):
+            key = (content.ids[i // per_id], i % per_id)
+            token = of_id.get(key)
+            if token is None:
+                token = of_id[key] = self._random()
+            out.append(token)
+        return out + [self._random() for _ in range(n - len(out))]
+
+    def answered(self, request: Request, token_ids: Sequence[int]) -> None:
+        """``request`` generated ``token_ids``: the ids its content names for them mean those."""
+        content = request.prompt_blocks
+        if content is None or content.tokens_per_id != 1:
+            return
+        start = request.num_prompt_tokens
+        for block_id, token_id in zip(content.ids[start : content.num_named_tokens], token_ids, strict=False):
+            self._of_id[(block_id, 0)] = token_id
 
 
 def _with_max_tokens(template: SamplingParams, max_tokens: int) -> SamplingParams:

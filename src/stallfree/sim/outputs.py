@@ -1,4 +1,5 @@
-"""What ``simulate`` writes beside its table: per-request CSVs, a Perfetto trace, figures."""
+"""What ``simulate`` writes beside its table: per-request CSVs and a Perfetto trace (figures are
+``stallfree.plots``, a layer above)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,9 @@ def write_outputs(
     num_policies: int,
     requests_out: str | None,
     trace_out: str | None,
-    plot_dir: str | None,
 ) -> list[str]:
-    """Per-request records (one CSV per policy when several ran), the steps as a Chrome trace and
-    the traffic figures, as asked; the paths written."""
+    """Per-request records (one CSV per policy when several ran) and the steps as a Chrome trace,
+    as asked; the paths written."""
     from stallfree.metrics.io import write_records_csv
 
     outputs: list[str] = []
@@ -29,10 +29,6 @@ def write_outputs(
 
         write_chrome_trace(((r.policy, r.steps) for r in results if r.steps is not None), trace_out)
         outputs.append(trace_out)
-    if plot_dir:
-        from stallfree.plots.traffic import plot_traffic
-
-        outputs += [str(path) for path in plot_traffic(results, plot_dir)]
     return outputs
 
 

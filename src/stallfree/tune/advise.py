@@ -128,6 +128,7 @@ def advise(
     if measured is not None:  # steps priced as the profiled machine ran them, not on the preset
         out["hardware"] = machine_label(measured.profile.fingerprint)
     out["cost_model_note"] = request.cost_model_note
+    out["prefix_caching"] = request.base.serving.enable_prefix_caching
     out["ridge_tokens"] = plan.ridge_tokens
     out["full_step_ms"] = {str(b): full_step_ms(costs, b) for b in config.budgets}
     out["slo_notes"] = dict(plan.slo_notes)

@@ -34,7 +34,8 @@ def format_tune(out: dict[str, Any]) -> str:
         + (f" ({out['cost_model_note']})" if out.get("cost_model_note") else "")
         + f"; ridge ~{out['ridge_tokens']:,.0f} tokens)",
         f"workload: {wl['lengths']} lengths, {wl['arrival']} arrivals; each trial {wl['num_requests']:,} requests, "
-        f"seed {wl['seed']} (P99 TBT over >= {gaps:,} gaps)",
+        f"seed {wl['seed']} (P99 TBT over >= {gaps:,} gaps); prefix caching "
+        f"{'on' if out.get('prefix_caching', True) else 'off'}",
         f"SLOs: {slo_text}",
         f"capacity = highest QPS meeting every SLO, binary search to within {out['precision']:.0%}; "
         f"{len(out['trials'])} trials in {duration(out['wall_s'])} on {out['backend']['workers']} "

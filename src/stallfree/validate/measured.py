@@ -89,6 +89,9 @@ def run_engine(options: ValidationOptions, serving: ServingConfig, model: Measur
             qps=options.qps,
             burstiness=options.burstiness,
             lengths=options.lengths,
+            turns=options.turns,
+            system_prompt_tokens=options.system_prompt_tokens,
+            think_time_s=options.think_time_s,
         )
     )
     requests = tuple(sample(workload, options.num_requests, options.seed).iter_requests())
@@ -101,6 +104,8 @@ def run_engine(options: ValidationOptions, serving: ServingConfig, model: Measur
         step_time_predictor=model.step_time_s if serving.step_budget_ms is not None else None,
     )
     _warm_up(engine)
+    state = engine.scheduler.state
+    queried, hits = state.num_prefix_queried_tokens, state.num_prefix_hit_tokens
     bar = tqdm(
         total=len(requests), disable=not options.progress, unit="req", file=sys.stderr, desc=serving.policy
     )
@@ -123,15 +128,23 @@ def run_engine(options: ValidationOptions, serving: ServingConfig, model: Measur
     ran = replace(
         serving, num_blocks=engine.model_runner.kv_cache.num_blocks, max_model_len=engine.max_model_len
     )
-    scores = _scores(run.records, run.itl, run.duration_s)
+    hit_rate = None
+    if serving.enable_prefix_caching:  # the simulator's counters, on the engine's scheduler
+        queried = state.num_prefix_queried_tokens - queried
+        hit_rate = (state.num_prefix_hit_tokens - hits) / queried if queried else None
+    scores = _scores(run.records, run.itl, run.duration_s, hit_rate)
     return MeasuredRun(requests, scores, ran, tuple(run.steps), machine, predictor)
 
 
-def _scores(records: Iterable[RequestRecord], itl: ItlAccumulator, duration_s: float) -> RunScores:
-    """The metrics' summary, its longest gap exact (the ITL samples are rounded)."""
+def _scores(
+    records: Iterable[RequestRecord], itl: ItlAccumulator, duration_s: float, hit_rate: float | None = None
+) -> RunScores:
+    """The metrics' summary, its longest gap exact (the ITL samples are rounded), and the prefix
+    cache's hit rate where it is known."""
     records = list(records)
     summary = summarize(records, itl, duration_s)
     summary["max_itl_ms"] = max((r.max_itl_s for r in records if r.is_completed), default=0.0) * 1000
+    summary["prefix_cache_hit_rate"] = hit_rate
     return RunScores.of(summary, records, itl)
 
 

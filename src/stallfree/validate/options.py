@@ -30,7 +30,10 @@ class ValidationOptions:
     requests and arrival times replace the workload; one policy, with the served engine's
     ``num_blocks``); ``step_log``: with it, the server's ``serve --step-log`` of that run, for the
     per-step error. The workload: Poisson arrivals at ``qps`` (gamma with ``burstiness``),
-    ``lengths``, ``num_requests``, ``seed`` (the step noise's too). ``step_noise``: also predict
+    ``lengths``, ``num_requests``, ``seed`` (the step noise's too); with ``turns``, the arrivals
+    start multi-turn chat sessions (:class:`~stallfree.workload.Sessions`, with a shared
+    ``system_prompt_tokens`` and ``think_time_s``) and ``num_requests`` is sessions x turns: the
+    engine's prompts repeat the conversation so far, its own answers included. ``step_noise``: also predict
     with each step varied as the profiled machine's steps varied. ``progress``: a progress bar
     on stderr while the engine runs.
     """
@@ -48,6 +51,9 @@ class ValidationOptions:
     lengths: str = "fixed:512,64"
     num_requests: int = 150
     seed: int = 0
+    turns: int | None = None
+    system_prompt_tokens: int = 0
+    think_time_s: float = 0.0
     step_noise: bool = False
     progress: bool = False
 
@@ -61,6 +67,8 @@ class ValidationOptions:
             raise ValueError(f"unknown sampling {self.sampling!r}; choose from: {', '.join(SAMPLINGS)}")
         if self.num_requests <= 0:
             raise ValueError(f"--num-requests must be positive, got {self.num_requests}")
+        if self.measured and self.turns is not None:
+            raise ValueError("--measured brings its own requests: drop --sessions")
         if self.step_log and not self.measured:
             raise ValueError(
                 "--step-log goes with --measured (in process, validate times the engine's steps itself)"

@@ -18,11 +18,14 @@ EXTRA_LABELS = {"with_noise": "with noise", "at_run_speed": "at run speed"}
 def format_report(result: ValidationResult, outputs: Sequence[str] = ()) -> str:
     """The report; ``outputs``: the files written beside it (figures)."""
     sc = result.scenario
-    workload = (
-        f"poisson {sc.qps:g} QPS, lengths {sc.lengths}"
-        if sc.qps is not None
-        else "the measured run's arrivals and lengths"
-    )
+    if sc.qps is None:
+        workload = "the measured run's arrivals and lengths"
+    elif sc.sessions is None:
+        workload = f"poisson {sc.qps:g} QPS, lengths {sc.lengths}"
+    else:
+        workload = (
+            f"{sc.sessions} (sessions start at {sc.qps:g}/s; each turn's message and answer {sc.lengths})"
+        )
     lines = [
         f"validate: {sc.model}, {sc.num_requests} requests, {workload}, "
         f"sampling {sc.sampling}; measured: {sc.measured}",
@@ -71,6 +74,8 @@ def _policy_lines(r: PolicyValidation) -> list[str]:
     ]
     for label, key in METRICS:
         measured, predicted = r.measured.get(key), r.predicted.get(key)
+        if measured is None and predicted is None:
+            continue  # a metric this run has not (the prefix cache's, with caching off)
         line = f"  {label:<20}{_num(measured):>12}{_num(predicted):>12}{_ratio(predicted, measured):>8}"
         for _, scores in extra:
             line += f"{_num(scores.get(key)):>14}{_ratio(scores.get(key), measured):>8}"

@@ -32,6 +32,7 @@ METRICS: tuple[tuple[str, str], ...] = (
     ("output tokens/s", "output_throughput"),
     ("requests/s", "request_throughput"),
     ("duration (s)", "duration"),
+    ("prefix cache hits", "prefix_cache_hit_rate"),  # with prefix caching only
 )
 """The compared metrics: (the report's label, the summary key)."""
 
@@ -169,8 +170,10 @@ class PolicyValidation:
 
 @dataclass(frozen=True, slots=True)
 class ValidationScenario:
-    """What ran: the model, the workload (None for a bench result's own requests), the sampler,
-    and where the measured side came from (a bench result's path or ``engine in process``)."""
+    """What ran: the model, the workload (None for a bench result's own requests; ``sessions``,
+    multi-turn sessions as ``8 sessions x 4 turns, system prompt 1024 tokens, think 2 s``), the
+    sampler, and where the measured side came from (a bench result's path or ``engine in
+    process``)."""
 
     model: str | None
     qps: float | None
@@ -179,6 +182,7 @@ class ValidationScenario:
     seed: int
     sampling: str
     measured: str
+    sessions: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

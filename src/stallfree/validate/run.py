@@ -41,8 +41,18 @@ def validate(options: ValidationOptions) -> ValidationResult:
         seed=options.seed,
         sampling=options.sampling,
         measured=options.measured or "engine in process",
+        sessions=_sessions(options),
     )
     return ValidationResult(profile.describe(), scenario, policies, noise)
+
+
+def _sessions(options: ValidationOptions) -> str | None:
+    if options.turns is None:
+        return None
+    return (
+        f"{options.num_requests // options.turns} sessions x {options.turns} turns, system prompt "
+        f"{options.system_prompt_tokens} tokens, a turn {options.think_time_s:g} s after the last"
+    )
 
 
 def _policy(options: ValidationOptions, serving: ServingConfig, costs: ProfileCosts) -> PolicyValidation:

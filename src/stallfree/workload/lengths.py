@@ -116,7 +116,8 @@ class TraceLengths:
     """(prompt, output) pairs taken from a trace's rows.
 
     ``sampling``: ``with-replacement`` (any number of requests), ``without-replacement`` (a random
-    subset, at most the trace's rows) or ``in-order`` (its first rows, as when replaying arrivals).
+    subset, at most the trace's rows) or ``in-order`` (its first rows, as when replaying arrivals;
+    :func:`parse_lengths`' default for a trace with prefix-block hashes).
     """
 
     trace: str  # a path, or one of TRACE_NAMES
@@ -175,7 +176,14 @@ def parse_lengths(text: str, sampling: str | None = None) -> Lengths:
         }
         raise ValueError(f"bad lengths {text!r}; expected {forms[kind]}")
     resolve_trace_path(text)  # a missing file fails here, naming it
-    return TraceLengths(text, sampling or "with-replacement")
+    return TraceLengths(text, sampling or default_sampling(text))
+
+
+def default_sampling(trace: str) -> str:
+    """``with-replacement``, but ``in-order`` for a trace whose rows carry prefix-block hashes: its
+    prompts share with the rows around them (a conversation's turns), and drawing rows at random
+    would instead repeat whole prompts, each a full hit."""
+    return "in-order" if load_trace(trace).hash_ids is not None else "with-replacement"
 
 
 def _int_range(text: str) -> tuple[int, int]:
