@@ -24,7 +24,9 @@ import time
 STARTED = time.perf_counter()
 
 
-def one(num_requests: int, policy: str, fast: bool, cost_model: str) -> dict[str, float]:
+def one(
+    num_requests: int, policy: str, fast: bool, cost_model: str, prefix_caching: bool = True
+) -> dict[str, float]:
     import resource
 
     from stallfree.core.serving import ServingConfig
@@ -37,7 +39,7 @@ def one(num_requests: int, policy: str, fast: bool, cost_model: str) -> dict[str
     result = simulate(
         workload,
         CostChoice(model="llama-3-8b", hardware="a100-80gb", kind=cost_model),
-        ServingConfig(policy=policy),
+        ServingConfig(policy=policy, enable_prefix_caching=prefix_caching),
         num_requests=num_requests,
         seed=0,
         fast=fast,
@@ -73,10 +75,20 @@ def main() -> None:
         default="full",
         help="default full",
     )
+    parser.add_argument(
+        "--no-enable-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="simulate without the prefix cache (on by default, as in vLLM; arXiv prompts share nothing)",
+    )
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(one(args.child, args.policy, not args.step_by_step, args.cost_model)))
+        print(
+            json.dumps(
+                one(args.child, args.policy, not args.step_by_step, args.cost_model, args.prefix_caching)
+            )
+        )
         return
     print(
         "| requests | process wall (s) | simulate() wall (s) | simulate() CPU (s) | peak RSS (MB) | steps "
@@ -88,6 +100,8 @@ def main() -> None:
         cmd += ["--cost-model", args.cost_model]
         if args.step_by_step:
             cmd.append("--step-by-step")
+        if not args.prefix_caching:
+            cmd.append("--no-enable-prefix-caching")
         began = time.perf_counter()
         row = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
         wall_s = time.perf_counter() - began

@@ -69,6 +69,25 @@ def test_default_tbt_slo_is_sarathi_strict(capsys: pytest.CaptureFixture[str]) -
     )
 
 
+def test_without_the_prefix_cache_the_commands_turn_it_off(capsys: pytest.CaptureFixture[str]) -> None:
+    """Mooncake's rows in order share prefixes: with the cache the trials find them, without it
+    the printed flags must turn the servers' own caches off (both cache by default)."""
+    argv = ["tune", "--lengths", "mooncake-synthetic", "--num-requests", "200", "--workers", "1", "--no-progress"]
+    argv += ["--budgets", "512", "--policy", "chunked", "--slo-tbt-p99-ms", "1000", "--json"]
+    runs = {}
+    for flag in ("--enable-prefix-caching", "--no-enable-prefix-caching"):
+        assert main([*argv, flag]) == 0
+        runs[flag] = json.loads(capsys.readouterr().out)
+    on, off = runs["--enable-prefix-caching"], runs["--no-enable-prefix-caching"]
+    assert on["prefix_caching"] is True and off["prefix_caching"] is False
+    assert "--no-enable-prefix-caching" not in on["policies"]["chunked"]["commands"]["vllm"]
+    assert off["policies"]["chunked"]["commands"]["vllm"].endswith(" --no-enable-prefix-caching")
+    assert "--disable-radix-cache" in off["policies"]["chunked"]["commands"]["sglang"]
+    # the same first trial, its prompts partly cached only with the cache on
+    first_on, first_off = on["trials"][0]["metrics"], off["trials"][0]["metrics"]
+    assert first_on["median_ttft_ms"] < first_off["median_ttft_ms"]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -71,6 +71,13 @@ def test_mooncake_rows_and_hash_ids(tmp_path: Path) -> None:
         load_trace(path)
 
 
+def test_a_trace_with_prefix_hashes_is_read_in_order_by_default() -> None:
+    """Its sharing is between neighbouring rows; drawn at random, rows would repeat whole prompts."""
+    assert parse_lengths("mooncake-conversation") == TraceLengths("mooncake-conversation", "in-order")
+    assert parse_lengths("sharegpt") == TraceLengths("sharegpt", "with-replacement")
+    assert parse_lengths("mooncake-conversation", "with-replacement").sampling == "with-replacement"
+
+
 def test_sharegpt_matches_published_stats() -> None:
     # The shared README gives 30,731 rows, prompt median 1730, output max 1024.
     trace = load_trace("sharegpt")
