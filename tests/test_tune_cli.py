@@ -72,8 +72,8 @@ def test_default_tbt_slo_is_sarathi_strict(capsys: pytest.CaptureFixture[str]) -
 def test_without_the_prefix_cache_the_commands_turn_it_off(capsys: pytest.CaptureFixture[str]) -> None:
     """Mooncake's rows in order share prefixes: with the cache the trials find them, without it
     the printed flags must turn the servers' own caches off (both cache by default)."""
-    argv = ["tune", "--lengths", "mooncake-synthetic", "--num-requests", "200", "--workers", "1", "--no-progress"]
-    argv += ["--budgets", "512", "--policy", "chunked", "--slo-tbt-p99-ms", "1000", "--json"]
+    argv = ["tune", "--lengths", "mooncake-synthetic", "--num-requests", "200", "--workers", "1"]
+    argv += ["--budgets", "512", "--policy", "chunked", "--slo-tbt-p99-ms", "1000", "--json", "--no-progress"]
     runs = {}
     for flag in ("--enable-prefix-caching", "--no-enable-prefix-caching"):
         assert main([*argv, flag]) == 0
