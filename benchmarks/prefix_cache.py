@@ -8,9 +8,9 @@ CPU; reused from ``--out`` with ``--skip-profile``), then ``validate`` in proces
 included), cache on and off: the hit rate measured (the engine's scheduler counters) vs predicted
 (the simulator's), TTFT and ITL measured vs predicted.
 
-``--part mooncake``: ``simulate --trace mooncake-conversation`` (its first 1,000 requests: arrivals
-and 512-token block hashes; 8 x H100, as one H100 cannot keep up with its prompts) with the cache and
-without, then ``tune --lengths mooncake-conversation`` (rows in order,
+``--part mooncake``: ``simulate --trace mooncake-conversation`` (the shipped slice's 3,000
+requests: arrivals and 512-token block hashes; 8 x H100, as one H100 cannot keep up with its
+prompts) with the cache and without, then ``tune --lengths mooncake-conversation`` (rows in order,
 Poisson arrivals) both ways: does the cache move the best budget?
 
 ``--part speed``: ``sim_speed.py`` (10,000 arXiv requests, no shared prefixes) alternately with the
