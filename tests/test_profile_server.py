@@ -58,8 +58,12 @@ def test_the_profile_has_every_kind_of_point_within_the_budget(profiled: Path) -
         assert sum(n for n, _, _ in point.chunks) + len(point.decode_contexts) <= BUDGET
         assert all(t > 0 for t in point.stats.times_s)
     # --quick: one chunk after the budget's worth of context (a prompt of 1.5 budgets, two steps)
-    (after,) = [p for p in profile.steps if any(before for _, before, _ in p.chunks)]
-    assert after.chunks[0][1] == BUDGET and abs(after.chunks[0][0] - BUDGET // 2) <= 8
+    (after,) = [p for p in profile.steps if any(before == BUDGET for _, before, _ in p.chunks)]
+    assert abs(after.chunks[0][0] - BUDGET // 2) <= 8
+    # --quick: 32 tokens after a 256-token prompt sent just before (its cached blocks)
+    (cached,) = [p for p in profile.steps if any(0 < before < BUDGET for _, before, _ in p.chunks)]
+    assert cached.chunks[0][1] == 240 and abs(cached.chunks[0][0] - 16 - 32) <= 8
+    assert profile.settings["cached_context"].startswith("a prompt again with n more tokens")
     assert "budget + n tokens" in profile.settings["prefill_times"]
     decodes = [p for p in profile.steps if p.kind == "decode"]
     assert {len(p.decode_contexts) for p in decodes} == {1, 4}
@@ -125,3 +129,16 @@ def test_the_budget_sized_step_is_read_off_the_line_through_the_nearest_prompts(
     assert _ttft_at(points, 2048) == pytest.approx(4.968 + (4.968 - 2.32) / (1961 - 965) * 87)
     assert _ttft_at(points, 965) == pytest.approx(2.32)
     assert _ttft_at([(256, 1.0)], 300) == 1.0  # one prompt: its own time
+
+
+def test_without_a_prefix_cache_the_cached_context_points_are_left_out(tmp_path: Path) -> None:
+    """The repeated prompt is not faster where nothing is cached: no point pretends it was."""
+    app = build_server(
+        "random:tiny", dtype="float32", device="cpu", token_budget=BUDGET, num_blocks=2048,
+        enable_prefix_caching=False,
+    )  # fmt: skip
+    with ServerThread(app) as running:
+        assert _profile(running, tmp_path / "p.json") == 0
+    profile = load_profile(tmp_path / "p.json")
+    assert profile.settings["cached_context"].startswith("left out: a 256-token prompt again")
+    assert not [p for p in profile.steps if any(0 < before < BUDGET for _, before, _ in p.chunks)]

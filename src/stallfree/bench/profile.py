@@ -4,7 +4,7 @@ Writes the engine profiler's schema (:mod:`stallfree.specs.step_profile`), so ``
 ``simulate`` and ``tune`` take it unchanged; the fingerprint's ``kind`` is ``"server"``. Every
 request goes through the benchmark's client (:mod:`stallfree.bench.client`); every prompt is new
 random words (:mod:`stallfree.bench.prompts`), trimmed to the server's own count where it has a
-``/tokenize`` route, so no prefix cache hits. Output lengths are pinned with ``ignore_eos`` and
+``/tokenize`` route, so no prefix cache hits (but where a point repeats one on purpose). Output lengths are pinned with ``ignore_eos`` and
 ``min_tokens`` (vLLM's, SGLang's; stallfree's server takes ``ignore_eos`` and ignores the other).
 
 What a point is, measured from outside:
@@ -21,6 +21,12 @@ What a point is, measured from outside:
   chunking at its budget ``B`` runs as two steps: its TTFT less the ``B``-token prompt's (where
   ``B + n`` fits the context; ``n`` a quarter, half and all of ``B``). Without these, chunks after
   earlier context would be priced from whole prompts only (on vLLM 1.4-1.9x too high).
+- **prefill after cached context** ``((n, c, True),)``: a fresh ``c``-token prompt, then the same
+  text and ``n`` new tokens; a server with a prefix cache (vLLM's and SGLang's default) computes
+  only the new tokens, after ``c`` cached ones (counted in whole 16-token blocks, short of the
+  prompt's last token): the second TTFT. A chat's next turn is such a step. Where the second
+  prompt is not clearly faster than the first, the server does not cache and the points are
+  left out (``settings["cached_context"]`` says which).
 - **mixed** ``(ctx,) x N`` + ``((n, 0, True),)``: N streams decode, one ``n``-token prompt
   arrives (``n + N`` within the budget: one step); per stream the longest gap between the
   prompt's send and its first token (and the gap after it), the median over the streams.
@@ -59,6 +65,8 @@ from stallfree.specs.step_profile import MODEL_FIELDS, Stats, StepPoint, StepPro
 
 PROBE_EVERY = 4  # points between two timings of the reference decode point
 LOG_EVERY = 3  # points between two progress lines
+CACHE_BLOCK_TOKENS = 16  # vLLM's default KV block: its prefix cache holds whole blocks
+CACHE_HIT_SHARE = 0.75  # a repeated prompt with new tokens faster than this x the prompt alone: cached
 DEFAULT_TOKEN_BUDGET = 512  # assumed when the user does not give the server's
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1}
 
@@ -78,10 +86,13 @@ class ServerGrid:
     # Chunks after a budget's worth of earlier context: prompts of budget + n tokens, which the
     # server prefills in two steps (empty when two steps do not fit the context).
     context_chunks: tuple[int, ...] = ()
+    # (cached context, new tokens): a prompt, then it again with new tokens after it.
+    cached_chunks: tuple[tuple[int, int], ...] = ()
 
     def num_points(self) -> int:
         mixed = sum(1 for n in self.mixed_num_seqs for t in self.mixed_tokens if t + n >= 2)
         fixed = len(self.num_seqs) * len(self.contexts) + len(self.prefill_tokens) + len(self.context_chunks)
+        fixed += len(self.cached_chunks)
         return fixed + mixed
 
 
@@ -111,6 +122,12 @@ def default_server_grid(
         for n in sorted({token_budget // k for k in shares})
         if n >= 2 and token_budget + n + 8 <= max_model_len
     )
+    cached = tuple(
+        (c, n)
+        for c in ((256,) if quick else (512, 1024))
+        for n in ((32,) if quick else (32, 128))
+        if n <= token_budget and c + n + 8 <= max_model_len
+    )
     return ServerGrid(
         num_seqs=tuple(seqs[:2] if quick else seqs),
         contexts=contexts,
@@ -121,6 +138,7 @@ def default_server_grid(
         repeats=2 if quick else 3,
         decode_steps=steps,
         context_chunks=after if token_budget in prefill else (),
+        cached_chunks=cached,
     )
 
 
@@ -409,6 +427,29 @@ class _Session:
             lengths.append(result.num_prompt_tokens or length)
         return times, int(statistics.median(lengths))
 
+    async def after_cached(
+        self, context: int, num_tokens: int, repeats: int
+    ) -> tuple[list[float], float, int, int]:
+        """A fresh ``context``-token prompt's TTFT, then the same text with ``num_tokens`` more:
+        the second TTFTs, the first's median, and the second's tokens cached (whole blocks of
+        :data:`CACHE_BLOCK_TOKENS` before the first prompt's last token) and new."""
+        firsts: list[float] = []
+        seconds: list[float] = []
+        cached: list[int] = []
+        total: list[int] = []
+        for _ in range(repeats):
+            (base,), length = await self.prompts(context, 1)
+            (tail,), _ = await self.prompts(num_tokens, 1)
+            for text, times in ((base, firsts), (f"{base} {tail}", seconds)):
+                result = await stream_completion(self.http, self.pinned(1), text, 1)
+                if not result.chunk_times_s:
+                    raise ValueError(f"a lone prompt failed: {result.error or result.finish_reason}")
+                times.append(result.chunk_times_s[0] - result.sent_s)
+            cached.append((length - 1) // CACHE_BLOCK_TOKENS * CACHE_BLOCK_TOKENS)
+            total.append(result.num_prompt_tokens or length + num_tokens)
+        hit = int(statistics.median(cached))
+        return seconds, statistics.median(firsts), hit, int(statistics.median(total)) - hit
+
     async def _streams(
         self,
         texts: Sequence[str],
@@ -486,6 +527,19 @@ async def _measure(
         if length - budget >= 2:  # the first step is the budget's tokens, the second the rest
             step_s = [max(1e-6, t - one_step) for t in times]
             await kept(StepPoint("prefill", (), ((length - budget, budget, True),), _stats(step_s, t0)))
+    cached_context = "not measured: no point in the grid"
+    for context, num_tokens in grid.cached_chunks:
+        t0 = time.perf_counter()
+        times, first_s, hit, new = await session.after_cached(context, num_tokens, grid.repeats)
+        if statistics.median(times) > CACHE_HIT_SHARE * first_s:
+            cached_context = (
+                f"left out: a {context}-token prompt again with {num_tokens} more tokens took "
+                f"{statistics.median(times) * 1e3:.1f} ms vs {first_s * 1e3:.1f} ms alone (no prefix cache?)"
+            )
+            log(f"note: {cached_context}")
+            break
+        cached_context = "a prompt again with n more tokens after its cached blocks: the second TTFT"
+        await kept(StepPoint("prefill", (), ((max(2, new), hit, True),), _stats(times, t0)))
     for num_seqs in grid.mixed_num_seqs:
         for num_tokens in grid.mixed_tokens:
             t0 = time.perf_counter()
@@ -512,7 +566,9 @@ async def _measure(
             "mixed_context": grid.mixed_context,
             "mixed_tokens": list(grid.mixed_tokens),
             "context_chunks": list(grid.context_chunks),
+            "cached_chunks": [list(pair) for pair in grid.cached_chunks],
         },
+        "cached_context": cached_context,
         "prefill_times": "time to first token of a lone request: includes the HTTP round trip (nothing subtracted); "
         "a chunk after context: the TTFT of budget + n tokens less the budget-sized prompt's",
         "http_round_trip_s": round_trip,
