@@ -171,9 +171,9 @@ class PolicyValidation:
 @dataclass(frozen=True, slots=True)
 class ValidationScenario:
     """What ran: the model, the workload (None for a bench result's own requests; ``sessions``,
-    multi-turn sessions as ``8 sessions x 4 turns, system prompt 1024 tokens, think 2 s``), the
-    sampler, and where the measured side came from (a bench result's path or ``engine in
-    process``)."""
+    multi-turn sessions as ``8 sessions x 4 turns, system prompt 1024 tokens, a turn 2 s after
+    the previous one arrived``), the sampler, and where the measured side came from (a bench
+    result's path or ``engine in process``)."""
 
     model: str | None
     qps: float | None

@@ -51,7 +51,8 @@ def _sessions(options: ValidationOptions) -> str | None:
         return None
     return (
         f"{options.num_requests // options.turns} sessions x {options.turns} turns, system prompt "
-        f"{options.system_prompt_tokens} tokens, a turn {options.think_time_s:g} s after the last"
+        f"{options.system_prompt_tokens} tokens, a turn {options.think_time_s:g} s after the previous "
+        "one arrived"
     )
 
 
