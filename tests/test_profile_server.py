@@ -60,9 +60,9 @@ def test_the_profile_has_every_kind_of_point_within_the_budget(profiled: Path) -
     # --quick: one chunk after the budget's worth of context (a prompt of 1.5 budgets, two steps)
     (after,) = [p for p in profile.steps if any(before == BUDGET for _, before, _ in p.chunks)]
     assert abs(after.chunks[0][0] - BUDGET // 2) <= 8
-    # --quick: 32 tokens after a 256-token prompt sent just before (its cached blocks)
-    (cached,) = [p for p in profile.steps if any(0 < before < BUDGET for _, before, _ in p.chunks)]
-    assert cached.chunks[0][1] == 240 and abs(cached.chunks[0][0] - 16 - 32) <= 8
+    # --quick: 32 tokens after a 512-token prompt sent just before (its cached blocks)
+    (cached,) = [p for p in profile.steps if any(before not in (0, BUDGET) for _, before, _ in p.chunks)]
+    assert cached.chunks[0][1] == 496 and abs(cached.chunks[0][0] - 16 - 32) <= 8
     assert profile.settings["cached_context"].startswith("a prompt again with n more tokens")
     assert "budget + n tokens" in profile.settings["prefill_times"]
     decodes = [p for p in profile.steps if p.kind == "decode"]
@@ -140,5 +140,5 @@ def test_without_a_prefix_cache_the_cached_context_points_are_left_out(tmp_path:
     with ServerThread(app) as running:
         assert _profile(running, tmp_path / "p.json") == 0
     profile = load_profile(tmp_path / "p.json")
-    assert profile.settings["cached_context"].startswith("left out: a 256-token prompt again")
-    assert not [p for p in profile.steps if any(0 < before < BUDGET for _, before, _ in p.chunks)]
+    assert profile.settings["cached_context"].startswith("left out: a 512-token prompt again")
+    assert not [p for p in profile.steps if any(before not in (0, BUDGET) for _, before, _ in p.chunks)]

@@ -4,8 +4,9 @@ Writes the engine profiler's schema (:mod:`stallfree.specs.step_profile`), so ``
 ``simulate`` and ``tune`` take it unchanged; the fingerprint's ``kind`` is ``"server"``. Every
 request goes through the benchmark's client (:mod:`stallfree.bench.client`); every prompt is new
 random words (:mod:`stallfree.bench.prompts`), trimmed to the server's own count where it has a
-``/tokenize`` route, so no prefix cache hits (but where a point repeats one on purpose). Output lengths are pinned with ``ignore_eos`` and
-``min_tokens`` (vLLM's, SGLang's; stallfree's server takes ``ignore_eos`` and ignores the other).
+``/tokenize`` route, so no prefix cache hits (but where a point repeats a prompt on purpose).
+Output lengths are pinned with ``ignore_eos`` and ``min_tokens`` (vLLM's, SGLang's; stallfree's
+server takes ``ignore_eos`` and ignores the other).
 
 What a point is, measured from outside:
 
@@ -124,7 +125,7 @@ def default_server_grid(
     )
     cached = tuple(
         (c, n)
-        for c in ((256,) if quick else (512, 1024))
+        for c in ((512,) if quick else (512, 1024))  # shorter, the saving can hide in a step's fixed cost
         for n in ((32,) if quick else (32, 128))
         if n <= token_budget and c + n + 8 <= max_model_len
     )

@@ -51,6 +51,20 @@ _SERVING_HELP = {
 _SERVING_TYPES: dict[str, Callable[[str], Any]] = {"watermark": float, "step_budget_ms": positive_float}
 
 
+def add_prefix_caching_arg(parser: argparse._ActionsContainer) -> None:
+    """``--enable-prefix-caching`` / ``--no-enable-prefix-caching``, default from :class:`ServingConfig`
+    (for a command that takes no other scheduler flag, as ``tune``)."""
+    from stallfree.core.serving import ServingConfig
+
+    parser.add_argument(
+        *SERVING_FLAGS["enable_prefix_caching"],
+        dest="enable_prefix_caching",
+        action=argparse.BooleanOptionalAction,
+        default=ServingConfig().enable_prefix_caching,
+        help=_SERVING_HELP["enable_prefix_caching"],
+    )
+
+
 def add_serving_args(parser: argparse._ActionsContainer, *, policy_list: bool = False) -> None:
     """One flag per :class:`ServingConfig` field (:data:`SERVING_FLAGS`), defaults from the config.
 
@@ -84,13 +98,7 @@ def add_serving_args(parser: argparse._ActionsContainer, *, policy_list: bool = 
         if name == "policy":
             continue
         if name == "enable_prefix_caching":
-            parser.add_argument(
-                *flags,
-                dest=name,
-                action=argparse.BooleanOptionalAction,
-                default=defaults.enable_prefix_caching,
-                help=_SERVING_HELP[name],
-            )
+            add_prefix_caching_arg(parser)
             continue
         value_type = _SERVING_TYPES.get(name, positive_int)
         parser.add_argument(

@@ -20,7 +20,7 @@ from stallfree.cli.common import (
     positive_int,
     resolve_cost_model,
 )
-from stallfree.cli.serving_args import SERVING_FLAGS
+from stallfree.cli.serving_args import add_prefix_caching_arg
 from stallfree.cli.sweep import add_run_args, make_dir, show_progress, trial_pool
 from stallfree.tune.sigint import sigterm_as_sigint  # light: stdlib only
 
@@ -136,13 +136,7 @@ def _add_deployment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--seed", type=non_negative_int, default=0, help="workload seed, the same for every trial (default 0)"
     )
-    p.add_argument(
-        *SERVING_FLAGS["enable_prefix_caching"],
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="every trial reuses cached prompt prefixes, as vLLM V1 and SGLang do by default (matters "
-        "for traces with prefix-block hashes, read in order; default on)",
-    )
+    add_prefix_caching_arg(p)
 
 
 @sigterm_as_sigint()  # a SIGTERM stops the pool and reports as Ctrl-C does

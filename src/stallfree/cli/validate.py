@@ -41,7 +41,7 @@ examples:
   stallfree validate --profile medium.profile.json --qps 1 --lengths fixed:512,64 --num-requests 150 \\
       --policy chunked,prefill-first --token-budget 64 --plot out/validate
   stallfree validate --profile medium.profile.json --measured bench-result.json --token-budget 64
-  stallfree validate --profile medium.profile.json --sessions 8 --turns 4 --system-prompt-tokens 512 \
+  stallfree validate --profile medium.profile.json --sessions 8 --turns 4 --system-prompt-tokens 512 \\
       --qps 0.2 --think-time-s 4 --lengths fixed:64,32 --token-budget 128
 """
 
