@@ -322,7 +322,7 @@ def test_floors_keep_terms_the_points_cannot_separate_from_falling_to_zero() -> 
 
 
 def test_the_floors_come_from_the_linear_layers_and_the_smallest_step() -> None:
-    from stallfree.sim.measured import FLOOR_SHARE, LM_HEAD_STREAM_SHARE, fit_floors
+    from stallfree.sim.measured import BLACK_BOX_FIXED_SHARE, FLOOR_SHARE, LM_HEAD_STREAM_SHARE, fit_floors
     from stallfree.specs.step_profile import LinearPoint
 
     profile = synthetic_profile()
@@ -335,6 +335,11 @@ def test_the_floors_come_from_the_linear_layers_and_the_smallest_step() -> None:
     model = MeasuredCostModel(with_linear)
     assert model.forward.fixed_s >= fixed and model.forward.sample_curve.slopes[0] >= lm_head
     assert model.fit_problems() == []
+    # a server's black-box profile has no linear points: its smallest step bounds the fixed cost
+    server = dataclasses.replace(profile, fingerprint={**profile.fingerprint, "kind": "server"})
+    smallest = min(p.stats.median_s for p in profile.steps)
+    assert fit_floors(server) == (pytest.approx(BLACK_BOX_FIXED_SHARE * smallest), 0.0)
+    assert MeasuredCostModel(server).forward.fixed_s >= BLACK_BOX_FIXED_SHARE * smallest
 
 
 def test_a_fit_that_misses_its_points_is_refused_and_a_refused_profile_never_loads() -> None:

@@ -154,6 +154,7 @@ class ForwardFit:
 
 
 FLOOR_SHARE = 0.9  # of what a floor is measured from: a step's other terms cost something too
+BLACK_BOX_FIXED_SHARE = 0.5  # of a server's smallest step, where no linear-layer timing says more
 MAX_FIT_ERROR = (
     0.2  # median |predicted / measured - 1| over the fitted points past which a profile is refused
 )
@@ -162,14 +163,22 @@ LM_HEAD_STREAM_SHARE = 0.5  # one large matmul may stream its weights up to 2x f
 
 def fit_floors(profile: StepProfile) -> tuple[float, float]:
     """What the fixed step cost and the LM head's first row cost at least, from the profile's own
-    measurements (0, 0 without linear points): every step runs each decoder layer's matmuls on at
-    least one row, so its fixed cost is at least ``FLOOR_SHARE`` x the lesser of the linear layers
-    at one token and the smallest step; the first sampled row streams the LM head's weights, at
-    most 1 / ``LM_HEAD_STREAM_SHARE`` x as fast as the one-token linear layers stream theirs."""
-    linear_1 = [p.stats.median_s for p in profile.linear if p.num_tokens == 1]
-    if not linear_1 or not profile.steps:
+    measurements: every step runs each decoder layer's matmuls on at least one row, so its fixed
+    cost is at least ``FLOOR_SHARE`` x the lesser of the linear layers at one token and the
+    smallest step; the first sampled row streams the LM head's weights, at most
+    1 / ``LM_HEAD_STREAM_SHARE`` x as fast as the one-token linear layers stream theirs. An engine
+    profile without linear points has no floors; a server's profile has ``BLACK_BOX_FIXED_SHARE``
+    of its smallest step as its fixed cost's floor."""
+    if not profile.steps:
         return 0.0, 0.0
     smallest = min(p.stats.median_s for p in profile.steps)
+    if profile.fingerprint.get("kind") == "server":
+        # A server's black-box profile times whole steps only. Its smallest step (one decode row)
+        # is mostly the weights' read and the server's per-step work, both paid once a step.
+        return BLACK_BOX_FIXED_SHARE * smallest, 0.0
+    linear_1 = [p.stats.median_s for p in profile.linear if p.num_tokens == 1]
+    if not linear_1:
+        return 0.0, 0.0
     dims = profile.model
     stream_s_per_param = linear_1[0] / max(1, dims["num_non_embedding_params"])
     return (
