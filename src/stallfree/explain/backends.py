@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from stallfree.core.config import ceil_div
-from stallfree.explain.options import MEASURED_NEEDS_PROFILE, ExplainOptions
+from stallfree.explain.options import ExplainOptions
 from stallfree.explain.scenario import Explanation, Scenario, StepTimer, explain
 
 if TYPE_CHECKING:
@@ -40,6 +40,8 @@ def run_explain(options: ExplainOptions) -> Explanation:
     timer: StepTimer
     if options.is_priced_by_profile:
         timer, echo = _measured(options)
+    elif options.is_priced_by_gpu_tables:
+        timer, echo, roofline = _gpu_tables(options, model)
     elif options.engine == "roofline":
         roofline, echo = _roofline(options, model)
         timer = roofline
@@ -58,6 +60,8 @@ def run_explain(options: ExplainOptions) -> Explanation:
         cached_prefix_tokens=options.cached_prefix_tokens,
     )
     warnings = _deployment_warnings(roofline.cost_model.config, scenario) if roofline else []
+    if options.is_priced_by_gpu_tables:  # the roofline said what the deployment holds, not how fast
+        roofline = None
     if options.is_priced_by_profile:  # a PricedTimer over the profile's measured model
         measured = cast("MeasuredCostModel", cast("PricedTimer", timer).cost_model)
         warnings += _beyond_the_profile(measured, prompt, chunk)
@@ -96,12 +100,46 @@ def _roofline(options: ExplainOptions, model_name: str) -> tuple[RooflineTimer, 
     return RooflineTimer(cost), echo
 
 
+def _gpu_tables(options: ExplainOptions, model_name: str) -> tuple[StepTimer, dict[str, Any], RooflineTimer]:
+    """Steps priced by measured GPU tables; the full roofline of the same deployment beside them,
+    for what it holds (the KV cache, the weights)."""
+    from stallfree.explain.roofline import PricedTimer, RooflineTimer
+    from stallfree.sim.cost_model import CostModel
+    from stallfree.sim.costs import CostChoice, pick_cost_model
+
+    choice = CostChoice(
+        "measured",
+        model_name,
+        options.hardware,
+        options.tp,
+        gpu_tables=options.gpu_tables,
+        framework=options.framework,
+        framework_version=options.framework_version,
+    )
+    pick = pick_cost_model(choice)
+    full = pick_cost_model(CostChoice("full", pick.model, pick.hardware, options.tp))
+    _check_weights_fit(cast("CostModel", full.pricer).config)
+    cost = pick.pricer
+    echo = {
+        "model": pick.model.name,
+        "hardware": pick.hardware.name,
+        "tp": options.tp,
+        "cost_model": pick.why,
+        "engine": "measured GPU tables",
+    }
+    return (
+        PricedTimer(cost, lambda n, c: cost.ridge_tokens()),
+        echo,
+        RooflineTimer(cast("CostModel", full.pricer)),
+    )
+
+
 def _measured(options: ExplainOptions) -> tuple[StepTimer, dict[str, Any]]:
     from stallfree.explain.roofline import PricedTimer
 
     path = options.profile
-    if path is None:  # ExplainOptions refuses "measured" without a profile; said again for mypy
-        raise ValueError(MEASURED_NEEDS_PROFILE)
+    if path is None:  # only a profile's options come here; said again for mypy
+        raise ValueError("no profile")
     cost = _profile_model(path)
     fp = cost.profile.fingerprint
     echo = {

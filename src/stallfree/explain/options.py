@@ -24,9 +24,6 @@ ENGINE_SWEEP = (16, 32, 64, 128, 256, 512)  # --engine torch: every chunk is a r
 SEED = Scenario()  # the seed's scenario: its sizes are the roofline's defaults
 
 
-MEASURED_NEEDS_PROFILE = "--cost-model measured needs --profile FILE (write one with `stallfree profile`)"
-
-
 @dataclass(frozen=True, slots=True)
 class ScenarioDefaults:
     """An engine's scenario when the options leave its sizes out."""
@@ -49,7 +46,8 @@ class ExplainOptions:
 
     ``model``, ``prompt_tokens``, ``context_tokens``, ``chunk_tokens`` and ``sweep``: None takes
     the engine's default. ``hardware``, ``tp`` and ``cost_model`` are the roofline's; ``device``
-    and ``dtype`` the real engine's. ``profile`` (a ``stallfree profile`` file): on the roofline it
+    and ``dtype`` the real engine's; ``gpu_tables``, ``framework`` and ``framework_version`` pick
+    measured GPU tables (:class:`~stallfree.sim.costs.CostChoice`'s). ``profile`` (a ``stallfree profile`` file): on the roofline it
     prices every step (as ``cost_model="measured"``, which needs it); with ``engine="torch"`` it
     prices the same scenario beside the measured run, and predicts the steps of a
     ``step_budget_ms`` (which the real engine needs it for).
@@ -61,6 +59,9 @@ class ExplainOptions:
     tp: int = 4
     cost_model: str = "weights-only"  # aliases (seed) are resolved
     profile: str | None = None
+    gpu_tables: str = "auto"
+    framework: str | None = None
+    framework_version: str | None = None
     device: str | None = None
     dtype: str = "auto"
     prompt_tokens: int | None = None
@@ -92,13 +93,20 @@ class ExplainOptions:
                 "--engine torch --step-budget-ms needs --profile FILE (a `stallfree profile` of this "
                 "machine): its measured model predicts each candidate step"
             )
-        if self.engine == "roofline" and self.cost_model == "measured" and self.profile is None:
-            raise ValueError(MEASURED_NEEDS_PROFILE)
+        if self.framework is not None and (self.engine == "torch" or self.profile is not None):
+            raise ValueError("--framework prices steps by GPU tables: not with --engine torch or --profile")
 
     @property
     def is_priced_by_profile(self) -> bool:
         """Roofline engine, but every step priced by the profile's measured model."""
-        return self.engine == "roofline" and (self.profile is not None or self.cost_model == "measured")
+        return self.engine == "roofline" and self.profile is not None
+
+    @property
+    def is_priced_by_gpu_tables(self) -> bool:
+        """Roofline engine, no profile, but measured GPU tables asked for (``--cost-model measured``
+        or a ``--framework``)."""
+        measured = self.cost_model == "measured" or self.framework is not None
+        return self.engine == "roofline" and self.profile is None and measured
 
     @property
     def scenario_defaults(self) -> ScenarioDefaults:

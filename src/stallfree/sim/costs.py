@@ -5,6 +5,9 @@ wants as a :class:`CostChoice` and calls :func:`pick_cost_model`. The sources, m
 
 - ``measured`` with a ``profile``: a `stallfree profile` of a real engine
   (:class:`~stallfree.sim.measured.MeasuredCostModel`); the model defaults to the profiled one;
+- ``measured`` on a GPU that NVIDIA's aiconfigurator-core measured (the optional ``gpu`` extra:
+  ``h100-sxm``, ``h200-sxm``, ``b200-sxm``, ... under vLLM, SGLang or TensorRT-LLM), for a model
+  whose config it ships (:class:`~stallfree.sim.aiconfigurator.AicCostModel`);
 - ``measured`` on a GPU preset Vidur measured (``a100-*``, ``h100-*``, ``a40``): its operator
   tables, shipped (:class:`~stallfree.sim.gpu_measured.GpuMeasuredCostModel`);
 - the roofline, ``full`` or ``weights-only`` (:class:`~stallfree.sim.cost_model.CostModel`).
@@ -18,6 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from stallfree.sim.aiconfigurator import (
+    FRAMEWORKS,
+    AicCostModel,
+    aic_available,
+    aic_model_id,
+    aic_system,
+    shipped_config,
+)
 from stallfree.sim.cost_model import (
     COST_MODEL_KINDS,
     CostModel,
@@ -33,7 +44,8 @@ from stallfree.specs.step_profile import StepProfile, load_profile
 
 COST_KINDS = (*COST_MODEL_KINDS, "measured", "auto")
 DEFAULT_MODEL = "llama-3-8b"
-Source = Literal["profile", "gpu-tables", "roofline"]
+Source = Literal["profile", "aiconfigurator", "gpu-tables", "roofline"]
+GPU_TABLES = ("auto", "aiconfigurator", "vidur")
 
 
 class StepPricer(SteadyCostModel, Protocol):
@@ -52,7 +64,10 @@ class CostChoice:
     ``profile`` (a file, a loaded profile or its model) implies measured; ``model`` None: the
     profile's model, else :data:`DEFAULT_MODEL`; ``dtype_bytes`` None: the profile's, else 2;
     ``sampling``: the mode every sampled row pays (a profile's model); ``step_overhead_s`` is
-    added to every step."""
+    added to every step. ``gpu_tables`` picks the measured GPU tables (auto: aiconfigurator-core's
+    where installed and it covers the model and GPU, else Vidur's); ``framework`` (vllm, sglang,
+    trtllm; None: vllm) and ``framework_version`` (None: the newest it has) choose
+    aiconfigurator's table, and a framework given asks for it."""
 
     kind: str = "auto"
     model: str | ModelSpec | None = None
@@ -62,6 +77,9 @@ class CostChoice:
     dtype_bytes: int | None = None
     sampling: str = "greedy"
     step_overhead_s: float = 0.0
+    gpu_tables: str = "auto"
+    framework: str | None = None
+    framework_version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +106,18 @@ def pick_cost_model(choice: CostChoice) -> CostPick:
     kind = cost_model_kind(choice.kind)
     if kind not in COST_KINDS:
         raise ValueError(f"unknown cost model {choice.kind!r}; choose from {', '.join(COST_KINDS)} (seed)")
+    if choice.gpu_tables not in GPU_TABLES:
+        raise ValueError(f"unknown GPU tables {choice.gpu_tables!r}; choose from {', '.join(GPU_TABLES)}")
+    if choice.framework is not None and choice.framework not in FRAMEWORKS:
+        raise ValueError(f"unknown framework {choice.framework!r}; choose from {', '.join(FRAMEWORKS)}")
     hardware = load_hardware_spec(choice.hardware) if isinstance(choice.hardware, str) else choice.hardware
-    if choice.profile is not None or (kind == "measured" and gpu_family(hardware.name) is None):
-        return _profiled(choice, hardware, "auto" if kind == "auto" else "asked")
     auto = kind == "auto"
+    if choice.profile is None and kind in ("auto", "measured"):
+        aic = _aic_pick(choice, hardware, auto)
+        if aic is not None:
+            return aic
+    if choice.profile is not None or (kind == "measured" and gpu_family(hardware.name) is None):
+        return _profiled(choice, hardware, "auto" if auto else "asked")
     family = gpu_family(hardware.name) if HARDWARE_PRESETS.get(hardware.name) == hardware else None
     if kind == "measured" or (auto and family is not None):
         return _gpu_tables(choice, hardware, auto)
@@ -152,5 +178,57 @@ def _gpu_tables(choice: CostChoice, hardware: HardwareSpec, auto: bool) -> CostP
     )
 
 
+def _aic_pick(choice: CostChoice, hardware: HardwareSpec, auto: bool) -> CostPick | None:
+    """aiconfigurator-core's tables where the choice allows them and they cover it; None where
+    they need not be used, a one-line ``ValueError`` where they were asked for and cannot be."""
+    asked = choice.gpu_tables == "aiconfigurator" or choice.framework is not None
+    if choice.gpu_tables == "vidur" and choice.framework is not None:
+        raise ValueError("a framework picks aiconfigurator-core's tables, not Vidur's")
+    if choice.gpu_tables == "vidur":
+        return None
+    name = choice.model.name if isinstance(choice.model, ModelSpec) else choice.model or DEFAULT_MODEL
+    system = aic_system(hardware.name) if HARDWARE_PRESETS.get(hardware.name) == hardware else None
+    model_id = aic_model_id(name)
+    missing = (
+        'aiconfigurator-core is not installed (pip install "stallfree[gpu]")'
+        if not aic_available()
+        else f"aiconfigurator-core has no tables for {hardware.name}"
+        if system is None
+        else f"aiconfigurator-core ships no config for {name}"
+        if model_id is None
+        else None
+    )
+    if missing is not None or system is None or model_id is None:
+        if asked and missing is not None:
+            raise ValueError(missing)
+        return None
+    framework = choice.framework or "vllm"
+    pricer = AicCostModel(
+        model_id,
+        system,
+        framework,
+        choice.framework_version,
+        tp=choice.tp,
+        overhead_s=choice.step_overhead_s,
+    )
+    model = _model(choice.model or DEFAULT_MODEL)
+    why = f"aiconfigurator-core's {system} tables, {framework} {pricer.version}"
+    return CostPick(
+        pricer,
+        model,
+        hardware,
+        choice.tp,
+        choice.dtype_bytes or 2,
+        "measured",
+        "aiconfigurator",
+        f"{why}; auto" if auto else why,
+    )
+
+
 def _model(model: str | ModelSpec) -> ModelSpec:
-    return load_model_spec(model) if isinstance(model, str) else model
+    if isinstance(model, ModelSpec):
+        return model
+    config = shipped_config(model)
+    if config is not None:  # a Hugging Face id whose config aiconfigurator-core ships
+        return ModelSpec.from_hf_config(config, name=model)
+    return load_model_spec(model)

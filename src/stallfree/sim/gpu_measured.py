@@ -349,6 +349,7 @@ class GpuMeasuredCostModel:
                 f"{ATTENTION_BANDWIDTH_EFFICIENCY:.0%} of bandwidth for KV reads/writes"
             ),
             "lm_head": "modelled: roofline / the table's efficiency at the sampled rows",
+            "ridge": "the roofline's, weights only",
             "overhead_s": self.overhead_s,
             "by_tokens_per_step": by_tokens,
         }

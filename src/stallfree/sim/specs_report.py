@@ -153,12 +153,21 @@ def _step_lines(figures: dict[str, Any]) -> list[str]:
         f"  prefill              {figures['prefill_tokens_per_s']:,.0f} tokens/s"
         f" ({figures['prompt_tokens']:,}-token prompt alone: {figures['prefill_s']:.2f} s)",
         f"  ridge                {figures['ridge_tokens']:.0f} tokens per step"
-        + (" (the roofline's, weights only)" if figures["cost_model"] == "measured" else ""),
+        + (f" ({figures.get('ridge', 'the roofline')})" if figures["cost_model"] == "measured" else ""),
     ]
 
 
 def _measured_lines(m: dict[str, Any]) -> list[str]:
     """The GPU measured model: its table, what is measured and what modelled, achieved figures."""
+    if "ops" in m:  # aiconfigurator-core's tables: every op measured
+        return [
+            f"measured    tp={m['tp']}, {m['source']} ({m['model_id']})",
+            f"  ops                  {', '.join(m['ops'])}",
+            f"  fixed per step       {m['overhead_s'] * 1e3:g} ms (GPU kernels only: CPU scheduling left out)",
+            *_step_lines(m),
+            "  by tokens per step   one prompt chunk of that many tokens, no earlier context:",
+            *(f"  {int(n):>11,}{e['step_s'] * 1e3:>10.2f} ms" for n, e in m["by_tokens_per_step"].items()),
+        ]
     lines = [
         f"measured    tp={m['tp']}, {m['source']}",
         f"  decoder layers       {m['linear_layers']}",

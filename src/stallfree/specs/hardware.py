@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 _GIB = float(2**30)
+_MIB = float(2**20)
 _TB = 1e12
 _GB = 1e9
 
@@ -70,23 +71,33 @@ def _is_positive(value: object) -> bool:
 #   no NVLink, PCIe Gen4 x16 64 GB/s bidirectional.
 # - MI300X: AMD Instinct MI300X datasheet: BF16 1,307.4 TFLOPS dense; 192GB HBM3 5.3 TB/s;
 #   Infinity Fabric 7 links x 128 GB/s = 896 GB/s bidirectional peer bandwidth.
+# - B200, B300, GB200, GB300, RTX PRO 6000 (server): the figures of aiconfigurator-core 0.12's system
+#   files (memory as nvidia-smi reports it; BF16 dense; NVLink 5 1.8 TB/s bidirectional; the RTX
+#   PRO 6000 on PCIe Gen5 x16), which its measured tables were taken on.
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     spec.name: spec
     for spec in (
         HardwareSpec("a100-40gb", 312e12, 1.555 * _TB, 40 * _GIB, 300 * _GB, 10e-6),
         HardwareSpec("a100-80gb", 312e12, 2.039 * _TB, 80 * _GIB, 300 * _GB, 10e-6),
         HardwareSpec("h100-sxm", 989e12, 3.35 * _TB, 80 * _GIB, 450 * _GB, 8e-6),
-        HardwareSpec("h200", 989e12, 4.8 * _TB, 141 * _GIB, 450 * _GB, 8e-6),
+        HardwareSpec("h200-sxm", 989e12, 4.8 * _TB, 141 * _GIB, 450 * _GB, 8e-6),
+        HardwareSpec("b200-sxm", 2250e12, 7.7 * _TB, 180 * _GIB, 900 * _GB, 8e-6),
+        HardwareSpec("b300-sxm", 2250e12, 7.75 * _TB, 275040 * _MIB, 900 * _GB, 8e-6),
+        HardwareSpec("gb200", 2500e12, 8.0 * _TB, 189471 * _MIB, 900 * _GB, 8e-6),
+        HardwareSpec("gb300", 2500e12, 8.0 * _TB, 284208 * _MIB, 900 * _GB, 8e-6),
         HardwareSpec("l40s", 362.05e12, 0.864 * _TB, 48 * _GIB, 32 * _GB, 20e-6),
+        HardwareSpec("rtx-pro-6000", 467.8e12, 1.792 * _TB, 97887 * _MIB, 64 * _GB, 20e-6),
         HardwareSpec("mi300x", 1307.4e12, 5.3 * _TB, 192 * _GIB, 448 * _GB, 10e-6),
     )
 }
+HARDWARE_ALIASES = {"h200": "h200-sxm"}
 
 
 def load_hardware_spec(name_or_path: str) -> HardwareSpec:
     """A preset name or a JSON file with :class:`HardwareSpec`'s field names."""
-    if name_or_path in HARDWARE_PRESETS:
-        return HARDWARE_PRESETS[name_or_path]
+    name = HARDWARE_ALIASES.get(name_or_path, name_or_path)
+    if name in HARDWARE_PRESETS:
+        return HARDWARE_PRESETS[name]
     path = Path(name_or_path)
     if path.suffix != ".json" and not path.exists():
         raise ValueError(f"unknown hardware {name_or_path!r}; presets: {', '.join(HARDWARE_PRESETS)}")

@@ -1,0 +1,141 @@
+"""Checks of the aiconfigurator-core cost model (needs the ``gpu`` extra), printed as tables:
+
+1. static batches: stallfree's step-by-step replay of a static batch (B prompts of ISL tokens in
+   one step, then OSL - 1 decode steps) vs the package's own ``run_static`` (TTFT, TPOT);
+2. the decode rows' one mean context: a batch of decodes of spread contexts priced at their mean
+   vs in four groups by context;
+3. Vidur's tables vs aiconfigurator's for Llama-3.1-8B under vLLM on A100 and H100, step by step,
+   and on 10,000 arXiv requests (medians, and the simulation's wall time);
+4. the seed's scenario (Llama-3.1-70B TP4, 16 streams, a 16K prompt) on H100, H200 and B200.
+
+    .venv/bin/python benchmarks/aiconfigurator_check.py        # ~2 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from stallfree.core import ServingConfig
+from stallfree.core.plan import StepPlan, synthetic_plan
+from stallfree.explain.backends import run_explain
+from stallfree.explain.options import ExplainOptions
+from stallfree.sim import CostChoice, simulate
+from stallfree.sim.aiconfigurator import AicCostModel
+from stallfree.sim.costs import pick_cost_model
+from stallfree.workload import TraceLengths, Workload, poisson
+
+STATIC = (  # (model, system, framework, tp, batch, isl, osl)
+    ("meta-llama/Meta-Llama-3.1-8B", "h100_sxm", "vllm", 1, 8, 1024, 128),
+    ("meta-llama/Meta-Llama-3.1-70B", "h200_sxm", "vllm", 4, 16, 2048, 256),
+    ("Qwen/Qwen3-32B", "b200_sxm", "trtllm", 2, 32, 1024, 128),
+    ("Qwen/Qwen3-30B-A3B", "h200_sxm", "sglang", 1, 16, 2048, 256),
+    ("Qwen/Qwen3-235B-A22B", "b200_sxm", "trtllm", 8, 8, 4096, 128),
+)
+
+
+def static_batches() -> None:
+    print("1. static batch: replayed step by step vs aiconfigurator's run_static (stride 1)")
+    print(
+        f"  {'model':<32}{'system':<10}{'fw':<8}{'tp':>3}{'B':>4}{'ISL':>6}{'OSL':>5}"
+        f"{'TTFT ms':>20}{'TPOT ms':>20}"
+    )
+    for model, system, framework, tp, batch, isl, osl in STATIC:
+        cost = AicCostModel(model, system, framework, tp=tp)
+        prefill = StepPlan(tuple(c for i in range(batch) for c in _named(synthetic_plan(0, 0, isl), i)))
+        ttft = cost.step_time_s(prefill) * 1e3
+        decode = [cost.decode_step_s(batch, isl + i) for i in range(osl - 1)]
+        tpot = sum(decode) / len(decode) * 1e3
+        ctx_ms, gen_ms, _ = cost._handle.run_static(batch_size=batch, isl=isl, osl=osl, stride=1)
+        ref_tpot = gen_ms / (osl - 1)
+        print(
+            f"  {model:<32}{system:<10}{framework:<8}{tp:>3}{batch:>4}{isl:>6}{osl:>5}"
+            f"{ttft:>8.2f} / {ctx_ms:>7.2f}{ttft / ctx_ms:>5.2f}x"
+            f"{tpot:>8.3f} / {ref_tpot:>6.3f}{tpot / ref_tpot:>5.2f}x"
+        )
+
+
+def _named(plan: StepPlan, i: int) -> tuple:  # type: ignore[type-arg]
+    from dataclasses import replace
+
+    return tuple(replace(c, request_id=f"{c.request_id}-{i}") for c in plan.chunks)
+
+
+def mean_context() -> None:
+    print(
+        "\n2. decode attention at the batch's mean context vs in four groups by context (Llama-3.1-8B, H100, vLLM)"
+    )
+    cost = AicCostModel("meta-llama/Meta-Llama-3.1-8B", "h100_sxm", "vllm")
+    spreads = {
+        "even 1K": [1024] * 32,
+        "64..8K log-spread": [int(64 * 2 ** (7 * i / 31)) for i in range(32)],
+        "half 128, half 8K": [128] * 16 + [8192] * 16,
+    }
+    for name, contexts in spreads.items():
+        mean = cost.decode_attention_s(len(contexts), sum(contexts) / len(contexts))
+        groups = [sorted(contexts)[i::4] for i in range(4)]
+        grouped = sum(cost.decode_attention_s(len(g), sum(g) / len(g)) for g in groups)
+        print(
+            f"  {name:<22} mean {mean * 1e3:6.3f} ms, four groups {grouped * 1e3:6.3f} ms ({mean / grouped - 1:+.1%})"
+        )
+
+
+def vidur_vs_aic() -> None:
+    print(
+        "\n3. Vidur's tables vs aiconfigurator's (Llama-3.1-8B, vLLM 0.14 on A100 / 0.24 on H100), ms a step"
+    )
+    plans = {
+        "1 decode @1K": synthetic_plan(1, 1024),
+        "16 decodes @1K": synthetic_plan(16, 1024),
+        "64 decodes @2K": synthetic_plan(64, 2048),
+        "256-token chunk": synthetic_plan(0, 0, 256),
+        "2048-token prompt": synthetic_plan(0, 0, 2048),
+        "16 @1K + 256 chunk": StepPlan(
+            (*synthetic_plan(16, 1024).chunks, *synthetic_plan(0, 0, 256, 4096).chunks)
+        ),
+    }
+    for hardware in ("a100-80gb", "h100-sxm"):
+        vidur = pick_cost_model(
+            CostChoice(model="llama-3.1-8b", hardware=hardware, gpu_tables="vidur")
+        ).pricer
+        aic = pick_cost_model(CostChoice(model="llama-3.1-8b", hardware=hardware, framework="vllm")).pricer
+        for name, plan in plans.items():
+            v, a = vidur.step_time_s(plan) * 1e3, aic.step_time_s(plan) * 1e3
+            print(f"  {hardware:<10}{name:<22}vidur {v:8.2f}   aiconfigurator {a:8.2f}   ratio {v / a:5.2f}")
+    workload = Workload(poisson(2.0), TraceLengths("arxiv"))
+    for hardware in ("a100-80gb", "h100-sxm"):
+        for tables in ("vidur", "aiconfigurator"):
+            choice = CostChoice(model="llama-3.1-8b", hardware=hardware, gpu_tables=tables)
+            start = time.process_time()
+            s = simulate(workload, pick_cost_model(choice), ServingConfig(), num_requests=10_000).summary
+            wall = time.process_time() - start
+            print(
+                f"  arXiv 10K, {hardware:<10} {tables:<15} median TTFT {s['median_ttft_ms']:8.1f} ms, "
+                f"median TPOT {s['median_tpot_ms']:6.2f} ms, p99 ITL {s['p99_itl_ms']:6.1f} ms, CPU {wall:5.1f} s"
+            )
+
+
+def seed_scenario() -> None:
+    print(
+        "\n4. the seed's scenario: Llama-3.1-70B TP4, 16 streams at 1K, a 16,384-token prompt, vLLM's tables"
+    )
+    rows = [("a100-40gb (seed, roofline)", ExplainOptions())]
+    rows += [
+        (hw, ExplainOptions(hardware=hw, framework="vllm")) for hw in ("h100-sxm", "h200-sxm", "b200-sxm")
+    ]
+    for name, options in rows:
+        out = run_explain(options)
+        pf, ch = out.runs["prefill-first"], out.runs["chunked"]
+        print(
+            f"  {name:<28} decode {out.decode_step_s * 1e3:5.1f} ms, ridge {out.ridge_tokens:4.0f}, "
+            f"prefill-first stall {pf.max_gap_s:5.2f} s, chunked (256) gap {ch.max_gap_s * 1e3:5.1f} ms, "
+            f"TTFT x{ch.ttft_s / out.prefill_alone_s:.3f}"
+        )
+
+
+if __name__ == "__main__":
+    logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
+    static_batches()
+    mean_context()
+    vidur_vs_aic()
+    seed_scenario()

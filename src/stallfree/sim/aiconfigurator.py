@@ -1,0 +1,340 @@
+"""Step prices from NVIDIA's measured kernel tables: aiconfigurator-core (the optional ``gpu`` extra).
+
+Owns :class:`AicCostModel`, :data:`AIC_SYSTEMS` (our hardware presets -> its systems),
+:func:`aic_model_id` (our presets and Hugging Face ids -> the model configs it ships) and
+:func:`aic_available`. Nothing here imports the package until a model is built, so the light
+install never needs it.
+
+A step is priced op by op from the package's tables for one (model, GPU system, framework,
+version, tp), in milliseconds, summed::
+
+    body(T)            every op of a forward pass but attention and the LM head, at T tokens (the
+                       step's tokens: prompt chunks and decodes, one ragged batch): GEMMs, norms,
+                       activations, MoE routing and experts, all-reduces
+  + logits(S)          the LM head on the S rows that sample
+  + sum over chunks    context attention of each prompt chunk: its n new tokens over its own
+    attention(n, K)    K earlier tokens (so a long prompt's later chunks cost more)
+  + decode attention   the G decodes as one batch at their mean KV length: the package's decode
+    (G, mean L)        attention takes one length per batch (memory-bound, so about the sum of
+                       the rows' reads; benchmarks/aiconfigurator_check.py measures the error)
+  + overhead_s         a fixed per-step constant (0 unless given): the tables time GPU kernels only
+
+Calls are cached; the decode attention is read on a grid of KV lengths (16 points an octave,
+linear between them) so a long run of steps prices at once. Invariant: :meth:`steady_durations`
+equals :meth:`step_time_s` on the shifted plans, bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from stallfree.core.plan import StepPlan, synthetic_plan
+
+FloatArray = npt.NDArray[np.float64]
+FRAMEWORKS = ("vllm", "sglang", "trtllm")
+# our hardware presets -> aiconfigurator's system names (the GPUs it has measured tables for)
+AIC_SYSTEMS = {
+    "a100-80gb": "a100_sxm",
+    "h100-sxm": "h100_sxm",
+    "h200": "h200_sxm",
+    "h200-sxm": "h200_sxm",
+    "b200-sxm": "b200_sxm",
+    "b300-sxm": "b300_sxm",
+    "gb200": "gb200",
+    "gb300": "gb300",
+    "l40s": "l40s",
+    "rtx-pro-6000": "rtx_pro_6000_server",
+}
+# our model presets -> the Hugging Face ids of the configs aiconfigurator ships
+AIC_MODEL_IDS = {
+    "llama-3.1-8b": "meta-llama/Meta-Llama-3.1-8B",
+    "llama-3.1-70b": "meta-llama/Meta-Llama-3.1-70B",
+    "llama-3.1-405b": "meta-llama/Meta-Llama-3.1-405B",
+}
+GRID_POINTS_PER_OCTAVE = 16
+DESCRIBE_TOKENS = (1, 64, 256, 512, 2048, 8192)
+
+
+def aic_available() -> bool:
+    """Whether aiconfigurator-core is installed (``pip install "stallfree[gpu]"``)."""
+    return importlib.util.find_spec("aiconfigurator_core") is not None
+
+
+@functools.cache
+def shipped_model_ids() -> frozenset[str]:
+    """The Hugging Face ids whose configs aiconfigurator ships (empty without the extra)."""
+    if not aic_available():
+        return frozenset()
+    from aiconfigurator_core.sdk import common
+
+    return frozenset(str(m) for m in common.DefaultHFModels)
+
+
+def aic_model_id(model: str) -> str | None:
+    """The shipped config for one of our presets or a Hugging Face id, else None."""
+    model_id = AIC_MODEL_IDS.get(model, model)
+    return model_id if model_id in shipped_model_ids() else None
+
+
+def shipped_config(model: str) -> dict[str, Any] | None:
+    """The Hugging Face config.json aiconfigurator ships for ``model`` (an id, not a preset)."""
+    if model in AIC_MODEL_IDS or aic_model_id(model) is None:
+        return None
+    import aiconfigurator_core
+
+    folder = Path(aiconfigurator_core.__file__).parent / "model_configs"
+    path = folder / f"{model.replace('/', '--')}_config.json"
+    if not path.is_file():
+        return None
+    config: dict[str, Any] = json.loads(path.read_text())
+    return config
+
+
+def aic_system(hardware_name: str) -> str | None:
+    """aiconfigurator's system for one of our hardware presets, else None."""
+    return AIC_SYSTEMS.get(hardware_name)
+
+
+@functools.cache
+def _latest_version(system: str, framework: str) -> str:
+    from aiconfigurator_core.sdk import perf_database
+
+    version = perf_database.get_latest_database_version(system, framework)
+    if not version:
+        raise ValueError(f"aiconfigurator-core has no {framework} tables for {system}")
+    return str(version)
+
+
+def _quiet() -> None:
+    # It logs every table it falls back on at INFO / WARNING; the pick's reason says what matters.
+    logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
+
+
+class AicCostModel:
+    """Step durations of ``model_id`` on ``tp`` GPUs of ``system`` under ``framework`` (its
+    ``version``: None is the newest table the package keeps for that pair), from
+    aiconfigurator-core's measured op tables; see the module docstring."""
+
+    def __init__(
+        self,
+        model_id: str,
+        system: str,
+        framework: str = "vllm",
+        version: str | None = None,
+        *,
+        tp: int = 1,
+        gemm_quant: str | None = None,
+        kv_cache_quant: str | None = None,
+        overhead_s: float = 0.0,
+    ) -> None:
+        if framework not in FRAMEWORKS:
+            raise ValueError(f"unknown framework {framework!r}; choose from {', '.join(FRAMEWORKS)}")
+        if not (math.isfinite(overhead_s) and overhead_s >= 0):
+            raise ValueError(f"overhead_s must be >= 0, got {overhead_s!r}")
+        if not aic_available():
+            raise ValueError('the GPU tables need aiconfigurator-core: pip install "stallfree[gpu]"')
+        if model_id not in shipped_model_ids() and not (Path(model_id) / "config.json").is_file():
+            # it would fetch the config from the Hugging Face hub: stallfree downloads nothing
+            raise ValueError(
+                f"aiconfigurator-core ships no config for {model_id}: give one of its model ids or a "
+                "local folder holding config.json"
+            )
+        _quiet()
+        from aiconfigurator_core.sdk.engine import EngineHandle
+
+        self.model_id, self.system, self.framework, self.tp = model_id, system, framework, tp
+        self.version = version or _latest_version(system, framework)
+        self.overhead_s = overhead_s
+        # MoE layers split as the attention does (tensor parallel, no expert parallelism); a dense
+        # model ignores the two MoE sizes.
+        options: dict[str, Any] = {
+            "backend_version": self.version,
+            "tp_size": tp,
+            "moe_tp_size": tp,
+            "moe_ep_size": 1,
+        }
+        if gemm_quant:
+            options["gemm_quant_mode"] = gemm_quant
+        if kv_cache_quant:
+            options["kvcache_quant_mode"] = kv_cache_quant
+        try:
+            self._handle = EngineHandle.compile(model_id, system, framework, **options)
+            context = _op_names(self._handle.evaluate_context_ops, batch_size=1, s=1)
+            generation = _op_names(self._handle.evaluate_generation_ops, batch_size=1, s=2)
+        except (ValueError, RuntimeError, KeyError, AssertionError) as exc:
+            raise ValueError(
+                f"aiconfigurator-core cannot price {model_id} on {tp} x {system} under {framework} "
+                f"{self.version}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            ) from None
+        self._context_attention = context.index("context_attention")
+        skip = {"context_attention", "context_logits_gemm"}
+        self._body_ops = [i for i, name in enumerate(context) if name not in skip]
+        self._logits_op = generation.index("generation_logits_gemm")
+        self._decode_attention = generation.index("generation_attention")
+        self.ops = tuple(context)
+        self._body: dict[int, float] = {}
+        self._logits: dict[int, float] = {0: 0.0}
+        self._chunk: dict[tuple[int, int], float] = {}
+        self._decode: dict[tuple[int, int], float] = {}
+
+    # -- the tables, in seconds ------------------------------------------------------------
+
+    def body_s(self, num_tokens: int) -> float:
+        cached = self._body.get(num_tokens)
+        if cached is None:
+            ops = self._handle.evaluate_context_ops(self._body_ops, batch_size=1, s=num_tokens)
+            cached = self._body[num_tokens] = sum(op[1] for op in ops) * 1e-3
+        return cached
+
+    def logits_s(self, num_samples: int) -> float:
+        cached = self._logits.get(num_samples)
+        if cached is None:
+            (op,) = self._handle.evaluate_generation_ops([self._logits_op], batch_size=num_samples, s=2)
+            cached = self._logits[num_samples] = op[1] * 1e-3
+        return cached
+
+    def chunk_attention_s(self, num_tokens: int, num_before: int) -> float:
+        key = (num_tokens, num_before)
+        cached = self._chunk.get(key)
+        if cached is None:
+            (op,) = self._handle.evaluate_context_ops(
+                [self._context_attention], batch_size=1, s=num_tokens, prefix=num_before
+            )
+            cached = self._chunk[key] = op[1] * 1e-3
+        return cached
+
+    def _decode_point(self, num_decodes: int, kv_len: int) -> float:
+        key = (num_decodes, kv_len)
+        cached = self._decode.get(key)
+        if cached is None:
+            (op,) = self._handle.evaluate_generation_ops(
+                [self._decode_attention], batch_size=num_decodes, s=kv_len
+            )
+            cached = self._decode[key] = op[1] * 1e-3
+        return cached
+
+    def decode_attention_s(self, num_decodes: int, mean_kv_len: float) -> float:
+        """The decodes' attention at their mean KV length, linear between grid points."""
+        low, high = _grid_bracket(mean_kv_len)
+        a, b = self._decode_point(num_decodes, low), self._decode_point(num_decodes, high)
+        return a + (b - a) * ((mean_kv_len - low) / (high - low))
+
+    # -- the cost-model interface ---------------------------------------------------------
+
+    def step_time_s(self, plan: StepPlan) -> float:
+        num_tokens = num_samples = num_decodes = decode_kv = 0
+        chunks_s = 0.0
+        for chunk in plan.chunks:
+            num_tokens += chunk.num_tokens
+            num_samples += chunk.emits_token
+            if chunk.is_decode:
+                num_decodes += 1
+                decode_kv += chunk.context_len
+            else:
+                chunks_s += self.chunk_attention_s(chunk.num_tokens, chunk.num_computed_tokens)
+        if num_tokens == 0:
+            return 0.0
+        decode_s = self.decode_attention_s(num_decodes, decode_kv / num_decodes) if num_decodes else 0.0
+        return self.body_s(num_tokens) + self.logits_s(num_samples) + chunks_s + decode_s + self.overhead_s
+
+    def steady_durations(self, plan: StepPlan, num_steps: int) -> FloatArray:
+        """Element ``j`` equals :meth:`step_time_s` of ``plan`` with every chunk ``j`` steps on."""
+        if num_steps < 0:
+            raise ValueError(f"num_steps must be >= 0, got {num_steps}")
+        decodes = [c for c in plan.chunks if c.is_decode]
+        prompts = [c for c in plan.chunks if not c.is_decode]
+        num_tokens = sum(c.num_tokens for c in plan.chunks)
+        if num_tokens == 0:
+            return np.zeros(num_steps)
+        num_samples = sum(c.emits_token for c in plan.chunks)
+        fixed = self.body_s(num_tokens) + self.logits_s(num_samples)
+        chunks = np.zeros(num_steps)
+        for c in prompts:  # a steady run has few prompt steps; each is its own table read
+            chunks += [
+                self.chunk_attention_s(c.num_tokens, c.num_computed_tokens + c.num_tokens * j)
+                for j in range(num_steps)
+            ]
+        decode = np.zeros(num_steps)
+        if decodes:
+            kv0 = sum(c.context_len for c in decodes)
+            mean = (kv0 + len(decodes) * np.arange(num_steps, dtype=np.float64)) / len(decodes)
+            decode = self._decode_attention_many(len(decodes), mean)
+        durations: FloatArray = fixed + chunks + decode + self.overhead_s
+        return durations
+
+    def _decode_attention_many(self, num_decodes: int, means: FloatArray) -> FloatArray:
+        out = np.empty(len(means))
+        for i, mean in enumerate(means.tolist()):
+            out[i] = self.decode_attention_s(num_decodes, mean)
+        return out
+
+    # -- helpers for explain / tune -------------------------------------------------------
+
+    def decode_step_s(self, num_seqs: int, context_len: int) -> float:
+        return self.step_time_s(synthetic_plan(num_seqs, context_len))
+
+    def prefill_time_s(self, num_tokens: int) -> float:
+        return self.step_time_s(synthetic_plan(0, 0, num_tokens))
+
+    def ridge_tokens(self, num_seqs: int = 16, context_len: int = 512, tolerance: float = 1.2) -> float:
+        """Largest prompt chunk a ``num_seqs``-stream decode step carries at <= ``tolerance`` x the
+        time it takes with a one-token chunk: the measured counterpart of the roofline's ridge.
+        (The tables price a prompt chunk's attention as a kernel of its own, whose fixed cost,
+        ~2 ms for Llama-3.1-70B's 80 layers, any chunk pays; the ridge is where tokens start to
+        cost, so it is measured from there.)"""
+        decodes = synthetic_plan(num_seqs, context_len).chunks
+
+        def step_s(n: int) -> float:
+            return self.step_time_s(StepPlan((*decodes, *synthetic_plan(0, 0, n).chunks)))
+
+        limit = tolerance * step_s(1)
+        low, high = 1, 2
+        while high < 1 << 17 and step_s(high) <= limit:
+            low, high = high, high * 2
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if step_s(mid) <= limit else (low, mid)
+        return float(low)
+
+    def describe(self) -> dict[str, Any]:
+        """What is priced from which table, and step times by tokens per step, for ``specs``."""
+        return {
+            "cost_model": "measured",
+            "source": f"aiconfigurator-core's {self.system} tables under {self.framework} {self.version}",
+            "model_id": self.model_id,
+            "tp": self.tp,
+            "ops": list(self.ops),
+            "ridge": "the chunk a 16-stream decode step at 512 tokens carries at <= 1.2x its time with a 1-token chunk",
+            "overhead_s": self.overhead_s,
+            "by_tokens_per_step": {str(n): {"step_s": self.prefill_time_s(n)} for n in DESCRIBE_TOKENS},
+        }
+
+
+def _grid_bracket(x: float) -> tuple[int, int]:
+    """The grid points around ``x`` (>= 0): every integer up to 16, then 16 points an octave."""
+    if x < GRID_POINTS_PER_OCTAVE:
+        low = max(1, math.floor(x))
+        return low, low + 1
+    octave = 1 << (math.floor(x).bit_length() - 1)
+    step = octave // GRID_POINTS_PER_OCTAVE
+    low = (math.floor(x) // step) * step
+    return low, low + step
+
+
+def _op_names(evaluate: Any, **kwargs: Any) -> list[str]:
+    names: list[str] = []
+    while True:
+        try:
+            (op,) = evaluate([len(names)], **kwargs)
+        except ValueError:
+            return names
+        names.append(str(op[0]))

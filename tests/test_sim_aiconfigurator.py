@@ -1,0 +1,154 @@
+"""Step prices from aiconfigurator-core's measured tables (the optional ``gpu`` extra): the pricer
+against the package's own estimates, the factory's choice, the hardware presets against its system
+files, and the commands. Without the extra only the one-line refusals run."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+
+from stallfree.cli import main
+from stallfree.core import ServingConfig
+from stallfree.core.plan import StepPlan, synthetic_plan
+from stallfree.sim import simulate
+from stallfree.sim.costs import CostChoice, pick_cost_model
+from stallfree.workload import FixedLengths, Workload, poisson
+
+if TYPE_CHECKING:
+    from stallfree.sim.aiconfigurator import AicCostModel
+
+HAS_AIC = importlib.util.find_spec("aiconfigurator_core") is not None
+needs_aic = pytest.mark.skipif(
+    not HAS_AIC, reason='aiconfigurator-core not installed (pip install "stallfree[gpu]")'
+)
+LLAMA_8B = "meta-llama/Meta-Llama-3.1-8B"
+
+
+@pytest.fixture(scope="module")
+def h100() -> AicCostModel:
+    from stallfree.sim.aiconfigurator import AicCostModel
+
+    return AicCostModel(LLAMA_8B, "h100_sxm", "vllm")
+
+
+@needs_aic
+def test_steps_are_priced_as_the_package_prices_them(h100: AicCostModel) -> None:
+    handle = h100._handle
+    # one decode step of 16 streams at 1,024 cached tokens (the KV read: 1,025 with the new one)
+    assert h100.decode_step_s(16, 1024) == pytest.approx(
+        handle.predict_decode_latency(16, 1024, 2) / 1e3, rel=1e-4
+    )  # (the decode attention is read on a grid of KV lengths, linear between points)
+    assert h100.prefill_time_s(2048) == pytest.approx(handle.predict_prefill_latency(1, 2048) / 1e3, rel=1e-9)
+    # a chunk after earlier context is the package's prefill with that prefix: later chunks cost more
+    late = h100.step_time_s(synthetic_plan(0, 0, 1024, 15360))
+    assert late == pytest.approx(handle.predict_prefill_latency(1, 16384, 15360) / 1e3, rel=1e-9)
+    assert late > 1.4 * h100.prefill_time_s(1024)
+
+
+@needs_aic
+def test_a_steady_run_is_priced_as_its_steps(h100: AicCostModel) -> None:
+    decodes = synthetic_plan(13, 700).chunks
+    mixed = StepPlan((*decodes, *synthetic_plan(0, 0, 256, 512).chunks))
+    for plan in (synthetic_plan(13, 700), mixed):
+        runs = h100.steady_durations(plan, 40)
+        shifted = [
+            StepPlan(
+                tuple(
+                    dataclasses.replace(
+                        c,
+                        num_computed_tokens=c.num_computed_tokens + c.num_tokens * j,
+                        num_known_tokens=c.num_known_tokens + c.num_tokens * j,
+                    )
+                    for c in plan.chunks
+                )
+            )
+            for j in range(40)
+        ]
+        assert np.array_equal(runs, [h100.step_time_s(p) for p in shifted])
+
+
+@needs_aic
+def test_auto_picks_the_tables_where_they_cover_model_and_gpu() -> None:
+    pick = pick_cost_model(CostChoice(model="llama-3.1-70b", hardware="h200-sxm", tp=4))
+    assert pick.source == "aiconfigurator" and "h200_sxm tables, vllm" in pick.why
+    sglang = pick_cost_model(CostChoice(model=LLAMA_8B, hardware="b200-sxm", framework="sglang"))
+    assert sglang.model.num_layers == 32 and "sglang" in sglang.why
+    assert pick_cost_model(CostChoice(model="llama-3-8b", hardware="h100-sxm")).source == "gpu-tables"
+    vidur = CostChoice(model="llama-3.1-8b", hardware="h100-sxm", gpu_tables="vidur")
+    assert pick_cost_model(vidur).source == "gpu-tables"
+    with pytest.raises(ValueError, match="ships no config for llama-3-8b"):
+        pick_cost_model(CostChoice(model="llama-3-8b", hardware="h100-sxm", framework="vllm"))
+    with pytest.raises(ValueError, match="no tables for a100-40gb"):
+        pick_cost_model(CostChoice(model="llama-3.1-8b", hardware="a100-40gb", gpu_tables="aiconfigurator"))
+
+
+@needs_aic
+def test_hardware_presets_agree_with_its_system_files() -> None:
+    from aiconfigurator_core.sdk import perf_database
+
+    from stallfree.sim.aiconfigurator import AIC_SYSTEMS
+    from stallfree.specs import load_hardware_spec
+
+    for preset, system in AIC_SYSTEMS.items():
+        ours, theirs = load_hardware_spec(preset), perf_database.load_system_spec(system)
+        assert ours.mem_bandwidth_bytes_per_s == pytest.approx(theirs["gpu"]["mem_bw"], rel=1e-3)
+        assert ours.peak_flops_per_s == pytest.approx(theirs["gpu"]["bfloat16_tc_flops"], rel=1e-3)
+        assert ours.interconnect_bandwidth_bytes_per_s == pytest.approx(
+            theirs["node"]["intra_node_bw"], rel=1e-3
+        )
+        # memory: datasheet GiB vs what nvidia-smi reports (L40S: 48 vs 45 GiB)
+        assert ours.mem_capacity_bytes == pytest.approx(theirs["gpu"]["mem_capacity"], rel=0.07)
+
+
+@needs_aic
+def test_the_fast_path_equals_every_step() -> None:
+    costs = pick_cost_model(CostChoice(model="llama-3.1-8b", hardware="h100-sxm", framework="sglang"))
+    workload = Workload(poisson(30.0), FixedLengths(600, 40))
+    serving = ServingConfig(max_num_batched_tokens=256)
+    fast = simulate(workload, costs, serving, num_requests=60)
+    slow = simulate(workload, costs, serving, num_requests=60, fast=False)
+    assert fast.records == slow.records and fast.summary["completed"] == 60
+
+
+@needs_aic
+def test_the_commands_say_which_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(
+            [
+                "explain",
+                "--model",
+                "llama-3.1-70b",
+                "--hardware",
+                "h200-sxm",
+                "--tp",
+                "4",
+                "--framework",
+                "vllm",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "measured GPU tables, cost model: aiconfigurator-core's h200_sxm tables, vllm" in out
+    assert (
+        main(["specs", "--model", "llama-3.1-8b", "--hardware", "b200-sxm", "--cost-model", "measured"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "roofline    tp=1" in out and "aiconfigurator-core's b200_sxm tables under vllm" in out
+
+
+def test_without_the_extra_a_framework_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("stallfree.sim.aiconfigurator.aic_available", lambda: False)
+    monkeypatch.setattr("stallfree.sim.costs.aic_available", lambda: False)
+    argv = ["simulate", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--framework", "vllm"]
+    assert main([*argv, "--num-requests", "5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and 'pip install "stallfree[gpu]"' in err
+    # auto falls back to Vidur's tables, as without the extra
+    assert pick_cost_model(CostChoice(model="llama-3.1-8b", hardware="h100-sxm")).source == "gpu-tables"
