@@ -63,20 +63,28 @@ def _named(plan: StepPlan, i: int) -> tuple:  # type: ignore[type-arg]
 
 def mean_context() -> None:
     print(
-        "\n2. decode attention at the batch's mean context vs in four groups by context (Llama-3.1-8B, H100, vLLM)"
+        "\n2. decodes of spread contexts: the batch at its mean context vs each row's own (Llama-3.1-8B, H100, vLLM)"
+    )
+    print(
+        "   (each row's own: the batch priced at each row's context, averaged; equal where time is linear in it)"
     )
     cost = AicCostModel("meta-llama/Meta-Llama-3.1-8B", "h100_sxm", "vllm")
     spreads = {
         "even 1K": [1024] * 32,
         "64..8K log-spread": [int(64 * 2 ** (7 * i / 31)) for i in range(32)],
         "half 128, half 8K": [128] * 16 + [8192] * 16,
+        "ShareGPT-like 200..3K": [200 + 90 * i for i in range(32)],
     }
     for name, contexts in spreads.items():
-        mean = cost.decode_attention_s(len(contexts), sum(contexts) / len(contexts))
-        groups = [sorted(contexts)[i::4] for i in range(4)]
-        grouped = sum(cost.decode_attention_s(len(g), sum(g) / len(g)) for g in groups)
+        g = len(contexts)
+        mean = cost.decode_attention_s(g, sum(contexts) / g)
+        rows = sum(cost.decode_attention_s(g, c) for c in contexts) / g
+        step = cost.step_time_s(
+            StepPlan(tuple(c for i, n in enumerate(contexts) for c in _named(synthetic_plan(1, n), i)))
+        )
         print(
-            f"  {name:<22} mean {mean * 1e3:6.3f} ms, four groups {grouped * 1e3:6.3f} ms ({mean / grouped - 1:+.1%})"
+            f"  {name:<24} mean {mean * 1e3:6.3f} ms, rows {rows * 1e3:6.3f} ms ({mean / rows - 1:+.1%} of the "
+            f"attention, {(mean - rows) / step:+.1%} of the step)"
         )
 
 

@@ -81,9 +81,9 @@ def test_auto_with_a_profile_is_the_profile(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_measured_on_hardware_without_a_table_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["simulate", *SMALL, "--hardware", "l40s", "--cost-model", "measured"]) == 2
+    assert main(["simulate", *SMALL, "--hardware", "mi300x", "--cost-model", "measured"]) == 2
     err = capsys.readouterr().err
-    assert "needs --profile FILE" in err and "l40s has none" in err and "Traceback" not in err
+    assert "needs --profile FILE" in err and "mi300x has none" in err and "Traceback" not in err
 
 
 def test_json_has_vllm_keys_per_policy(capsys: pytest.CaptureFixture[str]) -> None:

@@ -56,6 +56,11 @@ def test_asked_kinds_and_their_errors() -> None:
     gpu = pick_cost_model(CostChoice(kind="measured", hardware="a100-40gb", model="mistral-7b"))
     assert gpu.source == "gpu-tables" and gpu.why == "Vidur's A100 tables"
     with pytest.raises(ValueError, match="needs a profile"):
+        pick_cost_model(CostChoice(kind="measured", hardware="mi300x"))
+    # only aiconfigurator-core has L40S tables: why they cannot price llama-3-8b, installed or not
+    with pytest.raises(
+        ValueError, match="aiconfigurator-core (ships no config for llama-3-8b|is not installed)"
+    ):
         pick_cost_model(CostChoice(kind="measured", hardware="l40s"))
     with pytest.raises(ValueError, match="unknown cost model"):
         pick_cost_model(CostChoice(kind="exact"))

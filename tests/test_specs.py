@@ -187,7 +187,9 @@ def test_bad_model_files(tmp_path: Path) -> None:
 
 
 def test_hardware_presets_are_the_datasheet_figures() -> None:
-    assert set(HARDWARE_PRESETS) == {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "l40s", "mi300x"}
+    assert set(HARDWARE_PRESETS) >= {"a100-40gb", "a100-80gb", "h100-sxm", "h200-sxm", "b200-sxm", "mi300x"}
+    assert load_hardware_spec("h200") == load_hardware_spec("h200-sxm")  # the older name, an alias
+    assert load_hardware_spec("b200-sxm").mem_bandwidth_bytes_per_s == 7.7e12
     a100 = load_hardware_spec("a100-40gb")
     assert a100.peak_flops_per_s == 312e12
     assert a100.mem_bandwidth_bytes_per_s == 1.555e12

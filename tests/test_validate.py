@@ -98,7 +98,7 @@ def test_multi_turn_sessions_hit_the_same_blocks_in_the_engine_and_the_simulator
     (the core's block manager) hits exactly the tokens the simulator's does."""
     profile = tiny_profile(tmp_path / "tiny.json")
     args = ["validate", "--profile", str(profile), "--sessions", "3", "--turns", "3", "--qps", "10"]
-    args += ["--system-prompt-tokens", "24", "--think-time-s", "0.5", "--lengths", "fixed:10,6"]
+    args += ["--system-prompt-tokens", "24", "--think-time-s", "2", "--lengths", "fixed:10,6"]
     assert main([*args, "--token-budget", "16", "--json"]) == 0
     body = json.loads(capsys.readouterr().out)
     assert body["scenario"]["sessions"].startswith("3 sessions x 3 turns, system prompt 24 tokens")

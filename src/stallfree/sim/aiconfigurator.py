@@ -13,7 +13,8 @@ version, tp), in milliseconds, summed::
                        activations, MoE routing and experts, all-reduces
   + logits(S)          the LM head on the S rows that sample
   + sum over chunks    context attention of each prompt chunk: its n new tokens over its own
-    attention(n, K)    K earlier tokens (so a long prompt's later chunks cost more)
+    attention(n, K)    K earlier tokens (so a long prompt's later chunks cost more); alike chunks
+                       (a static batch's prompts) are one kernel, as the package prices a batch
   + decode attention   the G decodes as one batch at their mean KV length: the package's decode
     (G, mean L)        attention takes one length per batch (memory-bound, so about the sum of
                        the rows' reads; benchmarks/aiconfigurator_check.py measures the error)
@@ -31,6 +32,7 @@ import importlib.util
 import json
 import logging
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +185,7 @@ class AicCostModel:
         self.ops = tuple(context)
         self._body: dict[int, float] = {}
         self._logits: dict[int, float] = {0: 0.0}
-        self._chunk: dict[tuple[int, int], float] = {}
+        self._chunk: dict[tuple[int, int, int], float] = {}
         self._decode: dict[tuple[int, int], float] = {}
 
     # -- the tables, in seconds ------------------------------------------------------------
@@ -202,15 +204,23 @@ class AicCostModel:
             cached = self._logits[num_samples] = op[1] * 1e-3
         return cached
 
-    def chunk_attention_s(self, num_tokens: int, num_before: int) -> float:
-        key = (num_tokens, num_before)
+    def chunk_attention_s(self, num_tokens: int, num_before: int, count: int = 1) -> float:
+        """``count`` prompt chunks of ``num_tokens`` new tokens after ``num_before`` each: one kernel."""
+        key = (num_tokens, num_before, count)
         cached = self._chunk.get(key)
         if cached is None:
             (op,) = self._handle.evaluate_context_ops(
-                [self._context_attention], batch_size=1, s=num_tokens, prefix=num_before
+                [self._context_attention], batch_size=count, s=num_tokens, prefix=num_before
             )
             cached = self._chunk[key] = op[1] * 1e-3
         return cached
+
+    def _chunks_s(self, chunks: Counter[tuple[int, int]], steps_on: int = 0) -> float:
+        """Every prompt chunk's attention, alike chunks (a static batch's prompts) priced together;
+        ``steps_on``: as the chunks are that many steps later."""
+        return sum(
+            self.chunk_attention_s(n, before + n * steps_on, count) for (n, before), count in chunks.items()
+        )
 
     def _decode_point(self, num_decodes: int, kv_len: int) -> float:
         key = (num_decodes, kv_len)
@@ -232,7 +242,7 @@ class AicCostModel:
 
     def step_time_s(self, plan: StepPlan) -> float:
         num_tokens = num_samples = num_decodes = decode_kv = 0
-        chunks_s = 0.0
+        chunks: Counter[tuple[int, int]] = Counter()
         for chunk in plan.chunks:
             num_tokens += chunk.num_tokens
             num_samples += chunk.emits_token
@@ -240,10 +250,11 @@ class AicCostModel:
                 num_decodes += 1
                 decode_kv += chunk.context_len
             else:
-                chunks_s += self.chunk_attention_s(chunk.num_tokens, chunk.num_computed_tokens)
+                chunks[chunk.num_tokens, chunk.num_computed_tokens] += 1
         if num_tokens == 0:
             return 0.0
         decode_s = self.decode_attention_s(num_decodes, decode_kv / num_decodes) if num_decodes else 0.0
+        chunks_s = self._chunks_s(chunks)
         return self.body_s(num_tokens) + self.logits_s(num_samples) + chunks_s + decode_s + self.overhead_s
 
     def steady_durations(self, plan: StepPlan, num_steps: int) -> FloatArray:
@@ -251,18 +262,14 @@ class AicCostModel:
         if num_steps < 0:
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")
         decodes = [c for c in plan.chunks if c.is_decode]
-        prompts = [c for c in plan.chunks if not c.is_decode]
+        prompts = Counter((c.num_tokens, c.num_computed_tokens) for c in plan.chunks if not c.is_decode)
         num_tokens = sum(c.num_tokens for c in plan.chunks)
         if num_tokens == 0:
             return np.zeros(num_steps)
         num_samples = sum(c.emits_token for c in plan.chunks)
         fixed = self.body_s(num_tokens) + self.logits_s(num_samples)
-        chunks = np.zeros(num_steps)
-        for c in prompts:  # a steady run has few prompt steps; each is its own table read
-            chunks += [
-                self.chunk_attention_s(c.num_tokens, c.num_computed_tokens + c.num_tokens * j)
-                for j in range(num_steps)
-            ]
+        # a steady run has few prompt steps; each is its own table read
+        chunks = np.array([self._chunks_s(prompts, j) if prompts else 0.0 for j in range(num_steps)])
         decode = np.zeros(num_steps)
         if decodes:
             kv0 = sum(c.context_len for c in decodes)

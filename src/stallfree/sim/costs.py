@@ -181,7 +181,9 @@ def _gpu_tables(choice: CostChoice, hardware: HardwareSpec, auto: bool) -> CostP
 def _aic_pick(choice: CostChoice, hardware: HardwareSpec, auto: bool) -> CostPick | None:
     """aiconfigurator-core's tables where the choice allows them and they cover it; None where
     they need not be used, a one-line ``ValueError`` where they were asked for and cannot be."""
-    asked = choice.gpu_tables == "aiconfigurator" or choice.framework is not None
+    # measured on a GPU only aiconfigurator has tables for: its reason is the one to give
+    only_aic = cost_model_kind(choice.kind) == "measured" and gpu_family(hardware.name) is None
+    asked = choice.gpu_tables == "aiconfigurator" or choice.framework is not None or only_aic
     if choice.gpu_tables == "vidur" and choice.framework is not None:
         raise ValueError("a framework picks aiconfigurator-core's tables, not Vidur's")
     if choice.gpu_tables == "vidur":
@@ -189,6 +191,8 @@ def _aic_pick(choice: CostChoice, hardware: HardwareSpec, auto: bool) -> CostPic
     name = choice.model.name if isinstance(choice.model, ModelSpec) else choice.model or DEFAULT_MODEL
     system = aic_system(hardware.name) if HARDWARE_PRESETS.get(hardware.name) == hardware else None
     model_id = aic_model_id(name)
+    if only_aic and system is None and choice.gpu_tables == "auto" and choice.framework is None:
+        return None  # no measured table at all: the profile's error says what to give
     missing = (
         'aiconfigurator-core is not installed (pip install "stallfree[gpu]")'
         if not aic_available()
