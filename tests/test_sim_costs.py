@@ -59,7 +59,7 @@ def test_asked_kinds_and_their_errors() -> None:
         pick_cost_model(CostChoice(kind="measured", hardware="mi300x"))
     # only aiconfigurator-core has L40S tables: why they cannot price llama-3-8b, installed or not
     with pytest.raises(
-        ValueError, match="aiconfigurator-core (ships no config for llama-3-8b|is not installed)"
+        ValueError, match=r"aiconfigurator-core (ships no config for llama-3-8b|is not installed)"
     ):
         pick_cost_model(CostChoice(kind="measured", hardware="l40s"))
     with pytest.raises(ValueError, match="unknown cost model"):

@@ -62,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    from stallfree.sim.costs import resolve_model
     from stallfree.sim.specs_report import (
         hardware_figures,
         kv_capacity_tokens,
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
     report: dict[str, Any] = {"dtype": args.dtype}
     dtype_bytes = DTYPE_BYTES[args.dtype]
-    model = load_model_spec(args.model) if args.model is not None else None
+    model = resolve_model(args.model) if args.model is not None else None
     hw = load_hardware_spec(args.hardware) if args.hardware is not None else None
     if model is not None:
         report["model"] = model_figures(model, dtype_bytes)

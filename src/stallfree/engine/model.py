@@ -26,6 +26,7 @@ from stallfree.engine.attention import AttentionMetadata, paged_attention
 from stallfree.engine.dtypes import prepacks
 from stallfree.engine.kv_cache import KVCache
 from stallfree.specs import ModelSpec
+from stallfree.specs.model import ENGINE_ARCHITECTURES
 
 
 def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
@@ -167,6 +168,11 @@ class LlamaModel(nn.Module):
     def __init__(
         self, spec: ModelSpec, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
     ) -> None:
+        if spec.architecture not in ENGINE_ARCHITECTURES:
+            raise ValueError(
+                f"the engine runs {', '.join(ENGINE_ARCHITECTURES)} models; {spec.name} is a "
+                f"{spec.architecture}, which the simulator prices but the engine does not run"
+            )
         super().__init__()
         self.spec = spec
         self.dtype = dtype

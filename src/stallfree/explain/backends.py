@@ -21,8 +21,9 @@ from stallfree.explain.scenario import Explanation, Scenario, StepTimer, explain
 
 if TYPE_CHECKING:
     from stallfree.explain.roofline import PricedTimer, RooflineTimer
-    from stallfree.sim.cost_model import CostModelConfig
+    from stallfree.sim.cost_model import CostModel, CostModelConfig
     from stallfree.sim.measured import MeasuredCostModel
+    from stallfree.specs import ModelSpec
 
 MEM_UTILIZATION = 0.9  # as simulate's default --gpu-memory-utilization
 
@@ -82,7 +83,6 @@ def run_explain(options: ExplainOptions) -> Explanation:
 
 def _roofline(options: ExplainOptions, model_name: str) -> tuple[RooflineTimer, dict[str, Any]]:
     from stallfree.explain.roofline import RooflineTimer
-    from stallfree.sim.cost_model import CostModel
     from stallfree.sim.costs import CostChoice, pick_cost_model
 
     # a roofline kind: "measured" went to _measured
@@ -97,14 +97,28 @@ def _roofline(options: ExplainOptions, model_name: str) -> tuple[RooflineTimer, 
         "cost_model": options.cost_model,
         "engine": "roofline",
     }
+    if model.is_moe:
+        echo["moe"] = _moe_note(model, options.streams, cost)
     return RooflineTimer(cost), echo
+
+
+def _moe_note(model: ModelSpec, streams: int, cost: CostModel) -> str:
+    """Why a mixture of experts' ridge lies far above a dense model's of the same size."""
+    experts = model.moe_num_experts
+    active = model.num_active_params / model.num_params
+    ridge = cost.ridge_tokens()
+    return (
+        f"{model.moe_experts_per_token} of {experts} experts a token ({active:.0%} of the weights): "
+        f"{streams} decodes read {model.expected_experts(streams):.0f} of them a layer, a "
+        f"{ridge:,.0f}-token step {model.expected_experts(ridge):.0f}; compute catches up with the "
+        f"read only there (a dense model: at ~{cost.dense_ridge_tokens():,.0f})"
+    )
 
 
 def _gpu_tables(options: ExplainOptions, model_name: str) -> tuple[StepTimer, dict[str, Any], RooflineTimer]:
     """Steps priced by measured GPU tables; the full roofline of the same deployment beside them,
     for what it holds (the KV cache, the weights)."""
     from stallfree.explain.roofline import PricedTimer, RooflineTimer
-    from stallfree.sim.cost_model import CostModel
     from stallfree.sim.costs import CostChoice, pick_cost_model
 
     choice = CostChoice(

@@ -44,6 +44,7 @@ def format_explain(out: dict[str, Any]) -> str:
         f"  prompt prefill alone        {_ms(out['prefill_alone_s'])}",
         f"  ridge point                 {out['ridge_tokens']:,.0f} tokens per step"
         + _RIDGE_NOTES.get(sc["cost_model"], ""),
+        *([f"  mixture of experts           {sc['moe']}"] if sc.get("moe") else []),
         "",
         f"  {'policy':<28}{'longest gap':>14}{'median gap':>14}{'prompt TTFT':>14}{'vs alone':>10}",
     ]

@@ -89,7 +89,7 @@ def aic_model_id(model: str) -> str | None:
 
 def shipped_config(model: str) -> dict[str, Any] | None:
     """The Hugging Face config.json aiconfigurator ships for ``model`` (an id, not a preset)."""
-    if model in AIC_MODEL_IDS or aic_model_id(model) is None:
+    if model in AIC_MODEL_IDS or "/" not in model or not aic_available():
         return None
     import aiconfigurator_core
 

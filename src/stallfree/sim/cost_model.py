@@ -17,6 +17,12 @@ Step time = max(compute, memory) + all-reduce time + ``overhead_s``, per GPU, wi
           ``num_kv_heads < tp``) and adds two ring all-reduces per layer of the step's
           activations (tokens x hidden x dtype bytes).
 
+A mixture-of-experts model multiplies each token by its own experts only (FLOPs from the active
+parameters) and a step reads the shared weights plus the experts its tokens route to (the
+expected number of distinct experts of uniform routing, :meth:`ModelSpec.weights_read_params`):
+decode at small batches reads a few experts, so its ridge lies far above a dense model's of the
+same size. ``weights-only`` keeps the seed's arithmetic: active FLOPs, every weight read.
+
 A plan's cost depends on four sums over its chunks (tokens, sampling chunks, query-key pairs,
 earlier-context tokens), so every entry point reduces to :meth:`CostModel._duration`; an
 empty plan costs nothing. Invariant: :meth:`steady_durations` equals :meth:`step_time_s` on the
@@ -136,8 +142,11 @@ class CostModel:
         self._bandwidth_bytes_per_s = hw.mem_bandwidth_bytes_per_s * tp
         self._overhead_s = config.overhead_s
         self._weights_only = config.kind == "weights-only"
+        self._model, self._dtype_bytes = model, dtype_bytes
+        self._moe = model.is_moe and config.kind != "weights-only"
+        self._weight_bytes_cache: dict[int, float] = {}
         if self._weights_only:
-            self._flops_per_token = 2.0 * model.num_params
+            self._flops_per_token = 2.0 * model.num_active_params
             self._flops_per_sample = 0.0
             self._flops_per_key = 0.0
             self._weight_bytes = float(model.weight_bytes(dtype_bytes))
@@ -146,7 +155,7 @@ class CostModel:
             self._comm_s_per_token = 0.0
             self._comm_s_per_step = 0.0
             return
-        self._flops_per_token = 2.0 * model.num_non_embedding_params
+        self._flops_per_token = 2.0 * model.num_active_non_embedding_params
         self._flops_per_sample = 2.0 * model.lm_head_params
         # One query-key pair: a head_dim dot product for QK^T and a head_dim axpy for AV, 2 FLOPs
         # per multiply-add, in every head of every layer.
@@ -203,9 +212,26 @@ class CostModel:
         Below it a step is bound by reading the weights, so extra tokens ride along almost free.
         Attention, KV traffic and the LM head are left out: the ridge is a property of the weights.
         """
-        weight_read_s = self._weight_bytes / self._bandwidth_bytes_per_s
         compute_per_token_s = self._flops_per_token / self._peak_flops_per_s
-        return weight_read_s / compute_per_token_s
+        if not self._moe:
+            return self._weight_bytes / self._bandwidth_bytes_per_s / compute_per_token_s
+        # the weights a step reads grow with its tokens (more experts): where the two lines cross
+        low, high = 1.0, 1.0
+        while self._weights_bytes_at(high) / self._bandwidth_bytes_per_s > compute_per_token_s * high:
+            low, high = high, high * 2
+        for _ in range(60):
+            mid = (low + high) / 2
+            if self._weights_bytes_at(mid) / self._bandwidth_bytes_per_s > compute_per_token_s * mid:
+                low = mid
+            else:
+                high = mid
+        return high
+
+    def dense_ridge_tokens(self) -> float:
+        """The ridge of a dense model with as many weights as this one's read and multiplied whole."""
+        weight_bytes = self._model.num_non_embedding_params * self._dtype_bytes
+        flops = 2.0 * self._model.num_non_embedding_params
+        return (weight_bytes / self._bandwidth_bytes_per_s) / (flops / self._peak_flops_per_s)
 
     def decode_step_s(self, num_seqs: int, context_len: int) -> float:
         """One decode step of ``num_seqs`` sequences, each with ``context_len`` tokens cached."""
@@ -231,7 +257,7 @@ class CostModel:
         context = num_context + (0 if self._weights_only else num_tokens) * steps
         flops = self._flops_per_token * num_tokens + self._flops_per_sample * num_samples
         flops_per_step = flops + self._flops_per_key * keys
-        fixed_bytes = self._weight_bytes + (self._lm_head_bytes if num_samples else 0.0)
+        fixed_bytes = self._weights_bytes_at(num_tokens) + (self._lm_head_bytes if num_samples else 0.0)
         bytes_moved = fixed_bytes + self._kv_bytes_per_token * (context + num_tokens)
         compute_s = flops_per_step / self._peak_flops_per_s
         memory_s = bytes_moved / self._bandwidth_bytes_per_s
@@ -252,9 +278,21 @@ class CostModel:
     ) -> tuple[float, float]:
         flops = self._flops_per_token * num_tokens + self._flops_per_sample * num_samples
         flops = flops + self._flops_per_key * num_keys
-        fixed_bytes = self._weight_bytes + (self._lm_head_bytes if num_samples else 0.0)
+        fixed_bytes = self._weights_bytes_at(num_tokens) + (self._lm_head_bytes if num_samples else 0.0)
         bytes_moved = fixed_bytes + self._kv_bytes_per_token * (num_context + num_tokens)
         return flops, bytes_moved
+
+    def _weights_bytes_at(self, num_tokens: float) -> float:
+        """Weight bytes a step of ``num_tokens`` tokens reads (all of them, but for a MoE model)."""
+        if not self._moe:
+            return self._weight_bytes
+        key = int(num_tokens)
+        if key != num_tokens:  # the ridge's search between whole token counts
+            return self._model.weights_read_params(num_tokens) * self._dtype_bytes
+        cached = self._weight_bytes_cache.get(key)
+        if cached is None:
+            cached = self._weight_bytes_cache[key] = self._model.weights_read_params(key) * self._dtype_bytes
+        return cached
 
     def _comm_s(self, num_tokens: int) -> float:
         return self._comm_s_per_token * num_tokens + self._comm_s_per_step

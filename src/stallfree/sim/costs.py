@@ -119,10 +119,11 @@ def pick_cost_model(choice: CostChoice) -> CostPick:
     if choice.profile is not None or (kind == "measured" and gpu_family(hardware.name) is None):
         return _profiled(choice, hardware, "auto" if auto else "asked")
     family = gpu_family(hardware.name) if HARDWARE_PRESETS.get(hardware.name) == hardware else None
-    if kind == "measured" or (auto and family is not None):
+    dense = not resolve_model(choice.model or DEFAULT_MODEL).is_moe  # Vidur measured dense layers only
+    if kind == "measured" or (auto and family is not None and dense):
         return _gpu_tables(choice, hardware, auto)
     roofline: CostModelKind = "full" if auto or kind == "full" else "weights-only"
-    model = _model(choice.model or DEFAULT_MODEL)
+    model = resolve_model(choice.model or DEFAULT_MODEL)
     dtype_bytes = choice.dtype_bytes or 2
     config = CostModelConfig(
         model,
@@ -149,7 +150,7 @@ def _profiled(choice: CostChoice, hardware: HardwareSpec, how: str) -> CostPick:
         loaded = load_profile(profile) if isinstance(profile, str) else profile
         measured = MeasuredCostModel(loaded, sampling=choice.sampling, overhead_s=choice.step_overhead_s)
     profiled = choice.model is None or choice.model == measured.profile.fingerprint.get("model")
-    model = measured.model_spec() if profiled else _model(choice.model)  # type: ignore[arg-type]
+    model = measured.model_spec() if profiled else resolve_model(choice.model)  # type: ignore[arg-type]
     why = f"profile {profile}" if isinstance(profile, str) else "the given profile"
     dtype_bytes = choice.dtype_bytes or measured.dtype_bytes
     pricer: StepPricer = measured
@@ -158,7 +159,7 @@ def _profiled(choice: CostChoice, hardware: HardwareSpec, how: str) -> CostPick:
 
 def _gpu_tables(choice: CostChoice, hardware: HardwareSpec, auto: bool) -> CostPick:
     family = gpu_family(hardware.name)
-    model = _model(choice.model or DEFAULT_MODEL)
+    model = resolve_model(choice.model or DEFAULT_MODEL)
     dtype_bytes = choice.dtype_bytes or 2
     gpu = GpuMeasuredCostModel(
         model, hardware, tp=choice.tp, dtype_bytes=dtype_bytes, overhead_s=choice.step_overhead_s
@@ -215,7 +216,7 @@ def _aic_pick(choice: CostChoice, hardware: HardwareSpec, auto: bool) -> CostPic
         tp=choice.tp,
         overhead_s=choice.step_overhead_s,
     )
-    model = _model(choice.model or DEFAULT_MODEL)
+    model = resolve_model(choice.model or DEFAULT_MODEL)
     why = f"aiconfigurator-core's {system} tables, {framework} {pricer.version}"
     return CostPick(
         pricer,
@@ -229,7 +230,9 @@ def _aic_pick(choice: CostChoice, hardware: HardwareSpec, auto: bool) -> CostPic
     )
 
 
-def _model(model: str | ModelSpec) -> ModelSpec:
+def resolve_model(model: str | ModelSpec) -> ModelSpec:
+    """A model spec: given, one of our presets or paths, or a Hugging Face id whose config
+    aiconfigurator-core ships."""
     if isinstance(model, ModelSpec):
         return model
     config = shipped_config(model)

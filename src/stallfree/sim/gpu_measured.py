@@ -137,6 +137,11 @@ class GpuMeasuredCostModel:
                 f"no measured GPU table for hardware {hardware.name!r}; tables: a100-*, h100-*, a40 "
                 "(or give a stallfree profile)"
             )
+        if model.is_moe:
+            raise ValueError(
+                f"Vidur's tables are of dense models; {model.name} is a mixture of experts "
+                '(aiconfigurator-core\'s tables price it: pip install "stallfree[gpu]")'
+            )
         if model.num_attention_heads % tp:
             raise ValueError(f"tp={tp} does not divide {model.name}'s attention heads")
         if not (math.isfinite(overhead_s) and overhead_s >= 0):

@@ -1,10 +1,13 @@
 """Model specs: the shape of a Llama-family decoder LLM, from presets or a Hugging Face config.
 
-Owns :class:`ModelSpec` (a frozen value read by the cost model and the PyTorch engine) and
+Owns :class:`ModelSpec` (a frozen value read by the cost models and the PyTorch engine) and
 :func:`load_model_spec`. Supported: ``LlamaForCausalLM``, ``MistralForCausalLM`` and
-``Qwen2ForCausalLM`` with SiLU-gated MLPs, RMSNorm and RoPE. Anything else (encoders,
-encoder-decoders, MoE, sliding-window attention, biased MLPs) is rejected with a one-line
-``ValueError`` rather than modelled wrongly.
+``Qwen2ForCausalLM`` with SiLU-gated MLPs, RMSNorm and RoPE (the engine runs these), and for the
+simulator ``Qwen3ForCausalLM`` and the mixture-of-experts ``MixtralForCausalLM`` and
+``Qwen3MoeForCausalLM`` (every layer's MLP is ``moe_num_experts`` gated experts of
+``moe_intermediate_size``, ``moe_experts_per_token`` of them per token). Anything else (encoders,
+encoder-decoders, shared experts, MLA, sliding-window attention, biased MLPs) is rejected with a
+one-line ``ValueError`` rather than modelled wrongly.
 
 Invariants: every size is positive; ``num_attention_heads`` is a multiple of ``num_kv_heads``;
 ``rope_scaling`` is a key-sorted tuple of scalar pairs (hashable), or ``None``.
@@ -23,6 +26,15 @@ ARCHITECTURES: Mapping[str, str] = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+}
+ENGINE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+# config.json's expert counts, by architecture: (experts, experts per token, expert MLP width)
+_MOE_KEYS: Mapping[str, tuple[str, str, str]] = {
+    "MixtralForCausalLM": ("num_local_experts", "num_experts_per_tok", "intermediate_size"),
+    "Qwen3MoeForCausalLM": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
 }
 _ARCH_BY_MODEL_TYPE = {model_type: arch for arch, model_type in ARCHITECTURES.items()}
 
@@ -55,6 +67,9 @@ class ModelSpec:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "LlamaForCausalLM"
+    moe_num_experts: int = 1  # a dense MLP is one expert that every token takes
+    moe_experts_per_token: int = 1
+    moe_intermediate_size: int | None = None  # None: intermediate_size (dense)
 
     def __post_init__(self) -> None:
         sizes = (
@@ -82,6 +97,11 @@ class ModelSpec:
             )
         if not (self.rms_norm_eps > 0 and self.rope_theta > 0):
             raise ValueError(f"model {self.name}: rms_norm_eps and rope_theta must be positive")
+        experts, per_token = self.moe_num_experts, self.moe_experts_per_token
+        if not (_is_positive_int(experts) and _is_positive_int(per_token) and per_token <= experts):
+            raise ValueError(
+                f"model {self.name}: experts per token ({per_token!r}) must be 1..{experts!r} experts"
+            )
 
     # -- constructors -------------------------------------------------------------------------
 
@@ -122,6 +142,23 @@ class ModelSpec:
                 f"model {name}: bos_token_id/eos_token_id must be token ids, got {bos!r}/{eos!r}"
             )
         rope, scaling = _rope_fields(config, name)
+        moe: dict[str, Any] = {}
+        if architecture in _MOE_KEYS:
+            experts_key, per_token_key, width_key = _MOE_KEYS[architecture]
+            mixed = config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1
+            if config.get("shared_expert_intermediate_size") or mixed:
+                raise ValueError(
+                    f"model {name}: shared experts or dense layers among MoE ones are not supported"
+                )
+            moe = {
+                "moe_num_experts": config.get(experts_key),
+                "moe_experts_per_token": config.get(per_token_key),
+                "moe_intermediate_size": config.get(width_key),
+            }
+            if not all(_is_positive_int(v) for v in moe.values()):
+                raise ValueError(
+                    f"model {name}: {experts_key}, {per_token_key} and {width_key} must be positive"
+                )
         return cls(
             name=name,
             hidden_size=hidden,
@@ -140,6 +177,7 @@ class ModelSpec:
             bos_token_id=bos,
             eos_token_ids=eos_ids,
             architecture=architecture,
+            **moe,
         )
 
     def to_hf_config(self) -> dict[str, Any]:
@@ -166,6 +204,11 @@ class ModelSpec:
             else self.eos_token_ids[0],
             "torch_dtype": "bfloat16",
         }
+        if self.is_moe:
+            experts_key, per_token_key, width_key = _MOE_KEYS[self.architecture]
+            config[experts_key] = self.moe_num_experts
+            config[per_token_key] = self.moe_experts_per_token
+            config[width_key] = self.expert_intermediate_size
         if self.architecture == "Qwen2ForCausalLM":
             config["use_sliding_window"] = False
         else:
@@ -187,13 +230,49 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def is_moe(self) -> bool:
+        return self.moe_num_experts > 1
+
+    @property
+    def expert_intermediate_size(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
+
+    @property
+    def expert_params(self) -> int:
+        """One expert's gated MLP (gate, up and down projections) in one layer."""
+        return 3 * self.hidden_size * self.expert_intermediate_size
+
+    @property
     def params_per_layer(self) -> int:
-        """q/k/v/o projections (+ q/k/v biases), the gated MLP, and the two RMSNorm weights."""
+        """q/k/v/o projections (+ q/k/v biases, + Qwen3's q/k norms), the gated MLP or every
+        expert and the router, and the two RMSNorm weights."""
         attention = 2 * self.hidden_size * self.q_size + 2 * self.hidden_size * self.kv_size
         if self.attention_bias:
             attention += self.q_size + 2 * self.kv_size
-        mlp = 3 * self.hidden_size * self.intermediate_size
-        return attention + mlp + 2 * self.hidden_size
+        if self.architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
+            attention += 2 * self.head_dim
+        router = self.hidden_size * self.moe_num_experts if self.is_moe else 0
+        return attention + self.moe_num_experts * self.expert_params + router + 2 * self.hidden_size
+
+    @property
+    def num_active_non_embedding_params(self) -> int:
+        """The weights one token's forward pass multiplies: its experts only (all of a dense MLP)."""
+        idle = (self.moe_num_experts - self.moe_experts_per_token) * self.expert_params
+        return self.num_non_embedding_params - self.num_layers * idle
+
+    def expected_experts(self, num_tokens: float) -> float:
+        """Distinct experts a layer reads for ``num_tokens`` tokens routed independently and
+        uniformly (E x (1 - (1 - k / E)^N)): k at one token, every expert once N is large."""
+        experts, per_token = self.moe_num_experts, self.moe_experts_per_token
+        if not self.is_moe:
+            return 1.0
+        return float(experts * (1.0 - (1.0 - per_token / experts) ** num_tokens))
+
+    def weights_read_params(self, num_tokens: float) -> float:
+        """Non-embedding weights a step of ``num_tokens`` tokens reads: every weight of a dense
+        model; the shared layers and the experts its tokens route to, for a MoE one."""
+        unread = (self.moe_num_experts - self.expected_experts(num_tokens)) * self.expert_params
+        return self.num_non_embedding_params - self.num_layers * unread
 
     @property
     def embedding_params(self) -> int:
@@ -212,6 +291,11 @@ class ModelSpec:
         tokens that produce a logit and so is counted separately (:attr:`lm_head_params`).
         """
         return self.num_layers * self.params_per_layer + self.hidden_size
+
+    @property
+    def num_active_params(self) -> int:
+        """:attr:`num_params` less the experts a token does not take."""
+        return self.num_params - self.num_non_embedding_params + self.num_active_non_embedding_params
 
     @property
     def num_params(self) -> int:
@@ -313,8 +397,8 @@ def _uses_sliding_window(config: Mapping[str, Any], architecture: str) -> bool:
     window = config.get("sliding_window")
     if window is None:
         return False
-    if architecture == "Qwen2ForCausalLM":
-        # Qwen2 configs always carry a window; it is only used when this flag says so.
+    if architecture.startswith(("Qwen2", "Qwen3")):
+        # Qwen configs always carry a window; it is only used when this flag says so.
         return bool(config.get("use_sliding_window", False))
     return bool(window < config.get("max_position_embeddings", window + 1))
 

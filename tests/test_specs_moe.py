@@ -1,0 +1,168 @@
+"""Mixture-of-experts models in the specs and the roofline: active vs total parameters, the experts
+a step reads, the ridge that moves, and the refusals (the engine, Vidur's dense tables)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stallfree.cli import main
+from stallfree.core.plan import StepPlan, synthetic_plan
+from stallfree.sim.cost_model import CostModel, CostModelConfig
+from stallfree.sim.costs import CostChoice, pick_cost_model
+from stallfree.specs import ModelSpec, load_hardware_spec
+
+# Qwen3-30B-A3B's published architecture (its config.json's fields)
+QWEN3_MOE: dict[str, Any] = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "sliding_window": None,
+    "use_sliding_window": False,
+    "mlp_only_layers": [],
+    "decoder_sparse_step": 1,
+}
+MIXTRAL: dict[str, Any] = {
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "vocab_size": 32000,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+}
+
+
+def test_active_and_total_parameters_are_the_published_ones() -> None:
+    qwen = ModelSpec.from_hf_config(QWEN3_MOE, name="qwen3-30b-a3b")
+    assert qwen.is_moe and qwen.num_params / 1e9 == pytest.approx(30.5, abs=0.1)
+    assert qwen.num_active_params / 1e9 == pytest.approx(3.3, abs=0.1)  # "A3B"
+    mixtral = ModelSpec.from_hf_config(MIXTRAL, name="mixtral")
+    assert mixtral.num_params / 1e9 == pytest.approx(46.7, abs=0.1)
+    assert mixtral.num_active_params / 1e9 == pytest.approx(12.9, abs=0.1)
+    # the config round-trips, and a dense model is one expert every token takes
+    assert ModelSpec.from_hf_config(qwen.to_hf_config(), name="qwen3-30b-a3b") == qwen
+    dense = ModelSpec.from_hf_config(
+        {**MIXTRAL, "architectures": ["MistralForCausalLM"], "model_type": "mistral"}
+    )
+    assert not dense.is_moe and dense.num_active_params == dense.num_params
+
+
+def test_a_step_reads_the_experts_its_tokens_route_to() -> None:
+    qwen = ModelSpec.from_hf_config(QWEN3_MOE, name="qwen3-30b-a3b")
+    assert qwen.expected_experts(1) == pytest.approx(8)
+    assert qwen.expected_experts(16) == pytest.approx(128 * (1 - (120 / 128) ** 16))
+    assert qwen.expected_experts(4096) == pytest.approx(128)
+    reads = [qwen.weights_read_params(n) for n in (1, 4, 16, 64, 512)]
+    assert reads == sorted(reads) and reads[-1] == pytest.approx(qwen.num_non_embedding_params)
+    assert reads[0] == pytest.approx(qwen.num_active_non_embedding_params)
+
+
+def test_the_roofline_ridge_moves_and_the_fast_path_holds() -> None:
+    qwen = ModelSpec.from_hf_config(QWEN3_MOE, name="qwen3-30b-a3b")
+    cost = CostModel(CostModelConfig(qwen, load_hardware_spec("h200-sxm"), kind="full"))
+    # decode reads only its experts: one stream is far cheaper than reading all 30B weights
+    one = cost.decode_step_s(1, 512)
+    assert one < 0.3 * cost.decode_step_s(256, 512)
+    # the ridge: where a step's FLOPs catch up with reading every expert, 10x a dense model's
+    assert cost.ridge_tokens() > 10 * cost.dense_ridge_tokens()
+    plan = StepPlan((*synthetic_plan(9, 300).chunks, *synthetic_plan(0, 0, 100, 200).chunks))
+    shifted = [
+        StepPlan(
+            tuple(
+                dataclasses.replace(
+                    c,
+                    num_computed_tokens=c.num_computed_tokens + c.num_tokens * j,
+                    num_known_tokens=c.num_known_tokens + c.num_tokens * j,
+                )
+                for c in plan.chunks
+            )
+        )
+        for j in range(30)
+    ]
+    assert np.array_equal(cost.steady_durations(plan, 30), [cost.step_time_s(p) for p in shifted])
+
+
+def test_vidur_and_the_engine_refuse_a_mixture_of_experts(tmp_path: Path) -> None:
+    qwen = ModelSpec.from_hf_config(QWEN3_MOE, name="qwen3-30b-a3b")
+    with pytest.raises(ValueError, match="Vidur's tables are of dense models"):
+        pick_cost_model(CostChoice(kind="measured", model=qwen, hardware="a100-80gb", gpu_tables="vidur"))
+    # auto leaves Vidur's tables to dense models: the roofline, or aiconfigurator-core's tables
+    assert (
+        pick_cost_model(CostChoice(model=qwen, hardware="a100-80gb", gpu_tables="vidur")).source == "roofline"
+    )
+    pytest.importorskip("torch")
+    from stallfree.engine.model import LlamaModel
+
+    with pytest.raises(ValueError, match="the simulator prices but the engine does not run"):
+        LlamaModel(qwen)
+
+
+def test_unsupported_moe_layouts_are_one_line() -> None:
+    with pytest.raises(ValueError, match="shared experts or dense layers"):
+        ModelSpec.from_hf_config({**QWEN3_MOE, "decoder_sparse_step": 2})
+    with pytest.raises(ValueError, match="experts per token"):
+        ModelSpec.from_hf_config({**QWEN3_MOE, "num_experts_per_tok": 200})
+
+
+def test_explain_says_why_the_ridge_moved(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    config = tmp_path / "qwen3-30b-a3b" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(QWEN3_MOE))
+    argv = ["explain", "--model", str(config), "--hardware", "h200-sxm", "--tp", "1", "--cost-model", "full"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "mixture of experts           8 of 128 experts a token (11% of the weights)" in out
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("aiconfigurator_core") is None, reason="aiconfigurator-core not installed"
+)
+def test_the_configs_aiconfigurator_ships_read_or_refuse_in_one_line() -> None:
+    from stallfree.sim.costs import resolve_model
+
+    for model_id, total, active in (
+        ("Qwen/Qwen3-30B-A3B", 30.5, 3.3),
+        ("Qwen/Qwen3-235B-A22B", 235.1, 22.2),
+        ("mistralai/Mixtral-8x7B-v0.1", 46.7, 12.9),
+        ("Qwen/Qwen3-8B", 8.2, 8.2),
+        ("meta-llama/Meta-Llama-3.1-70B", 70.6, 70.6),
+    ):
+        spec = resolve_model(model_id)
+        assert spec.num_params / 1e9 == pytest.approx(total, abs=0.1), model_id
+        assert spec.num_active_params / 1e9 == pytest.approx(active, abs=0.1), model_id
+    for model_id in (
+        "deepseek-ai/DeepSeek-V3",
+        "openai/gpt-oss-120b",
+        "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+    ):
+        with pytest.raises(ValueError) as refused:
+            resolve_model(model_id)
+        assert "\n" not in str(refused.value)
