@@ -73,7 +73,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=EXPLAIN_COST_MODELS,
         default=DEFAULT.cost_model,
         help="roofline: weights-only (alias seed) = the seed's arithmetic; full = + attention, KV traffic, "
-        "LM head, TP all-reduce (default %(default)s)",
+        "LM head, TP all-reduce; measured = a --profile, or a GPU preset's measured tables (see "
+        "--gpu-tables) (default %(default)s)",
     )
     add_gpu_table_args(p)
     add(
