@@ -125,20 +125,33 @@ def vidur_vs_aic() -> None:
 
 def seed_scenario() -> None:
     print(
-        "\n4. the seed's scenario: Llama-3.1-70B TP4, 16 streams at 1K, a 16,384-token prompt, vLLM's tables"
+        "\n4. the seed's scenario: 16 streams at 1K, a 16,384-token prompt, 256-token chunks, vLLM's tables"
     )
-    rows = [("a100-40gb (seed, roofline)", ExplainOptions())]
-    rows += [
-        (hw, ExplainOptions(hardware=hw, framework="vllm")) for hw in ("h100-sxm", "h200-sxm", "b200-sxm")
-    ]
-    for name, options in rows:
-        out = run_explain(options)
-        pf, ch = out.runs["prefill-first"], out.runs["chunked"]
-        print(
-            f"  {name:<28} decode {out.decode_step_s * 1e3:5.1f} ms, ridge {out.ridge_tokens:4.0f}, "
-            f"prefill-first stall {pf.max_gap_s:5.2f} s, chunked (256) gap {ch.max_gap_s * 1e3:5.1f} ms, "
-            f"TTFT x{ch.ttft_s / out.prefill_alone_s:.3f}"
-        )
+    for model, tp in (("llama-3.1-70b", 4), ("qwen3-235b-a22b", 8)):
+        rows = [
+            (
+                "a100-40gb, roofline (the seed)" if tp == 4 else "h200-sxm, roofline (full)",
+                _roofline(model, tp),
+            )
+        ]
+        rows += [(hw, ExplainOptions(model=model, tp=tp, hardware=hw, framework="vllm")) for hw in GPUS]
+        for name, options in rows:
+            out = run_explain(options)
+            pf, ch = out.runs["prefill-first"], out.runs["chunked"]
+            print(
+                f"  {model} TP{tp} {name:<32} decode {out.decode_step_s * 1e3:5.1f} ms, ridge "
+                f"{out.ridge_tokens:5.0f}, prefill-first stall {pf.max_gap_s:5.2f} s, chunked gap "
+                f"{ch.max_gap_s * 1e3:5.1f} ms, TTFT x{ch.ttft_s / out.prefill_alone_s:.3f}"
+            )
+
+
+GPUS = ("h100-sxm", "h200-sxm", "b200-sxm")
+
+
+def _roofline(model: str, tp: int) -> ExplainOptions:
+    if tp == 4:
+        return ExplainOptions(model=model, tp=tp)  # the seed: weights-only on 4 x A100-40GB
+    return ExplainOptions(model=model, tp=tp, hardware="h200-sxm", cost_model="full")
 
 
 if __name__ == "__main__":

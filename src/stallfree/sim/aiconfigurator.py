@@ -62,6 +62,15 @@ AIC_MODEL_IDS = {
     "llama-3.1-70b": "meta-llama/Meta-Llama-3.1-70B",
     "llama-3.1-405b": "meta-llama/Meta-Llama-3.1-405B",
 }
+# short names for the configs it ships that have no preset of ours (read from its files)
+AIC_SHORT_NAMES = {
+    "qwen3-8b": "Qwen/Qwen3-8B",
+    "qwen3-32b": "Qwen/Qwen3-32B",
+    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
+    "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
+    "mixtral-8x22b": "mistralai/Mixtral-8x22B-v0.1",
+}
 GRID_POINTS_PER_OCTAVE = 16
 DESCRIBE_TOKENS = (1, 64, 256, 512, 2048, 8192)
 
@@ -83,13 +92,15 @@ def shipped_model_ids() -> frozenset[str]:
 
 def aic_model_id(model: str) -> str | None:
     """The shipped config for one of our presets or a Hugging Face id, else None."""
-    model_id = AIC_MODEL_IDS.get(model, model)
+    model_id = AIC_MODEL_IDS.get(model) or AIC_SHORT_NAMES.get(model, model)
     return model_id if model_id in shipped_model_ids() else None
 
 
 def shipped_config(model: str) -> dict[str, Any] | None:
-    """The Hugging Face config.json aiconfigurator ships for ``model`` (an id, not a preset)."""
-    if model in AIC_MODEL_IDS or "/" not in model or not aic_available():
+    """The Hugging Face config.json aiconfigurator ships for ``model`` (an id or one of
+    :data:`AIC_SHORT_NAMES`; our presets have configs of their own)."""
+    model = AIC_SHORT_NAMES.get(model, model)
+    if "/" not in model or not aic_available():
         return None
     import aiconfigurator_core
 

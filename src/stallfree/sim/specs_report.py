@@ -18,6 +18,9 @@ def model_figures(model: ModelSpec, dtype_bytes: int) -> dict[str, Any]:
         "architecture": model.architecture,
         "num_params": model.num_params,
         "num_non_embedding_params": model.num_non_embedding_params,
+        "num_active_params": model.num_active_params,
+        "moe_num_experts": model.moe_num_experts,
+        "moe_experts_per_token": model.moe_experts_per_token,
         "num_layers": model.num_layers,
         "hidden_size": model.hidden_size,
         "num_attention_heads": model.num_attention_heads,
@@ -116,7 +119,13 @@ def report_text(report: dict[str, Any]) -> str:
         lines += [
             f"model       {model['name']} ({model['architecture']})",
             f"  params               {model['num_params'] / 1e9:.2f} B"
-            f" ({model['num_non_embedding_params'] / 1e9:.2f} B non-embedding)",
+            f" ({model['num_non_embedding_params'] / 1e9:.2f} B non-embedding)"
+            + (
+                f"; {model['num_active_params'] / 1e9:.2f} B active: {model['moe_experts_per_token']} of"
+                f" {model['moe_num_experts']} experts a token"
+                if model["moe_num_experts"] > 1
+                else ""
+            ),
             f"  layers x hidden      {model['num_layers']} x {model['hidden_size']},"
             f" {model['num_attention_heads']} heads / {model['num_kv_heads']} KV heads of {model['head_dim']}",
             f"  weights ({report['dtype']})       {model['weight_bytes'] / 1e9:.1f} GB",
