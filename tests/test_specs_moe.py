@@ -158,6 +158,8 @@ def test_the_configs_aiconfigurator_ships_read_or_refuse_in_one_line() -> None:
         spec = resolve_model(model_id)
         assert spec.num_params / 1e9 == pytest.approx(total, abs=0.1), model_id
         assert spec.num_active_params / 1e9 == pytest.approx(active, abs=0.1), model_id
+    short = pick_cost_model(CostChoice(model="qwen3-30b-a3b", hardware="h200-sxm", framework="sglang"))
+    assert short.model.is_moe and short.source == "aiconfigurator" and short.model.name == "qwen3-30b-a3b"
     for model_id in (
         "deepseek-ai/DeepSeek-V3",
         "openai/gpt-oss-120b",
