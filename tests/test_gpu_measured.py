@@ -89,7 +89,7 @@ def test_simulate_uses_it_for_gpu_presets() -> None:
     roofline = simulate(workload, CostChoice(model="mistral-7b", kind="full"), num_requests=20)
     assert measured.summary["median_tpot_ms"] > roofline.summary["median_tpot_ms"]
     with pytest.raises(ValueError, match="needs a profile"):
-        simulate(workload, CostChoice(hardware="l40s", kind="measured"), num_requests=5)
+        simulate(workload, CostChoice(hardware="mi300x", kind="measured"), num_requests=5)
     assert np.isfinite(measured.summary["median_ttft_ms"])
 
 

@@ -152,3 +152,21 @@ def test_without_the_extra_a_framework_is_one_line(
     assert err.count("\n") == 0 and 'pip install "stallfree[gpu]"' in err
     # auto falls back to Vidur's tables, as without the extra
     assert pick_cost_model(CostChoice(model="llama-3.1-8b", hardware="h100-sxm")).source == "gpu-tables"
+
+
+@needs_aic
+def test_fp8_takes_its_fp8_kernels_or_says_which_table_is_missing() -> None:
+    def decode_s(dtype_bytes: int, framework: str = "vllm") -> float:
+        choice = CostChoice(
+            model="llama-3.1-8b", hardware="h100-sxm", dtype_bytes=dtype_bytes, framework=framework
+        )
+        return pick_cost_model(choice).pricer.decode_step_s(16, 2048)
+
+    assert decode_s(1) < 0.8 * decode_s(2)  # fp8 weights and KV: fewer bytes to read
+    with pytest.raises(
+        ValueError, match=r"sglang 0\.5\.14 in fp8: perf database error: context attention"
+    ) as info:
+        decode_s(1, "sglang")
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="bf16 and fp8"):
+        decode_s(4)

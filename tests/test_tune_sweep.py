@@ -199,8 +199,8 @@ def test_measured_without_a_profile_needs_a_gpu_table(
 ) -> None:
     grid_path = tmp_path / "grid.yaml"
     grid_path.write_text(
-        GRID.replace("hardware: a100-80gb", "hardware: [a100-80gb, l40s]") + "cost_model: measured\n"
+        GRID.replace("hardware: a100-80gb", "hardware: [a100-80gb, mi300x]") + "cost_model: measured\n"
     )
     assert main(["sweep", str(grid_path), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "needs a profile" in err and "l40s has none" in err and err.count("\n") == 1
+    assert "needs a profile" in err and "mi300x has none" in err and err.count("\n") == 1

@@ -116,6 +116,23 @@ def add_gpu_table_args(parser: argparse._ActionsContainer) -> None:
 
 
 COST_MODEL_CHOICES = ("weights-only", "full", "measured")
+ROOFLINE_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+
+
+def add_roofline_dtype_arg(parser: argparse._ActionsContainer, default: str | None) -> None:
+    """``--dtype`` of a priced deployment (weights and KV cache); fp8 takes the GPU tables' fp8 kernels."""
+    parser.add_argument(
+        "--dtype",
+        choices=tuple(ROOFLINE_DTYPE_BYTES),
+        default=default,
+        help="weight and KV dtype; fp8: the GPU tables' fp8 GEMMs and KV cache "
+        + (f"(default {default})" if default else "(default bf16, or the profile's with --profile)"),
+    )
+
+
+def dtype_bytes_arg(args: argparse.Namespace) -> int | None:
+    """``--dtype`` in bytes, None when it was left to the profile."""
+    return ROOFLINE_DTYPE_BYTES[args.dtype] if args.dtype else None
 
 
 def resolve_cost_model(args: argparse.Namespace) -> str | None:

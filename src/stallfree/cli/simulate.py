@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from stallfree.cli.common import (
     UsageError,
     add_roofline_args,
+    add_roofline_dtype_arg,
+    dtype_bytes_arg,
     pick_costs,
 )
 from stallfree.cli.serving_args import add_serving_args, serving_config, serving_configs
@@ -63,11 +65,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     g = p.add_argument_group("model and hardware")
     add_roofline_args(g, model=None, hardware="a100-80gb", cost_model="auto")
-    g.add_argument(
-        "--dtype",
-        choices=("bf16", "fp16", "fp32", "fp8"),
-        help="weight and KV dtype (default bf16, or the profile's with --profile)",
-    )
+    add_roofline_dtype_arg(g, None)
     g.add_argument(
         "--sampling",
         choices=("greedy", "temperature", "top-p"),
@@ -183,7 +181,7 @@ def _simulate_all(
     from stallfree.sim import simulate
     from stallfree.workload import sample
 
-    dtype_bytes = _DTYPE_BYTES[args.dtype] if args.dtype else None
+    dtype_bytes = dtype_bytes_arg(args)
     costs, cost_model_note = pick_costs(
         args, dtype_bytes=dtype_bytes, sampling=args.sampling, step_overhead_s=args.step_overhead_ms / 1000
     )
@@ -216,9 +214,6 @@ def _simulate_all(
             result.summary["sim_wall_s"] = time.perf_counter() - started
             results.append(result)
     return workload, requests, results, cost_model_note
-
-
-_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 
 
 def _scenario(

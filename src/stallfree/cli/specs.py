@@ -6,9 +6,13 @@ import argparse
 import json
 from typing import Any
 
-from stallfree.cli.common import add_roofline_args, measured_profile, positive_int
-
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+from stallfree.cli.common import (
+    ROOFLINE_DTYPE_BYTES,
+    add_roofline_args,
+    add_roofline_dtype_arg,
+    measured_profile,
+    positive_int,
+)
 
 _DESCRIPTION = """\
 Without options: list the model and hardware presets.
@@ -42,9 +46,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_roofline_args(parser, model=None, hardware=None, cost_model="weights-only")
-    parser.add_argument(
-        "--dtype", choices=sorted(DTYPE_BYTES), default="bf16", help="weight/KV dtype (default bf16)"
-    )
+    add_roofline_dtype_arg(parser, "bf16")
     parser.add_argument(
         "--context-tokens",
         type=positive_int,
@@ -99,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     report: dict[str, Any] = {"dtype": args.dtype}
-    dtype_bytes = DTYPE_BYTES[args.dtype]
+    dtype_bytes = ROOFLINE_DTYPE_BYTES[args.dtype]
     model = resolve_model(args.model) if args.model is not None else None
     hw = load_hardware_spec(args.hardware) if args.hardware is not None else None
     if model is not None:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from stallfree.cli.common import (
     UsageError,
     add_roofline_args,
+    add_roofline_dtype_arg,
+    dtype_bytes_arg,
     int_list,
     measured_profile,
     non_negative_int,
@@ -108,6 +110,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _add_deployment_args(p: argparse.ArgumentParser) -> None:
     add_roofline_args(p, model=DEFAULT_MODEL, hardware="a100-80gb", cost_model="auto")
+    add_roofline_dtype_arg(p, None)
     p.add_argument(
         "--gpu-memory-utilization",
         type=positive_float,
@@ -220,7 +223,14 @@ def _tune_costs(args: argparse.Namespace) -> tuple[CostChoice, str | None]:
     kind = "measured" if profile is not None else args.cost_model
     tables = {"gpu_tables": args.gpu_tables, "framework": args.framework}
     choice = CostChoice(
-        kind, model, args.hardware, args.tp, profile, framework_version=args.framework_version, **tables
+        kind,
+        model,
+        args.hardware,
+        args.tp,
+        profile,
+        dtype_bytes=dtype_bytes_arg(args),
+        framework_version=args.framework_version,
+        **tables,
     )
     return choice, note
 

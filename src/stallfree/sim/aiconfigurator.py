@@ -135,7 +135,7 @@ def _quiet() -> None:
 class AicCostModel:
     """Step durations of ``model_id`` on ``tp`` GPUs of ``system`` under ``framework`` (its
     ``version``: None is the newest table the package keeps for that pair), from
-    aiconfigurator-core's measured op tables; see the module docstring."""
+    aiconfigurator-core's measured op tables, in fp8 where ``fp8``; see the module docstring."""
 
     def __init__(
         self,
@@ -145,8 +145,7 @@ class AicCostModel:
         version: str | None = None,
         *,
         tp: int = 1,
-        gemm_quant: str | None = None,
-        kv_cache_quant: str | None = None,
+        fp8: bool = False,
         overhead_s: float = 0.0,
     ) -> None:
         if framework not in FRAMEWORKS:
@@ -175,18 +174,19 @@ class AicCostModel:
             "moe_tp_size": tp,
             "moe_ep_size": 1,
         }
-        if gemm_quant:
-            options["gemm_quant_mode"] = gemm_quant
-        if kv_cache_quant:
-            options["kvcache_quant_mode"] = kv_cache_quant
+        self.fp8 = fp8
+        if fp8:  # fp8 weights (GEMMs and experts) and KV cache; a checkpoint's own quantisation otherwise
+            options |= {"gemm_quant_mode": "fp8", "moe_quant_mode": "fp8", "kvcache_quant_mode": "fp8"}
         try:
             self._handle = EngineHandle.compile(model_id, system, framework, **options)
             context = _op_names(self._handle.evaluate_context_ops, batch_size=1, s=1)
             generation = _op_names(self._handle.evaluate_generation_ops, batch_size=1, s=2)
         except (ValueError, RuntimeError, KeyError, AssertionError) as exc:
+            # its messages run on with the lanes it tried and the folder it read: the first clause says it
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0].split(": tried ")[0]
             raise ValueError(
                 f"aiconfigurator-core cannot price {model_id} on {tp} x {system} under {framework} "
-                f"{self.version}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                f"{self.version}{' in fp8' if fp8 else ''}: {reason}"
             ) from None
         self._context_attention = context.index("context_attention")
         skip = {"context_attention", "context_logits_gemm"}

@@ -208,22 +208,28 @@ def _aic_pick(choice: CostChoice, hardware: HardwareSpec, auto: bool) -> CostPic
             raise ValueError(missing)
         return None
     framework = choice.framework or "vllm"
+    dtype_bytes = choice.dtype_bytes or 2
+    if dtype_bytes not in (1, 2):
+        raise ValueError("aiconfigurator-core's tables are of bf16 and fp8 kernels: --dtype bf16 or fp8")
     pricer = AicCostModel(
         model_id,
         system,
         framework,
         choice.framework_version,
         tp=choice.tp,
+        fp8=dtype_bytes == 1,
         overhead_s=choice.step_overhead_s,
     )
     model = resolve_model(choice.model or DEFAULT_MODEL)
-    why = f"aiconfigurator-core's {system} tables, {framework} {pricer.version}"
+    why = f"aiconfigurator-core's {system} tables, {framework} {pricer.version}" + (
+        ", fp8" if pricer.fp8 else ""
+    )
     return CostPick(
         pricer,
         model,
         hardware,
         choice.tp,
-        choice.dtype_bytes or 2,
+        dtype_bytes,
         "measured",
         "aiconfigurator",
         f"{why}; auto" if auto else why,
