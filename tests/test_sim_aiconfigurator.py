@@ -170,3 +170,13 @@ def test_fp8_takes_its_fp8_kernels_or_says_which_table_is_missing() -> None:
     assert "\n" not in str(info.value)
     with pytest.raises(ValueError, match="bf16 and fp8"):
         decode_s(4)
+
+
+def test_tunes_launch_lines_say_what_was_priced() -> None:
+    from stallfree.tune.capacity import serve_commands
+
+    lines = serve_commands("qwen3-30b-a3b", 2, 2048, 256, fp8=True)
+    assert lines["vllm"].startswith("vllm serve Qwen/Qwen3-30B-A3B --max-num-batched-tokens 2048")
+    assert lines["vllm"].endswith("--tensor-parallel-size 2 --quantization fp8 --kv-cache-dtype fp8")
+    assert "--chunked-prefill-size 2048" in lines["sglang"] and "--kv-cache-dtype fp8_e4m3" in lines["sglang"]
+    assert "quantization" not in serve_commands("llama-3.1-8b", 1, 512, 256)["vllm"]

@@ -16,6 +16,7 @@ from typing import Any
 
 from stallfree.core import DEFAULT_STEP_TOKEN_CAP
 from stallfree.core.serving import ServingConfig
+from stallfree.sim.aiconfigurator import AIC_SHORT_NAMES
 from stallfree.specs.model_presets import HF_REPOS
 from stallfree.tune.jobs import Job, JobsInterrupted, TrialRecord, run_jobs
 from stallfree.tune.pools import TrialPool
@@ -224,7 +225,12 @@ class TuneResult:
                 entry["closest"] = closest.to_json() if closest else None
             elif policy == "chunked":
                 entry["commands"] = serve_commands(
-                    model, costs.tp, best.token_budget, best.max_num_seqs, base.serving.enable_prefix_caching
+                    model,
+                    costs.tp,
+                    best.token_budget,
+                    best.max_num_seqs,
+                    base.serving.enable_prefix_caching,
+                    fp8=costs.dtype_bytes == 1,
                 )
             policies[policy] = entry
         out: dict[str, Any] = {
@@ -272,11 +278,18 @@ class TuneResult:
 
 
 def serve_commands(
-    model: str, tp: int, token_budget: int, max_num_seqs: int, prefix_caching: bool = True
+    model: str,
+    tp: int,
+    token_budget: int,
+    max_num_seqs: int,
+    prefix_caching: bool = True,
+    *,
+    fp8: bool = False,
 ) -> dict[str, str]:
-    """The vLLM and SGLang launch lines for a chunked budget (presets by their HF repository);
+    """The vLLM and SGLang launch lines for a chunked budget (presets and short names by their HF
+    repository; ``fp8``: fp8 weights and KV cache, as the simulation priced them);
     both cache prefixes by default, so only a run without the cache says so."""
-    model = HF_REPOS.get(model, model)
+    model = HF_REPOS.get(model) or AIC_SHORT_NAMES.get(model, model)
     vllm = (
         f"vllm serve {model} --max-num-batched-tokens {token_budget} --max-num-seqs {max_num_seqs} "
         "--enable-chunked-prefill"
@@ -291,6 +304,9 @@ def serve_commands(
     if tp > 1:
         vllm += f" --tensor-parallel-size {tp}"
         sglang += f" --tp {tp}"
+    if fp8:
+        vllm += " --quantization fp8 --kv-cache-dtype fp8"
+        sglang += " --quantization fp8 --kv-cache-dtype fp8_e4m3"
     return {"vllm": vllm, "sglang": sglang}
 
 
