@@ -3,6 +3,7 @@ one-second clock the hand-worked timelines use, and a step-counter replay with i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -97,3 +98,21 @@ def assert_stall_free(plan: StepPlan, decoding: set[str]) -> None:
     scheduled = {c.request_id: c.num_tokens for c in plan.chunks}
     for rid in decoding:
         assert scheduled.get(rid) == 1 or rid in plan.preempted_request_ids
+
+
+def shifted_plans(plan: StepPlan, num_steps: int) -> list[StepPlan]:
+    """``plan`` and the ``num_steps - 1`` steps of a steady run after it: every chunk ``j`` steps on
+    (what a cost model's ``steady_durations`` prices at once)."""
+    return [
+        StepPlan(
+            tuple(
+                dataclasses.replace(
+                    c,
+                    num_computed_tokens=c.num_computed_tokens + c.num_tokens * j,
+                    num_known_tokens=c.num_known_tokens + c.num_tokens * j,
+                )
+                for c in plan.chunks
+            )
+        )
+        for j in range(num_steps)
+    ]

@@ -4,7 +4,6 @@ files, and the commands. Without the extra only the one-line refusals run."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 from typing import TYPE_CHECKING
 
@@ -17,6 +16,7 @@ from stallfree.core.plan import StepPlan, synthetic_plan
 from stallfree.sim import simulate
 from stallfree.sim.costs import CostChoice, pick_cost_model
 from stallfree.workload import FixedLengths, Workload, poisson
+from tests.factories import shifted_plans
 
 if TYPE_CHECKING:
     from stallfree.sim.aiconfigurator import AicCostModel
@@ -55,19 +55,7 @@ def test_a_steady_run_is_priced_as_its_steps(h100: AicCostModel) -> None:
     mixed = StepPlan((*decodes, *synthetic_plan(0, 0, 256, 512).chunks))
     for plan in (synthetic_plan(13, 700), mixed):
         runs = h100.steady_durations(plan, 40)
-        shifted = [
-            StepPlan(
-                tuple(
-                    dataclasses.replace(
-                        c,
-                        num_computed_tokens=c.num_computed_tokens + c.num_tokens * j,
-                        num_known_tokens=c.num_known_tokens + c.num_tokens * j,
-                    )
-                    for c in plan.chunks
-                )
-            )
-            for j in range(40)
-        ]
+        shifted = shifted_plans(plan, 40)
         assert np.array_equal(runs, [h100.step_time_s(p) for p in shifted])
 
 

@@ -3,7 +3,6 @@ a step reads, the ridge that moves, and the refusals (the engine, Vidur's dense 
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from stallfree.core.plan import StepPlan, synthetic_plan
 from stallfree.sim.cost_model import CostModel, CostModelConfig
 from stallfree.sim.costs import CostChoice, pick_cost_model
 from stallfree.specs import ModelSpec, load_hardware_spec
+from tests.factories import shifted_plans
 
 # Qwen3-30B-A3B's published architecture (its config.json's fields)
 QWEN3_MOE: dict[str, Any] = {
@@ -92,19 +92,7 @@ def test_the_roofline_ridge_moves_and_the_fast_path_holds() -> None:
     # the ridge: where a step's FLOPs catch up with reading every expert, 10x a dense model's
     assert cost.ridge_tokens() > 10 * cost.dense_ridge_tokens()
     plan = StepPlan((*synthetic_plan(9, 300).chunks, *synthetic_plan(0, 0, 100, 200).chunks))
-    shifted = [
-        StepPlan(
-            tuple(
-                dataclasses.replace(
-                    c,
-                    num_computed_tokens=c.num_computed_tokens + c.num_tokens * j,
-                    num_known_tokens=c.num_known_tokens + c.num_tokens * j,
-                )
-                for c in plan.chunks
-            )
-        )
-        for j in range(30)
-    ]
+    shifted = shifted_plans(plan, 30)
     assert np.array_equal(cost.steady_durations(plan, 30), [cost.step_time_s(p) for p in shifted])
 
 
