@@ -158,6 +158,11 @@ def test_fp8_takes_its_fp8_kernels_or_says_which_table_is_missing() -> None:
     assert "\n" not in str(info.value)
     with pytest.raises(ValueError, match="bf16 and fp8"):
         decode_s(4)
+    # not asked for (auto, no framework): fp32 goes to the tables that have it
+    assert (
+        pick_cost_model(CostChoice(model="llama-3.1-8b", hardware="h100-sxm", dtype_bytes=4)).source
+        == "gpu-tables"
+    )
 
 
 def test_tunes_launch_lines_say_what_was_priced() -> None:

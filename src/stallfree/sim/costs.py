@@ -210,7 +210,9 @@ def _aic_pick(choice: CostChoice, hardware: HardwareSpec, auto: bool) -> CostPic
     framework = choice.framework or "vllm"
     dtype_bytes = choice.dtype_bytes or 2
     if dtype_bytes not in (1, 2):
-        raise ValueError("aiconfigurator-core's tables are of bf16 and fp8 kernels: --dtype bf16 or fp8")
+        if asked:
+            raise ValueError("aiconfigurator-core's tables are of bf16 and fp8 kernels: --dtype bf16 or fp8")
+        return None
     pricer = AicCostModel(
         model_id,
         system,
@@ -232,7 +234,7 @@ def _aic_pick(choice: CostChoice, hardware: HardwareSpec, auto: bool) -> CostPic
         dtype_bytes,
         "measured",
         "aiconfigurator",
-        f"{why}; auto" if auto else why,
+        f"{why}; auto" if auto and not asked else why,
     )
 
 
