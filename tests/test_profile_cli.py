@@ -53,7 +53,7 @@ def test_profile_writes_a_fingerprinted_file_covering_the_grid(tiny_profile: Pat
     assert fp["model"] == "random:tiny" and fp["dtype"] == "float32" and fp["dtype_bytes"] == 4
     for key in ("device", "device_name", "threads", "torch", "date"):
         assert fp[key]
-    assert {p.kind for p in profile.steps} == set(STEP_KINDS)
+    assert {p.kind for p in profile.steps} == set(STEP_KINDS) - {"cached"}  # a server's only
     assert max(len(p.decode_contexts) for p in profile.steps) == 8
     assert {p.mode for p in profile.sampling} == set(SAMPLING_MODES)
     assert profile.linear and profile.overhead

@@ -53,7 +53,7 @@ def test_the_profile_has_every_kind_of_point_within_the_budget(profiled: Path) -
     assert fp["kind"] == "server" and fp["server"] == "stallfree" and fp["model"] == "random:tiny"
     assert fp["scheduler"] == {"max_num_seqs": 4, "max_num_batched_tokens": BUDGET, "policy": "stall-free"}
     kinds = {p.kind for p in profile.steps}
-    assert kinds == {"decode", "prefill", "mixed"}
+    assert kinds == {"decode", "prefill", "mixed", "cached"}
     for point in profile.steps:
         assert sum(n for n, _, _ in point.chunks) + len(point.decode_contexts) <= BUDGET
         assert all(t > 0 for t in point.stats.times_s)

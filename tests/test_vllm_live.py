@@ -101,4 +101,5 @@ def test_vllm_profiled_through_its_api_predicts_its_own_stall(
     after = [p for p in steps if any(c[1] == BUDGET for c in p["chunks"])]
     cached = [p for p in steps if any(c[1] not in (0, BUDGET) for c in p["chunks"])]
     assert after and cached and len(after) + len(cached) == sum(any(c[1] for c in p["chunks"]) for p in steps)
+    assert {p["kind"] for p in cached} == {"cached"}  # recorded, not fitted
     assert 0.5 < predicted["max_gap_s"] * 1000 / measured["streams_max_itl_ms"] < 2.0, (predicted, measured)

@@ -361,10 +361,11 @@ class MeasuredCostModel:
             )
         self.profile = profile
         self.sampling_mode = sampling
-        quiet = [p for p in profile.steps if not p.stats.busy]
+        fitted = [p for p in profile.steps if p.kind != "cached"]  # see STEP_KINDS
+        quiet = [p for p in fitted if not p.stats.busy]
         # Points measured while other processes held the CPU are slower by 2-100x (the engine's
         # threads wait for cores), not noisier: leave them out when enough quiet ones remain.
-        self.fit_points = quiet if len(quiet) >= max(12, len(profile.steps) // 4) else list(profile.steps)
+        self.fit_points = quiet if len(quiet) >= max(12, len(fitted) // 4) else fitted
         fixed_floor_s, lm_head_floor_s = fit_floors(profile)
         self.forward = fit_forward(
             [(_point_features(p), p.stats.median_s) for p in self.fit_points],

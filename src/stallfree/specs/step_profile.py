@@ -30,7 +30,8 @@ Schema ``stallfree-step-profile`` version 1, one JSON object:
 ``steps``        forward passes of synthetic plans (no sampling): each describes its plan as
                  ``decode_contexts`` (cached tokens of each decoding sequence before its
                  token) and ``chunks`` (``[num_tokens, num_computed_tokens, samples]`` per
-                 prompt chunk), with a ``kind`` label (``decode``, ``prefill``, ``mixed``).
+                 prompt chunk), with a ``kind`` label (``decode``, ``prefill``, ``mixed``;
+                 ``cached``: a server's step after a prefix-cache hit, not fitted).
 ``sampling``     the sampler alone: ``mode`` (``greedy``, ``temperature``, ``top-p``) x ``rows``.
 ``linear``       the model's linear layers alone (every decoder layer's matmuls, no LM head)
                  at ``num_tokens`` rows: what weight streaming and matmul FLOP/s achieve.
@@ -59,7 +60,10 @@ if TYPE_CHECKING:
 SCHEMA = "stallfree-step-profile"
 VERSION = 1
 SAMPLING_MODES = ("greedy", "temperature", "top-p")
-STEP_KINDS = ("decode", "prefill", "mixed")
+# "cached": a server's prompt sent again with n more tokens (its first step after a prefix-cache
+# hit), timed and checked but not fitted: vLLM-CPU prices that step unlike a later chunk after the
+# same context, and fitting both as one term mispriced the long prompt's chunks 2.4x
+STEP_KINDS = ("decode", "prefill", "mixed", "cached")
 FINGERPRINT_KINDS = ("engine", "server")  # our engine in process; any server through its API
 # settings key of each reference step's timings -> what it is
 REFERENCES = {"reference_step_s": "decode", "reference_prompt_step_s": "prompt"}
