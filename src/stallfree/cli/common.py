@@ -115,6 +115,15 @@ def add_gpu_table_args(parser: argparse._ActionsContainer) -> None:
     )
 
 
+def gpu_tables_of(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`add_gpu_table_args`' flags as :class:`~stallfree.sim.costs.CostChoice` fields."""
+    return {
+        "gpu_tables": args.gpu_tables,
+        "framework": args.framework,
+        "framework_version": args.framework_version,
+    }
+
+
 COST_MODEL_CHOICES = ("weights-only", "full", "measured")
 ROOFLINE_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 
@@ -151,12 +160,9 @@ def pick_costs(args: argparse.Namespace, **options: Any) -> tuple[CostPick, str 
     kind = args.cost_model
     if kind != "auto":
         measured_profile(args, gpu_tables=True)  # measured with neither: say which flag is missing
-    tables = {
-        "gpu_tables": args.gpu_tables,
-        "framework": args.framework,
-        "framework_version": args.framework_version,
-    }
-    choice = CostChoice(kind, args.model, args.hardware, args.tp, args.profile, **tables, **options)
+    choice = CostChoice(
+        kind, args.model, args.hardware, args.tp, args.profile, **gpu_tables_of(args), **options
+    )
     try:
         pick = pick_cost_model(choice)
     except ValueError as exc:

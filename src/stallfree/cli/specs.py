@@ -10,6 +10,7 @@ from stallfree.cli.common import (
     ROOFLINE_DTYPE_BYTES,
     add_roofline_args,
     add_roofline_dtype_arg,
+    gpu_tables_of,
     measured_profile,
     positive_int,
 )
@@ -116,16 +117,7 @@ def run(args: argparse.Namespace) -> int:
         from stallfree.sim.gpu_measured import GpuMeasuredCostModel
 
         def choice(kind: str) -> CostChoice:
-            tables = {"gpu_tables": args.gpu_tables, "framework": args.framework}
-            return CostChoice(
-                kind,
-                model,
-                hw,
-                args.tp,
-                dtype_bytes=dtype_bytes,
-                framework_version=args.framework_version,
-                **tables,
-            )
+            return CostChoice(kind, model, hw, args.tp, dtype_bytes=dtype_bytes, **gpu_tables_of(args))
 
         # no --profile here: measured is a GPU preset's tables, shown beside the full roofline
         pick = pick_cost_model(choice(args.cost_model))

@@ -15,6 +15,7 @@ from stallfree.cli.common import (
     add_roofline_args,
     add_roofline_dtype_arg,
     dtype_bytes_arg,
+    gpu_tables_of,
     int_list,
     measured_profile,
     non_negative_int,
@@ -221,18 +222,10 @@ def _tune_costs(args: argparse.Namespace) -> tuple[CostChoice, str | None]:
 
         model = str(load_profile(profile).fingerprint.get("model", model))
     kind = "measured" if profile is not None else args.cost_model
-    tables = {"gpu_tables": args.gpu_tables, "framework": args.framework}
-    choice = CostChoice(
-        kind,
-        model,
-        args.hardware,
-        args.tp,
-        profile,
-        dtype_bytes=dtype_bytes_arg(args),
-        framework_version=args.framework_version,
-        **tables,
-    )
-    return choice, note
+    tables = gpu_tables_of(args)
+    return CostChoice(
+        kind, model, args.hardware, args.tp, profile, dtype_bytes=dtype_bytes_arg(args), **tables
+    ), note
 
 
 def _step_budgets(text: str | None) -> tuple[float, ...] | str:

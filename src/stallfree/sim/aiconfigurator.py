@@ -40,6 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stallfree.core.plan import StepPlan, synthetic_plan
+from stallfree.specs.hardware import HARDWARE_ALIASES
 
 FloatArray = npt.NDArray[np.float64]
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
@@ -47,7 +48,6 @@ FRAMEWORKS = ("vllm", "sglang", "trtllm")
 AIC_SYSTEMS = {
     "a100-80gb": "a100_sxm",
     "h100-sxm": "h100_sxm",
-    "h200": "h200_sxm",
     "h200-sxm": "h200_sxm",
     "b200-sxm": "b200_sxm",
     "b300-sxm": "b300_sxm",
@@ -113,8 +113,8 @@ def shipped_config(model: str) -> dict[str, Any] | None:
 
 
 def aic_system(hardware_name: str) -> str | None:
-    """aiconfigurator's system for one of our hardware presets, else None."""
-    return AIC_SYSTEMS.get(hardware_name)
+    """aiconfigurator's system for one of our hardware presets (or an alias of one), else None."""
+    return AIC_SYSTEMS.get(HARDWARE_ALIASES.get(hardware_name, hardware_name))
 
 
 @functools.cache

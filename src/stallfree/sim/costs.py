@@ -112,18 +112,21 @@ def pick_cost_model(choice: CostChoice) -> CostPick:
         raise ValueError(f"unknown framework {choice.framework!r}; choose from {', '.join(FRAMEWORKS)}")
     hardware = load_hardware_spec(choice.hardware) if isinstance(choice.hardware, str) else choice.hardware
     auto = kind == "auto"
-    if choice.profile is None and kind in ("auto", "measured"):
-        aic = _aic_pick(choice, hardware, auto)
+    if choice.profile is not None or (
+        kind == "measured" and gpu_family(hardware.name) is None and aic_system(hardware.name) is None
+    ):
+        return _profiled(choice, hardware, "auto" if auto else "asked")
+    model = resolve_model(choice.model or DEFAULT_MODEL)  # every pick below prices this spec
+    if kind in ("auto", "measured"):
+        aic = _aic_pick(choice, model, hardware, auto)
         if aic is not None:
             return aic
-    if choice.profile is not None or (kind == "measured" and gpu_family(hardware.name) is None):
-        return _profiled(choice, hardware, "auto" if auto else "asked")
+    if kind == "measured" and gpu_family(hardware.name) is None:  # aiconfigurator's GPU, said no
+        return _profiled(choice, hardware, "asked")
     family = gpu_family(hardware.name) if HARDWARE_PRESETS.get(hardware.name) == hardware else None
-    dense = not resolve_model(choice.model or DEFAULT_MODEL).is_moe  # Vidur measured dense layers only
-    if kind == "measured" or (auto and family is not None and dense):
-        return _gpu_tables(choice, hardware, auto)
+    if kind == "measured" or (auto and family is not None and not model.is_moe):  # Vidur's: dense only
+        return _gpu_tables(choice, model, hardware, auto)
     roofline: CostModelKind = "full" if auto or kind == "full" else "weights-only"
-    model = resolve_model(choice.model or DEFAULT_MODEL)
     dtype_bytes = choice.dtype_bytes or 2
     config = CostModelConfig(
         model,
@@ -157,9 +160,8 @@ def _profiled(choice: CostChoice, hardware: HardwareSpec, how: str) -> CostPick:
     return CostPick(pricer, model, hardware, choice.tp, dtype_bytes, "measured", "profile", f"{why}; {how}")
 
 
-def _gpu_tables(choice: CostChoice, hardware: HardwareSpec, auto: bool) -> CostPick:
+def _gpu_tables(choice: CostChoice, model: ModelSpec, hardware: HardwareSpec, auto: bool) -> CostPick:
     family = gpu_family(hardware.name)
-    model = resolve_model(choice.model or DEFAULT_MODEL)
     dtype_bytes = choice.dtype_bytes or 2
     gpu = GpuMeasuredCostModel(
         model, hardware, tp=choice.tp, dtype_bytes=dtype_bytes, overhead_s=choice.step_overhead_s
@@ -179,7 +181,7 @@ def _gpu_tables(choice: CostChoice, hardware: HardwareSpec, auto: bool) -> CostP
     )
 
 
-def _aic_pick(choice: CostChoice, hardware: HardwareSpec, auto: bool) -> CostPick | None:
+def _aic_pick(choice: CostChoice, model: ModelSpec, hardware: HardwareSpec, auto: bool) -> CostPick | None:
     """aiconfigurator-core's tables where the choice allows them and they cover it; None where
     they need not be used, a one-line ``ValueError`` where they were asked for and cannot be."""
     # measured on a GPU only aiconfigurator has tables for: its reason is the one to give
@@ -222,7 +224,6 @@ def _aic_pick(choice: CostChoice, hardware: HardwareSpec, auto: bool) -> CostPic
         fp8=dtype_bytes == 1,
         overhead_s=choice.step_overhead_s,
     )
-    model = resolve_model(choice.model or DEFAULT_MODEL)
     why = f"aiconfigurator-core's {system} tables, {framework} {pricer.version}" + (
         ", fp8" if pricer.fp8 else ""
     )
