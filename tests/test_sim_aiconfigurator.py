@@ -12,7 +12,7 @@ import pytest
 
 from stallfree.cli import main
 from stallfree.core import ServingConfig
-from stallfree.core.plan import StepPlan, synthetic_plan
+from stallfree.core.plan import ScheduledChunk, StepPlan, synthetic_plan
 from stallfree.sim import simulate
 from stallfree.sim.costs import CostChoice, pick_cost_model
 from stallfree.workload import FixedLengths, Workload, poisson
@@ -47,6 +47,29 @@ def test_steps_are_priced_as_the_package_prices_them(h100: AicCostModel) -> None
     late = h100.step_time_s(synthetic_plan(0, 0, 1024, 15360))
     assert late == pytest.approx(handle.predict_prefill_latency(1, 16384, 15360) / 1e3, rel=1e-9)
     assert late > 1.4 * h100.prefill_time_s(1024)
+
+
+@needs_aic
+@pytest.mark.parametrize(
+    ("model_id", "tp"),
+    [
+        ("deepseek-ai/DeepSeek-V3", 8),  # MLA blocks; its decode runs other MoE kernels (overlapped)
+        ("openai/gpt-oss-120b", 4),  # two attention ops a layer pair: sliding-window and full
+    ],
+)
+def test_a_static_batch_replays_as_the_package_runs_it(model_id: str, tp: int) -> None:
+    from stallfree.sim.aiconfigurator import AicCostModel
+
+    cost = AicCostModel(model_id, "h200_sxm", "vllm", tp=tp)
+    batch, isl, osl = 8, 1024, 32
+    prompts = StepPlan(
+        tuple(ScheduledChunk(f"r{i}", 0, isl, isl) for i in range(batch))
+    )  # one step of every prompt, then osl - 1 decode steps
+    ttft_ms = cost.step_time_s(prompts) * 1e3
+    tpot_ms = sum(cost.decode_step_s(batch, isl + i) for i in range(osl - 1)) / (osl - 1) * 1e3
+    ctx_ms, gen_ms, _ = cost._handle.run_static(batch_size=batch, isl=isl, osl=osl, stride=1)
+    assert ttft_ms == pytest.approx(ctx_ms, rel=0.01)
+    assert tpot_ms == pytest.approx(gen_ms / (osl - 1), rel=0.01)
 
 
 @needs_aic

@@ -157,7 +157,8 @@ def test_to_hf_config_is_read_by_transformers() -> None:
         (TINY_LLAMA | {"hidden_size": "64"}, "hidden_size"),
         (
             TINY_LLAMA
-            | {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 64},
+            | {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "sliding_window": 64}
+            | {"use_sliding_window": True},
             "sliding-window",
         ),
     ],

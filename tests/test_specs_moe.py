@@ -112,10 +112,84 @@ def test_vidur_and_the_engine_refuse_a_mixture_of_experts(tmp_path: Path) -> Non
 
 
 def test_unsupported_moe_layouts_are_one_line() -> None:
-    with pytest.raises(ValueError, match="shared experts or dense layers"):
-        ModelSpec.from_hf_config({**QWEN3_MOE, "decoder_sparse_step": 2})
+    deepseek = {**QWEN2_MOE, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
+    with pytest.raises(ValueError, match="moe_layer_freq"):
+        ModelSpec.from_hf_config({**deepseek, "n_routed_experts": 64, "moe_layer_freq": 2})
     with pytest.raises(ValueError, match="experts per token"):
         ModelSpec.from_hf_config({**QWEN3_MOE, "num_experts_per_tok": 200})
+    with pytest.raises(ValueError, match="use_sliding_window"):
+        ModelSpec.from_hf_config({**QWEN2_MOE, "use_sliding_window": True})
+
+
+# Qwen2-57B-A14B's published architecture: shared experts beside the routed ones
+QWEN2_MOE: dict[str, Any] = {
+    "architectures": ["Qwen2MoeForCausalLM"],
+    "model_type": "qwen2_moe",
+    "hidden_act": "silu",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "num_experts": 64,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 2560,
+    "shared_expert_intermediate_size": 20480,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "vocab_size": 151936,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "sliding_window": 65536,
+    "use_sliding_window": False,
+    "tie_word_embeddings": False,
+}
+
+
+def test_shared_experts_and_dense_layers_count() -> None:
+    qwen2 = ModelSpec.from_hf_config(QWEN2_MOE, name="qwen2-57b-a14b")
+    assert qwen2.num_params / 1e9 == pytest.approx(57.4, abs=0.1)  # "A14B": the shared expert is active
+    assert qwen2.num_active_params / 1e9 == pytest.approx(14.2, abs=0.1)
+    assert ModelSpec.from_hf_config(qwen2.to_hf_config(), name="qwen2-57b-a14b") == qwen2
+    # every other layer dense (decoder_sparse_step 2): its MLP is intermediate_size wide, all of it active
+    half = ModelSpec.from_hf_config({**QWEN2_MOE, "decoder_sparse_step": 2}, name="half")
+    assert (half.moe_dense_layers, half.num_moe_layers) == (14, 14)
+    dense_mlp, moe_mlp = 3 * 3584 * 18944, qwen2.moe_mlp_params
+    assert qwen2.num_params - half.num_params == 14 * (moe_mlp - dense_mlp)
+    idle = (64 - 8) * qwen2.expert_params
+    assert half.num_params - half.num_active_params == 14 * idle
+    assert half.weights_read_params(1) == pytest.approx(half.num_active_non_embedding_params)
+
+
+def test_windowed_attention_counts_only_the_window() -> None:
+    from stallfree.sim.cost_model import window_keys
+
+    for before, n, window in ((0, 7, 4), (3, 1, 4), (10, 5, 4), (2, 9, 6), (100, 1, 128), (0, 300, 128)):
+        brute = sum(min(p + 1, window) for p in range(before, before + n))
+        assert int(window_keys(before, n, window)) == brute
+    mistral = ModelSpec.from_hf_config({**MIXTRAL, "sliding_window": 4096}, name="mixtral-window")
+    assert (mistral.sliding_window, mistral.num_sliding_layers) == (4096, 32)
+    hw = load_hardware_spec("h200-sxm")
+    windowed = CostModel(CostModelConfig(mistral, hw, kind="full"))
+    unbounded = CostModel(CostModelConfig(ModelSpec.from_hf_config(MIXTRAL, name="m"), hw, kind="full"))
+    # within the window the two agree; far past it the windowed model reads 4K tokens a row, not 32K
+    assert windowed.decode_step_s(64, 2000) == unbounded.decode_step_s(64, 2000)
+    assert windowed.decode_step_s(64, 32000) < 0.6 * unbounded.decode_step_s(64, 32000)
+    assert windowed.decode_step_s(64, 32000) == windowed.decode_step_s(64, 8000)
+    plan = StepPlan((*synthetic_plan(9, 4000).chunks, *synthetic_plan(0, 0, 512, 3000).chunks))
+    shifted = shifted_plans(plan, 30)
+    assert np.array_equal(windowed.steady_durations(plan, 30), [windowed.step_time_s(p) for p in shifted])
+    pytest.importorskip("torch")
+    from stallfree.engine.model import LlamaModel
+
+    dense = {
+        **MIXTRAL,
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "sliding_window": 64,
+    }
+    with pytest.raises(ValueError, match="the simulator prices but the engine does not run"):
+        LlamaModel(ModelSpec.from_hf_config(dense, name="mistral-window"))
 
 
 def test_explain_says_why_the_ridge_moved(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -149,10 +223,43 @@ def test_the_configs_aiconfigurator_ships_read_or_refuse_in_one_line() -> None:
     short = pick_cost_model(CostChoice(model="qwen3-30b-a3b", hardware="h200-sxm", framework="sglang"))
     assert short.model.is_moe and short.source == "aiconfigurator" and short.model.name == "qwen3-30b-a3b"
     for model_id in (
-        "deepseek-ai/DeepSeek-V3",
-        "openai/gpt-oss-120b",
-        "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+        "deepseek-ai/DeepSeek-V3.2",  # sparse attention
+        "google/gemma-4-26B-A4B",
+        "nvidia/Nemotron-H-56B-Base-8K",  # hybrid Mamba
     ):
         with pytest.raises(ValueError) as refused:
             resolve_model(model_id)
         assert "\n" not in str(refused.value)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("aiconfigurator_core") is None, reason="aiconfigurator-core not installed"
+)
+@pytest.mark.parametrize(
+    ("model_id", "total", "active", "layout"),
+    [
+        # published: 671B total, 37B active; MLA caches 576 values a token and layer
+        ("deepseek-ai/DeepSeek-V3", 671.0, 37.6, {"moe_dense_layers": 3, "kv_lora_rank": 512}),
+        ("deepseek-ai/DeepSeek-R1", 671.0, 37.6, {"moe_shared_intermediate_size": 2048}),
+        ("moonshotai/Kimi-K2-Instruct", 1026.4, 32.9, {"moe_dense_layers": 1}),  # "1T, 32B active"
+        # published 116.8B / 5.1B active less embeddings (0.58B here): half the layers a 128-token window
+        ("openai/gpt-oss-120b", 116.8, 5.7, {"sliding_window": 128, "num_sliding_layers": 18}),
+        ("openai/gpt-oss-20b", 20.9, 4.2, {"num_sliding_layers": 12}),
+        # 17B active; chunked local attention (8K) on 3 layers of 4; Maverick alternates dense layers
+        ("meta-llama/Llama-4-Scout-17B-16E-Instruct", 107.8, 17.2, {"num_sliding_layers": 36}),
+        ("meta-llama/Llama-4-Maverick-17B-128E-Instruct", 400.7, 17.2, {"moe_dense_layers": 24}),
+    ],
+)
+def test_2026_architectures_read_as_published(
+    model_id: str, total: float, active: float, layout: dict[str, int]
+) -> None:
+    from stallfree.sim.costs import resolve_model
+
+    spec = resolve_model(model_id)
+    assert spec.num_params / 1e9 == pytest.approx(total, abs=0.1)
+    assert spec.num_active_params / 1e9 == pytest.approx(active, abs=0.1)
+    assert {key: getattr(spec, key) for key in layout} == layout
+    assert ModelSpec.from_hf_config(spec.to_hf_config(), name=spec.name) == spec
+    if spec.is_mla:
+        assert spec.kv_bytes_per_token(2) == 61 * 576 * 2
+        assert spec.kv_bytes_per_token_on(8, 2) == 8 * spec.kv_bytes_per_token(2)  # a whole latent a GPU

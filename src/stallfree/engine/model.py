@@ -173,6 +173,11 @@ class LlamaModel(nn.Module):
                 f"the engine runs {', '.join(ENGINE_ARCHITECTURES)} models; {spec.name} is a "
                 f"{spec.architecture}, which the simulator prices but the engine does not run"
             )
+        if spec.num_sliding_layers:
+            raise ValueError(
+                f"{spec.name} attends over a sliding window of {spec.sliding_window} tokens, which the "
+                "simulator prices but the engine does not run"
+            )
         super().__init__()
         self.spec = spec
         self.dtype = dtype

@@ -10,7 +10,9 @@ version, tp), in milliseconds, summed::
 
     body(T)            every op of a forward pass but attention and the LM head, at T tokens (the
                        step's tokens: prompt chunks and decodes, one ragged batch): GEMMs, norms,
-                       activations, MoE routing and experts, all-reduces
+                       activations, MoE routing and experts, all-reduces; a step with decodes in
+                       it reads the package's generation ops instead (the kernels a batch with
+                       decodes runs: DeepSeek's shared experts overlap the routed ones there)
   + logits(S)          the LM head on the S rows that sample
   + sum over chunks    context attention of each prompt chunk: its n new tokens over its own
     attention(n, K)    K earlier tokens (so a long prompt's later chunks cost more); alike chunks
@@ -18,6 +20,10 @@ version, tp), in milliseconds, summed::
   + decode attention   the G decodes as one batch at their mean KV length: the package's decode
     (G, mean L)        attention takes one length per batch (memory-bound, so about the sum of
                        the rows' reads; benchmarks/aiconfigurator_check.py measures the error)
+
+"Attention" is every attention op the package lists for the model: one per layer kind where
+layers differ (sliding-window and global), and for DeepSeek's MLA the whole attention block, whose
+projections run on the same tokens as its attention.
   + overhead_s         a fixed per-step constant (0 unless given): the tables time GPU kernels only
 
 Calls are cached; the decode attention is read on a grid of KV lengths (16 points an octave,
@@ -70,8 +76,13 @@ AIC_SHORT_NAMES = {
     "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
     "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
     "mixtral-8x22b": "mistralai/Mixtral-8x22B-v0.1",
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+    "deepseek-r1": "deepseek-ai/DeepSeek-R1",
+    "kimi-k2": "moonshotai/Kimi-K2-Instruct",
 }
 GRID_POINTS_PER_OCTAVE = 16
+CONTEXT_ATTENTION = ("context_attention", "context_mla_block")
+GENERATION_ATTENTION = ("generation_attention", "generation_mla_block")
 DESCRIBE_TOKENS = (1, 64, 256, 512, 2048, 8192)
 
 
@@ -188,13 +199,24 @@ class AicCostModel:
                 f"aiconfigurator-core cannot price {model_id} on {tp} x {system} under {framework} "
                 f"{self.version}{' in fp8' if fp8 else ''}: {reason}"
             ) from None
-        self._context_attention = context.index("context_attention")
-        skip = {"context_attention", "context_logits_gemm"}
-        self._body_ops = [i for i, name in enumerate(context) if name not in skip]
+        # every attention op (a model with sliding-window layers has one per kind; MLA's block
+        # holds its projections too, which run on the same tokens)
+        self._context_attention = [i for i, name in enumerate(context) if name in CONTEXT_ATTENTION]
+        self._body_ops = [
+            i
+            for i, name in enumerate(context)
+            if name not in CONTEXT_ATTENTION and name != "context_logits_gemm"
+        ]
         self._logits_op = generation.index("generation_logits_gemm")
-        self._decode_attention = generation.index("generation_attention")
+        self._decode_attention = [i for i, name in enumerate(generation) if name in GENERATION_ATTENTION]
+        self._decode_body_ops = [
+            i
+            for i, name in enumerate(generation)
+            if name not in GENERATION_ATTENTION and name != "generation_logits_gemm"
+        ]
         self.ops = tuple(context)
         self._body: dict[int, float] = {}
+        self._decode_body: dict[int, float] = {}
         self._logits: dict[int, float] = {0: 0.0}
         self._chunk: dict[tuple[int, int, int], float] = {}
         self._decode: dict[tuple[int, int], float] = {}
@@ -206,6 +228,15 @@ class AicCostModel:
         if cached is None:
             ops = self._handle.evaluate_context_ops(self._body_ops, batch_size=1, s=num_tokens)
             cached = self._body[num_tokens] = sum(op[1] for op in ops) * 1e-3
+        return cached
+
+    def decode_body_s(self, num_tokens: int) -> float:
+        """:meth:`body_s` of a step with decodes in it, from the package's generation ops (where a
+        framework runs other kernels there, as DeepSeek's overlapped experts under vLLM)."""
+        cached = self._decode_body.get(num_tokens)
+        if cached is None:
+            ops = self._handle.evaluate_generation_ops(self._decode_body_ops, batch_size=num_tokens, s=2)
+            cached = self._decode_body[num_tokens] = sum(op[1] for op in ops) * 1e-3
         return cached
 
     def logits_s(self, num_samples: int) -> float:
@@ -220,10 +251,10 @@ class AicCostModel:
         key = (num_tokens, num_before, count)
         cached = self._chunk.get(key)
         if cached is None:
-            (op,) = self._handle.evaluate_context_ops(
-                [self._context_attention], batch_size=count, s=num_tokens, prefix=num_before
+            ops = self._handle.evaluate_context_ops(
+                self._context_attention, batch_size=count, s=num_tokens, prefix=num_before
             )
-            cached = self._chunk[key] = op[1] * 1e-3
+            cached = self._chunk[key] = sum(op[1] for op in ops) * 1e-3
         return cached
 
     def _chunks_s(self, chunks: Counter[tuple[int, int]], steps_on: int = 0) -> float:
@@ -237,10 +268,10 @@ class AicCostModel:
         key = (num_decodes, kv_len)
         cached = self._decode.get(key)
         if cached is None:
-            (op,) = self._handle.evaluate_generation_ops(
-                [self._decode_attention], batch_size=num_decodes, s=kv_len
+            ops = self._handle.evaluate_generation_ops(
+                self._decode_attention, batch_size=num_decodes, s=kv_len
             )
-            cached = self._decode[key] = op[1] * 1e-3
+            cached = self._decode[key] = sum(op[1] for op in ops) * 1e-3
         return cached
 
     def decode_attention_s(self, num_decodes: int, mean_kv_len: float) -> float:
@@ -265,8 +296,8 @@ class AicCostModel:
         if num_tokens == 0:
             return 0.0
         decode_s = self.decode_attention_s(num_decodes, decode_kv / num_decodes) if num_decodes else 0.0
-        chunks_s = self._chunks_s(chunks)
-        return self.body_s(num_tokens) + self.logits_s(num_samples) + chunks_s + decode_s + self.overhead_s
+        body_s = self.decode_body_s(num_tokens) if num_decodes else self.body_s(num_tokens)
+        return body_s + self.logits_s(num_samples) + self._chunks_s(chunks) + decode_s + self.overhead_s
 
     def steady_durations(self, plan: StepPlan, num_steps: int) -> FloatArray:
         """Element ``j`` equals :meth:`step_time_s` of ``plan`` with every chunk ``j`` steps on."""
@@ -278,7 +309,8 @@ class AicCostModel:
         if num_tokens == 0:
             return np.zeros(num_steps)
         num_samples = sum(c.emits_token for c in plan.chunks)
-        fixed = self.body_s(num_tokens) + self.logits_s(num_samples)
+        body_s = self.decode_body_s(num_tokens) if decodes else self.body_s(num_tokens)
+        fixed = body_s + self.logits_s(num_samples)
         # a steady run has few prompt steps; each is its own table read
         chunks = np.array([self._chunks_s(prompts, j) if prompts else 0.0 for j in range(num_steps)])
         decode = np.zeros(num_steps)

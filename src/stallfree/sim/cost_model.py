@@ -19,9 +19,15 @@ Step time = max(compute, memory) + all-reduce time + ``overhead_s``, per GPU, wi
 
 A mixture-of-experts model multiplies each token by its own experts only (FLOPs from the active
 parameters) and a step reads the shared weights plus the experts its tokens route to (the
-expected number of distinct experts of uniform routing, :meth:`ModelSpec.weights_read_params`):
+expected number of distinct experts of uniform routing, :meth:`ModelSpec.decoder_weight_bytes`):
 decode at small batches reads a few experts, so its ridge lies far above a dense model's of the
 same size. ``weights-only`` keeps the seed's arithmetic: active FLOPs, every weight read.
+
+A model with sliding-window layers (Mistral, gpt-oss; Llama 4's chunked local attention taken
+as a window of its chunk) counts those layers' query-key pairs and KV reads within the window
+(:func:`window_keys`); DeepSeek's MLA caches and reads its compressed latent a token
+(:meth:`ModelSpec.kv_bytes_per_token`) and multiplies its query/key and value heads
+(:attr:`ModelSpec.attention_flops_per_key`).
 
 A plan's cost depends on four sums over its chunks (tokens, sampling chunks, query-key pairs,
 earlier-context tokens), so every entry point reduces to :meth:`CostModel._duration`; an
@@ -65,6 +71,18 @@ class PlanSums(NamedTuple):
     num_keys: int
     num_context: int
     num_shift_keys: int
+
+
+def window_keys(before: npt.ArrayLike, n: int, window: int) -> npt.NDArray[np.int64]:
+    """Query-key pairs of a chunk of ``n`` tokens after ``before`` earlier ones when each token
+    attends to the last ``window`` tokens only (its own included): sum over positions p of
+    min(p + 1, window). Element-wise over ``before``."""
+    k = np.asarray(before, dtype=np.int64)
+    low, high = k + 1, k + n  # p + 1 over the chunk
+    top = np.minimum(high, window)
+    ramp = np.where(top >= low, (low + top) * (top - low + 1) // 2, 0)
+    keys: npt.NDArray[np.int64] = ramp + np.maximum(high - np.maximum(k, window), 0) * window
+    return keys
 
 
 def plan_sums(plan: StepPlan) -> PlanSums:
@@ -144,6 +162,7 @@ class CostModel:
         self._weights_only = config.kind == "weights-only"
         self._model, self._dtype_bytes = model, dtype_bytes
         self._moe = model.is_moe and config.kind != "weights-only"
+        self._window, self._window_share = 0, 0.0
         self._weight_bytes_cache: dict[int, float] = {}
         if self._weights_only:
             self._flops_per_token = 2.0 * model.num_active_params
@@ -157,10 +176,11 @@ class CostModel:
             return
         self._flops_per_token = 2.0 * model.num_active_non_embedding_params
         self._flops_per_sample = 2.0 * model.lm_head_params
-        # One query-key pair: a head_dim dot product for QK^T and a head_dim axpy for AV, 2 FLOPs
-        # per multiply-add, in every head of every layer.
-        self._flops_per_key = 4.0 * model.num_attention_heads * model.head_dim * model.num_layers
-        self._weight_bytes = float(model.num_non_embedding_params * dtype_bytes)
+        self._flops_per_key = model.attention_flops_per_key  # QK^T and AV, every head and layer
+        # sliding-window layers attend to (and read the KV of) the last `window` tokens only
+        self._window = model.sliding_window
+        self._window_share = model.num_sliding_layers / model.num_layers
+        self._weight_bytes = model.decoder_weight_bytes(dtype_bytes)
         self._lm_head_bytes = float(model.lm_head_params * dtype_bytes)
         # Summed over GPUs: a replicated KV head is read and written on each GPU holding it.
         self._kv_bytes_per_token = model.kv_bytes_per_token_on(tp, dtype_bytes)
@@ -229,7 +249,7 @@ class CostModel:
 
     def dense_ridge_tokens(self) -> float:
         """The ridge of a dense model with as many weights as this one's read and multiplied whole."""
-        weight_bytes = self._model.num_non_embedding_params * self._dtype_bytes
+        weight_bytes = self._model.decoder_weight_bytes(self._dtype_bytes)
         flops = 2.0 * self._model.num_non_embedding_params
         return (weight_bytes / self._bandwidth_bytes_per_s) / (flops / self._peak_flops_per_s)
 
@@ -252,9 +272,13 @@ class CostModel:
         if num_tokens == 0:
             return np.zeros(num_steps)
         steps = np.arange(num_steps, dtype=np.int64)
-        # Shifting a chunk of n tokens by n adds n * n query-key pairs and n earlier tokens.
-        keys = num_keys + (0 if self._weights_only else plan_sums(plan).num_shift_keys) * steps
-        context = num_context + (0 if self._weights_only else num_tokens) * steps
+        if self._window:
+            keys, context = self._window_sums(plan, steps)
+        else:
+            # Shifting a chunk of n tokens by n adds n * n query-key pairs and n earlier tokens.
+            shift = 0 if self._weights_only else plan_sums(plan).num_shift_keys
+            keys = (num_keys + shift * steps).astype(np.float64)
+            context = (num_context + (0 if self._weights_only else num_tokens) * steps).astype(np.float64)
         flops = self._flops_per_token * num_tokens + self._flops_per_sample * num_samples
         flops_per_step = flops + self._flops_per_key * keys
         fixed_bytes = self._weights_bytes_at(num_tokens) + (self._lm_head_bytes if num_samples else 0.0)
@@ -266,15 +290,42 @@ class CostModel:
 
     # -- arithmetic -------------------------------------------------------------------------
 
-    def _sums(self, plan: StepPlan) -> tuple[int, int, int, int]:
-        """(tokens, sampling chunks, query-key pairs, earlier-context tokens) over the plan."""
+    def _sums(self, plan: StepPlan) -> tuple[int, int, float, float]:
+        """(tokens, sampling chunks, query-key pairs, earlier-context tokens) over the plan; the
+        last two averaged over the layers where some attend over a sliding window."""
         if self._weights_only:
             return sum(chunk.num_tokens for chunk in plan.chunks), 0, 0, 0
         sums = plan_sums(plan)
-        return sums.num_tokens, sums.num_samples, sums.num_keys, sums.num_context
+        if not self._window:
+            return sums.num_tokens, sums.num_samples, sums.num_keys, sums.num_context
+        keys, context = self._window_sums(plan, np.zeros(1, dtype=np.int64))
+        return sums.num_tokens, sums.num_samples, float(keys[0]), float(context[0])
+
+    def _window_sums(
+        self, plan: StepPlan, steps: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """Query-key pairs and earlier-context tokens of ``plan`` shifted by each of ``steps``,
+        the window's layers' share at their windowed counts, the others' at the full ones."""
+        full = np.zeros(len(steps), dtype=np.int64)
+        windowed = np.zeros(len(steps), dtype=np.int64)
+        full_context = np.zeros(len(steps), dtype=np.int64)
+        windowed_context = np.zeros(len(steps), dtype=np.int64)
+        for chunk in plan.chunks:
+            n = chunk.num_tokens
+            before = chunk.num_computed_tokens + n * steps
+            full += n * before + n * (n + 1) // 2
+            windowed += window_keys(before, n, self._window)
+            full_context += before
+            windowed_context += np.minimum(before, self._window)
+        share = self._window_share
+        keys: npt.NDArray[np.float64] = (1 - share) * full.astype(np.float64)
+        keys = keys + share * windowed.astype(np.float64)
+        context: npt.NDArray[np.float64] = (1 - share) * full_context.astype(np.float64)
+        context = context + share * windowed_context.astype(np.float64)
+        return keys, context
 
     def _flops_bytes(
-        self, num_tokens: int, num_samples: int, num_keys: int, num_context: int
+        self, num_tokens: int, num_samples: int, num_keys: float, num_context: float
     ) -> tuple[float, float]:
         flops = self._flops_per_token * num_tokens + self._flops_per_sample * num_samples
         flops = flops + self._flops_per_key * num_keys
@@ -288,16 +339,16 @@ class CostModel:
             return self._weight_bytes
         key = int(num_tokens)
         if key != num_tokens:  # the ridge's search between whole token counts
-            return self._model.weights_read_params(num_tokens) * self._dtype_bytes
+            return self._model.decoder_weight_bytes(self._dtype_bytes, num_tokens)
         cached = self._weight_bytes_cache.get(key)
         if cached is None:
-            cached = self._weight_bytes_cache[key] = self._model.weights_read_params(key) * self._dtype_bytes
+            cached = self._weight_bytes_cache[key] = self._model.decoder_weight_bytes(self._dtype_bytes, key)
         return cached
 
     def _comm_s(self, num_tokens: int) -> float:
         return self._comm_s_per_token * num_tokens + self._comm_s_per_step
 
-    def _duration(self, num_tokens: int, num_samples: int, num_keys: int, num_context: int) -> float:
+    def _duration(self, num_tokens: int, num_samples: int, num_keys: float, num_context: float) -> float:
         flops, bytes_moved = self._flops_bytes(num_tokens, num_samples, num_keys, num_context)
         compute_s = flops / self._peak_flops_per_s
         memory_s = bytes_moved / self._bandwidth_bytes_per_s

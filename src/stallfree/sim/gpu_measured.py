@@ -174,7 +174,7 @@ class GpuMeasuredCostModel:
             if net
             else f"roofline ring all-reduce ({family} has no {tp}-GPU table)"
         )
-        self._flops_per_key = 4.0 * model.num_attention_heads * model.head_dim * model.num_layers
+        self._flops_per_key = model.attention_flops_per_key
         self._kv_bytes_per_token = model.kv_bytes_per_token_on(tp, dtype_bytes)
         self._attn_peak = self._peak * ATTENTION_FLOPS_EFFICIENCY
         self._attn_bw = self._bw * ATTENTION_BANDWIDTH_EFFICIENCY

@@ -113,7 +113,7 @@ def fixed_kv_memory(
         raise ValueError(
             f"num_blocks, block_size and tp must be positive, got {num_blocks}, {block_size}, {tp}"
         )
-    kv_per_token = model.kv_bytes_per_token(dtype_bytes) * tp / min(tp, model.num_kv_heads)
+    kv_per_token = model.kv_bytes_per_token_on(tp, dtype_bytes)
     weights = model.weight_bytes(dtype_bytes)
     return KvMemory(
         usable_bytes=weights + num_blocks * block_size * kv_per_token,

@@ -7,6 +7,7 @@ from typing import Any
 
 from stallfree.sim.costs import StepPricer
 from stallfree.specs import HardwareSpec, ModelSpec
+from stallfree.specs.model import QUANTIZED_BYTES
 
 DECODE_STREAMS = (1, 16, 64)
 MEM_UTILIZATION = 0.9
@@ -31,7 +32,40 @@ def model_figures(model: ModelSpec, dtype_bytes: int) -> dict[str, Any]:
         "max_position_embeddings": model.max_position_embeddings,
         "weight_bytes": model.weight_bytes(dtype_bytes),
         "kv_bytes_per_token": model.kv_bytes_per_token(dtype_bytes),
+        "layout": layout_notes(model),
     }
+
+
+def layout_notes(model: ModelSpec) -> list[str]:
+    """What sets this model apart from a plain dense decoder, one line each."""
+    notes = []
+    if model.moe_shared_intermediate_size or model.moe_dense_layers:
+        notes.append(
+            f"experts: {model.num_moe_layers} MoE layers, {model.moe_dense_layers} dense; shared experts "
+            f"{model.moe_shared_intermediate_size} wide (every token takes them)"
+        )
+    if model.is_mla:
+        notes.append(
+            f"attention: MLA, a {model.kv_lora_rank}-value latent + a {model.qk_rope_head_dim}-value "
+            "rotary key cached a token and layer"
+        )
+    if model.num_sliding_layers:
+        notes.append(
+            f"sliding window: {model.num_sliding_layers} of {model.num_layers} layers attend to the last "
+            f"{model.sliding_window} tokens (priced so; their KV is counted at full length, so the KV "
+            "capacity here is a lower bound)"
+        )
+    if model.quantization in QUANTIZED_BYTES:
+        experts, rest = model.decoder_bytes_per_param(2)
+        what = (
+            f"its decoder weights at {rest:g} bytes"
+            if experts == rest
+            else f"its experts at {experts:g} bytes"
+        )
+        notes.append(f"checkpoint: {model.quantization}, {what} a parameter (as servers load it)")
+    elif model.quantization:
+        notes.append(f"checkpoint: {model.quantization}, not modelled: its weights are sized at the dtype")
+    return notes
 
 
 def hardware_figures(hw: HardwareSpec) -> dict[str, Any]:
@@ -128,8 +162,9 @@ def report_text(report: dict[str, Any]) -> str:
             ),
             f"  layers x hidden      {model['num_layers']} x {model['hidden_size']},"
             f" {model['num_attention_heads']} heads / {model['num_kv_heads']} KV heads of {model['head_dim']}",
-            f"  weights ({report['dtype']})       {model['weight_bytes'] / 1e9:.1f} GB",
+            f"  {'weights (' + report['dtype'] + ')':<21}{model['weight_bytes'] / 1e9:.1f} GB",
             f"  KV cache per token   {_kib(model['kv_bytes_per_token'])}",
+            *(f"  {note}" for note in model["layout"]),
         ]
     if hw is not None:
         lines += [
