@@ -110,6 +110,7 @@ def shifted_plans(plan: StepPlan, num_steps: int) -> list[StepPlan]:
                     c,
                     num_computed_tokens=c.num_computed_tokens + c.num_tokens * j,
                     num_known_tokens=c.num_known_tokens + c.num_tokens * j,
+                    after_cache_hit=c.after_cache_hit and j == 0,
                 )
                 for c in plan.chunks
             )

@@ -73,6 +73,10 @@ def test_a_repeated_prefix_is_not_computed_again_and_costs_no_budget() -> None:
     plan = sched.schedule()
     chunk_b = next(c for c in plan.chunks if c.request_id == "b")
     assert (chunk_b.num_computed_tokens, chunk_b.num_tokens) == (20, 2)
+    # b's first chunk is marked as starting after a hit (a server may take longer over it); a's
+    # first chunk found nothing, and no later chunk is a first one
+    assert chunk_b.after_cache_hit and not first.chunks[0].after_cache_hit
+    assert not any(c.after_cache_hit for c in plan.chunks if c.request_id == "a")
     # b's table starts with a's five blocks, then one of its own.
     assert plan.new_block_ids["b"][:5] == sched.block_manager.block_table("a")[:5]
     assert len(plan.new_block_ids["b"]) == 6

@@ -23,6 +23,7 @@ from stallfree.specs.step_profile import (
     profile_to_dict,
     save_profile,
 )
+from tests.factories import shifted_plans
 
 MODEL = {
     "num_params": 1000,
@@ -117,6 +118,32 @@ def test_the_fit_recovers_a_known_machine() -> None:
     params = model.parameters()
     assert params["kv_read_bytes_per_s"] == pytest.approx(64 / 2e-7, rel=1e-3)
     assert params["fit_median_abs_error"] < 1e-6
+
+
+def test_a_first_step_after_a_cache_hit_costs_its_measured_extra_and_nothing_else_moves() -> None:
+    """A server's ``cached`` points (a prompt sent again with more tokens) took 0.3 s longer than
+    the other points say, in two of three repeats: their mean extra is a term of its own, and the
+    other terms are fitted as if the points were not there."""
+    base = synthetic_profile()
+    cached = []
+    for tokens, before in ((40, 496), (130, 496), (36, 1008)):
+        f = plan_features([(tokens, before, True)])
+        t = true_time(f)
+        cached.append(StepPoint("cached", (), ((tokens, before, True),), Stats((t + 0.3, t, t + 0.3))))
+    with_hits = MeasuredCostModel(dataclasses.replace(base, steps=(*base.steps, *cached)))
+    without = MeasuredCostModel(base)
+    assert with_hits.forward.per_cache_hit_s == pytest.approx(0.2, rel=1e-3)
+    assert dataclasses.replace(with_hits.forward, per_cache_hit_s=0.0) == without.forward
+    first = ScheduledChunk("b", 496, 40, 536, after_cache_hit=True)
+    decodes = tuple(ScheduledChunk(f"d{i}", 300, 1, 301) for i in range(4))
+    plan = StepPlan((*decodes, first))
+    later = StepPlan((*decodes, dataclasses.replace(first, after_cache_hit=False)))
+    assert with_hits.step_time_s(plan) - with_hits.step_time_s(later) == pytest.approx(0.2, rel=1e-6)
+    assert with_hits.step_time_s(later) == without.step_time_s(later)
+    # a steady run pays it on its first step only, bit for bit as each step priced alone
+    runs = with_hits.steady_durations(plan, 5)
+    assert list(runs) == [with_hits.step_time_s(p) for p in shifted_plans(plan, 5)]
+    assert runs[0] - runs[1] > 0.19
 
 
 def test_a_sampling_mode_prices_every_sampled_row() -> None:

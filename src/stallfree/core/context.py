@@ -73,7 +73,8 @@ class StepContext:
                 f"preview: request {seq.request_id} has {seq.num_known_tokens - start} tokens to run, "
                 f"asked for {num_tokens}"
             )
-        chunk = ScheduledChunk(seq.request_id, start, num_tokens, seq.num_known_tokens)
+        hit = start > 0 and seq.request_id not in self._state.running_by_id
+        chunk = ScheduledChunk(seq.request_id, start, num_tokens, seq.num_known_tokens, hit)
         return StepPlan((*self._chunks, chunk))
 
     def num_tokens_to_run(self, seq: Sequence) -> int:
@@ -187,16 +188,21 @@ class StepContext:
             bm.take_cached(seq.request_id, hits)
             seq.num_computed_tokens = num_cached
         target = num_cached + num_tokens
-        self._add(seq, num_tokens, (*hits, *bm.allocate(seq.request_id, target)))
+        self._add(seq, num_tokens, (*hits, *bm.allocate(seq.request_id, target)), after_cache_hit=bool(hits))
         state.cache_computed(seq, target)
         return num_tokens
 
     # -- internals --------------------------------------------------------------
-    def _add(self, seq: Sequence, num_tokens: int, new_blocks: tuple[int, ...]) -> None:
+    def _add(
+        self, seq: Sequence, num_tokens: int, new_blocks: tuple[int, ...], *, after_cache_hit: bool = False
+    ) -> None:
         rid = seq.request_id
         self._scheduled[rid] = num_tokens
         self.num_scheduled_tokens += num_tokens
-        self._chunks.append(ScheduledChunk(rid, seq.num_computed_tokens, num_tokens, seq.num_known_tokens))
+        chunk = ScheduledChunk(
+            rid, seq.num_computed_tokens, num_tokens, seq.num_known_tokens, after_cache_hit
+        )
+        self._chunks.append(chunk)
         if new_blocks:
             self._new_blocks[rid] = new_blocks
 

@@ -28,12 +28,15 @@ class ScheduledChunk:
     ``num_known_tokens`` is how many of the request's tokens have ids (prompt + generated so
     far). A chunk that reaches it (:attr:`emits_token`: nothing left to run) produces logits
     and so a new token: the last prompt chunk, every decode, every recompute's end.
+    ``after_cache_hit``: the request's first chunk, its computed tokens all found in the prefix
+    cache at admission (a server may take longer over that step than over a later chunk).
     """
 
     request_id: str
     num_computed_tokens: int
     num_tokens: int
     num_known_tokens: int
+    after_cache_hit: bool = False
 
     @property
     def context_len(self) -> int:

@@ -13,10 +13,12 @@ never torch). A step's time is additive:
             + per decode row, per KV token a decode reads (its context)            ``per_decode_s``, ``per_kv_token_s``
             + per prompt chunk, per query-key pair of a chunk's attention, and per
               context token a chunk with earlier context gathers                   ``per_chunk_s``, ``per_pair_s``, ``per_gather_token_s``
+            + per request whose first chunk starts after a prefix-cache hit (from a
+              server profile's ``cached`` points, :func:`cache_hit_s`; else 0)     ``per_cache_hit_s``
     sampler   per sampled row, by mode (greedy / temperature / top-p)               ``sampling``
     engine    outside the executor: per step and per sampled row                    ``overhead``
 
-The forward terms are fitted to the profile's step points by non-negative least squares on
+The forward terms but the last are fitted to the profile's step points by non-negative least squares on
 relative error (every coefficient >= 0, so durations never shrink as contexts grow, which the
 traffic driver's fast path relies on); sampler and engine terms are straight lines through
 their own points. Invariant: element ``j`` of :meth:`MeasuredCostModel.steady_durations`
@@ -27,7 +29,7 @@ equals :meth:`MeasuredCostModel.step_time_s` of the plan shifted by ``j`` steps 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -96,6 +98,7 @@ class StepFeatures:
     kv_tokens: int  # context tokens decodes read (their own included)
     pairs: int  # query-key pairs of multi-token chunks
     gather_tokens: int  # context tokens gathered by chunks with earlier context
+    cache_hits: int = 0  # chunks that are their request's first after a prefix-cache hit
 
 
 def plan_features(chunks: Sequence[ScheduledChunk] | Sequence[tuple[int, int, bool]]) -> StepFeatures:
@@ -104,11 +107,12 @@ def plan_features(chunks: Sequence[ScheduledChunk] | Sequence[tuple[int, int, bo
     As the engine runs them: a one-token chunk is a decode row (batched attention over its
     context); longer chunks attend one by one, gathering their context if they have one.
     """
-    tokens = samples = decodes = num_chunks = kv = pairs = gather = 0
+    tokens = samples = decodes = num_chunks = kv = pairs = gather = hits = 0
     for chunk in chunks:
         if isinstance(chunk, ScheduledChunk):
             n, before = chunk.num_tokens, chunk.num_computed_tokens
             sampling = chunk.emits_token
+            hits += chunk.after_cache_hit
         else:
             n, before, sampling = chunk
         tokens += n
@@ -121,12 +125,14 @@ def plan_features(chunks: Sequence[ScheduledChunk] | Sequence[tuple[int, int, bo
             pairs += n * before + n * (n + 1) // 2
             if before:
                 gather += before + n
-    return StepFeatures(tokens, samples, decodes, num_chunks, kv, pairs, gather)
+    return StepFeatures(tokens, samples, decodes, num_chunks, kv, pairs, gather, hits)
 
 
 def _point_features(point: StepPoint) -> StepFeatures:
     chunks = [(1, c, True) for c in point.decode_contexts] + list(point.chunks)
-    return plan_features(chunks)
+    f = plan_features(chunks)
+    # a "cached" point is a prompt sent again with more tokens: its chunk starts after the hit
+    return replace(f, cache_hits=len(point.chunks)) if point.kind == "cached" else f
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +145,7 @@ class ForwardFit:
     per_chunk_s: float
     per_pair_s: float
     per_gather_token_s: float
+    per_cache_hit_s: float = 0.0
 
     def base_s(self, f: StepFeatures) -> float:
         """Every forward term that stays the same along a steady run."""
@@ -150,7 +157,8 @@ class ForwardFit:
     def __call__(self, f: StepFeatures) -> float:
         t = self.base_s(f) + self.per_kv_token_s * f.kv_tokens
         t = t + self.per_pair_s * f.pairs
-        return t + self.per_gather_token_s * f.gather_tokens
+        t = t + self.per_gather_token_s * f.gather_tokens
+        return t + self.per_cache_hit_s * f.cache_hits
 
 
 FLOOR_SHARE = 0.9  # of what a floor is measured from: a step's other terms cost something too
@@ -279,6 +287,22 @@ def fit_forward(
     )
 
 
+def cache_hit_s(forward: ForwardFit, points: Sequence[StepPoint]) -> float:
+    """What a request's first step after a prefix-cache hit takes beyond what ``forward`` (fitted
+    to the other points) prices it at: the mean over the ``cached`` points' repeats, >= 0.
+
+    A server profile's cached point is a prompt sent again with n more tokens. vLLM-CPU took
+    ~0.5 s longer over most such steps than over a chunk after the same context of a prompt it
+    was still running (and over some, no longer: the mean is the expected cost). Fitted with the
+    other terms, that cost leaked into the attention and per-chunk terms and priced the long
+    prompt's chunks 1.6-2.4x too dear; a term of its own, fitted afterwards, leaves them alone."""
+    extras = []
+    for point in points:
+        predicted = forward(replace(_point_features(point), cache_hits=0))
+        extras += [t - predicted for t in point.stats.times_s]
+    return max(0.0, float(np.mean(extras)))
+
+
 @dataclass(frozen=True, slots=True)
 class Line:
     """``intercept_s + per_row_s x rows`` (both >= 0)."""
@@ -361,7 +385,7 @@ class MeasuredCostModel:
             )
         self.profile = profile
         self.sampling_mode = sampling
-        fitted = [p for p in profile.steps if p.kind != "cached"]  # see STEP_KINDS
+        fitted = [p for p in profile.steps if p.kind != "cached"]  # see cache_hit_s
         quiet = [p for p in fitted if not p.stats.busy]
         # Points measured while other processes held the CPU are slower by 2-100x (the engine's
         # threads wait for cores), not noisier: leave them out when enough quiet ones remain.
@@ -372,6 +396,9 @@ class MeasuredCostModel:
             fixed_floor_s=fixed_floor_s,
             lm_head_floor_s=lm_head_floor_s,
         )
+        cached = [p for p in profile.steps if p.kind == "cached" and not p.stats.busy]
+        if cached:
+            self.forward = replace(self.forward, per_cache_hit_s=cache_hit_s(self.forward, cached))
         self.sampling = {
             mode: fit_line([(p.rows, p.stats.median_s) for p in profile.sampling if p.mode == mode])
             for mode in SAMPLING_MODES
@@ -420,7 +447,8 @@ class MeasuredCostModel:
             return 0.0
         t = self._base_s(f) + self.forward.per_kv_token_s * f.kv_tokens
         t = t + self.forward.per_pair_s * f.pairs
-        return t + self.forward.per_gather_token_s * f.gather_tokens
+        t = t + self.forward.per_gather_token_s * f.gather_tokens
+        return t + self.forward.per_cache_hit_s * f.cache_hits
 
     def step_time_s(self, plan: StepPlan) -> float:
         return self.features_time_s(plan_features(plan.chunks))
@@ -453,6 +481,8 @@ class MeasuredCostModel:
         t = self._base_s(f) + fw.per_kv_token_s * kv.astype(np.float64)
         t = t + fw.per_pair_s * pairs.astype(np.float64)
         durations: FloatArray = t + fw.per_gather_token_s * gather.astype(np.float64)
+        if f.cache_hits and num_steps:  # only a request's first chunk comes after its hit
+            durations[0] = durations[0] + fw.per_cache_hit_s * f.cache_hits
         return durations
 
     # -- helpers for explain / specs --------------------------------------------------------
@@ -555,6 +585,7 @@ class MeasuredCostModel:
             if fw.per_pair_s
             else None,
             "per_gather_token_s": fw.per_gather_token_s,
+            "per_cache_hit_s": fw.per_cache_hit_s,
             "weight_stream_bytes_per_s": weight_bytes / linear.get(1, fw.fixed_s or 1.0),
             "by_tokens_per_step": by_tokens,
             "sampling_per_row_s": {m: line.per_row_s for m, line in self.sampling.items()},

@@ -31,7 +31,7 @@ Schema ``stallfree-step-profile`` version 1, one JSON object:
                  ``decode_contexts`` (cached tokens of each decoding sequence before its
                  token) and ``chunks`` (``[num_tokens, num_computed_tokens, samples]`` per
                  prompt chunk), with a ``kind`` label (``decode``, ``prefill``, ``mixed``;
-                 ``cached``: a server's step after a prefix-cache hit, not fitted).
+                 ``cached``: a server's first step after a prefix-cache hit).
 ``sampling``     the sampler alone: ``mode`` (``greedy``, ``temperature``, ``top-p``) x ``rows``.
 ``linear``       the model's linear layers alone (every decoder layer's matmuls, no LM head)
                  at ``num_tokens`` rows: what weight streaming and matmul FLOP/s achieve.
@@ -61,8 +61,9 @@ SCHEMA = "stallfree-step-profile"
 VERSION = 1
 SAMPLING_MODES = ("greedy", "temperature", "top-p")
 # "cached": a server's prompt sent again with n more tokens (its first step after a prefix-cache
-# hit), timed and checked but not fitted: vLLM-CPU prices that step unlike a later chunk after the
-# same context, and fitting both as one term mispriced the long prompt's chunks 2.4x
+# hit): vLLM-CPU takes longer over that step than over a later chunk after the same context, so
+# the measured model fits it a term of its own (fitted as one term, the long prompt's chunks came
+# out 2.4x too dear)
 STEP_KINDS = ("decode", "prefill", "mixed", "cached")
 FINGERPRINT_KINDS = ("engine", "server")  # our engine in process; any server through its API
 # settings key of each reference step's timings -> what it is
