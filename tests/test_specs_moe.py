@@ -78,7 +78,7 @@ def test_a_step_reads_the_experts_its_tokens_route_to() -> None:
     assert qwen.expected_experts(1) == pytest.approx(8)
     assert qwen.expected_experts(16) == pytest.approx(128 * (1 - (120 / 128) ** 16))
     assert qwen.expected_experts(4096) == pytest.approx(128)
-    reads = [qwen.weights_read_params(n) for n in (1, 4, 16, 64, 512)]
+    reads = [qwen.decoder_weight_bytes(1, n) for n in (1, 4, 16, 64, 512)]
     assert reads == sorted(reads) and reads[-1] == pytest.approx(qwen.num_non_embedding_params)
     assert reads[0] == pytest.approx(qwen.num_active_non_embedding_params)
 
@@ -158,7 +158,7 @@ def test_shared_experts_and_dense_layers_count() -> None:
     assert qwen2.num_params - half.num_params == 14 * (moe_mlp - dense_mlp)
     idle = (64 - 8) * qwen2.expert_params
     assert half.num_params - half.num_active_params == 14 * idle
-    assert half.weights_read_params(1) == pytest.approx(half.num_active_non_embedding_params)
+    assert half.decoder_weight_bytes(1, 1) == pytest.approx(half.num_active_non_embedding_params)
 
 
 def test_windowed_attention_counts_only_the_window() -> None:
@@ -263,3 +263,20 @@ def test_2026_architectures_read_as_published(
     if spec.is_mla:
         assert spec.kv_bytes_per_token(2) == 61 * 576 * 2
         assert spec.kv_bytes_per_token_on(8, 2) == 8 * spec.kv_bytes_per_token(2)  # a whole latent a GPU
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("aiconfigurator_core") is None, reason="aiconfigurator-core not installed"
+)
+def test_quantized_checkpoints_are_sized_as_servers_load_them() -> None:
+    from stallfree.sim.costs import resolve_model
+
+    # DeepSeek-V3's fp8 decoder (its embedding and LM head bf16): ~673 GB, not 1.34 TB;
+    # gpt-oss-120b's MXFP4 experts (4.25 bits a weight, the rest bf16): ~65 GB, as its checkpoint
+    deepseek, gpt_oss = resolve_model("deepseek-ai/DeepSeek-V3"), resolve_model("openai/gpt-oss-120b")
+    assert deepseek.weight_bytes(2) / 1e9 == pytest.approx(672.9, abs=0.5)
+    assert gpt_oss.weight_bytes(2) / 1e9 == pytest.approx(65.2, abs=0.5)
+    # --dtype fp8 does not size an MXFP4 expert up, and an unquantised model is dtype x params
+    assert gpt_oss.decoder_bytes_per_param(1) == (4.25 / 8, 1)
+    llama = resolve_model("meta-llama/Meta-Llama-3.1-8B")
+    assert llama.weight_bytes(2) == 2 * llama.num_params

@@ -4,14 +4,18 @@ Owns :class:`ModelSpec` (a frozen value read by the cost models and the PyTorch 
 :func:`load_model_spec`. Supported: ``LlamaForCausalLM``, ``MistralForCausalLM`` and
 ``Qwen2ForCausalLM`` with SiLU-gated MLPs, RMSNorm and RoPE (the engine runs these), and for the
 simulator ``Qwen3ForCausalLM`` and the mixture-of-experts ``MixtralForCausalLM``,
-``Qwen2MoeForCausalLM``, ``Qwen3MoeForCausalLM`` and ``DeepseekV3ForCausalLM`` (DeepSeek-V3/R1,
-Kimi K2): a MoE layer's MLP is ``moe_num_experts`` gated experts of ``moe_intermediate_size``,
+``Qwen2MoeForCausalLM``, ``Qwen3MoeForCausalLM``, ``DeepseekV3ForCausalLM`` (DeepSeek-V3/R1,
+Kimi K2), ``GptOssForCausalLM`` and ``Llama4ForConditionalGeneration`` (its text model): a MoE
+layer's MLP is ``moe_num_experts`` gated experts of ``moe_intermediate_size``,
 ``moe_experts_per_token`` of them per token, plus shared experts every token takes
 (``moe_shared_intermediate_size`` wide in all); ``moe_dense_layers`` layers have a dense MLP of
 ``intermediate_size`` instead. DeepSeek's multi-head latent attention (MLA, ``kv_lora_rank`` > 0)
-caches one compressed latent of ``kv_lora_rank + qk_rope_head_dim`` values a token and layer.
-Anything else (encoders, encoder-decoders, sliding-window attention, sparse attention, biased
-MLPs) is rejected with a one-line ``ValueError`` rather than modelled wrongly.
+caches one compressed latent of ``kv_lora_rank + qk_rope_head_dim`` values a token and layer;
+``num_sliding_layers`` layers attend over the last ``sliding_window`` tokens only (Mistral's,
+gpt-oss's, Llama 4's chunked local attention taken as a window of its chunk). A checkpoint stored
+in fp8 or MXFP4 (``quantization``) has its weights sized so. Anything else (encoders,
+encoder-decoders, sparse attention, Qwen's sliding-window layers, biased MLPs but gpt-oss's) is
+rejected with a one-line ``ValueError`` rather than modelled wrongly.
 
 Invariants: every size is positive; ``num_attention_heads`` is a multiple of ``num_kv_heads``;
 ``rope_scaling`` is a key-sorted tuple of scalar pairs (hashable), or ``None``.
@@ -369,7 +373,7 @@ class ModelSpec:
 
     @property
     def params_per_layer(self) -> int:
-        """A MoE (or dense model's) layer: attention, norms and its MLP."""
+        """A MoE layer (any layer of a dense model): attention, norms and its MLP."""
         return self.attention_params + self.moe_mlp_params
 
     @property
@@ -386,12 +390,6 @@ class ModelSpec:
             return 1.0
         return float(experts * (1.0 - (1.0 - per_token / experts) ** num_tokens))
 
-    def weights_read_params(self, num_tokens: float) -> float:
-        """Non-embedding weights a step of ``num_tokens`` tokens reads: every weight of a dense
-        model; the shared layers and the experts its tokens route to, for a MoE one."""
-        unread = (self.moe_num_experts - self.expected_experts(num_tokens)) * self.expert_params
-        return self.num_non_embedding_params - self.num_moe_layers * unread
-
     def decoder_bytes_per_param(self, dtype_bytes: float) -> tuple[float, float]:
         """(experts', the other decoder weights') bytes a parameter: ``dtype_bytes``, or less where
         the checkpoint stores them quantised (:data:`QUANTIZED_BYTES`), as servers load them."""
@@ -402,8 +400,9 @@ class ModelSpec:
         )
 
     def decoder_weight_bytes(self, dtype_bytes: float, num_tokens: float | None = None) -> float:
-        """Bytes of the non-embedding weights a step of ``num_tokens`` tokens reads (the experts
-        its tokens route to, see :meth:`weights_read_params`); None: all of them."""
+        """Bytes of the non-embedding weights a step of ``num_tokens`` tokens reads: every weight
+        of a dense model; the shared layers and the experts its tokens route to
+        (:meth:`expected_experts`), for a MoE one. None: all of them."""
         experts_bytes, rest_bytes = self.decoder_bytes_per_param(dtype_bytes)
         experts = self.num_moe_layers * self.moe_num_experts * self.expert_params
         routed = self.moe_num_experts if num_tokens is None else self.expected_experts(num_tokens)
