@@ -111,8 +111,10 @@ def bench(base_url: str, result: Path, *args: str) -> dict[str, Any]:
 
 
 def long_prompt(base_url: str, result: Path, streams: int = STREAMS) -> dict[str, Any]:
-    """The long-prompt scenario; a new seed each run, so no prompt hits vLLM's prefix cache."""
+    """The long-prompt scenario; a new seed each run, so no prompt hits vLLM's prefix cache.
+    Greedy, as the profile's points and explain's prices are."""
     args = ["--scenario", "long-prompt", "--streams", str(streams), "--prompt-tokens", str(LONG_PROMPT)]
+    args += ["--temperature", "0"]
     return bench(base_url, result, *args)
 
 

@@ -73,6 +73,11 @@ def test_the_profile_has_every_kind_of_point_within_the_budget(profiled: Path) -
     assert len(settings["reference_step_s"]) >= 3  # before, every few points, after
     assert profile.model["num_layers"] == random_spec("tiny").num_layers
     assert profile.model_config is not None and "--model-config" in settings["model_dims"]
+    # greedy points; what temperature 1 and top-p add to a decode step, at 1 and 4 streams
+    assert {(s.mode, s.rows) for s in profile.sampling} == {
+        (mode, rows) for mode in ("temperature", "top-p") for rows in (1, 4)
+    }
+    assert all(t >= 0 for s in profile.sampling for t in s.stats.times_s)
 
 
 def test_the_measured_model_fits_and_prices_it(profiled: Path) -> None:

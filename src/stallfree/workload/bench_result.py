@@ -33,6 +33,16 @@ class BenchResult:
     duration_s: float
     data: dict[str, Any]
 
+    @property
+    def sampling_mode(self) -> str:
+        """How the run's requests sampled, as the measured cost model names it: ``greedy`` at
+        temperature 0, ``top-p`` with top_p under 1, else ``temperature`` (an OpenAI server's
+        default temperature is 1)."""
+        params = self.data.get("sampling") or {}
+        if float(params.get("temperature", 1.0)) == 0.0:
+            return "greedy"
+        return "top-p" if float(params.get("top_p", 1.0)) < 1.0 else "temperature"
+
 
 def load_bench_result(path: str | Path) -> BenchResult:
     source = Path(path)
