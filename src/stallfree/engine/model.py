@@ -76,7 +76,9 @@ class PackedWeights:
 
     oneDNN otherwise re-lays out a bf16 weight on every call; pre-packed once at load,
     small-batch (decode) matmuls run 1.5-2.7x faster, large ones ~1.2x, with bit-identical
-    results in bf16. A weight that was never packed goes through ``F.linear``.
+    results in bf16. In fp32 (on an AVX2-only EPYC, one thread) a 16-stream decode step of
+    random:medium went from 186-197 ms to 107-123 ms. A weight that was never packed goes
+    through ``F.linear``.
     """
 
     def __init__(self) -> None:
@@ -203,14 +205,16 @@ class LlamaModel(nn.Module):
         return [cast(DecoderLayer, layer) for layer in self.layers]
 
     def prepack_cpu_weights(self) -> bool:
-        """On CPU in bf16/fp16, pre-pack every matmul weight into oneDNN's blocked layout.
+        """On CPU, pre-pack every matmul weight into oneDNN's blocked layout.
 
         See :class:`PackedWeights`. Packed copies replace the originals, except the
         embedding (also needed for its row lookup), so the model can run but no longer be
-        saved. fp32 is left alone: its packed kernels round differently (~1e-4) and the fp32
-        path is the reference one. Returns whether anything was packed.
+        saved. In fp32 (what an AVX2-only CPU runs) the packed kernels sum in another order
+        (logits within 4e-6 of the plain ones on the tests' models): the engine serves with them,
+        the reference checks against transformers run the plain model. Returns whether anything
+        was packed.
         """
-        packable = self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float16)
+        packable = self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float16, torch.float32)
         # torch refuses to pack bf16 without AVX-512 (or AVX-NE-CONVERT), fp16 without AVX512-FP16:
         # those CPUs run the same weights unpacked, through F.linear.
         if self.weights or not packable or not prepacks(self.dtype):
