@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from stallfree.cli.common import (
     DTYPE_CHOICES,
@@ -32,7 +32,6 @@ from stallfree.cli.workload_args import add_session_args, session_options, sessi
 
 if TYPE_CHECKING:
     from stallfree.validate import ValidationOptions
-    from stallfree.validate.options import Sampling
 
 _DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
 
@@ -100,15 +99,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
-def _measured_sampling(path: str | None) -> str:
-    """The bench run's sampling mode (greedy without a run)."""
-    if path is None:
-        return "greedy"
-    from stallfree.workload.bench_result import load_bench_result
-
-    return load_bench_result(path).sampling_mode
-
-
 def validation_options(args: argparse.Namespace) -> ValidationOptions:
     """The parsed flags as :class:`ValidationOptions` (one serving configuration per policy)."""
     from stallfree.validate import ValidationOptions
@@ -123,7 +113,7 @@ def validation_options(args: argparse.Namespace) -> ValidationOptions:
         device=args.device,
         measured=args.measured,
         step_log=args.step_log,
-        sampling=cast("Sampling", args.sampling or _measured_sampling(args.measured)),
+        sampling=args.sampling,
         qps=args.qps,
         burstiness=args.burstiness,
         lengths=args.lengths,

@@ -321,8 +321,10 @@ def fit_line(points: Sequence[tuple[int, float]]) -> Line:
     y = np.array([t for _, t in points])
     if len(set(x.tolist())) < 2:
         return Line(0.0, float(np.median(y / x)))
-    a = np.stack([np.ones_like(x), x], axis=1) / y[:, None]
-    coef = nnls(a, np.ones(len(y)))
+    # relative error, but a point may be 0 (a server's sampler extra can be): weigh it as a
+    # hundredth of the largest
+    weights = 1.0 / np.maximum(y, max(1e-12, 0.01 * float(y.max())))
+    coef = nnls(np.stack([np.ones_like(x), x], axis=1) * weights[:, None], y * weights)
     return Line(float(coef[0]), float(coef[1]))
 
 

@@ -113,7 +113,7 @@ def run_engine(options: ValidationOptions, serving: ServingConfig, model: Measur
         run = replay(
             engine,
             requests,
-            sampling=SAMPLING_PARAMS[options.sampling],
+            sampling=SAMPLING_PARAMS[options.sampling_mode],
             seed=options.seed,
             on_finish=bar.update,
         )

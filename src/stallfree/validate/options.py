@@ -10,7 +10,7 @@ refused when the options run.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 from stallfree.core.serving import ServingConfig
 
@@ -45,7 +45,7 @@ class ValidationOptions:
     device: str | None = None
     measured: str | None = None
     step_log: str | None = None
-    sampling: Sampling = "greedy"
+    sampling: Sampling | None = None  # None: the bench run's (``measured``), else greedy
     qps: float = 1.0
     burstiness: float | None = None
     lengths: str = "fixed:512,64"
@@ -63,7 +63,7 @@ class ValidationOptions:
         policies = [s.policy for s in self.servings]
         if len(set(policies)) != len(policies):
             raise ValueError(f"policy listed twice: {', '.join(policies)}")
-        if self.sampling not in SAMPLINGS:
+        if self.sampling is not None and self.sampling not in SAMPLINGS:
             raise ValueError(f"unknown sampling {self.sampling!r}; choose from: {', '.join(SAMPLINGS)}")
         if self.num_requests <= 0:
             raise ValueError(f"--num-requests must be positive, got {self.num_requests}")
@@ -77,3 +77,17 @@ class ValidationOptions:
             raise ValueError("--measured compares one run: give one --policy")
         if self.measured and self.servings[0].num_blocks is None:
             raise ValueError("--measured needs --num-blocks (the served engine's KV blocks)")
+
+    @property
+    def sampling_mode(self) -> Sampling:
+        """``sampling``, or the bench run's (``measured``), else greedy."""
+        return self.sampling or _measured_sampling(self.measured)
+
+
+def _measured_sampling(path: str | None) -> Sampling:
+    """How a bench run's requests sampled (greedy without a run)."""
+    if path is None:
+        return "greedy"
+    from stallfree.workload.bench_result import load_bench_result
+
+    return cast("Sampling", load_bench_result(path).sampling_mode)
