@@ -20,11 +20,11 @@ version, tp), in milliseconds, summed::
   + decode attention   the G decodes as one batch at their mean KV length: the package's decode
     (G, mean L)        attention takes one length per batch (memory-bound, so about the sum of
                        the rows' reads; benchmarks/aiconfigurator_check.py measures the error)
+  + overhead_s         a fixed per-step constant (0 unless given): the tables time GPU kernels only
 
 "Attention" is every attention op the package lists for the model: one per layer kind where
 layers differ (sliding-window and global), and for DeepSeek's MLA the whole attention block, whose
 projections run on the same tokens as its attention.
-  + overhead_s         a fixed per-step constant (0 unless given): the tables time GPU kernels only
 
 Calls are cached; the decode attention is read on a grid of KV lengths (16 points an octave,
 linear between them) so a long run of steps prices at once. Invariant: :meth:`steady_durations`
@@ -201,19 +201,11 @@ class AicCostModel:
             ) from None
         # every attention op (a model with sliding-window layers has one per kind; MLA's block
         # holds its projections too, which run on the same tokens)
-        self._context_attention = [i for i, name in enumerate(context) if name in CONTEXT_ATTENTION]
-        self._body_ops = [
-            i
-            for i, name in enumerate(context)
-            if name not in CONTEXT_ATTENTION and name != "context_logits_gemm"
-        ]
+        self._context_attention, self._body_ops = _split_ops(context, CONTEXT_ATTENTION, "context")
+        self._decode_attention, self._decode_body_ops = _split_ops(
+            generation, GENERATION_ATTENTION, "generation"
+        )
         self._logits_op = generation.index("generation_logits_gemm")
-        self._decode_attention = [i for i, name in enumerate(generation) if name in GENERATION_ATTENTION]
-        self._decode_body_ops = [
-            i
-            for i, name in enumerate(generation)
-            if name not in GENERATION_ATTENTION and name != "generation_logits_gemm"
-        ]
         self.ops = tuple(context)
         self._body: dict[int, float] = {}
         self._decode_body: dict[int, float] = {}
@@ -378,6 +370,12 @@ def _grid_bracket(x: float) -> tuple[int, int]:
     step = octave // GRID_POINTS_PER_OCTAVE
     low = (math.floor(x) // step) * step
     return low, low + step
+
+
+def _split_ops(names: list[str], attention: tuple[str, ...], phase: str) -> tuple[list[int], list[int]]:
+    """Indices of a phase's attention ops, and of the rest but its LM head (the body)."""
+    body = [i for i, name in enumerate(names) if name not in attention and name != f"{phase}_logits_gemm"]
+    return [i for i, name in enumerate(names) if name in attention], body
 
 
 def _op_names(evaluate: Any, **kwargs: Any) -> list[str]:

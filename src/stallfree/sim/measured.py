@@ -18,10 +18,10 @@ never torch). A step's time is additive:
     sampler   per sampled row, by mode (greedy / temperature / top-p)               ``sampling``
     engine    outside the executor: per step and per sampled row                    ``overhead``
 
-The forward terms but the last are fitted to the profile's step points by non-negative least squares on
-relative error (every coefficient >= 0, so durations never shrink as contexts grow, which the
-traffic driver's fast path relies on); sampler and engine terms are straight lines through
-their own points. Invariant: element ``j`` of :meth:`MeasuredCostModel.steady_durations`
+The forward terms but the last are fitted to the profile's step points by non-negative least
+squares on relative error (every coefficient >= 0, so durations never shrink as contexts grow,
+which the traffic driver's fast path relies on); sampler and engine terms are straight lines
+through their own points. Invariant: element ``j`` of :meth:`MeasuredCostModel.steady_durations`
 equals :meth:`MeasuredCostModel.step_time_s` of the plan shifted by ``j`` steps bit for bit
 (the same float operations in the same order, scalar or vectorised).
 """

@@ -26,7 +26,8 @@ NOISE_PERCENTILES = (1, 10, 50, 90, 99)
 def validate(options: ValidationOptions) -> ValidationResult:
     """Run ``options``: each policy measured and predicted on the same requests."""
     profile = load_profile(options.profile)
-    costs = ProfileCosts.of(profile, options.sampling_mode)
+    sampling = options.sampling_mode  # reads a bench run's file: once
+    costs = ProfileCosts.of(profile, sampling)
     policies = tuple(_policy(options, serving, costs) for serving in options.servings)
     noise = None
     if options.step_noise:
@@ -39,7 +40,7 @@ def validate(options: ValidationOptions) -> ValidationResult:
         lengths=None if options.measured else options.lengths,
         num_requests=policies[0].num_requests if options.measured else options.num_requests,
         seed=options.seed,
-        sampling=options.sampling_mode,
+        sampling=sampling,
         measured=options.measured or "engine in process",
         sessions=_sessions(options),
     )
