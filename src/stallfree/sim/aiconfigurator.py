@@ -91,11 +91,14 @@ def aic_available() -> bool:
     return importlib.util.find_spec("aiconfigurator_core") is not None
 
 
-@functools.cache
 def shipped_model_ids() -> frozenset[str]:
-    """The Hugging Face ids whose configs aiconfigurator ships (empty without the extra)."""
-    if not aic_available():
-        return frozenset()
+    """The Hugging Face ids whose configs aiconfigurator ships (empty without the extra; only the
+    package's list is cached, not whether it is installed)."""
+    return _package_model_ids() if aic_available() else frozenset()
+
+
+@functools.cache
+def _package_model_ids() -> frozenset[str]:
     from aiconfigurator_core.sdk import common
 
     return frozenset(str(m) for m in common.DefaultHFModels)
