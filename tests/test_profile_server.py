@@ -30,6 +30,7 @@ def server() -> Iterator[ServerThread]:
 def _profile(server: ServerThread, out: Path, *extra: str) -> int:
     argv = ["profile", "--base-url", server.base_url, "--quick", "--max-num-seqs", "4"]
     argv += ["--max-num-batched-tokens", str(BUDGET), "--seed", "3", "--out", str(out), *extra]
+    argv += ["--max-attempts", "1"]  # an unsteady point is measured again: tested apart, time here
     # A tiny model's steps over HTTP are mostly round trip and, beside other tests on two cores,
     # noise: the fit's quality gate (tested in test_profile_cli) would refuse some runs' files.
     with pytest.MonkeyPatch.context() as patch:
@@ -147,3 +148,34 @@ def test_without_a_prefix_cache_the_cached_context_points_are_left_out(tmp_path:
     profile = load_profile(tmp_path / "p.json")
     assert profile.settings["cached_context"].startswith("left out: a 512-token prompt again")
     assert not [p for p in profile.steps if any(before not in (0, BUDGET) for _, before, _ in p.chunks)]
+
+
+def test_an_unsteady_decode_point_is_measured_again_and_the_steadiest_attempt_kept() -> None:
+    import asyncio
+
+    from stallfree.bench.profile import _spread, _steady_decode
+
+    disturbed = [0.046, 0.109, 0.074, 0.158, 0.050, 0.097, 0.062, 0.081]  # a shared host's bad minute
+    steady = [0.050, 0.052, 0.048, 0.051, 0.049, 0.053, 0.050, 0.047]
+
+    class Session:
+        def __init__(self, *attempts: list[float]) -> None:
+            self.attempts = list(attempts)
+            self.calls = 0
+
+        async def decode(self, num_seqs: int, context: int, steps: int) -> tuple[list[float], int]:
+            self.calls += 1
+            return self.attempts.pop(0), context + self.calls
+
+    assert _spread(disturbed) > 0.2 >= _spread(steady)
+    session = Session(disturbed, steady, disturbed)
+    times, ctx, attempts = asyncio.run(_steady_decode(session, 4, 16, 8, 3))  # type: ignore[arg-type]
+    assert (times, ctx, attempts, session.calls) == (steady, 18, 2, 2)  # stops once steady
+    session = Session(steady)
+    assert asyncio.run(_steady_decode(session, 4, 16, 8, 3))[2] == 1  # type: ignore[arg-type]
+    calmer = [t * 0.9 + 0.005 for t in disturbed]  # still unsteady, less so
+    session = Session(disturbed, calmer, disturbed)
+    times, _, attempts = asyncio.run(_steady_decode(session, 4, 16, 8, 3))  # type: ignore[arg-type]
+    assert (times, attempts) == (calmer, 3)  # never steady: the steadiest of the three
+    session = Session(disturbed)
+    assert asyncio.run(_steady_decode(session, 4, 16, 8, 1))[2] == 1  # type: ignore[arg-type]

@@ -78,7 +78,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--max-attempts",
         type=positive_int,
         default=3,
-        help="measurements of a busy point at most (default 3)",
+        help="measurements of a busy point (a server's: an unsteady decode point) at most (default 3)",
     )
     p.add_argument("--no-progress", action="store_true", help="progress lines, not a bar, even on a terminal")
     _add_server_args(p)
@@ -185,6 +185,7 @@ def _server_profile(args: argparse.Namespace, log: Callable[[str], None]) -> Ste
         ignore_eos=args.ignore_eos,
         timeout_s=args.timeout,
         seed=args.seed,
+        max_attempts=args.max_attempts,
     )
     return run_server_profile(options, log)
 
