@@ -7,14 +7,18 @@
 3. Vidur's tables vs aiconfigurator's for Llama-3.1-8B under vLLM on A100 and H100, step by step,
    and on 10,000 arXiv requests (medians, and the simulation's wall time);
 4. the seed's scenario (16 streams, a 16K prompt) on H100, H200 and B200 for Llama-3.1-70B TP4,
-   Qwen3-235B-A22B TP8 and DeepSeek-V3 TP8 (MLA, its fp8 checkpoint).
+   Qwen3-235B-A22B TP8 and DeepSeek-V3 TP8 (MLA, its fp8 checkpoint);
+5. expert parallelism (a MoE model's experts split whole over the TP GPUs): what it does to a step,
+   EP over TP, by the package's measured MoE tables and by the roofline's busiest-GPU read.
 
     .venv/bin/python benchmarks/aiconfigurator_check.py        # ~2 min on 2 cores
+    .venv/bin/python benchmarks/aiconfigurator_check.py 1 5    # those sections only
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 from stallfree.core import ServingConfig
@@ -26,26 +30,29 @@ from stallfree.sim.aiconfigurator import AicCostModel
 from stallfree.sim.costs import pick_cost_model
 from stallfree.workload import TraceLengths, Workload, poisson
 
-STATIC = (  # (model, system, framework, tp, batch, isl, osl)
-    ("meta-llama/Meta-Llama-3.1-8B", "h100_sxm", "vllm", 1, 8, 1024, 128),
-    ("meta-llama/Meta-Llama-3.1-70B", "h200_sxm", "vllm", 4, 16, 2048, 256),
-    ("Qwen/Qwen3-32B", "b200_sxm", "trtllm", 2, 32, 1024, 128),
-    ("Qwen/Qwen3-30B-A3B", "h200_sxm", "sglang", 1, 16, 2048, 256),
-    ("Qwen/Qwen3-235B-A22B", "b200_sxm", "trtllm", 8, 8, 4096, 128),
-    ("deepseek-ai/DeepSeek-V3", "h200_sxm", "vllm", 8, 16, 2048, 256),
-    ("openai/gpt-oss-120b", "h200_sxm", "vllm", 4, 16, 2048, 256),
-    ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "h200_sxm", "sglang", 4, 16, 2048, 256),
+STATIC = (  # (model, system, framework, tp, expert parallel, batch, isl, osl)
+    ("meta-llama/Meta-Llama-3.1-8B", "h100_sxm", "vllm", 1, False, 8, 1024, 128),
+    ("meta-llama/Meta-Llama-3.1-70B", "h200_sxm", "vllm", 4, False, 16, 2048, 256),
+    ("Qwen/Qwen3-32B", "b200_sxm", "trtllm", 2, False, 32, 1024, 128),
+    ("Qwen/Qwen3-30B-A3B", "h200_sxm", "sglang", 1, False, 16, 2048, 256),
+    ("Qwen/Qwen3-30B-A3B", "h200_sxm", "sglang", 4, True, 16, 2048, 256),
+    ("Qwen/Qwen3-235B-A22B", "b200_sxm", "trtllm", 8, False, 8, 4096, 128),
+    ("Qwen/Qwen3-235B-A22B", "b200_sxm", "trtllm", 8, True, 8, 4096, 128),
+    ("deepseek-ai/DeepSeek-V3", "h200_sxm", "vllm", 8, False, 16, 2048, 256),
+    ("deepseek-ai/DeepSeek-V3", "h200_sxm", "vllm", 8, True, 16, 2048, 256),
+    ("openai/gpt-oss-120b", "h200_sxm", "vllm", 4, False, 16, 2048, 256),
+    ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "h200_sxm", "sglang", 4, False, 16, 2048, 256),
 )
 
 
 def static_batches() -> None:
     print("1. static batch: replayed step by step vs aiconfigurator's run_static (stride 1)")
     print(
-        f"  {'model':<44}{'system':<10}{'fw':<8}{'tp':>3}{'B':>4}{'ISL':>6}{'OSL':>5}"
+        f"  {'model':<44}{'system':<10}{'fw':<8}{'tp':>3}{'':<3}{'B':>4}{'ISL':>6}{'OSL':>5}"
         f"{'TTFT ms':>20}{'TPOT ms':>20}"
     )
-    for model, system, framework, tp, batch, isl, osl in STATIC:
-        cost = AicCostModel(model, system, framework, tp=tp)
+    for model, system, framework, tp, ep, batch, isl, osl in STATIC:
+        cost = AicCostModel(model, system, framework, tp=tp, expert_parallel=ep)
         prefill = StepPlan(tuple(c for i in range(batch) for c in _named(synthetic_plan(0, 0, isl), i)))
         ttft = cost.step_time_s(prefill) * 1e3
         decode = [cost.decode_step_s(batch, isl + i) for i in range(osl - 1)]
@@ -53,7 +60,7 @@ def static_batches() -> None:
         ctx_ms, gen_ms, _ = cost._handle.run_static(batch_size=batch, isl=isl, osl=osl, stride=1)
         ref_tpot = gen_ms / (osl - 1)
         print(
-            f"  {model:<44}{system:<10}{framework:<8}{tp:>3}{batch:>4}{isl:>6}{osl:>5}"
+            f"  {model:<44}{system:<10}{framework:<8}{tp:>3}{' EP' if ep else '':<3}{batch:>4}{isl:>6}{osl:>5}"
             f"{ttft:>8.2f} / {ctx_ms:>7.2f}{ttft / ctx_ms:>5.2f}x"
             f"{tpot:>8.3f} / {ref_tpot:>6.3f}{tpot / ref_tpot:>5.2f}x"
         )
@@ -154,6 +161,35 @@ def seed_scenario() -> None:
 
 
 GPUS = ("h100-sxm", "h200-sxm", "b200-sxm")
+EP_CASES = (  # (model, hardware, framework, tp)
+    ("deepseek-v3", "h200-sxm", "vllm", 8),
+    ("qwen3-235b-a22b", "b200-sxm", "trtllm", 8),
+    ("Qwen/Qwen3-30B-A3B", "h200-sxm", "sglang", 4),
+)
+
+
+def expert_parallel() -> None:
+    print("\n5. expert parallelism: a step with the experts split whole over the TP GPUs / sliced over them")
+    plans = {
+        "1 decode @1K": synthetic_plan(1, 1024),
+        "16 @1K": synthetic_plan(16, 1024),
+        "64 @1K": synthetic_plan(64, 1024),
+        "256 @1K": synthetic_plan(256, 1024),
+        "4096 prompt": synthetic_plan(0, 0, 4096),
+    }
+    print(f"  {'':<46}" + "".join(f"{name:>14}" for name in plans))
+    for model, hardware, framework, tp in EP_CASES:
+        for tables in ("aiconfigurator", "roofline"):
+            kind = {"kind": "full"} if tables == "roofline" else {"framework": framework}
+            picks = [
+                pick_cost_model(
+                    CostChoice(model=model, hardware=hardware, tp=tp, expert_parallel=ep, **kind)
+                ).pricer
+                for ep in (False, True)
+            ]
+            ratios = [picks[1].step_time_s(plan) / picks[0].step_time_s(plan) for plan in plans.values()]
+            name = f"{model} TP{tp} {hardware} {framework if tables != 'roofline' else 'roofline'}"
+            print(f"  {name:<46}" + "".join(f"{r:>13.2f}x" for r in ratios))
 
 
 def _roofline(model: str, tp: int) -> ExplainOptions:
@@ -164,7 +200,6 @@ def _roofline(model: str, tp: int) -> ExplainOptions:
 
 if __name__ == "__main__":
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
-    static_batches()
-    mean_context()
-    vidur_vs_aic()
-    seed_scenario()
+    sections = (static_batches, mean_context, vidur_vs_aic, seed_scenario, expert_parallel)
+    for number in sys.argv[1:] or range(1, len(sections) + 1):
+        sections[int(number) - 1]()

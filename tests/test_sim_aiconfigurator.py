@@ -51,16 +51,17 @@ def test_steps_are_priced_as_the_package_prices_them(h100: AicCostModel) -> None
 
 @needs_aic
 @pytest.mark.parametrize(
-    ("model_id", "tp"),
+    ("model_id", "tp", "expert_parallel"),
     [
-        ("deepseek-ai/DeepSeek-V3", 8),  # MLA blocks; its decode runs other MoE kernels (overlapped)
-        ("openai/gpt-oss-120b", 4),  # two attention ops a layer pair: sliding-window and full
+        ("deepseek-ai/DeepSeek-V3", 8, False),  # MLA blocks; its decode runs other MoE kernels (overlapped)
+        ("deepseek-ai/DeepSeek-V3", 8, True),  # its experts split whole over the 8 GPUs: other MoE tables
+        ("openai/gpt-oss-120b", 4, False),  # two attention ops a layer pair: sliding-window and full
     ],
 )
-def test_a_static_batch_replays_as_the_package_runs_it(model_id: str, tp: int) -> None:
+def test_a_static_batch_replays_as_the_package_runs_it(model_id: str, tp: int, expert_parallel: bool) -> None:
     from stallfree.sim.aiconfigurator import AicCostModel
 
-    cost = AicCostModel(model_id, "h200_sxm", "vllm", tp=tp)
+    cost = AicCostModel(model_id, "h200_sxm", "vllm", tp=tp, expert_parallel=expert_parallel)
     batch, isl, osl = 8, 1024, 32
     prompts = StepPlan(
         tuple(ScheduledChunk(f"r{i}", 0, isl, isl) for i in range(batch))
@@ -196,3 +197,7 @@ def test_tunes_launch_lines_say_what_was_priced() -> None:
     assert lines["vllm"].endswith("--tensor-parallel-size 2 --quantization fp8 --kv-cache-dtype fp8")
     assert "--chunked-prefill-size 2048" in lines["sglang"] and "--kv-cache-dtype fp8_e4m3" in lines["sglang"]
     assert "quantization" not in serve_commands("llama-3.1-8b", 1, 512, 256)["vllm"]
+    split = serve_commands("deepseek-v3", 8, 512, 256, expert_parallel=True)
+    assert "--tensor-parallel-size 8 --enable-expert-parallel" in split["vllm"]
+    assert "--tp 8 --ep-size 8" in split["sglang"]
+    assert "expert" not in serve_commands("deepseek-v3", 8, 512, 256)["vllm"]

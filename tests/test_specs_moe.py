@@ -4,6 +4,7 @@ a step reads, the ridge that moves, and the refusals (the engine, Vidur's dense 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,71 @@ def test_the_roofline_ridge_moves_and_the_fast_path_holds() -> None:
     plan = StepPlan((*synthetic_plan(9, 300).chunks, *synthetic_plan(0, 0, 100, 200).chunks))
     shifted = shifted_plans(plan, 30)
     assert np.array_equal(cost.steady_durations(plan, 30), [cost.step_time_s(p) for p in shifted])
+
+
+def test_expert_parallelism_waits_for_the_busiest_gpu() -> None:
+    qwen = ModelSpec.from_hf_config(QWEN3_MOE, name="qwen3-30b-a3b")
+    assert qwen.busiest_experts(16, 1) == qwen.expected_experts(16)
+    # against routing itself: each token takes 8 distinct experts of 128, 16 on each of 8 GPUs
+    rng = np.random.default_rng(7)
+    for tokens in (1, 8, 64):
+        picks = np.argsort(rng.random((4000, tokens, 128)), axis=2)[:, :, :8].reshape(4000, -1)
+        touched = np.zeros((4000, 128), dtype=bool)
+        np.put_along_axis(touched, picks, True, axis=1)
+        busiest = touched.reshape(4000, 8, 16).sum(axis=2).max(axis=1).mean()
+        assert qwen.busiest_experts(tokens, 8) == pytest.approx(busiest, rel=0.03)
+        assert qwen.busiest_experts(tokens, 8) > qwen.expected_experts(tokens) / 8
+    assert qwen.busiest_experts(4096, 8) == pytest.approx(16)  # every expert: no imbalance left
+    h200 = load_hardware_spec("h200-sxm")
+    sliced, split = (
+        CostModel(CostModelConfig(qwen, h200, tp=8, kind="full", expert_parallel=ep)) for ep in (False, True)
+    )
+    # one token's 8 experts: an even split would read 1 a GPU, the busiest reads ~2.3; the step
+    # (memory-bound) waits for those bytes. A large step reads every expert either way.
+    assert qwen.busiest_experts(1, 8) > 2.0
+    extra = qwen.decoder_weight_bytes(2, 1, 8) - qwen.decoder_weight_bytes(2, 1)
+    assert split.decode_step_s(1, 512) - sliced.decode_step_s(1, 512) == pytest.approx(
+        extra / (h200.mem_bandwidth_bytes_per_s * 8)
+    )
+    assert extra > 0.1 * qwen.decoder_weight_bytes(2, 1)
+    assert split.prefill_time_s(8192) == pytest.approx(sliced.prefill_time_s(8192), rel=1e-6)
+    plan = StepPlan((*synthetic_plan(9, 300).chunks, *synthetic_plan(0, 0, 100, 200).chunks))
+    assert np.array_equal(
+        split.steady_durations(plan, 20), [split.step_time_s(p) for p in shifted_plans(plan, 20)]
+    )
+    sixty = ModelSpec.from_hf_config({**QWEN3_MOE, "num_experts": 60}, name="sixty")  # as Qwen2-MoE's
+    with pytest.raises(ValueError, match="60 experts do not split evenly over tp=8"):
+        CostModelConfig(sixty, h200, tp=8, expert_parallel=True)
+    dense = ModelSpec.from_hf_config(
+        {**MIXTRAL, "architectures": ["MistralForCausalLM"], "model_type": "mistral"}
+    )
+    with pytest.raises(ValueError, match="is dense"):
+        CostModelConfig(dense, h200, tp=2, expert_parallel=True)
+    # Vidur's tables are dense and a profile measured its own server: neither prices a split
+    mixtral = ModelSpec.from_hf_config(MIXTRAL, name="mixtral")
+    vidur = CostChoice("measured", mixtral, "a100-80gb", 2, gpu_tables="vidur", expert_parallel=True)
+    with pytest.raises(ValueError, match="Vidur's GPU tables are of dense models"):
+        pick_cost_model(vidur)
+    with pytest.raises(ValueError, match="a profile measured its server"):
+        pick_cost_model(CostChoice(profile="p.json", expert_parallel=True))
+
+
+def test_expert_parallelism_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(QWEN3_MOE))
+    argv = ["explain", "--model", str(config), "--hardware", "h200-sxm", "--tp", "8", "--cost-model", "full"]
+    assert main([*argv, "--expert-parallel"]) == 0
+    out = capsys.readouterr().out
+    assert "on 8 x h200-sxm, experts split whole over them (EP)" in out
+    assert "the busiest of 8 GPUs holding 16 each" in out
+    config.write_text(json.dumps({**QWEN3_MOE, "num_experts": 60}))
+    assert main([*argv, "--expert-parallel"]) == 2
+    assert capsys.readouterr().err.strip().endswith("60 experts do not split evenly over tp=8 GPUs")
+    assert (
+        main(["explain", "--model", "llama-3-8b", "--tp", "2", "--cost-model", "full", "--expert-parallel"])
+        == 2
+    )
+    assert "is dense" in capsys.readouterr().err
 
 
 def test_vidur_and_the_engine_refuse_a_mixture_of_experts(tmp_path: Path) -> None:

@@ -89,7 +89,8 @@ def add_roofline_args(
 
 
 def add_gpu_table_args(parser: argparse._ActionsContainer) -> None:
-    """``--gpu-tables --framework --framework-version``: which measured GPU tables price steps."""
+    """``--gpu-tables --framework --framework-version``: which measured GPU tables price steps;
+    ``--expert-parallel``: how a MoE model's experts sit on the GPUs."""
     from stallfree.sim.aiconfigurator import FRAMEWORKS
     from stallfree.sim.costs import GPU_TABLES
 
@@ -113,6 +114,13 @@ def add_gpu_table_args(parser: argparse._ActionsContainer) -> None:
         metavar="VERSION",
         help="that framework's table version (default: the newest aiconfigurator-core has for the GPU)",
     )
+    parser.add_argument(
+        "--expert-parallel",
+        action="store_true",
+        help="a MoE model's experts split whole over the --tp GPUs (vLLM --enable-expert-parallel, SGLang "
+        "--ep-size) instead of each sliced over them; a step waits for the GPU its tokens route the most "
+        "experts to (roofline and aiconfigurator tables)",
+    )
 
 
 def gpu_tables_of(args: argparse.Namespace) -> dict[str, Any]:
@@ -121,6 +129,7 @@ def gpu_tables_of(args: argparse.Namespace) -> dict[str, Any]:
         "gpu_tables": args.gpu_tables,
         "framework": args.framework,
         "framework_version": args.framework_version,
+        "expert_parallel": args.expert_parallel,
     }
 
 

@@ -237,6 +237,7 @@ def _scenario(
         "hardware": hardware,
         "hardware_file": hardware_file,
         "tp": args.tp,
+        "expert_parallel": args.expert_parallel,
         "cost_model": args.cost_model,  # resolved: never "auto"
         "cost_model_note": cost_model_note,  # why auto picked it; None when --cost-model named it
         "profile": args.profile,

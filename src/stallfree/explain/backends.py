@@ -86,7 +86,15 @@ def _roofline(options: ExplainOptions, model_name: str) -> tuple[RooflineTimer, 
     from stallfree.sim.costs import CostChoice, pick_cost_model
 
     # a roofline kind: "measured" went to _measured
-    pick = pick_cost_model(CostChoice(options.cost_model, model_name, options.hardware, options.tp))
+    pick = pick_cost_model(
+        CostChoice(
+            options.cost_model,
+            model_name,
+            options.hardware,
+            options.tp,
+            expert_parallel=options.expert_parallel,
+        )
+    )
     cost = cast("CostModel", pick.pricer)
     model, hardware = pick.model, pick.hardware
     _check_weights_fit(cost.config)
@@ -94,22 +102,31 @@ def _roofline(options: ExplainOptions, model_name: str) -> tuple[RooflineTimer, 
         "model": model.name,
         "hardware": hardware.name,
         "tp": options.tp,
+        "expert_parallel": options.expert_parallel,
         "cost_model": options.cost_model,
         "engine": "roofline",
     }
     if model.is_moe:
-        echo["moe"] = _moe_note(model, options.streams, cost)
+        echo["moe"] = _moe_note(model, options.streams, cost, options.tp if options.expert_parallel else 1)
     return RooflineTimer(cost), echo
 
 
-def _moe_note(model: ModelSpec, streams: int, cost: CostModel) -> str:
-    """Why a mixture of experts' ridge lies far above a dense model's of the same size."""
+def _moe_note(model: ModelSpec, streams: int, cost: CostModel, expert_gpus: int) -> str:
+    """Why a mixture of experts' ridge lies far above a dense model's of the same size (and, with
+    its experts split over ``expert_gpus`` GPUs, what the busiest of them reads)."""
     experts = model.moe_num_experts
     active = model.num_active_params / model.num_params
     ridge = cost.ridge_tokens()
+    split = (
+        f" (the busiest of {expert_gpus} GPUs holding {experts // expert_gpus} each: "
+        f"{model.busiest_experts(streams, expert_gpus):.1f}, an even split "
+        f"{model.expected_experts(streams) / expert_gpus:.1f})"
+        if expert_gpus > 1
+        else ""
+    )
     return (
         f"{model.moe_experts_per_token} of {experts} experts a token ({active:.0%} of the weights): "
-        f"{streams} decodes read {model.expected_experts(streams):.0f} of them a layer, a "
+        f"{streams} decodes read {model.expected_experts(streams):.0f} of them a layer{split}, a "
         f"{ridge:,.0f}-token step {model.expected_experts(ridge):.0f}; compute catches up with the "
         f"read only there (a dense model: at ~{cost.dense_ridge_tokens():,.0f})"
     )
@@ -129,15 +146,19 @@ def _gpu_tables(options: ExplainOptions, model_name: str) -> tuple[StepTimer, di
         gpu_tables=options.gpu_tables,
         framework=options.framework,
         framework_version=options.framework_version,
+        expert_parallel=options.expert_parallel,
     )
     pick = pick_cost_model(choice)
-    full = pick_cost_model(CostChoice("full", pick.model, pick.hardware, options.tp))
+    full = pick_cost_model(
+        CostChoice("full", pick.model, pick.hardware, options.tp, expert_parallel=options.expert_parallel)
+    )
     _check_weights_fit(cast("CostModel", full.pricer).config)
     cost = pick.pricer
     echo = {
         "model": pick.model.name,
         "hardware": pick.hardware.name,
         "tp": options.tp,
+        "expert_parallel": options.expert_parallel,
         "cost_model": pick.why,
         "engine": "measured GPU tables",
     }

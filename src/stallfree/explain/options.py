@@ -47,7 +47,8 @@ class ExplainOptions:
     ``model``, ``prompt_tokens``, ``context_tokens``, ``chunk_tokens`` and ``sweep``: None takes
     the engine's default. ``hardware``, ``tp`` and ``cost_model`` are the roofline's; ``device``
     and ``dtype`` the real engine's; ``gpu_tables``, ``framework`` and ``framework_version`` pick
-    measured GPU tables (:class:`~stallfree.sim.costs.CostChoice`'s). ``profile`` (a ``stallfree profile`` file): on the roofline it
+    measured GPU tables, ``expert_parallel`` splits a MoE model's experts whole over the ``tp``
+    GPUs (:class:`~stallfree.sim.costs.CostChoice`'s). ``profile`` (a ``stallfree profile`` file): on the roofline it
     prices every step (as ``cost_model="measured"``, which needs it); with ``engine="torch"`` it
     prices the same scenario beside the measured run, and predicts the steps of a
     ``step_budget_ms`` (which the real engine needs it for).
@@ -62,6 +63,7 @@ class ExplainOptions:
     gpu_tables: str = "auto"
     framework: str | None = None
     framework_version: str | None = None
+    expert_parallel: bool = False
     device: str | None = None
     dtype: str = "auto"
     prompt_tokens: int | None = None
@@ -95,6 +97,8 @@ class ExplainOptions:
             )
         if self.framework is not None and (self.engine == "torch" or self.profile is not None):
             raise ValueError("--framework prices steps by GPU tables: not with --engine torch or --profile")
+        if self.expert_parallel and (self.engine == "torch" or self.profile is not None):
+            raise ValueError("--expert-parallel prices GPU deployments: not with --engine torch or --profile")
 
     @property
     def is_priced_by_profile(self) -> bool:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from stallfree.sim.report import on_gpus
+
 _CHUNK_NOTES = {
     "full": "  [attention over earlier chunks is charged]",
     "weights-only": "  [weights-only model: attention not charged; try --cost-model full]",
@@ -31,7 +33,7 @@ def format_explain(out: dict[str, Any]) -> str:
     """The human-readable report of an explain JSON object (:meth:`Explanation.to_json`)."""
     sc = out["scenario"]
     lines = [
-        f"{sc['model']} on {sc['tp']} x {sc['hardware']} ({sc['engine']}, cost model: {sc['cost_model']})",
+        f"{sc['model']} on {on_gpus(sc)} ({sc['engine']}, cost model: {sc['cost_model']})",
         f"{sc['streams']} streams decoding at {sc['context_tokens']:,} tokens of context; a {sc['prompt_tokens']:,}-token prompt arrives"
         + (
             f", its first {sc['cached_prefix_tokens']:,} tokens in the prefix cache (only the rest is computed)."

@@ -6,7 +6,8 @@ Owns :class:`AicCostModel`, :data:`AIC_SYSTEMS` (our hardware presets -> its sys
 install never needs it.
 
 A step is priced op by op from the package's tables for one (model, GPU system, framework,
-version, tp), in milliseconds, summed::
+version, tp, and for a MoE model whether its experts are sliced over the tp GPUs or split whole
+over them: expert parallelism, the package's ``moe_ep_size`` = tp), in milliseconds, summed::
 
     body(T)            every op of a forward pass but attention and the LM head, at T tokens (the
                        step's tokens: prompt chunks and decodes, one ragged batch): GEMMs, norms,
@@ -159,6 +160,7 @@ class AicCostModel:
         version: str | None = None,
         *,
         tp: int = 1,
+        expert_parallel: bool = False,
         fp8: bool = False,
         overhead_s: float = 0.0,
     ) -> None:
@@ -180,13 +182,14 @@ class AicCostModel:
         self.model_id, self.system, self.framework, self.tp = model_id, system, framework, tp
         self.version = version or _latest_version(system, framework)
         self.overhead_s = overhead_s
-        # MoE layers split as the attention does (tensor parallel, no expert parallelism); a dense
-        # model ignores the two MoE sizes.
+        self.expert_parallel = expert_parallel
+        # MoE layers split as the attention does (each expert sliced over the tp GPUs) or, with
+        # expert parallelism, whole experts over them; a dense model ignores the two MoE sizes.
         options: dict[str, Any] = {
             "backend_version": self.version,
             "tp_size": tp,
-            "moe_tp_size": tp,
-            "moe_ep_size": 1,
+            "moe_tp_size": 1 if expert_parallel else tp,
+            "moe_ep_size": tp if expert_parallel else 1,
         }
         self.fp8 = fp8
         if fp8:  # fp8 weights (GEMMs and experts) and KV cache; a checkpoint's own quantisation otherwise
@@ -200,7 +203,8 @@ class AicCostModel:
             reason = (str(exc).splitlines() or [type(exc).__name__])[0].split(": tried ")[0]
             raise ValueError(
                 f"aiconfigurator-core cannot price {model_id} on {tp} x {system} under {framework} "
-                f"{self.version}{' in fp8' if fp8 else ''}: {reason}"
+                f"{self.version}{' in fp8' if fp8 else ''}{', experts split whole' if expert_parallel else ''}: "
+                f"{reason}"
             ) from None
         # every attention op (a model with sliding-window layers has one per kind; MLA's block
         # holds its projections too, which run on the same tokens)

@@ -98,13 +98,26 @@ def plan_sums(plan: StepPlan) -> PlanSums:
     return PlanSums(num_tokens, num_samples, num_keys, num_context, num_shift_keys)
 
 
+def check_expert_parallel(model: ModelSpec, tp: int) -> None:
+    """One-line ``ValueError`` where ``model``'s experts cannot split whole over ``tp`` GPUs."""
+    if not model.is_moe:
+        raise ValueError(f"expert parallelism splits a mixture of experts; {model.name} is dense")
+    if model.moe_num_experts % tp:
+        raise ValueError(
+            f"{model.name}'s {model.moe_num_experts} experts do not split evenly over tp={tp} GPUs"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class CostModelConfig:
     """What the roofline is computed for. ``dtype_bytes`` applies to weights, KV and activations.
 
     ``tp`` must divide ``num_attention_heads``; it must also divide ``num_kv_heads``, or, when
     there are fewer KV heads than GPUs, be a multiple of them (each KV head is then replicated
-    on ``tp / num_kv_heads`` GPUs, as vLLM does).
+    on ``tp / num_kv_heads`` GPUs, as vLLM does). ``expert_parallel``: a MoE model's experts split
+    over the ``tp`` GPUs whole (vLLM's ``--enable-expert-parallel``, SGLang's ``--ep-size``) rather
+    than each sliced over them; a step then waits for the GPU its tokens route the most experts
+    to (:meth:`~stallfree.specs.model.ModelSpec.busiest_experts`).
     """
 
     model: ModelSpec
@@ -113,6 +126,7 @@ class CostModelConfig:
     dtype_bytes: int = 2
     kind: CostModelKind = "weights-only"
     overhead_s: float = 0.0
+    expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", cost_model_kind(self.kind))  # frozen: normalise the alias
@@ -125,6 +139,8 @@ class CostModelConfig:
             raise ValueError(
                 f"tp={self.tp} neither divides nor is a multiple of {self.model.name}'s {kv_heads} KV heads"
             )
+        if self.expert_parallel:
+            check_expert_parallel(self.model, self.tp)
         if self.dtype_bytes not in (1, 2, 4):
             raise ValueError(f"dtype_bytes must be 1, 2 or 4, got {self.dtype_bytes!r}")
         if self.kind not in COST_MODEL_KINDS:
@@ -164,6 +180,7 @@ class CostModel:
         self._moe = model.is_moe and config.kind != "weights-only"
         self._window, self._window_share = 0, 0.0
         self._weight_bytes_cache: dict[int, float] = {}
+        self._expert_gpus = tp if config.expert_parallel else 1
         if self._weights_only:
             self._flops_per_token = 2.0 * model.num_active_params
             self._flops_per_sample = 0.0
@@ -339,10 +356,11 @@ class CostModel:
             return self._weight_bytes
         key = int(num_tokens)
         if key != num_tokens:  # the ridge's search between whole token counts
-            return self._model.decoder_weight_bytes(self._dtype_bytes, num_tokens)
+            return self._model.decoder_weight_bytes(self._dtype_bytes, num_tokens, self._expert_gpus)
         cached = self._weight_bytes_cache.get(key)
         if cached is None:
-            cached = self._weight_bytes_cache[key] = self._model.decoder_weight_bytes(self._dtype_bytes, key)
+            cached = self._model.decoder_weight_bytes(self._dtype_bytes, key, self._expert_gpus)
+            self._weight_bytes_cache[key] = cached
         return cached
 
     def _comm_s(self, num_tokens: int) -> float:

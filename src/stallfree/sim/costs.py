@@ -34,6 +34,7 @@ from stallfree.sim.cost_model import (
     CostModel,
     CostModelConfig,
     CostModelKind,
+    check_expert_parallel,
     cost_model_kind,
 )
 from stallfree.sim.gpu_measured import GpuMeasuredCostModel, gpu_family
@@ -67,7 +68,9 @@ class CostChoice:
     added to every step. ``gpu_tables`` picks the measured GPU tables (auto: aiconfigurator-core's
     where installed and it covers the model and GPU, else Vidur's); ``framework`` (vllm, sglang,
     trtllm; None: vllm) and ``framework_version`` (None: the newest it has) choose
-    aiconfigurator's table, and a framework given asks for it."""
+    aiconfigurator's table, and a framework given asks for it. ``expert_parallel``: a MoE
+    model's experts split whole over the ``tp`` GPUs (roofline and aiconfigurator's tables;
+    Vidur's are dense and a profile measured its own server)."""
 
     kind: str = "auto"
     model: str | ModelSpec | None = None
@@ -80,6 +83,7 @@ class CostChoice:
     gpu_tables: str = "auto"
     framework: str | None = None
     framework_version: str | None = None
+    expert_parallel: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +98,7 @@ class CostPick:
     kind: Literal["weights-only", "full", "measured"]
     source: Source
     why: str  # a few words: what auto picked and why, or what was asked
+    expert_parallel: bool = False
 
     @property
     def measured(self) -> MeasuredCostModel | None:
@@ -115,8 +120,14 @@ def pick_cost_model(choice: CostChoice) -> CostPick:
     if choice.profile is not None or (
         kind == "measured" and gpu_family(hardware.name) is None and aic_system(hardware.name) is None
     ):
+        if choice.expert_parallel:
+            raise ValueError(
+                "expert parallelism prices GPU deployments; a profile measured its server as it ran"
+            )
         return _profiled(choice, hardware, "auto" if auto else "asked")
     model = resolve_model(choice.model or DEFAULT_MODEL)  # every pick below prices this spec
+    if choice.expert_parallel:
+        check_expert_parallel(model, choice.tp)
     if kind in ("auto", "measured"):
         aic = _aic_pick(choice, model, hardware, auto)
         if aic is not None:
@@ -135,9 +146,20 @@ def pick_cost_model(choice: CostChoice) -> CostPick:
         dtype_bytes=dtype_bytes,
         kind=roofline,
         overhead_s=choice.step_overhead_s,
+        expert_parallel=choice.expert_parallel,
     )
     why = f"no measured table for {hardware.name}; auto" if auto else "asked"
-    return CostPick(CostModel(config), model, hardware, choice.tp, dtype_bytes, config.kind, "roofline", why)
+    return CostPick(
+        CostModel(config),
+        model,
+        hardware,
+        choice.tp,
+        dtype_bytes,
+        config.kind,
+        "roofline",
+        why,
+        choice.expert_parallel,
+    )
 
 
 def _profiled(choice: CostChoice, hardware: HardwareSpec, how: str) -> CostPick:
@@ -161,6 +183,11 @@ def _profiled(choice: CostChoice, hardware: HardwareSpec, how: str) -> CostPick:
 
 
 def _gpu_tables(choice: CostChoice, model: ModelSpec, hardware: HardwareSpec, auto: bool) -> CostPick:
+    if choice.expert_parallel:
+        raise ValueError(
+            "Vidur's GPU tables are of dense models: expert parallelism is priced by aiconfigurator-core's "
+            '(pip install "stallfree[gpu]") or the roofline (--cost-model full)'
+        )
     family = gpu_family(hardware.name)
     dtype_bytes = choice.dtype_bytes or 2
     gpu = GpuMeasuredCostModel(
@@ -221,6 +248,7 @@ def _aic_pick(choice: CostChoice, model: ModelSpec, hardware: HardwareSpec, auto
         framework,
         choice.framework_version,
         tp=choice.tp,
+        expert_parallel=choice.expert_parallel,
         fp8=dtype_bytes == 1,
         overhead_s=choice.step_overhead_s,
     )
@@ -236,6 +264,7 @@ def _aic_pick(choice: CostChoice, model: ModelSpec, hardware: HardwareSpec, auto
         "measured",
         "aiconfigurator",
         f"{why}; auto" if auto and not asked else why,
+        choice.expert_parallel,
     )
 
 

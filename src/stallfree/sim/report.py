@@ -16,6 +16,13 @@ if TYPE_CHECKING:
     from stallfree.sim.api import SimulationResult
 
 
+def on_gpus(header: dict[str, Any]) -> str:
+    """``"4 x h200-sxm"`` of a report's header, and where a MoE model's experts are split whole
+    over them, says so."""
+    split = ", experts split whole over them (EP)" if header.get("expert_parallel") else ""
+    return f"{header['tp']} x {header['hardware']}{split}"
+
+
 def _kv_line(sc: dict[str, Any]) -> str:
     if sc.get("num_blocks"):
         return f"KV cache: {sc['num_blocks']:,} blocks of {sc['block_size']} tokens (--num-blocks)"
@@ -106,7 +113,7 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
     if sc.get("step_budget_ms"):
         budget = f"step budget {sc['step_budget_ms']:g} ms (cap: {budget})"
     lines = [
-        f"{sc['model']} on {sc['tp']} x {sc['hardware']} (cost model: {sc['cost_model']}"
+        f"{sc['model']} on {on_gpus(sc)} (cost model: {sc['cost_model']}"
         + (f" ({sc['cost_model_note']})" if sc.get("cost_model_note") else "")
         + (f" + {sc['step_overhead_ms']:g} ms a step" if sc["step_overhead_ms"] else "")
         + (", steps varied as the profiled machine's" if sc.get("step_noise") else "")

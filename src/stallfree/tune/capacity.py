@@ -231,12 +231,14 @@ class TuneResult:
                     best.max_num_seqs,
                     base.serving.enable_prefix_caching,
                     fp8=costs.dtype_bytes == 1,
+                    expert_parallel=costs.expert_parallel,
                 )
             policies[policy] = entry
         out: dict[str, Any] = {
             "model": model,
             "hardware": costs.hardware,
             "tp": costs.tp,
+            "expert_parallel": costs.expert_parallel,
             "cost_model": base.columns()["cost_model"],
             "gpu_memory_utilization": base.gpu_memory_utilization,
             "num_blocks": base.serving.num_blocks,
@@ -285,10 +287,12 @@ def serve_commands(
     prefix_caching: bool = True,
     *,
     fp8: bool = False,
+    expert_parallel: bool = False,
 ) -> dict[str, str]:
     """The vLLM and SGLang launch lines for a chunked budget (presets and short names by their HF
-    repository; ``fp8``: fp8 weights and KV cache, as the simulation priced them);
-    both cache prefixes by default, so only a run without the cache says so."""
+    repository; ``fp8``: fp8 weights and KV cache, ``expert_parallel``: the experts split whole
+    over the ``tp`` GPUs, as the simulation priced them); both cache prefixes by default, so only
+    a run without the cache says so."""
     model = HF_REPOS.get(model) or AIC_SHORT_NAMES.get(model, model)
     vllm = (
         f"vllm serve {model} --max-num-batched-tokens {token_budget} --max-num-seqs {max_num_seqs} "
@@ -304,6 +308,9 @@ def serve_commands(
     if tp > 1:
         vllm += f" --tensor-parallel-size {tp}"
         sglang += f" --tp {tp}"
+    if expert_parallel:
+        vllm += " --enable-expert-parallel"  # EP over the TP group: vLLM's EP size is TP x DP
+        sglang += f" --ep-size {tp}"
     if fp8:
         vllm += " --quantization fp8 --kv-cache-dtype fp8"
         sglang += " --quantization fp8 --kv-cache-dtype fp8_e4m3"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stallfree.sim.report import on_gpus
 from stallfree.tune.slo import SLO_FLAGS, Slo
 
 
@@ -30,7 +31,7 @@ def format_tune(out: dict[str, Any]) -> str:
         (t["metrics"]["total_output_tokens"] - t["metrics"]["completed"] for t in out["trials"]), default=0
     )
     lines = [
-        f"{out['model']} on {out['tp']} x {out['hardware']} (cost model {out['cost_model']}"
+        f"{out['model']} on {on_gpus(out)} (cost model {out['cost_model']}"
         + (f" ({out['cost_model_note']})" if out.get("cost_model_note") else "")
         + f"; ridge ~{out['ridge_tokens']:,.0f} tokens)",
         f"workload: {wl['lengths']} lengths, {wl['arrival']} arrivals; each trial {wl['num_requests']:,} requests, "
