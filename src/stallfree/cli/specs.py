@@ -128,5 +128,6 @@ def run(args: argparse.Namespace) -> int:
             }
             pick = pick_cost_model(choice("full"))
         report["roofline"] = step_figures(pick.pricer, pick.kind, *figures)
+        report["roofline"]["expert_parallel"] = args.expert_parallel
     print(json.dumps(report, indent=2) if args.json else report_text(report))
     return 0

@@ -358,7 +358,8 @@ class AicCostModel:
         """What is priced from which table, and step times by tokens per step, for ``specs``."""
         return {
             "cost_model": "measured",
-            "source": f"aiconfigurator-core's {self.system} tables under {self.framework} {self.version}",
+            "source": f"aiconfigurator-core's {self.system} tables under {self.framework} {self.version}"
+            + (", experts split whole over the GPUs (EP)" if self.expert_parallel else ""),
             "model_id": self.model_id,
             "tp": self.tp,
             "ops": list(self.ops),

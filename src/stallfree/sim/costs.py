@@ -98,7 +98,6 @@ class CostPick:
     kind: Literal["weights-only", "full", "measured"]
     source: Source
     why: str  # a few words: what auto picked and why, or what was asked
-    expert_parallel: bool = False
 
     @property
     def measured(self) -> MeasuredCostModel | None:
@@ -149,17 +148,7 @@ def pick_cost_model(choice: CostChoice) -> CostPick:
         expert_parallel=choice.expert_parallel,
     )
     why = f"no measured table for {hardware.name}; auto" if auto else "asked"
-    return CostPick(
-        CostModel(config),
-        model,
-        hardware,
-        choice.tp,
-        dtype_bytes,
-        config.kind,
-        "roofline",
-        why,
-        choice.expert_parallel,
-    )
+    return CostPick(CostModel(config), model, hardware, choice.tp, dtype_bytes, config.kind, "roofline", why)
 
 
 def _profiled(choice: CostChoice, hardware: HardwareSpec, how: str) -> CostPick:
@@ -264,7 +253,6 @@ def _aic_pick(choice: CostChoice, model: ModelSpec, hardware: HardwareSpec, auto
         "measured",
         "aiconfigurator",
         f"{why}; auto" if auto and not asked else why,
-        choice.expert_parallel,
     )
 
 

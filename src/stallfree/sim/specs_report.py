@@ -176,7 +176,8 @@ def report_text(report: dict[str, Any]) -> str:
             f"  interconnect         {hw['interconnect_bandwidth_bytes_per_s'] / 1e9:.0f} GB/s per direction",
         ]
     if roof is not None:
-        lines += [f"roofline    tp={roof['tp']}, cost model {roof['cost_model']}", *_step_lines(roof)]
+        split = ", experts split whole over the GPUs (EP)" if roof.get("expert_parallel") else ""
+        lines += [f"roofline    tp={roof['tp']}{split}, cost model {roof['cost_model']}", *_step_lines(roof)]
     measured = report.get("measured")
     if measured is not None:
         lines += _measured_lines(measured)
