@@ -25,7 +25,7 @@ and at 128 tokens beside ``explain --profile``. ``--part engine`` instead puts `
 CPU worker binds one core here) beside vLLM: the long-prompt scenario at 1 and 16 streams,
 prefill-first / vLLM's default and chunked at 128 tokens.
 
-    make vllm && .venv/bin/python benchmarks/vllm_side_by_side.py --runs 2 --num-requests 60   # ~62 min on 2 cores
+    make vllm && .venv/bin/python benchmarks/vllm_side_by_side.py --runs 3 --num-requests 60   # ~71 min on 2 cores
     .venv/bin/python benchmarks/vllm_side_by_side.py --part long-prompt --runs 2   # ~12 min
     .venv/bin/python benchmarks/vllm_side_by_side.py --part engine          # ~10 min
     .venv/bin/python benchmarks/vllm_side_by_side.py --part prefix-cache --skip-profile --runs 2
