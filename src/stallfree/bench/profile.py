@@ -550,6 +550,12 @@ async def _measure(
             )
             unsteady = _spread(times) > UNSTEADY_SPREAD
             num_unsteady += unsteady
+            if attempts > 1:
+                log(
+                    f"note: {num_seqs} streams at {context} tokens decoded unevenly: measured {attempts} "
+                    "times, the steadiest kept"
+                    + (" (still uneven: left out of the fit where enough others remain)" if unsteady else "")
+                )
             stats = replace(_stats(times, t0), attempts=attempts, busy=unsteady)
             await kept(StepPoint("decode", (ctx,) * num_seqs, (), stats))
     sampling = await _sampling_points(session, grid, points)
