@@ -78,6 +78,8 @@ def test_validate_runs_both_sides_on_the_same_requests(
         ttft = result["metrics"]["median_ttft_ms"]
         assert ttft["measured"] > 0 and ttft["predicted"] > 0
         assert ttft["ratio"] == pytest.approx(ttft["predicted"] / ttft["measured"])
+        delay = result["metrics"]["median_scheduling_delay_ms"]  # the engine's scheduler is in the process
+        assert delay["measured"] >= 0 and delay["predicted"] >= 0
         # the simulation again with each kind of step at the speed this run's steps ran
         decode, prompt = result["run_step_scales"]
         assert decode == pytest.approx(1 / (1 + steps["decode_only"]["median_error"]))
@@ -158,6 +160,9 @@ def test_validate_takes_a_bench_result_as_the_measured_side(
     assert result["per_step"] is None and result["run_step_scales"] is None  # no step log: no run speed
     assert "at_run_speed" not in result["metrics"]["median_ttft_ms"]
     assert result["metrics"]["median_ttft_ms"]["measured"] == pytest.approx(100.0)
+    # a client cannot see when the server first scheduled a request: predicted only
+    delay = result["metrics"]["median_scheduling_delay_ms"]
+    assert delay["measured"] is None and delay["predicted"] >= 0
 
 
 def test_simulate_replays_a_bench_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

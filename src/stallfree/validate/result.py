@@ -29,6 +29,7 @@ METRICS: tuple[tuple[str, str], ...] = (
     ("ITL median (ms)", "median_itl_ms"),
     ("ITL p99 (ms)", "p99_itl_ms"),
     ("ITL max (ms)", "max_itl_ms"),
+    ("sched delay p50 (ms)", "median_scheduling_delay_ms"),  # measured in process only
     ("output tokens/s", "output_throughput"),
     ("requests/s", "request_throughput"),
     ("duration (s)", "duration"),
