@@ -194,6 +194,7 @@ def served_run(
     lengths: str,
     num_requests: int,
     seed: int,
+    text_seed: int | None = None,
 ) -> dict[str, Any]:
     """Poisson traffic at ``qps`` on the server, then validate --measured on the same requests;
     vLLM's own histogram of the time they queued before being scheduled."""
@@ -201,7 +202,8 @@ def served_run(
     queued = queue_buckets(base_url)
     before, started = load(), time.perf_counter()
     bench(base_url, result, "--scenario", "poisson", "--qps", f"{qps:.4f}", "--lengths", lengths,
-          "--num-requests", str(num_requests), "--seed", str(seed), "--temperature", "0")  # fmt: skip
+          "--num-requests", str(num_requests), "--seed", str(seed), "--temperature", "0",
+          *([] if text_seed is None else ["--text-seed", str(text_seed)]))  # fmt: skip
     wall_s = time.perf_counter() - started
     after = queue_buckets(base_url)
     body = json_of("validate", "--profile", str(profile), "--measured", str(result), *scheduler_flags(config))
@@ -272,8 +274,9 @@ def validate_part(args: argparse.Namespace) -> list[str]:
                     entry |= {"config": name, "long_prompt": measured, "long_prompt_predicted": predicted}
                     runs["runs"].append(entry)
                     print(json.dumps(entry), file=sys.stderr, flush=True)
-                if name == "tuned":  # tune's own trial at C and 1.25 C: the same requests (its seed 0)
-                    for share, run in itertools.product((1.0, 1.25), range(1, args.capacity_runs + 1)):
+                if name == "tuned":  # tune's own trial (its seed 0) at C and 1.25 C, fresh text each run
+                    capacity_runs = itertools.product(range(1, args.capacity_runs + 1), (1.0, 1.25))
+                    for i, (run, share) in enumerate(capacity_runs):
                         entry = served_run(
                             url,
                             out,
@@ -283,7 +286,8 @@ def validate_part(args: argparse.Namespace) -> list[str]:
                             share * capacity,
                             args.lengths,
                             args.capacity_requests,
-                            0,
+                            seed=0,
+                            text_seed=1000 + i,  # vLLM's prefix cache holds every earlier run's prompts
                         )
                         entry |= {"config": f"{share} x capacity", "slo_p99_itl_ms": slo_ms}
                         runs["runs"].append(entry)

@@ -168,15 +168,22 @@ def test_context_from_meta_n_ctx_and_sampling_passed_through(server: FakeLlamaSe
         assert llama_tokens(body["prompt"]) + 7 <= 1000 and body["max_tokens"] == 7
 
 
-def test_prompts_are_new_each_run_unless_seeded(server: FakeLlamaServer) -> None:
-    runs = []
-    for seed in ([], [], ["--seed", "4"], ["--seed", "4"]):
+def test_prompts_are_new_each_run_unless_seeded(server: FakeLlamaServer, tmp_path: Path) -> None:
+    runs, results = [], []
+    for i, seed in enumerate(([], [], ["--seed", "4"], ["--seed", "4"], ["--seed", "4", "--text-seed", "5"])):
         server.bodies.clear()
-        done = bench(server.url, *POISSON, "--lengths", "fixed:200,4", *seed)
+        out = tmp_path / f"r{i}.json"
+        done = bench(server.url, *POISSON, "--lengths", "uniform:100-300,4-4", *seed, "--save-result", str(out))
         assert done.returncode == 0, done.stderr
         runs.append({b["prompt"] for b in server.streamed()})
+        results.append(json.loads(out.read_text()))
     assert not runs[0] & runs[1]  # no prompt repeats across unseeded runs: no prompt-cache hits
     assert runs[2] == runs[3]
+    # --text-seed: the same arrivals and lengths as --seed 4, none of its prompts
+    assert not runs[4] & runs[2]
+    assert results[4]["requested_input_lens"] == results[2]["requested_input_lens"]
+    assert len(set(results[2]["requested_input_lens"])) > 1  # drawn, not all alike
+    assert results[4]["text_seed"] == 5 and "text_seed" not in results[2]
 
 
 def test_wrong_api_key_and_unwritable_result_fail_before_the_run(tmp_path: Path) -> None:

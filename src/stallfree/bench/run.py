@@ -32,11 +32,14 @@ CONTEXT_MARGIN = 0.05  # of the server's context, left free when capping lengths
 class BenchSpec:
     """What to run. ``workload`` None: the long-prompt scenario (``long_prompt``). ``sampling``:
     fields sent with every request. ``max_tokens`` replaces the workload's output lengths.
-    ``chars_per_token`` skips calibration. ``max_model_len`` None: what /v1/models lists."""
+    ``chars_per_token`` skips calibration. ``max_model_len`` None: what /v1/models lists.
+    ``text_seed``: a sampled workload's prompt text from its own seed (None: ``seed``), so that a
+    run can repeat another's arrivals and lengths with text no prompt cache holds."""
 
     base_url: str
     scenario: str
     seed: int
+    text_seed: int | None = None
     model: str | None = None
     api_key: str | None = None
     max_model_len: int | None = None
@@ -95,6 +98,7 @@ async def run_bench(
         "request_rate": spec.request_rate if spec.request_rate is not None else "inf",
         "burstiness": spec.burstiness if spec.burstiness is not None else 1.0,
         "seed": spec.seed,
+        **({} if spec.text_seed is None else {"text_seed": spec.text_seed}),
         "sampling": {k: v for k, v in endpoint.extra_body.items() if k != "ignore_eos"},
         "tokens_per_char": sizer.tokens_per_char,
         **summarize(run.records, run.itl, run.duration_s, spec.goodput),
@@ -169,9 +173,10 @@ async def _workload(
     arrays = sample(workload, spec.num_requests, spec.seed)
     if spec.max_tokens is not None:
         arrays.max_tokens[:] = spec.max_tokens
-    texts, capped = await _capped_prompts(http, endpoint, sizer, arrays, workload, spec.seed, note)
+    text_seed = spec.seed if spec.text_seed is None else spec.text_seed
+    texts, capped = await _capped_prompts(http, endpoint, sizer, arrays, workload, text_seed, note)
     run = await run_workload(
-        http, endpoint, arrays, sizer, seed=spec.seed, on_done=on_done, texts=texts, stop=stop
+        http, endpoint, arrays, sizer, seed=text_seed, on_done=on_done, texts=texts, stop=stop
     )
     if capped is not None:
         run.extra["prompt_caps"] = capped

@@ -41,6 +41,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "prompt cache sees a repeated prompt; the seed used is in the result)",
     )
     p.add_argument(
+        "--text-seed",
+        type=int,
+        help="seed of the prompt text alone (poisson and trace workloads; default: --seed): "
+        "another run's arrivals and lengths (its --seed) with text no prompt cache holds",
+    )
+    p.add_argument(
         "--max-model-len",
         type=positive_int,
         help="the server's context in tokens (default: what /v1/models lists: max_model_len, or "
@@ -159,6 +165,7 @@ def _spec(args: argparse.Namespace) -> Any:
         base_url=args.base_url,
         scenario=args.scenario,
         seed=random.SystemRandom().randrange(2**31) if args.seed is None else args.seed,
+        text_seed=args.text_seed,
         model=args.model,
         api_key=args.api_key,
         max_model_len=args.max_model_len,
