@@ -219,7 +219,8 @@ def validate_part(args: argparse.Namespace) -> list[str]:
     out, model_dir = args.out, saved_model(args)
     profile = out / "vllm-default.profile.json"
     rows = [
-        f"machine: {os.cpu_count()} CPUs, load {load()}; workload {args.lengths}, {args.num_requests} requests"
+        f"machine: {os.cpu_count()} CPUs, load {load()}; workload {args.lengths}, {args.num_requests} "
+        f"requests a validation run, {args.capacity_requests} a capacity run"
     ]
     runs: dict[str, Any] = {"runs": []}
     with vllm_server(model_dir, out / "vllm-default.log", []) as (base_url, kv_tokens):

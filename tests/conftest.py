@@ -10,3 +10,16 @@ import os
 # inherited by the servers the tests start as subprocesses).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_configure(config: object) -> None:
+    """Build the decode-attention kernel once, before the workers start: the engines the tests
+    make (and the servers they start, whose start-up waits are short) then load it from the cache
+    instead of each waiting out a ~1 min build on a cold machine."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    try:
+        from stallfree.engine.native import decode_attention_kernel
+    except ImportError:  # no torch: the engine's tests skip
+        return
+    decode_attention_kernel()

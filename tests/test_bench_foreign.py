@@ -173,7 +173,9 @@ def test_prompts_are_new_each_run_unless_seeded(server: FakeLlamaServer, tmp_pat
     for i, seed in enumerate(([], [], ["--seed", "4"], ["--seed", "4"], ["--seed", "4", "--text-seed", "5"])):
         server.bodies.clear()
         out = tmp_path / f"r{i}.json"
-        done = bench(server.url, *POISSON, "--lengths", "uniform:100-300,4-4", *seed, "--save-result", str(out))
+        done = bench(
+            server.url, *POISSON, "--lengths", "uniform:100-300,4-4", *seed, "--save-result", str(out)
+        )
         assert done.returncode == 0, done.stderr
         runs.append({b["prompt"] for b in server.streamed()})
         results.append(json.loads(out.read_text()))

@@ -24,6 +24,7 @@ from stallfree.core import ScheduledChunk, StepPlan
 from stallfree.engine.kv_cache import KVCache
 from stallfree.engine.model import LlamaModel
 from stallfree.engine.model_runner import ModelRunner
+from stallfree.engine.native import DecodeKernel, decode_attention_kernel
 from stallfree.engine.random_models import random_spec
 from stallfree.engine.tokenizer import random_tokenizer
 from stallfree.engine.weights import build_random_model, load_model, save_pretrained
@@ -71,14 +72,18 @@ def hf_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 
 
 def teacher_forced_logits(
-    model: LlamaModel, seqs: dict[str, list[int]], rng: random.Random, block_size: int = 4
+    model: LlamaModel,
+    seqs: dict[str, list[int]],
+    rng: random.Random,
+    block_size: int = 4,
+    decode_kernel: DecodeKernel | None = None,
 ) -> dict[tuple[str, int], torch.Tensor]:
     """Run random ragged steps over ``seqs``; logits keyed by (request, position)."""
     spec = model.spec
     total_blocks = sum(-(-len(s) // block_size) for s in seqs.values())
     pool = list(range(total_blocks + 5))
     rng.shuffle(pool)
-    runner = ModelRunner(model, KVCache(spec, len(pool), block_size, model.dtype))
+    runner = ModelRunner(model, KVCache(spec, len(pool), block_size, model.dtype), decode_kernel)
     computed = dict.fromkeys(seqs, 0)
     held = dict.fromkeys(seqs, 0)
     out: dict[tuple[str, int], torch.Tensor] = {}
@@ -103,13 +108,18 @@ def teacher_forced_logits(
     return out
 
 
-def test_ragged_paged_steps_match_transformers(checkpoint: Path) -> None:
+@pytest.mark.parametrize("decode_attention", ["torch", "compiled"])
+def test_ragged_paged_steps_match_transformers(checkpoint: Path, decode_attention: str) -> None:
+    kernel = None
+    if decode_attention == "compiled":
+        kernel = decode_attention_kernel()
+        assert kernel is not None, "the decode-attention kernel did not build (see the log)"
     ours, _ = load_model(str(checkpoint), torch.float32, "cpu")
     ref = hf_model(checkpoint)
     rng = random.Random(0)
     vocab = ours.spec.vocab_size
     seqs = {f"r{i}": [rng.randrange(vocab) for _ in range(rng.randint(2, 70))] for i in range(6)}
-    got = teacher_forced_logits(ours, seqs, rng)
+    got = teacher_forced_logits(ours, seqs, rng, decode_kernel=kernel)
     assert {pos for (_, pos) in got}  # every step produced logits
     for rid, ids in seqs.items():
         expected = hf_logits(ref, ids)

@@ -10,6 +10,9 @@ A step's tokens come in two groups (the batch builder orders them so):
 - then each multi-token chunk (a prompt chunk or a recompute) attends over its own
   context with causal masking inside the chunk, one call per chunk.
 
+With the compiled kernel (:mod:`stallfree.engine.native`, fp32 on the CPU) all the decodes
+instead go to it in one call, which reads each sequence's blocks in place.
+
 Grouped-query attention never copies K/V per query head and never asks SDPA for
 ``enable_gqa`` (many times slower in bf16 on CPU): decodes fold each KV head's group of
 query heads into extra query rows. A chunk with no earlier context puts the group in
@@ -28,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from stallfree.engine.native import DecodeKernel
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +65,27 @@ class ChunkAttention:
 
 
 @dataclass(frozen=True, slots=True)
+class NativeDecode:
+    """Single-token chunks in rows ``[0, num_seqs)``, attended by the compiled kernel."""
+
+    kernel: DecodeKernel
+    block_table: torch.Tensor  # [num_seqs, most blocks] long, zero-padded past each context
+    context_lens: torch.Tensor  # [num_seqs] long
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.context_lens.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
 class AttentionMetadata:
-    """Where each token's K/V is written, and what each token attends to."""
+    """Where each token's K/V is written, and what each token attends to (the decodes: in
+    ``decode_groups``, or all in ``native_decode``)."""
 
     slot_mapping: torch.Tensor  # [num_tokens] long: cache slot of each token
     decode_groups: tuple[DecodeGroup, ...]
     chunks: tuple[ChunkAttention, ...]
+    native_decode: NativeDecode | None = None
 
 
 def gather_rows(block_ids: torch.Tensor, kv_heads: int, num_blocks: int) -> torch.Tensor:
@@ -97,6 +117,17 @@ def paged_attention(
     value_rows = value_cache.view(kv_heads * num_blocks, block_size * head_dim)
 
     out = torch.empty(num_tokens, num_heads * head_dim, dtype=q.dtype, device=q.device)
+    native = meta.native_decode
+    if native is not None:
+        n = native.num_seqs
+        out[:n] = native.kernel(
+            q[:n].reshape(n, num_heads * head_dim).contiguous(),
+            key_cache,
+            value_cache,
+            native.block_table,
+            native.context_lens,
+            scale,
+        )
     decode_q: torch.Tensor | None = None
     for g in meta.decode_groups:
         rows = slice(g.start, g.start + g.num_seqs)

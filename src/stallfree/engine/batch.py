@@ -18,8 +18,15 @@ import torch
 
 from stallfree.core import ScheduledChunk
 from stallfree.core.config import ceil_div
-from stallfree.engine.attention import AttentionMetadata, ChunkAttention, DecodeGroup, gather_rows
+from stallfree.engine.attention import (
+    AttentionMetadata,
+    ChunkAttention,
+    DecodeGroup,
+    NativeDecode,
+    gather_rows,
+)
 from stallfree.engine.kv_cache import KVCache
+from stallfree.engine.native import DecodeKernel
 
 _GATHER_BYTES = 4 << 20
 
@@ -40,8 +47,10 @@ def build_inputs(
     kv_cache: KVCache,
     *,
     query_group: int,
+    decode_kernel: DecodeKernel | None = None,
 ) -> ModelInputs:
-    """``query_group``: query heads per KV head (the row folding of a chunk's attention mask)."""
+    """``query_group``: query heads per KV head (the row folding of a chunk's attention mask);
+    ``decode_kernel``: the compiled kernel that attends all decodes at once (else: in groups)."""
     device, dtype = kv_cache.key.device, kv_cache.key.dtype
     block_size, num_blocks, kv_heads = kv_cache.block_size, kv_cache.num_blocks, kv_cache.num_kv_heads
     # Decodes sorted by context length: each group then pads its contexts only a little.
@@ -65,15 +74,21 @@ def build_inputs(
         slots.append(table[pos // block_size] * block_size + pos % block_size)
         tables.append(table[: pos // block_size + 1])
     decode_groups = []
+    native = None
+    if decode_kernel is not None and decodes:
+        native = NativeDecode(
+            kernel=decode_kernel,
+            block_table=_padded(tables).to(device),
+            context_lens=torch.tensor(positions, dtype=torch.long, device=device) + 1,
+        )
     seqs_per_group = max(
         1, _GATHER_BYTES // max(1, kv_cache.bytes_per_block * max((len(t) for t in tables), default=1))
     )
-    for first in range(0, len(decodes), seqs_per_group):
+    for first in range(0, 0 if native else len(decodes), seqs_per_group):
         group_tables = tables[first : first + seqs_per_group]
-        width = max(len(t) for t in group_tables)
-        padded = torch.tensor([list(t) + [0] * (width - len(t)) for t in group_tables], dtype=torch.long)
+        padded = _padded(group_tables)
         context_lens = torch.tensor(positions[first : first + seqs_per_group], dtype=torch.long) + 1
-        padding = (torch.arange(width * block_size)[None, :] >= context_lens[:, None]).unsqueeze(1)
+        padding = (torch.arange(padded.shape[1] * block_size)[None, :] >= context_lens[:, None]).unsqueeze(1)
         decode_groups.append(
             DecodeGroup(
                 start=first,
@@ -114,6 +129,7 @@ def build_inputs(
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
         decode_groups=tuple(decode_groups),
         chunks=tuple(chunk_attn),
+        native_decode=native,
     )
     return ModelInputs(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
@@ -122,3 +138,9 @@ def build_inputs(
         logits_indices=torch.tensor(logit_rows, dtype=torch.long, device=device),
         sample_request_ids=tuple(sample_ids),
     )
+
+
+def _padded(tables: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Block tables as one ``[len(tables), longest]`` long tensor, zero-padded."""
+    width = max(len(t) for t in tables)
+    return torch.tensor([list(t) + [0] * (width - len(t)) for t in tables], dtype=torch.long)

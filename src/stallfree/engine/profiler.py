@@ -439,6 +439,8 @@ def _fingerprint(model: str, engine: LLMEngine) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "num_cpus": CpuMeter.num_cpus(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        # the compiled kernel (stallfree.engine.native) or torch's gathers and matmuls
+        "decode_attention": "compiled" if engine.model_runner.decode_kernel is not None else "torch",
         "torch": torch.__version__,
         "stallfree": __version__,
         "python": platform.python_version(),

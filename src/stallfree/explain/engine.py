@@ -20,6 +20,7 @@ from stallfree.core import CacheConfig, Executor, StepPlan, StepResult
 from stallfree.core.config import ceil_div
 from stallfree.engine.kv_cache import KVCache, free_memory_bytes, kv_bytes_per_block
 from stallfree.engine.model_runner import ModelRunner
+from stallfree.engine.native import kernel_for
 from stallfree.engine.profiling import measure_ridge, time_plan
 from stallfree.engine.weights import load_model
 
@@ -60,7 +61,9 @@ class EngineTimer:
                 f"more than the {free / 2**30:.1f} GiB free here"
             )
         self.model_runner = ModelRunner(
-            self.model, KVCache(spec, num_blocks, block_size, dtype, self.model.device)
+            self.model,
+            KVCache(spec, num_blocks, block_size, dtype, self.model.device),
+            kernel_for(self.model.device, dtype),
         )
         self.ridge_tolerance = ridge_tolerance
         self.seed = seed

@@ -1,0 +1,81 @@
+"""The compiled decode-attention kernel vs torch's path, in one engine, interleaved.
+
+S streams of ``--context``-token prompts are prefilled, then pure decode steps alternate, a few
+at a time, between the kernel (``stallfree.engine.native``, reading the paged blocks in place) and
+the torch path (blocks gathered with ``index_select``, then two matmuls), so the host's drift
+falls on both alike. Printed: each side's median executor step, the ratio, and the time to load
+(or first build) the kernel.
+
+    .venv/bin/python benchmarks/decode_attention_ab.py --model out/vllm/medium-fp32 --streams 1,16 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+
+from stallfree.core import SamplingParams
+from stallfree.engine import LLMEngine
+from stallfree.engine.native import decode_attention_kernel
+
+
+def ab(
+    engine: LLMEngine, streams: int, context: int, steps: int, block: int
+) -> tuple[list[float], list[float]]:
+    """Executor times of pure decode steps with the kernel and without, ``block`` at a time."""
+    rng = random.Random(streams)
+    vocab = engine.model.spec.vocab_size
+    params = SamplingParams(max_tokens=2 * steps + 4 * block + 16, temperature=0, ignore_eos=True)
+    for _ in range(streams):
+        engine.add_request(
+            prompt_token_ids=[rng.randrange(vocab) for _ in range(context)], sampling_params=params
+        )
+    kernel = engine.model_runner.decode_kernel
+    times: dict[bool, list[float]] = {True: [], False: []}
+    use = True
+    while len(times[False]) < steps:
+        engine.model_runner.decode_kernel = kernel if use else None
+        for _ in range(block):
+            step = engine.step().step
+            if (
+                step is not None
+                and step.plan.num_decode_tokens == streams
+                and not step.plan.num_prefill_tokens
+            ):
+                times[use].append(step.result.duration_s)
+        use = not use
+    return times[True], times[False]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="random:medium")
+    parser.add_argument("--streams", default="1,16")
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=40, help="timed steps each way")
+    parser.add_argument("--block", type=int, default=5, help="steps in a row before switching")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    if decode_attention_kernel() is None:
+        raise SystemExit("error: the decode-attention kernel did not build here (see the note above)")
+    print(f"kernel loaded (or built) in {time.perf_counter() - started:.1f} s")
+    print(
+        f"{args.model}, fp32, {torch.get_num_threads()} thread(s), CPU capability {torch.backends.cpu.get_cpu_capability()}"
+    )
+    print("| streams | context | step with the kernel ms (median) | torch's path ms | kernel / torch |")
+    print("|---:|---:|---:|---:|---:|")
+    for streams in (int(s) for s in args.streams.split(",")):
+        engine = LLMEngine(args.model, dtype="float32", policy="chunked", token_budget=2048, max_num_seqs=64)
+        on, off = ab(engine, streams, args.context, args.steps, args.block)
+        a, b = statistics.median(on) * 1000, statistics.median(off) * 1000
+        print(f"| {streams} | {args.context}+ | {a:.1f} | {b:.1f} | {a / b:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
