@@ -27,7 +27,7 @@ and at 128 tokens beside ``explain --profile``. ``--part engine`` instead puts `
 CPU worker binds one core here) beside vLLM: the long-prompt scenario at 1 and 16 streams,
 prefill-first / vLLM's default and chunked at 128 tokens.
 
-    make vllm && .venv/bin/python benchmarks/vllm_side_by_side.py --runs 3 --num-requests 60   # ~71 min on 2 cores
+    make vllm && .venv/bin/python benchmarks/vllm_side_by_side.py --runs 3 --num-requests 60   # ~100 min on 2 cores
     .venv/bin/python benchmarks/vllm_side_by_side.py --part long-prompt --runs 2   # ~12 min
     .venv/bin/python benchmarks/vllm_side_by_side.py --part engine          # ~10 min
     .venv/bin/python benchmarks/vllm_side_by_side.py --part prefix-cache --skip-profile --runs 2
@@ -506,7 +506,8 @@ def main() -> int:
         "--capacity-requests",
         type=int,
         default=150,
-        help="requests in tune's trials and in the runs at its capacity C and 1.25 x C (the same requests)",
+        help="requests in tune's trials (the budget it picks, its capacity C) and in the runs at C and "
+        "1.25 x C (the trial's arrivals and lengths)",
     )
     parser.add_argument("--capacity-runs", type=int, default=2, help="repeats of each capacity run")
     parser.add_argument("--load", type=float, default=0.65, help="share of the predicted capacity")
