@@ -73,31 +73,16 @@ def build_inputs(
         positions.append(pos)
         slots.append(table[pos // block_size] * block_size + pos % block_size)
         tables.append(table[: pos // block_size + 1])
-    decode_groups = []
     native = None
+    decode_groups: tuple[DecodeGroup, ...] = ()
     if decode_kernel is not None and decodes:
         native = NativeDecode(
             kernel=decode_kernel,
             block_table=_padded(tables).to(device),
             context_lens=torch.tensor(positions, dtype=torch.long, device=device) + 1,
         )
-    seqs_per_group = max(
-        1, _GATHER_BYTES // max(1, kv_cache.bytes_per_block * max((len(t) for t in tables), default=1))
-    )
-    for first in range(0, 0 if native else len(decodes), seqs_per_group):
-        group_tables = tables[first : first + seqs_per_group]
-        padded = _padded(group_tables)
-        context_lens = torch.tensor(positions[first : first + seqs_per_group], dtype=torch.long) + 1
-        padding = (torch.arange(padded.shape[1] * block_size)[None, :] >= context_lens[:, None]).unsqueeze(1)
-        decode_groups.append(
-            DecodeGroup(
-                start=first,
-                num_seqs=len(group_tables),
-                gather_rows=gather_rows(padded, kv_heads, num_blocks).to(device),
-                padding=padding.to(device),
-                max_context_len=max(positions[first : first + seqs_per_group]) + 1,
-            )
-        )
+    elif decodes:
+        decode_groups = _decode_groups(tables, positions, kv_cache)
 
     chunk_attn = []
     for c in multis:
@@ -127,7 +112,7 @@ def build_inputs(
 
     attn = AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-        decode_groups=tuple(decode_groups),
+        decode_groups=decode_groups,
         chunks=tuple(chunk_attn),
         native_decode=native,
     )
@@ -138,6 +123,31 @@ def build_inputs(
         logits_indices=torch.tensor(logit_rows, dtype=torch.long, device=device),
         sample_request_ids=tuple(sample_ids),
     )
+
+
+def _decode_groups(
+    tables: Sequence[Sequence[int]], positions: Sequence[int], kv_cache: KVCache
+) -> tuple[DecodeGroup, ...]:
+    """Decodes (``tables[i]`` and ``positions[i]``, row ``i``) in groups whose gathered K+V stays
+    under ``_GATHER_BYTES``."""
+    device, block_size = kv_cache.key.device, kv_cache.block_size
+    seqs_per_group = max(1, _GATHER_BYTES // max(1, kv_cache.bytes_per_block * max(len(t) for t in tables)))
+    groups = []
+    for first in range(0, len(tables), seqs_per_group):
+        group_tables = tables[first : first + seqs_per_group]
+        padded = _padded(group_tables)
+        context_lens = torch.tensor(positions[first : first + seqs_per_group], dtype=torch.long) + 1
+        padding = (torch.arange(padded.shape[1] * block_size)[None, :] >= context_lens[:, None]).unsqueeze(1)
+        groups.append(
+            DecodeGroup(
+                start=first,
+                num_seqs=len(group_tables),
+                gather_rows=gather_rows(padded, kv_cache.num_kv_heads, kv_cache.num_blocks).to(device),
+                padding=padding.to(device),
+                max_context_len=max(positions[first : first + seqs_per_group]) + 1,
+            )
+        )
+    return tuple(groups)
 
 
 def _padded(tables: Sequence[Sequence[int]]) -> torch.Tensor:
