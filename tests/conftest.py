@@ -13,13 +13,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 def pytest_configure(config: object) -> None:
-    """Build the decode-attention kernel once, before the workers start: the engines the tests
+    """Build the engine's compiled kernels once, before the workers start: the engines the tests
     make (and the servers they start, whose start-up waits are short) then load it from the cache
     instead of each waiting out a ~1 min build on a cold machine."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
     try:
-        from stallfree.engine.native import decode_attention_kernel
+        from stallfree.engine.native import native_module
     except ImportError:  # no torch: the engine's tests skip
         return
-    decode_attention_kernel()
+    native_module()

@@ -24,7 +24,7 @@ from stallfree.core import ScheduledChunk, StepPlan
 from stallfree.engine.kv_cache import KVCache
 from stallfree.engine.model import LlamaModel
 from stallfree.engine.model_runner import ModelRunner
-from stallfree.engine.native import DecodeKernel, decode_attention_kernel
+from stallfree.engine.native import LINEAR_ENV, DecodeKernel, decode_attention_kernel
 from stallfree.engine.random_models import random_spec
 from stallfree.engine.tokenizer import random_tokenizer
 from stallfree.engine.weights import build_random_model, load_model, save_pretrained
@@ -108,13 +108,15 @@ def teacher_forced_logits(
     return out
 
 
-@pytest.mark.parametrize("decode_attention", ["torch", "compiled"])
-def test_ragged_paged_steps_match_transformers(checkpoint: Path, decode_attention: str) -> None:
+@pytest.mark.parametrize("kernels", ["torch", "compiled"])
+def test_ragged_paged_steps_match_transformers(checkpoint: Path, kernels: str) -> None:
+    """fp32 through torch's ops, then through the compiled decode attention and panel matmuls."""
     kernel = None
-    if decode_attention == "compiled":
-        kernel = decode_attention_kernel()
-        assert kernel is not None, "the decode-attention kernel did not build (see the log)"
     ours, _ = load_model(str(checkpoint), torch.float32, "cpu")
+    if kernels == "compiled":
+        kernel = decode_attention_kernel()
+        assert kernel is not None, "the compiled kernels did not build (see the log)"
+        assert ours.prepack_cpu_weights() and ours.weights.kind == "panels"
     ref = hf_model(checkpoint)
     rng = random.Random(0)
     vocab = ours.spec.vocab_size
@@ -172,20 +174,27 @@ def test_saved_checkpoint_is_a_plain_hf_folder(checkpoint: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("variant", "dtype"),
+    ("variant", "dtype", "kind"),
     [
-        ("llama-gqa-untied", torch.bfloat16),
-        ("qwen2-bias-tied", torch.bfloat16),
-        ("llama-gqa-untied", torch.float32),
+        ("llama-gqa-untied", torch.bfloat16, "onednn"),
+        ("qwen2-bias-tied", torch.bfloat16, "onednn"),
+        ("llama-gqa-untied", torch.float32, "onednn"),
+        ("llama-gqa-untied", torch.float32, "panels"),
+        ("qwen2-bias-tied", torch.float32, "panels"),
     ],
 )
-def test_prepacked_weights_give_the_plain_logits(variant: str, dtype: torch.dtype) -> None:
+def test_prepacked_weights_give_the_plain_logits(
+    variant: str, dtype: torch.dtype, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """bf16: bit for bit. fp32's packed kernels sum in another order: within rounding, same argmax."""
+    if kind == "onednn":
+        monkeypatch.setenv(LINEAR_ENV, "0")
     spec = VARIANTS[variant]
     plain = build_random_model(spec, dtype, "cpu", seed=2)
     packed = build_random_model(spec, dtype, "cpu", seed=2)
     if not packed.prepack_cpu_weights():
         pytest.skip("no oneDNN weight packing in this torch build")
+    assert packed.weights.kind == kind
     rng = random.Random(1)
     seqs = {f"r{i}": [rng.randrange(spec.vocab_size) for _ in range(rng.randint(2, 40))] for i in range(4)}
     got = [teacher_forced_logits(m, seqs, random.Random(3)) for m in (plain, packed)]

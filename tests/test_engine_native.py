@@ -1,7 +1,8 @@
-"""The compiled decode-attention kernel: the same numbers as a plain softmax over the blocks,
-refusals of what it does not take, and the torch path where it cannot build or is turned off.
-(Its logits against transformers: ``test_engine_model.py``; the engine's greedy tokens with it:
-``test_engine_engine.py``, since the engine uses it for fp32 on the CPU.)"""
+"""The compiled kernels: decode attention against a plain softmax over the blocks, the panel
+matmul against an fp64 one, refusals of what they do not take, and torch's ops where they cannot
+build or are turned off. (Their logits against transformers: ``test_engine_model.py``; the
+engine's greedy tokens with them: ``test_engine_engine.py``, since the engine uses both for fp32
+on the CPU.)"""
 
 from __future__ import annotations
 
@@ -12,15 +13,22 @@ import pytest
 import torch
 
 from stallfree.engine import native
-from stallfree.engine.native import decode_attention_kernel, kernel_for
+from stallfree.engine.native import (
+    decode_attention_kernel,
+    kernel_for,
+    linear_kernel_for,
+    native_module,
+    pack_panels,
+    panel_linear_kernel,
+)
 
 
 @pytest.fixture
 def fresh_kernel() -> Iterator[None]:
     """Forget the process's kernel before and after (the next call builds or loads it again)."""
-    decode_attention_kernel.cache_clear()
+    native_module.cache_clear()
     yield
-    decode_attention_kernel.cache_clear()
+    native_module.cache_clear()
 
 
 def reference(
@@ -83,10 +91,10 @@ def test_where_it_cannot_build_the_engine_says_so_once_and_uses_torch(
     monkeypatch.setattr("torch.utils.cpp_extension.load_inline", no_compiler)
     with caplog.at_level(logging.WARNING, logger=native.__name__):
         assert kernel_for(torch.device("cpu"), torch.float32) is None
-        assert kernel_for(torch.device("cpu"), torch.float32) is None
+        assert linear_kernel_for(torch.device("cpu"), torch.float32) is None
     notes = [r.getMessage() for r in caplog.records]
     assert notes == [
-        "note: decode attention runs through torch; its compiled kernel did not build "
+        "note: the engine runs torch's ops; its compiled kernels did not build "
         "(Error building extension: c++: command not found)"
     ]
 
@@ -96,5 +104,41 @@ def test_it_is_off_where_it_does_not_apply_or_is_turned_off(
 ) -> None:
     assert kernel_for(torch.device("cpu"), torch.bfloat16) is None
     assert kernel_for(torch.device("cuda"), torch.float32) is None
-    monkeypatch.setenv(native.ENV, "0")
+    monkeypatch.setenv(native.ATTENTION_ENV, "0")
     assert kernel_for(torch.device("cpu"), torch.float32) is None
+    assert linear_kernel_for(torch.device("cpu"), torch.float32) is not None
+    monkeypatch.setenv(native.LINEAR_ENV, "0")
+    assert linear_kernel_for(torch.device("cpu"), torch.float32) is None
+    assert linear_kernel_for(torch.device("cpu"), torch.bfloat16) is None
+
+
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 16, 129])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_panel_linear_matches_an_fp64_matmul(rows: int, with_bias: bool) -> None:
+    linear = panel_linear_kernel()
+    assert linear is not None, "the compiled kernels did not build (see the log)"
+    gen = torch.Generator().manual_seed(rows)
+    out_features, in_features = 37, 100  # a partial last panel, K not a multiple of 8
+    weight = torch.randn(out_features, in_features, generator=gen)
+    x = torch.randn(rows, in_features, generator=gen)
+    bias = torch.randn(out_features, generator=gen) if with_bias else None
+    panels = pack_panels(weight)
+    assert panels.shape == (3, in_features, 16) and not panels[2, :, 5:].any()
+    want = x.double() @ weight.double().T + (0 if bias is None else bias.double())
+    got = linear(x, panels, bias, out_features)
+    assert got.shape == (rows, out_features)
+    assert (got.double() - want).abs().max().item() < 1e-4
+
+
+def test_panel_linear_refuses_what_it_does_not_take() -> None:
+    linear = panel_linear_kernel()
+    assert linear is not None
+    panels = pack_panels(torch.ones(20, 8))
+    with pytest.raises(RuntimeError, match="fp32 only"):
+        linear(torch.ones(2, 8).bfloat16(), panels, None, 20)
+    with pytest.raises(RuntimeError, match="x has 9 features, the weight 8"):
+        linear(torch.ones(2, 9), panels, None, 20)
+    with pytest.raises(RuntimeError, match="2 panels cannot hold 40 features"):
+        linear(torch.ones(2, 8), panels, None, 40)
+    with pytest.raises(RuntimeError, match="bias must be fp32"):
+        linear(torch.ones(2, 8), panels, torch.ones(19), 20)

@@ -25,6 +25,7 @@ from torch import nn
 from stallfree.engine.attention import AttentionMetadata, paged_attention
 from stallfree.engine.dtypes import prepacks
 from stallfree.engine.kv_cache import KVCache
+from stallfree.engine.native import PanelLinear, linear_kernel_for, pack_panels
 from stallfree.specs import ModelSpec
 from stallfree.specs.model import ENGINE_ARCHITECTURES
 
@@ -72,32 +73,46 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device | str | None) -
 
 
 class PackedWeights:
-    """Matmul weights pre-packed for oneDNN on CPU, and the one ``linear`` every matmul goes through.
+    """Matmul weights packed once at load on CPU, and the one ``linear`` every matmul goes through.
 
-    oneDNN otherwise re-lays out a bf16 weight on every call; pre-packed once at load,
-    small-batch (decode) matmuls run 1.5-2.7x faster, large ones ~1.2x, with bit-identical
-    results in bf16. In fp32 (on an AVX2-only EPYC, one thread) a 16-stream decode step of
-    random:medium went from 186-197 ms to 107-123 ms. A weight that was never packed goes
-    through ``F.linear``.
+    fp32 with the engine's compiled kernels (:mod:`stallfree.engine.native`): panels of 16 output
+    features for ``panel_linear``, which on an AVX2-only EPYC (one thread) ran random:medium's
+    matmuls 1.2-1.4x faster than oneDNN's at 1-16 rows and 1.0-1.2x at 129-2,048
+    (``benchmarks/linear_kernel_ab.py``). Otherwise oneDNN's blocked layout: it otherwise
+    re-lays out a bf16 weight on every call; pre-packed once, small-batch (decode) matmuls run
+    1.5-2.7x faster, large ones ~1.2x, with bit-identical results in bf16. A weight that was never
+    packed goes through ``F.linear``. ``kind`` says which ("panels", "onednn", or "" for none).
     """
 
     def __init__(self) -> None:
-        self._packed: dict[int, torch.Tensor] = {}  # id(weight) -> its packed copy
+        self._packed: dict[int, tuple[torch.Tensor, int]] = {}  # id(weight) -> (its packed copy, rows)
+        self._panel_linear: PanelLinear | None = None
+        self.kind = ""
 
     def __bool__(self) -> bool:
         return bool(self._packed)
 
-    def pack(self, weights: list[torch.Tensor], keep: torch.Tensor) -> None:
-        """Pack ``weights``; every original but ``keep`` is then freed (its packed copy replaces it)."""
+    def pack(self, weights: list[torch.Tensor], keep: torch.Tensor, panel_linear: PanelLinear | None) -> None:
+        """Pack ``weights`` for ``panel_linear``, or for oneDNN where it is None; every original but
+        ``keep`` is then freed (its packed copy replaces it)."""
+        self._panel_linear = panel_linear
+        self.kind = "onednn" if panel_linear is None else "panels"
         for weight in weights:
-            self._packed[id(weight)] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
+            if panel_linear is None:
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
+            else:
+                packed = pack_panels(weight)
+            self._packed[id(weight)] = (packed, weight.shape[0])
             if weight is not keep:
                 weight.data = torch.empty(0, dtype=weight.dtype)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        packed = self._packed.get(id(weight))
-        if packed is None:
+        entry = self._packed.get(id(weight))
+        if entry is None:
             return F.linear(x, weight, bias)
+        packed, out_features = entry
+        if self._panel_linear is not None:
+            return self._panel_linear(x.contiguous(), packed, bias, out_features)
         out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
         return out
 
@@ -205,24 +220,27 @@ class LlamaModel(nn.Module):
         return [cast(DecoderLayer, layer) for layer in self.layers]
 
     def prepack_cpu_weights(self) -> bool:
-        """On CPU, pre-pack every matmul weight into oneDNN's blocked layout.
+        """On CPU, pack every matmul weight once: panels for the compiled fp32 kernel, else oneDNN's
+        blocked layout.
 
-        See :class:`PackedWeights`. Packed copies replace the originals, except the
-        embedding (also needed for its row lookup), so the model can run but no longer be
-        saved. In fp32 (what an AVX2-only CPU runs) the packed kernels sum in another order
-        (logits within 4e-6 of the plain ones on the tests' models): the engine serves with them,
-        the reference checks against transformers run the plain model. Returns whether anything
-        was packed.
+        See :class:`PackedWeights`. Packed copies replace the originals, except the embedding
+        (also needed for its row lookup), so the model can run but no longer be saved. In fp32
+        both packed kernels sum in another order than torch's plain matmul (logits within 1e-5 of
+        the plain ones on the tests' models): the engine serves with them, the reference checks
+        against transformers run the plain model. Returns whether anything was packed.
         """
-        packable = self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float16, torch.float32)
+        if self.weights or self.device.type != "cpu":
+            return False
+        panel_linear = linear_kernel_for(self.device, self.dtype)
         # torch refuses to pack bf16 without AVX-512 (or AVX-NE-CONVERT), fp16 without AVX512-FP16:
         # those CPUs run the same weights unpacked, through F.linear.
-        if self.weights or not packable or not prepacks(self.dtype):
+        onednn = self.dtype in (torch.bfloat16, torch.float16, torch.float32) and prepacks(self.dtype)
+        if panel_linear is None and not onednn:
             return False
         weights = [self.lm_head_weight()]
         for layer in self.decoder_layers():
             weights += layer.matmul_weights()
-        self.weights.pack(weights, keep=self.embed_tokens)
+        self.weights.pack(weights, keep=self.embed_tokens, panel_linear=panel_linear)
         return True
 
     @property

@@ -1,13 +1,18 @@
-"""The compiled decode-attention kernel (``csrc/decode_attention.cpp``) for fp32 on the CPU.
+"""The engine's compiled CPU kernels (``csrc/*.cpp``), fp32: decode attention and the linear layers.
 
-It attends each single-token row over its sequence's K/V blocks where they lie in the paged
-cache, instead of copying them out first (``index_select``) as the torch path does. Built once
-per machine with torch's JIT extension loader (gcc or clang, and ninja), at engine start-up,
-never by a request; the build is cached under torch's extension folder, named by the CPU
-capability it was compiled for (so a home folder shared by an AVX-512 and an AVX2 machine holds
-one build for each, and neither loads the other's). Where it cannot build (no compiler, a build
-error) the engine says so in one line and attends through torch. ``STALLFREE_NATIVE_ATTENTION=0``
-turns it off.
+- ``decode_attention`` attends each single-token row over its sequence's K/V blocks where they
+  lie in the paged cache, instead of copying them out first (``index_select``) as the torch path
+  does.
+- ``panel_linear`` multiplies by a weight packed in panels of 16 output features
+  (:func:`pack_panels`); it replaces oneDNN's fp32 matmuls, for decode (one weight read per step)
+  and prefill alike.
+
+Both are built once per machine, as one extension, with torch's JIT extension loader (gcc or
+clang, and ninja), at engine start-up, never by a request; the build is cached under torch's
+extension folder, named by the CPU capability it was compiled for (so a home folder shared by an
+AVX-512 and an AVX2 machine holds one build for each, and neither loads the other's). Where it
+cannot build (no compiler, a build error) the engine says so in one line and runs torch's ops.
+``STALLFREE_NATIVE_ATTENTION=0`` / ``STALLFREE_NATIVE_LINEAR=0`` turn either off.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -30,8 +36,16 @@ DecodeKernel = Callable[
 """(q [n, heads * D], key cache, value cache, block table [n, width], context lens [n], scale)
 -> [n, heads * D]"""
 
-SOURCE = Path(__file__).with_name("csrc") / "decode_attention.cpp"
-ENV = "STALLFREE_NATIVE_ATTENTION"
+PanelLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
+"""(x [M, K], panels [ceil(N / 16), K, 16], bias [N] or None, N) -> [M, N]"""
+
+SOURCES = (
+    Path(__file__).with_name("csrc") / "decode_attention.cpp",
+    Path(__file__).with_name("csrc") / "linear.cpp",
+)
+ATTENTION_ENV = "STALLFREE_NATIVE_ATTENTION"
+LINEAR_ENV = "STALLFREE_NATIVE_LINEAR"
+PANEL = 16  # output features per panel of a packed weight
 
 # Instruction sets by torch's own reading of the CPU; never -march=native, whose build would carry
 # the building machine's every extension to whichever machine finds it in the cache.
@@ -44,47 +58,67 @@ _ISA_FLAGS = {
 _CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math"]
 
 
-def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0"
+def enabled(env: str) -> bool:
+    return os.environ.get(env, "1") != "0"
 
 
 @functools.cache
-def decode_attention_kernel() -> DecodeKernel | None:
-    """The kernel, built or loaded from the cache; None where it cannot be (said once, in one
-    line) or ``STALLFREE_NATIVE_ATTENTION=0``."""
-    if not enabled():
-        return None
+def native_module() -> Any | None:
+    """The extension, built or loaded from the cache; None where it cannot be (said once, in one
+    line)."""
     capability = torch.backends.cpu.get_cpu_capability()
     flags = [*_CFLAGS, *_ISA_FLAGS.get(capability, [])]
-    source = SOURCE.read_text()
-    digest = hashlib.sha256("\0".join([source, torch.__version__, *flags]).encode()).hexdigest()[:12]
-    name = f"stallfree_decode_attention_{capability.lower()}_{digest}"
+    sources = [path.read_text() for path in SOURCES]
+    digest = hashlib.sha256("\0".join([*sources, torch.__version__, *flags]).encode()).hexdigest()[:12]
+    name = f"stallfree_native_{capability.lower()}_{digest}"
     started = time.perf_counter()
     try:
         from torch.utils.cpp_extension import load_inline
 
         module = load_inline(  # type: ignore[no-untyped-call]
-            name, cpp_sources=source, functions=["decode_attention"], extra_cflags=flags
+            name, cpp_sources=sources, functions=["decode_attention", "panel_linear"], extra_cflags=flags
         )
-    except Exception as exc:  # no compiler or ninja, a build error: torch's path attends instead
+    except Exception as exc:  # no compiler or ninja, a build error: torch's ops run instead
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        _log.warning(
-            "note: decode attention runs through torch; its compiled kernel did not build (%s)", reason
-        )
+        _log.warning("note: the engine runs torch's ops; its compiled kernels did not build (%s)", reason)
         return None
     elapsed = time.perf_counter() - started
     if elapsed > 2:
         _log.warning(
-            "note: built the decode-attention kernel for %s in %.0f s (cached for later starts)",
-            capability,
-            elapsed,
+            "note: built the engine's kernels for %s in %.0f s (cached for later starts)", capability, elapsed
         )
-    kernel: DecodeKernel = module.decode_attention
-    return kernel
+    return module
+
+
+def decode_attention_kernel() -> DecodeKernel | None:
+    """The decode-attention kernel; None where the kernels cannot build or
+    ``STALLFREE_NATIVE_ATTENTION=0``."""
+    module = native_module() if enabled(ATTENTION_ENV) else None
+    return None if module is None else cast(DecodeKernel, module.decode_attention)
+
+
+def panel_linear_kernel() -> PanelLinear | None:
+    """The packed-weight matmul; None where the kernels cannot build or ``STALLFREE_NATIVE_LINEAR=0``."""
+    module = native_module() if enabled(LINEAR_ENV) else None
+    return None if module is None else cast(PanelLinear, module.panel_linear)
+
+
+def _applies(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cpu" and dtype == torch.float32
 
 
 def kernel_for(device: torch.device, dtype: torch.dtype) -> DecodeKernel | None:
-    """The kernel where it applies (fp32 on the CPU), else None: torch's path attends."""
-    if device.type != "cpu" or dtype != torch.float32:
-        return None
-    return decode_attention_kernel()
+    """The decode-attention kernel where it applies (fp32 on the CPU), else None: torch attends."""
+    return decode_attention_kernel() if _applies(device, dtype) else None
+
+
+def linear_kernel_for(device: torch.device, dtype: torch.dtype) -> PanelLinear | None:
+    """The packed-weight matmul where it applies (fp32 on the CPU), else None: oneDNN or torch."""
+    return panel_linear_kernel() if _applies(device, dtype) else None
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` ([N, K]) as ``[ceil(N / 16), K, 16]`` panels, zero rows past N, for ``panel_linear``."""
+    n, k = weight.shape
+    padded = torch.nn.functional.pad(weight.detach(), (0, 0, 0, -n % PANEL))
+    return padded.view(-1, PANEL, k).transpose(1, 2).contiguous()

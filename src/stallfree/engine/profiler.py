@@ -441,6 +441,8 @@ def _fingerprint(model: str, engine: LLMEngine) -> dict[str, Any]:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         # the compiled kernel (stallfree.engine.native) or torch's gathers and matmuls
         "decode_attention": "compiled" if engine.model_runner.decode_kernel is not None else "torch",
+        # how the matmuls run: the compiled kernel's panels, oneDNN's packed weights, or torch's
+        "linear": engine.model.weights.kind or "torch",
         "torch": torch.__version__,
         "stallfree": __version__,
         "python": platform.python_version(),
