@@ -60,6 +60,10 @@ def test_save_model_then_generate_from_the_folder(tmp_path: Path, capsys: pytest
         (["generate", "--model", "random:huge", "--prompt", "x"], "unknown random model preset"),
         (["generate", *TINY, "--prompt", "x " * 2000], "context"),
         (["generate", *TINY, "--prompt", "x", "--dtype", "int3"], "invalid choice: 'int3'"),
+        (
+            ["generate", *TINY, "--prompt", "x", "--quantization", "q8_0", "--dtype", "bfloat16"],
+            "q8_0 weights run on the CPU with fp32 activations (--dtype float32), not bfloat16 on cpu",
+        ),
         (["save-model", "/some/folder", "/tmp/x"], "random:<preset> models only"),
     ],
 )

@@ -96,6 +96,20 @@ def test_f32_gguf_generates_the_same_greedy_tokens_as_the_checkpoint(llama_f32: 
     assert [o.prompt_token_ids for o in from_gguf] == [o.prompt_token_ids for o in from_folder]
 
 
+def test_q8_0_gguf_runs_on_its_own_int8_blocks(tmp_path: Path) -> None:
+    """--quantization q8_0 on a Q8_0 file: the same greedy tokens as its dequantized fp32 weights,
+    with a quarter of their bytes; bf16 activations are refused in one line."""
+    model, tokenizer = _model()
+    path = write_gguf(tmp_path / "q8.gguf", model, tokenizer, Q.Q8_0)
+    quantized = LLM(str(path), quantization="q8_0", **ENGINE)
+    weights = quantized.engine.model.weights
+    assert weights.kind == "q8_0" and quantized.engine.model.layers[0].qkv_proj.numel() == 0
+    from_fp32 = LLM(str(path), **ENGINE).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in quantized.generate(PROMPTS, GREEDY)] == [o.token_ids for o in from_fp32]
+    with pytest.raises(ValueError, match="q8_0 weights run on the CPU with fp32 activations"):
+        LLM(str(path), quantization="q8_0", **{**ENGINE, "dtype": "bfloat16"})
+
+
 def test_f32_gguf_matches_transformers_gguf_loader(llama_f32: tuple[Path, Path]) -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")

@@ -9,8 +9,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
+import gguf
+import numpy as np
 import pytest
 import torch
+from gguf.quants import dequantize, quantize
 
 from stallfree.engine import native
 from stallfree.engine.native import (
@@ -19,7 +22,9 @@ from stallfree.engine.native import (
     linear_kernel_for,
     native_module,
     pack_panels,
+    pack_q8_panels,
     panel_linear_kernel,
+    q8_panel_linear_kernel,
 )
 
 
@@ -134,7 +139,7 @@ def test_panel_linear_refuses_what_it_does_not_take() -> None:
     linear = panel_linear_kernel()
     assert linear is not None
     panels = pack_panels(torch.ones(20, 8))
-    with pytest.raises(RuntimeError, match="fp32 only"):
+    with pytest.raises(RuntimeError, match="fp32 activations only"):
         linear(torch.ones(2, 8).bfloat16(), panels, None, 20)
     with pytest.raises(RuntimeError, match="x has 9 features, the weight 8"):
         linear(torch.ones(2, 9), panels, None, 20)
@@ -142,3 +147,57 @@ def test_panel_linear_refuses_what_it_does_not_take() -> None:
         linear(torch.ones(2, 8), panels, None, 40)
     with pytest.raises(RuntimeError, match="bias must be fp32"):
         linear(torch.ones(2, 8), panels, torch.ones(19), 20)
+
+
+def unpack_q8(
+    panels: torch.Tensor, scales: torch.Tensor, out_features: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed Q8_0 panels back to ``q`` [N, blocks, 32] and ``d`` [N, blocks]."""
+    _, blocks, _, _ = panels.shape
+    q = panels.permute(0, 3, 1, 2).reshape(-1, blocks, 32)[:out_features]
+    d = scales.permute(0, 2, 1).reshape(-1, blocks)[:out_features]
+    return q, d
+
+
+def test_q8_packing_keeps_a_q8_0_files_blocks_bit_for_bit() -> None:
+    """The loader dequantizes a Q8_0 GGUF to q * d; packing gives back the file's q and d, and
+    packing the original weights gives the Q8_0 that llama.cpp's quantizer (gguf's copy) makes."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(40, 96, generator=gen) * torch.logspace(-3, 1, 40)[:, None]  # scales far apart
+    weight[3, 32:64] = 0  # an all-zero block: d = 0
+    raw = quantize(weight.numpy(), gguf.GGMLQuantizationType.Q8_0).reshape(40, 3, 34)
+    file_d = torch.from_numpy(raw[..., :2].copy().view(np.float16)[..., 0].astype(np.float32))
+    file_q = torch.from_numpy(raw[..., 2:].copy().view(np.int8))
+    stored = torch.from_numpy(dequantize(raw.reshape(40, -1), gguf.GGMLQuantizationType.Q8_0))
+    for source in (stored, weight):
+        panels, scales = pack_q8_panels(source)
+        assert panels.dtype == torch.int8 and panels.shape == (3, 3, 32, 16) and scales.shape == (3, 3, 16)
+        q, d = unpack_q8(panels, scales, 40)
+        assert torch.equal(q, file_q) and torch.equal(d, file_d)
+        assert not panels[2, :, :, 8:].any()  # features past N are zero
+
+
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 129])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_q8_panel_linear_matches_an_fp64_matmul_over_the_dequantized_weight(
+    rows: int, with_bias: bool
+) -> None:
+    linear = q8_panel_linear_kernel()
+    assert linear is not None, "the compiled kernels did not build (see the log)"
+    gen = torch.Generator().manual_seed(rows)
+    out_features, in_features = 37, 100  # a partial last panel and a partial last block
+    weight = torch.randn(out_features, in_features, generator=gen)
+    x = torch.randn(rows, in_features, generator=gen)
+    bias = torch.randn(out_features, generator=gen) if with_bias else None
+    panels, scales = pack_q8_panels(weight)
+    q, d = unpack_q8(panels, scales, out_features)
+    dequantized = (q.double() * d.double()[..., None]).reshape(out_features, -1)[:, :in_features]
+    # within half a step of each block's scale, plus d's rounding to fp16 (up to 127 x 2^-11 of d)
+    step = d.double().repeat_interleave(32, dim=1)[:, :in_features]
+    assert ((dequantized - weight.double()).abs() <= 0.57 * step).all()
+    want = x.double() @ dequantized.T + (0 if bias is None else bias.double())
+    got = linear(x, panels, scales, bias, out_features)
+    assert got.shape == (rows, out_features)
+    assert (got.double() - want).abs().max().item() < 1e-4
+    with pytest.raises(RuntimeError, match="x has 64 features, the weight 4 blocks of 32"):
+        linear(x[:, :64].contiguous(), panels, scales, bias, out_features)

@@ -225,6 +225,21 @@ def add_dtype_arg(parser: argparse._ActionsContainer, what: str = "weights and K
     )
 
 
+# stallfree.engine.model.QUANTIZATIONS, spelled out so that parsing never imports torch.
+QUANTIZATIONS = ("q8_0",)
+
+
+def add_quantization_arg(parser: argparse._ActionsContainer) -> None:
+    """``--quantization``: how the engine stores its matmul weights."""
+    parser.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        help="q8_0: the matmul weights as llama.cpp's Q8_0 (int8 in blocks of 32, one scale each; "
+        "a Q8_0 GGUF's own blocks, bit for bit), fp32 activations, on the CPU (default: the "
+        "weights in --dtype)",
+    )
+
+
 ENGINE_MODELS = "random:<preset>, a GGUF file (a .gguf path or a short name: smollm2) or a local HF folder"
 """The models the PyTorch engine loads (stallfree.engine.weights.load_model), as help text says it."""
 

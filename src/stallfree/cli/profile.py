@@ -14,6 +14,7 @@ from stallfree.cli.common import (
     ENGINE_MODELS,
     UsageError,
     add_dtype_arg,
+    add_quantization_arg,
     check_writable,
     positive_float,
     positive_int,
@@ -59,6 +60,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--out", required=True, help="profile JSON file to write")
     add_dtype_arg(p)
+    add_quantization_arg(p)
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
     p.add_argument(
@@ -160,6 +162,7 @@ def _engine_profile(args: argparse.Namespace, log: Callable[[str], None]) -> Ste
         model=args.model or "random:medium",
         dtype=args.dtype,
         device=args.device,
+        quantization=args.quantization,
         threads=args.threads,
         max_num_seqs=args.max_num_seqs or 64,
         quick=args.quick,

@@ -8,7 +8,14 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stallfree.cli.common import ENGINE_MODELS, UsageError, add_dtype_arg, positive_float, positive_int
+from stallfree.cli.common import (
+    ENGINE_MODELS,
+    UsageError,
+    add_dtype_arg,
+    add_quantization_arg,
+    positive_float,
+    positive_int,
+)
 
 if TYPE_CHECKING:
     from stallfree.core.serving import ServingConfig
@@ -151,9 +158,10 @@ def serving_configs(args: argparse.Namespace) -> list[ServingConfig]:
 
 
 def add_engine_args(parser: argparse._ActionsContainer) -> None:
-    """The PyTorch engine's options: ``--model --dtype --device`` and the serving flags (generate, serve)."""
+    """The PyTorch engine's options: ``--model --dtype --quantization --device`` and the serving flags (generate, serve)."""
     parser.add_argument("--model", default="random:small", help=f"{ENGINE_MODELS} (default %(default)s)")
     add_dtype_arg(parser)
+    add_quantization_arg(parser)
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     add_serving_args(parser)
     parser.add_argument(
@@ -168,7 +176,12 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The engine options of parsed ``args``, as ``LLMEngine`` keyword arguments; with
     ``--step-budget-ms`` the ``--profile``'s measured model is the step-time predictor."""
     serving = serving_config(args)
-    kwargs: dict[str, Any] = {"dtype": args.dtype, "device": args.device, "serving": serving}
+    kwargs: dict[str, Any] = {
+        "dtype": args.dtype,
+        "device": args.device,
+        "quantization": args.quantization,
+        "serving": serving,
+    }
     profile = getattr(args, "profile", None)
     if serving.step_budget_ms is not None:
         if profile is None:

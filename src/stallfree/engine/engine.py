@@ -144,6 +144,7 @@ class LLMEngine:
         *,
         dtype: str = "auto",
         device: str | None = None,
+        quantization: str | None = None,
         serving: ServingConfig | None = None,
         scheduler_policy: Policy | None = None,
         kv_cache_memory_fraction: float | None = None,
@@ -151,7 +152,9 @@ class LLMEngine:
         step_time_predictor: StepTimePredictor | None = None,
         **serving_options: Any,
     ) -> None:
-        """``serving`` (or its fields as keyword options: ``policy``, ``token_budget`` /
+        """``quantization``: ``q8_0`` runs the matmul weights as llama.cpp's Q8_0 int8 blocks (on
+        the CPU, fp32 activations; see :class:`~stallfree.engine.model.PackedWeights`).
+        ``serving`` (or its fields as keyword options: ``policy``, ``token_budget`` /
         ``max_num_batched_tokens``, ``chunk_tokens``, ``max_num_seqs``, ``max_model_len``,
         ``block_size``, ``num_blocks``, ``step_budget_ms``) says how to schedule;
         ``scheduler_policy`` runs a custom :class:`Policy` under its limits instead of the named
@@ -165,12 +168,14 @@ class LLMEngine:
         serving = serving or ServingConfig.from_options(**serving_options)
         self.serving = serving
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if quantization is not None and dtype == "auto":
+            dtype = "float32"  # quantized weights run with fp32 activations
         self.dtype_choice = choose_dtype(dtype, self.device)
         if self.dtype_choice.note:
             _log.warning("note: %s", self.dtype_choice.note)
         self.dtype = self.dtype_choice.dtype
         self.model, self.tokenizer = load_model(model, self.dtype, self.device, seed)
-        self.model.prepack_cpu_weights()
+        self.model.prepack_cpu_weights(quantization)
         spec = self.model.spec
         context = spec.max_position_embeddings
         self.max_model_len = serving.model_len(context)

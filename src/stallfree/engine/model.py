@@ -25,7 +25,15 @@ from torch import nn
 from stallfree.engine.attention import AttentionMetadata, paged_attention
 from stallfree.engine.dtypes import prepacks
 from stallfree.engine.kv_cache import KVCache
-from stallfree.engine.native import PanelLinear, linear_kernel_for, pack_panels
+from stallfree.engine.native import (
+    PanelLinear,
+    Q8PanelLinear,
+    linear_kernel_for,
+    pack_panels,
+    pack_q8_panels,
+    panel_linear_kernel,
+    q8_panel_linear_kernel,
+)
 from stallfree.specs import ModelSpec
 from stallfree.specs.model import ENGINE_ARCHITECTURES
 
@@ -68,6 +76,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
+QUANTIZATIONS = ("q8_0",)
+"""Weight quantizations the engine runs (``prepack_cpu_weights``): q8_0, llama.cpp's int8 blocks."""
+
+
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | str | None) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
 
@@ -75,34 +87,48 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device | str | None) -
 class PackedWeights:
     """Matmul weights packed once at load on CPU, and the one ``linear`` every matmul goes through.
 
-    fp32 with the engine's compiled kernels (:mod:`stallfree.engine.native`): panels of 16 output
-    features for ``panel_linear``, which on an AVX2-only EPYC (one thread) ran random:medium's
-    matmuls 1.2-1.4x faster than oneDNN's at 1-16 rows and 1.0-1.2x at 129-2,048
-    (``benchmarks/linear_kernel_ab.py``). Otherwise oneDNN's blocked layout: it otherwise
-    re-lays out a bf16 weight on every call; pre-packed once, small-batch (decode) matmuls run
-    1.5-2.7x faster, large ones ~1.2x, with bit-identical results in bf16. A weight that was never
-    packed goes through ``F.linear``. ``kind`` says which ("panels", "onednn", or "" for none).
+    ``kind`` says how (:mod:`stallfree.engine.native` has the compiled kernels):
+
+    - "panels": fp32 in panels of 16 output features for the compiled ``panel_linear``, which on
+      an AVX2-only EPYC (one thread) ran random:medium's decode steps 0.81-0.84x the time of
+      oneDNN's and its prefill in the same time (``benchmarks/linear_kernel_ab.py``);
+    - "q8_0": int8 in blocks of 32 inputs with one scale each (llama.cpp's Q8_0) for
+      ``q8_panel_linear``, fp32 activations: a quarter of fp32's bytes to read per decode step;
+    - "onednn": oneDNN's blocked layout (bf16, or where the kernels cannot build): it otherwise
+      re-lays out a bf16 weight on every call; pre-packed once, small-batch (decode) matmuls run
+      1.5-2.7x faster, large ones ~1.2x, with bit-identical results in bf16;
+    - "": nothing packed; every matmul goes through ``F.linear``.
     """
 
     def __init__(self) -> None:
-        self._packed: dict[int, tuple[torch.Tensor, int]] = {}  # id(weight) -> (its packed copy, rows)
+        # id(weight) -> (its packed copy, its scales for q8_0 (else None), its output features)
+        self._packed: dict[int, tuple[torch.Tensor, torch.Tensor | None, int]] = {}
         self._panel_linear: PanelLinear | None = None
+        self._q8_linear: Q8PanelLinear | None = None
         self.kind = ""
 
     def __bool__(self) -> bool:
         return bool(self._packed)
 
-    def pack(self, weights: list[torch.Tensor], keep: torch.Tensor, panel_linear: PanelLinear | None) -> None:
-        """Pack ``weights`` for ``panel_linear``, or for oneDNN where it is None; every original but
-        ``keep`` is then freed (its packed copy replaces it)."""
-        self._panel_linear = panel_linear
-        self.kind = "onednn" if panel_linear is None else "panels"
+    def pack(self, weights: list[torch.Tensor], keep: torch.Tensor, kind: str) -> None:
+        """Pack ``weights`` as ``kind``; every original but ``keep`` is then freed (its packed
+        copy replaces it)."""
+        self.kind = kind
+        if kind == "panels":
+            self._panel_linear = panel_linear_kernel()
+        elif kind == "q8_0":
+            self._q8_linear = q8_panel_linear_kernel()
+        if kind in ("panels", "q8_0") and self._panel_linear is None and self._q8_linear is None:
+            raise ValueError("the engine's compiled kernels did not build here (see the note above)")
         for weight in weights:
-            if panel_linear is None:
-                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
-            else:
+            scales = None
+            if kind == "panels":
                 packed = pack_panels(weight)
-            self._packed[id(weight)] = (packed, weight.shape[0])
+            elif kind == "q8_0":
+                packed, scales = pack_q8_panels(weight)
+            else:
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
+            self._packed[id(weight)] = (packed, scales, weight.shape[0])
             if weight is not keep:
                 weight.data = torch.empty(0, dtype=weight.dtype)
 
@@ -110,7 +136,10 @@ class PackedWeights:
         entry = self._packed.get(id(weight))
         if entry is None:
             return F.linear(x, weight, bias)
-        packed, out_features = entry
+        packed, scales, out_features = entry
+        if scales is not None:
+            assert self._q8_linear is not None
+            return self._q8_linear(x.contiguous(), packed, scales, bias, out_features)
         if self._panel_linear is not None:
             return self._panel_linear(x.contiguous(), packed, bias, out_features)
         out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
@@ -219,28 +248,49 @@ class LlamaModel(nn.Module):
     def decoder_layers(self) -> list[DecoderLayer]:
         return [cast(DecoderLayer, layer) for layer in self.layers]
 
-    def prepack_cpu_weights(self) -> bool:
-        """On CPU, pack every matmul weight once: panels for the compiled fp32 kernel, else oneDNN's
-        blocked layout.
+    def prepack_cpu_weights(self, quantization: str | None = None) -> bool:
+        """On CPU, pack every matmul weight once: panels for the compiled fp32 kernel (or, with
+        ``quantization="q8_0"``, int8 Q8_0 panels), else oneDNN's blocked layout.
 
         See :class:`PackedWeights`. Packed copies replace the originals, except the embedding
         (also needed for its row lookup), so the model can run but no longer be saved. In fp32
-        both packed kernels sum in another order than torch's plain matmul (logits within 1e-5 of
+        the packed kernels sum in another order than torch's plain matmul (logits within 1e-5 of
         the plain ones on the tests' models): the engine serves with them, the reference checks
-        against transformers run the plain model. Returns whether anything was packed.
+        against transformers run the plain model. Returns whether anything was packed; a
+        quantization that cannot run here is a one-line ValueError.
         """
-        if self.weights or self.device.type != "cpu":
+        if quantization not in (None, *QUANTIZATIONS):
+            raise ValueError(
+                f"unknown quantization {quantization!r}; choose from: {', '.join(QUANTIZATIONS)}"
+            )
+        if self.weights:
             return False
         panel_linear = linear_kernel_for(self.device, self.dtype)
-        # torch refuses to pack bf16 without AVX-512 (or AVX-NE-CONVERT), fp16 without AVX512-FP16:
-        # those CPUs run the same weights unpacked, through F.linear.
-        onednn = self.dtype in (torch.bfloat16, torch.float16, torch.float32) and prepacks(self.dtype)
-        if panel_linear is None and not onednn:
+        if quantization == "q8_0":
+            if self.device.type != "cpu" or self.dtype != torch.float32:
+                raise ValueError(
+                    f"q8_0 weights run on the CPU with fp32 activations (--dtype float32), not "
+                    f"{str(self.dtype).removeprefix('torch.')} on {self.device.type}"
+                )
+            if q8_panel_linear_kernel() is None:
+                raise ValueError("q8_0 weights need the engine's compiled kernels, which did not build here")
+            kind = "q8_0"
+        elif panel_linear is not None:
+            kind = "panels"
+        elif (
+            self.device.type == "cpu"
+            and self.dtype in (torch.bfloat16, torch.float16, torch.float32)
+            and prepacks(self.dtype)
+        ):
+            kind = "onednn"
+        else:
+            # torch refuses to pack bf16 without AVX-512 (or AVX-NE-CONVERT), fp16 without
+            # AVX512-FP16: those CPUs run the same weights unpacked, through F.linear.
             return False
         weights = [self.lm_head_weight()]
         for layer in self.decoder_layers():
             weights += layer.matmul_weights()
-        self.weights.pack(weights, keep=self.embed_tokens, panel_linear=panel_linear)
+        self.weights.pack(weights, keep=self.embed_tokens, kind=kind)
         return True
 
     @property

@@ -5,7 +5,8 @@
   does.
 - ``panel_linear`` multiplies by a weight packed in panels of 16 output features
   (:func:`pack_panels`); it replaces oneDNN's fp32 matmuls, for decode (one weight read per step)
-  and prefill alike.
+  and prefill alike. ``q8_panel_linear`` does the same over int8 weights in blocks of 32 inputs
+  with one scale each (:func:`pack_q8_panels`, llama.cpp's Q8_0), activations in fp32.
 
 Both are built once per machine, as one extension, with torch's JIT extension loader (gcc or
 clang, and ninja), at engine start-up, never by a request; the build is cached under torch's
@@ -38,6 +39,8 @@ DecodeKernel = Callable[
 
 PanelLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
 """(x [M, K], panels [ceil(N / 16), K, 16], bias [N] or None, N) -> [M, N]"""
+Q8PanelLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
+"""(x [M, K], int8 panels [P, ceil(K / 32), 32, 16], scales [P, ceil(K / 32), 16], bias, N) -> [M, N]"""
 
 SOURCES = (
     Path(__file__).with_name("csrc") / "decode_attention.cpp",
@@ -76,7 +79,10 @@ def native_module() -> Any | None:
         from torch.utils.cpp_extension import load_inline
 
         module = load_inline(  # type: ignore[no-untyped-call]
-            name, cpp_sources=sources, functions=["decode_attention", "panel_linear"], extra_cflags=flags
+            name,
+            cpp_sources=sources,
+            functions=["decode_attention", "panel_linear", "q8_panel_linear"],
+            extra_cflags=flags,
         )
     except Exception as exc:  # no compiler or ninja, a build error: torch's ops run instead
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -103,6 +109,13 @@ def panel_linear_kernel() -> PanelLinear | None:
     return None if module is None else cast(PanelLinear, module.panel_linear)
 
 
+def q8_panel_linear_kernel() -> Q8PanelLinear | None:
+    """The Q8_0 matmul; None where the kernels cannot build (``STALLFREE_NATIVE_LINEAR`` does not
+    turn it off: Q8_0 weights have no other path)."""
+    module = native_module()
+    return None if module is None else cast(Q8PanelLinear, module.q8_panel_linear)
+
+
 def _applies(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype == torch.float32
 
@@ -122,3 +135,27 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     n, k = weight.shape
     padded = torch.nn.functional.pad(weight.detach(), (0, 0, 0, -n % PANEL))
     return padded.view(-1, PANEL, k).transpose(1, 2).contiguous()
+
+
+Q8_BLOCK = 32  # inputs per scale of a Q8_0 weight
+
+
+def pack_q8_panels(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` ([N, K], fp32) quantized as llama.cpp's Q8_0 and packed for ``q8_panel_linear``:
+    int8 panels ``[P, ceil(K / 32), 32, 16]`` and fp32 scales ``[P, ceil(K / 32), 16]``.
+
+    Each block of 32 inputs of a row gets ``d = max|w| / 127``, ``q = round(w / d)`` (halves away
+    from zero) and keeps ``d`` rounded to fp16, as llama.cpp's quantizer does: the weights of a
+    Q8_0 GGUF file, which the loader dequantizes to ``q * d``, come back as the file's own ``q``
+    and ``d``, bit for bit; any other weights get the Q8_0 that llama.cpp would make of them.
+    """
+    n, k = weight.shape
+    w = torch.nn.functional.pad(weight.detach().float(), (0, -k % Q8_BLOCK, 0, -n % PANEL))
+    blocks = w.view(w.shape[0] // PANEL, PANEL, -1, Q8_BLOCK)  # [P, 16, blocks, 32]
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    scaled = blocks * inverse
+    q = (scaled.sign() * (scaled.abs() + 0.5).floor()).to(torch.int8)
+    panels = q.permute(0, 2, 3, 1).contiguous()  # [P, blocks, 32, 16]
+    scales = d.squeeze(-1).half().float().transpose(1, 2).contiguous()  # [P, blocks, 16]
+    return panels, scales

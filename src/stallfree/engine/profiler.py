@@ -250,6 +250,7 @@ class ProfileOptions:
     model: str = "random:medium"
     dtype: str = "auto"
     device: str | None = None
+    quantization: str | None = None
     threads: int | None = None
     max_num_seqs: int = 64
     quick: bool = False
@@ -294,6 +295,7 @@ def _profiling_engine(options: ProfileOptions) -> LLMEngine:
         options.model,
         dtype=options.dtype,
         device=options.device,
+        quantization=options.quantization,
         num_blocks=max(num_blocks, ceil_div(max(sizing.overhead_rows) * 64, block_size) + 8),
         block_size=block_size,
         max_num_seqs=max(options.max_num_seqs, *sizing.overhead_rows),
