@@ -89,7 +89,12 @@ def decode_step_roofline(
 
 
 def run_engine(
-    folder: Path, dtype: str, device: torch.device, prompts: list[list[int]], decode_steps: int
+    folder: Path,
+    dtype: str,
+    device: torch.device,
+    prompts: list[list[int]],
+    decode_steps: int,
+    quantization: str | None = None,
 ) -> tuple[list[float], float]:
     """Executor times of ``decode_steps`` pure decode steps, and their wall-clock tokens/s."""
     streams, context = len(prompts), len(prompts[0])
@@ -101,6 +106,7 @@ def run_engine(
         str(folder),
         dtype=dtype,
         device=str(device),
+        quantization=quantization,
         policy="chunked",
         token_budget=token_budget,
         max_num_seqs=streams,

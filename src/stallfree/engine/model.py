@@ -114,12 +114,8 @@ class PackedWeights:
         """Pack ``weights`` as ``kind``; every original but ``keep`` is then freed (its packed
         copy replaces it)."""
         self.kind = kind
-        if kind == "panels":
-            self._panel_linear = panel_linear_kernel()
-        elif kind == "q8_0":
-            self._q8_linear = q8_panel_linear_kernel()
-        if kind in ("panels", "q8_0") and self._panel_linear is None and self._q8_linear is None:
-            raise ValueError("the engine's compiled kernels did not build here (see the note above)")
+        self._panel_linear = panel_linear_kernel() if kind == "panels" else None
+        self._q8_linear = q8_panel_linear_kernel() if kind == "q8_0" else None
         for weight in weights:
             scales = None
             if kind == "panels":
@@ -265,7 +261,6 @@ class LlamaModel(nn.Module):
             )
         if self.weights:
             return False
-        panel_linear = linear_kernel_for(self.device, self.dtype)
         if quantization == "q8_0":
             if self.device.type != "cpu" or self.dtype != torch.float32:
                 raise ValueError(
@@ -275,7 +270,7 @@ class LlamaModel(nn.Module):
             if q8_panel_linear_kernel() is None:
                 raise ValueError("q8_0 weights need the engine's compiled kernels, which did not build here")
             kind = "q8_0"
-        elif panel_linear is not None:
+        elif linear_kernel_for(self.device, self.dtype) is not None:
             kind = "panels"
         elif (
             self.device.type == "cpu"
