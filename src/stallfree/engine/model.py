@@ -90,8 +90,8 @@ class PackedWeights:
     ``kind`` says how (:mod:`stallfree.engine.native` has the compiled kernels):
 
     - "panels": fp32 in panels of 16 output features for the compiled ``panel_linear``, which on
-      an AVX2-only EPYC (one thread) ran random:medium's decode steps 0.81-0.84x the time of
-      oneDNN's and its prefill in the same time (``benchmarks/linear_kernel_ab.py``);
+      an AVX2-only EPYC (one thread) ran random:medium's decode steps in 0.77-0.84x the time of
+      oneDNN's and a 2K prefill in 0.91-1.00x (``benchmarks/linear_kernel_ab.py``);
     - "q8_0": int8 in blocks of 32 inputs with one scale each (llama.cpp's Q8_0) for
       ``q8_panel_linear``, fp32 activations: a quarter of fp32's bytes to read per decode step;
     - "onednn": oneDNN's blocked layout (bf16, or where the kernels cannot build): it otherwise
