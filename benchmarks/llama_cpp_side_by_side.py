@@ -578,6 +578,7 @@ def main() -> int:
     log(f"{in_process_run}: {json.dumps(runs[in_process_run])}")
     elapsed, load_after = time.monotonic() - started, loadavg()
 
+    serve_default = "default (serve's own)"
     reference = llama_name(kinds[0])
     same = {n: r["greedy"] == runs[reference]["greedy"] for n, r in runs.items() if "greedy" in r}
     ip = runs[in_process_run]
@@ -587,7 +588,7 @@ def main() -> int:
         f"run time: {elapsed:.0f} s ({prepared_s:.0f} s preparing weights; per column: "
         + ", ".join(f"{n} {r['seconds']:.0f} s" for n, r in runs.items())
         + ")",
-        f"llama-server: {binary}; stallfree serve --threads {first or 'default (every core but one)'}; "
+        f"llama-server: {binary}; stallfree serve --threads {first or serve_default}; "
         f"weights: {', '.join(g.name for g in ggufs.values())} from {hf.name} (dequantized {q4.name}); "
         f"decode = streams x 1000 / median ITL over {args.decode_tokens} tokens; 2,000-token TTFT best of "
         + ", ".join(fmt(x) for x in lcpp.get("prompt2000_ttft_all_ms", []))

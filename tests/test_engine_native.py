@@ -16,8 +16,10 @@ import torch
 from gguf.quants import dequantize, quantize
 
 from stallfree.engine import native
+from stallfree.engine.model import apply_rope, rms_norm
 from stallfree.engine.native import (
     decode_attention_kernel,
+    fused_ops_for,
     kernel_for,
     linear_kernel_for,
     native_module,
@@ -201,3 +203,42 @@ def test_q8_panel_linear_matches_an_fp64_matmul_over_the_dequantized_weight(
     assert (got.double() - want).abs().max().item() < 1e-4
     with pytest.raises(RuntimeError, match="x has 64 features, the weight 4 blocks of 32"):
         linear(x[:, :64].contiguous(), panels, scales, bias, out_features)
+
+
+def test_fused_small_ops_match_torchs() -> None:
+    ops = fused_ops_for(torch.device("cpu"), torch.float32)
+    assert ops is not None, "the compiled kernels did not build (see the log)"
+    gen = torch.Generator().manual_seed(0)
+    rows, q_heads, kv_heads, dim = 37, 6, 2, 16  # rows past one task's grain
+    x, weight = torch.randn(rows, 48, generator=gen), torch.randn(48, generator=gen)
+    assert torch.allclose(ops.rms_norm(x, weight, 1e-5), rms_norm(x, weight, 1e-5), atol=1e-6)
+    qkv = torch.randn(rows, (q_heads + 2 * kv_heads) * dim, generator=gen)
+    angles = torch.randn(rows, dim // 2, generator=gen)
+    cos, sin = angles.cos(), angles.sin()
+    want = qkv.clone().view(rows, -1, dim)
+    want[:, : q_heads + kv_heads] = apply_rope(want[:, : q_heads + kv_heads], cos[:, None], sin[:, None])
+    ops.rope_(qkv, cos, sin, q_heads, kv_heads)
+    assert torch.allclose(qkv, want.view(rows, -1), atol=1e-6)
+    gate_up = torch.randn(rows, 2 * 24, generator=gen) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert torch.allclose(ops.silu_mul(gate_up), torch.nn.functional.silu(gate) * up, atol=1e-5)
+    with pytest.raises(RuntimeError, match="not \\(q \\+ 2 kv\\) heads of 16"):
+        ops.rope_(qkv, cos, sin, q_heads + 1, kv_heads)
+
+
+def test_the_panel_split_over_threads_gives_the_same_numbers() -> None:
+    """Built with OpenMP, the kernels split the panels over torch's threads: any split is exact."""
+    linear = panel_linear_kernel()
+    assert linear is not None
+    weight, x = torch.randn(4096, 512), torch.randn(64, 512)
+    panels = pack_panels(weight)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.append(linear(x, panels, None, 4096))
+        assert torch.allclose(results[0], x @ weight.T, atol=1e-3)
+        assert all(torch.equal(results[0], other) for other in results[1:])
+    finally:
+        torch.set_num_threads(before)

@@ -26,8 +26,10 @@ from stallfree.engine.attention import AttentionMetadata, paged_attention
 from stallfree.engine.dtypes import prepacks
 from stallfree.engine.kv_cache import KVCache
 from stallfree.engine.native import (
+    FusedOps,
     PanelLinear,
     Q8PanelLinear,
+    fused_ops_for,
     linear_kernel_for,
     pack_panels,
     pack_q8_panels,
@@ -155,6 +157,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         h, q, kv = spec.hidden_size, spec.q_size, spec.kv_size
         self.spec = spec
+        self.fused: FusedOps | None = None  # the compiled small ops (fp32 CPU), set with the packing
         self.weights = weights  # shared with the model: how this layer's matmuls run
         self.scale = 1.0 / math.sqrt(spec.head_dim)
         self.input_layernorm = _param(h, dtype=dtype, device=device)
@@ -177,10 +180,13 @@ class DecoderLayer(nn.Module):
         attn: AttentionMetadata,
     ) -> torch.Tensor:
         """``hidden`` ([T, hidden_size]) after this layer; writes the step's K/V into ``cache``."""
-        hidden = hidden + self.attention(
-            rms_norm(hidden, self.input_layernorm, self.spec.rms_norm_eps), cos, sin, cache, attn
-        )
-        return hidden + self.mlp(rms_norm(hidden, self.post_attention_layernorm, self.spec.rms_norm_eps))
+        hidden = hidden + self.attention(self.norm(hidden, self.input_layernorm), cos, sin, cache, attn)
+        return hidden + self.mlp(self.norm(hidden, self.post_attention_layernorm))
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.fused is not None:
+            return self.fused.rms_norm(x, weight, self.spec.rms_norm_eps)
+        return rms_norm(x, weight, self.spec.rms_norm_eps)
 
     def attention(
         self,
@@ -193,14 +199,25 @@ class DecoderLayer(nn.Module):
         spec, linear = self.spec, self.weights.linear
         num_tokens, head_dim = x.shape[0], spec.head_dim
         qkv = linear(x, self.qkv_proj, self.qkv_bias)
+        if self.fused is not None:  # q and k rotated in place
+            self.fused.rope_(
+                qkv,
+                cos.view(num_tokens, -1),
+                sin.view(num_tokens, -1),
+                spec.num_attention_heads,
+                spec.num_kv_heads,
+            )
         q, k, v = torch.split(qkv, [spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
-        q = apply_rope(q.view(num_tokens, -1, head_dim), cos, sin)
-        k = apply_rope(k.view(num_tokens, -1, head_dim), cos, sin)
-        v = v.view(num_tokens, -1, head_dim)
+        q, k, v = (t.view(num_tokens, -1, head_dim) for t in (q, k, v))
+        if self.fused is None:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return linear(paged_attention(q, k, v, cache, attn, self.scale), self.o_proj)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.weights.linear(x, self.gate_up_proj).chunk(2, dim=-1)
+        gate_up = self.weights.linear(x, self.gate_up_proj)
+        if self.fused is not None:
+            return self.weights.linear(self.fused.silu_mul(gate_up), self.down_proj)
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.weights.linear(F.silu(gate) * up, self.down_proj)
 
 
@@ -286,6 +303,9 @@ class LlamaModel(nn.Module):
         for layer in self.decoder_layers():
             weights += layer.matmul_weights()
         self.weights.pack(weights, keep=self.embed_tokens, kind=kind)
+        fused = fused_ops_for(self.device, self.dtype)
+        for layer in self.decoder_layers():
+            layer.fused = fused
         return True
 
     @property

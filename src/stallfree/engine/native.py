@@ -7,13 +7,16 @@
   (:func:`pack_panels`); it replaces oneDNN's fp32 matmuls, for decode (one weight read per step)
   and prefill alike. ``q8_panel_linear`` does the same over int8 weights in blocks of 32 inputs
   with one scale each (:func:`pack_q8_panels`, llama.cpp's Q8_0), activations in fp32.
+- ``rms_norm``, ``rope_``, ``silu_mul``: the decoder layer's small ops, one call each instead of
+  torch's several (:class:`FusedOps`).
 
 Both are built once per machine, as one extension, with torch's JIT extension loader (gcc or
 clang, and ninja), at engine start-up, never by a request; the build is cached under torch's
 extension folder, named by the CPU capability it was compiled for (so a home folder shared by an
 AVX-512 and an AVX2 machine holds one build for each, and neither loads the other's). Where it
 cannot build (no compiler, a build error) the engine says so in one line and runs torch's ops.
-``STALLFREE_NATIVE_ATTENTION=0`` / ``STALLFREE_NATIVE_LINEAR=0`` turn either off.
+``STALLFREE_NATIVE_ATTENTION=0`` / ``STALLFREE_NATIVE_LINEAR=0`` / ``STALLFREE_NATIVE_FUSED=0``
+turn each off.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -42,12 +45,13 @@ PanelLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], t
 Q8PanelLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
 """(x [M, K], int8 panels [P, ceil(K / 32), 32, 16], scales [P, ceil(K / 32), 16], bias, N) -> [M, N]"""
 
-SOURCES = (
-    Path(__file__).with_name("csrc") / "decode_attention.cpp",
-    Path(__file__).with_name("csrc") / "linear.cpp",
+SOURCES = tuple(
+    Path(__file__).with_name("csrc") / name
+    for name in ("decode_attention.cpp", "linear.cpp", "elementwise.cpp")
 )
 ATTENTION_ENV = "STALLFREE_NATIVE_ATTENTION"
 LINEAR_ENV = "STALLFREE_NATIVE_LINEAR"
+FUSED_ENV = "STALLFREE_NATIVE_FUSED"
 PANEL = 16  # output features per panel of a packed weight
 
 # Instruction sets by torch's own reading of the CPU; never -march=native, whose build would carry
@@ -58,7 +62,9 @@ _ISA_FLAGS = {
 }
 # Reductions may reorder (so they vectorize); no fast-math at link time (it would set
 # flush-to-zero for the whole process).
-_CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math"]
+# -fopenmp: at::parallel_for is inline; without it the kernels run on one thread whatever
+# torch.set_num_threads says (they then share torch's OpenMP pool, as its own ops do).
+_CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math"]
 
 
 def enabled(env: str) -> bool:
@@ -81,8 +87,16 @@ def native_module() -> Any | None:
         module = load_inline(  # type: ignore[no-untyped-call]
             name,
             cpp_sources=sources,
-            functions=["decode_attention", "panel_linear", "q8_panel_linear"],
+            functions=[
+                "decode_attention",
+                "panel_linear",
+                "q8_panel_linear",
+                "rms_norm",
+                "rope_",
+                "silu_mul",
+            ],
             extra_cflags=flags,
+            extra_ldflags=["-fopenmp"],
         )
     except Exception as exc:  # no compiler or ninja, a build error: torch's ops run instead
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -114,6 +128,25 @@ def q8_panel_linear_kernel() -> Q8PanelLinear | None:
     turn it off: Q8_0 weights have no other path)."""
     module = native_module()
     return None if module is None else cast(Q8PanelLinear, module.q8_panel_linear)
+
+
+class FusedOps(Protocol):
+    """The decoder layer's small ops in one call each (``csrc/elementwise.cpp``), fp32."""
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
+
+    def rope_(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: int, kv_heads: int
+    ) -> None: ...
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
+
+
+def fused_ops_for(device: torch.device, dtype: torch.dtype) -> FusedOps | None:
+    """The fused small ops where they apply (fp32 on the CPU), else None (torch's ops);
+    ``STALLFREE_NATIVE_FUSED=0`` turns them off."""
+    module = native_module() if _applies(device, dtype) and enabled(FUSED_ENV) else None
+    return cast(FusedOps | None, module)
 
 
 def _applies(device: torch.device, dtype: torch.dtype) -> bool:

@@ -86,25 +86,43 @@ inline void panel_rows(const float* x, int64_t k_size, const float* panel, const
   store_rows<R>(lo, hi, bias, out, ld_out, cols);
 }
 
-// The same over a Q8_0 panel: block by block, each row of 16 int8 weights widened to fp32 and
-// multiplied by its 16 scales once, then used by every row of x.
+// The same over a Q8_0 panel, for a few rows: block by block, each row of 16 int8 weights widened
+// to fp32 in registers; a block's sums are kept unscaled in two sets (even and odd inputs, so one
+// row's additions do not wait on each other) and scaled once at its end.
 template <int R>
 inline void q8_panel_rows(const float* x, int64_t k_size, const int8_t* panel, const float* scales,
                           const float* bias, float* out, int64_t ld_out, int64_t cols) {
   f32x8 lo[R], hi[R];
   for (int r = 0; r < R; ++r) lo[r] = hi[r] = f32x8{};
   for (int64_t k0 = 0, b = 0; k0 < k_size; k0 += 32, ++b) {
-    const f32x8 s_lo = load8(scales + b * 16), s_hi = load8(scales + b * 16 + 8);
     const int8_t* block = panel + b * 32 * 16;
     const int64_t kn = std::min<int64_t>(32, k_size - k0);
-    for (int64_t k = 0; k < kn; ++k) {
-      const f32x8 w_lo = widen8(block + k * 16) * s_lo;
-      const f32x8 w_hi = widen8(block + k * 16 + 8) * s_hi;
+    f32x8 lo0[R], hi0[R], lo1[R], hi1[R];
+    for (int r = 0; r < R; ++r) lo0[r] = hi0[r] = lo1[r] = hi1[r] = f32x8{};
+    int64_t k = 0;
+    for (; k + 2 <= kn; k += 2) {
+      const f32x8 a_lo = widen8(block + k * 16), a_hi = widen8(block + k * 16 + 8);
+      const f32x8 b_lo = widen8(block + k * 16 + 16), b_hi = widen8(block + k * 16 + 24);
       for (int r = 0; r < R; ++r) {
-        const float v = x[r * k_size + k0 + k];
-        lo[r] += v * w_lo;
-        hi[r] += v * w_hi;
+        const float va = x[r * k_size + k0 + k], vb = x[r * k_size + k0 + k + 1];
+        lo0[r] += va * a_lo;
+        hi0[r] += va * a_hi;
+        lo1[r] += vb * b_lo;
+        hi1[r] += vb * b_hi;
       }
+    }
+    if (k < kn) {
+      const f32x8 a_lo = widen8(block + k * 16), a_hi = widen8(block + k * 16 + 8);
+      for (int r = 0; r < R; ++r) {
+        const float va = x[r * k_size + k0 + k];
+        lo0[r] += va * a_lo;
+        hi0[r] += va * a_hi;
+      }
+    }
+    const f32x8 s_lo = load8(scales + b * 16), s_hi = load8(scales + b * 16 + 8);
+    for (int r = 0; r < R; ++r) {
+      lo[r] += (lo0[r] + lo1[r]) * s_lo;
+      hi[r] += (hi0[r] + hi1[r]) * s_hi;
     }
   }
   store_rows<R>(lo, hi, bias, out, ld_out, cols);
