@@ -64,7 +64,14 @@ _ISA_FLAGS = {
 # flush-to-zero for the whole process).
 # -fopenmp: at::parallel_for is inline; without it the kernels run on one thread whatever
 # torch.set_num_threads says (they then share torch's OpenMP pool, as its own ops do).
-_CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math"]
+_CFLAGS = [
+    "-O3",
+    "-fopenmp",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fno-signed-zeros",
+    "-fassociative-math",
+]
 
 
 def enabled(env: str) -> bool:

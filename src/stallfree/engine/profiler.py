@@ -445,6 +445,7 @@ def _fingerprint(model: str, engine: LLMEngine) -> dict[str, Any]:
         "decode_attention": "compiled" if engine.model_runner.decode_kernel is not None else "torch",
         # how the matmuls run: the compiled kernel's panels, oneDNN's packed weights, or torch's
         "linear": engine.model.weights.kind or "torch",
+        "fused_ops": "compiled" if engine.model.decoder_layers()[0].fused is not None else "torch",
         "torch": torch.__version__,
         "stallfree": __version__,
         "python": platform.python_version(),
