@@ -8,7 +8,8 @@
 //   bias:    [N] fp32 or None
 //   returns  [M, N]
 // q8_panel_linear: int8 weights in blocks of 32 inputs with one scale each (llama.cpp's Q8_0);
-//   a block's 32 x 16 weights are widened and scaled in registers, never written out.
+//   for a few rows each block's weights are widened to fp32 in registers; for more, each panel
+//   is widened once into a per-thread fp32 buffer that every row then reads.
 //   panels:  [ceil(N / 16), ceil(K / 32), 32, 16] int8 (zero past N and K)
 //   scales:  [ceil(N / 16), ceil(K / 32), 16] fp32
 //
