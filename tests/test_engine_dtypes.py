@@ -7,8 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from stallfree.cli import main  # noqa: E402
-from stallfree.cli.common import DTYPE_CHOICES  # noqa: E402
-from stallfree.engine import dtypes  # noqa: E402
+from stallfree.cli.common import DTYPE_CHOICES, QUANTIZATIONS  # noqa: E402
+from stallfree.engine import dtypes, model  # noqa: E402
 from stallfree.engine.dtypes import CpuIsa, choose_dtype, cpu_isa  # noqa: E402
 from stallfree.engine.engine import LLMEngine  # noqa: E402
 
@@ -79,6 +79,10 @@ def test_the_cli_refuses_it_with_exit_2(
 
 def test_cli_parsing_offers_the_engine_dtypes() -> None:
     assert DTYPE_CHOICES == dtypes.DTYPE_CHOICES
+
+
+def test_cli_parsing_offers_the_engine_quantizations() -> None:
+    assert QUANTIZATIONS == model.QUANTIZATIONS
 
 
 def test_this_cpus_flags_agree_with_torchs_dispatch_level() -> None:

@@ -1,4 +1,4 @@
-"""The engine's compiled CPU kernels (``csrc/*.cpp``), fp32: decode attention and the linear layers.
+"""The engine's compiled CPU kernels (``csrc/*.cpp``), fp32: decode attention, matmuls, small ops.
 
 - ``decode_attention`` attends each single-token row over its sequence's K/V blocks where they
   lie in the paged cache, instead of copying them out first (``index_select``) as the torch path
@@ -10,10 +10,10 @@
 - ``rms_norm``, ``rope_``, ``silu_mul``: the decoder layer's small ops, one call each instead of
   torch's several (:class:`FusedOps`).
 
-Both are built once per machine, as one extension, with torch's JIT extension loader (gcc or
+All are built once per machine, as one extension, with torch's JIT extension loader (gcc or
 clang, and ninja), at engine start-up, never by a request; the build is cached under torch's
 extension folder, named by the CPU capability it was compiled for (so a home folder shared by an
-AVX-512 and an AVX2 machine holds one build for each, and neither loads the other's). Where it
+AVX-512 and an AVX2 machine holds one build for each, and neither loads the other's). Where they
 cannot build (no compiler, a build error) the engine says so in one line and runs torch's ops.
 ``STALLFREE_NATIVE_ATTENTION=0`` / ``STALLFREE_NATIVE_LINEAR=0`` / ``STALLFREE_NATIVE_FUSED=0``
 turn each off.
