@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import httpx
 import pytest
 import torch
 
+from stallfree.engine.engine import LLMEngine
+from stallfree.server.app import ServerConfig, build_app
 from stallfree.server.engine_thread import EngineThread, default_num_threads
 from stallfree.server.launch import ServerThread, build_server
+from stallfree.server.prometheus import ServerMetrics
 
 MODEL = "random:tiny"
 
@@ -44,4 +48,36 @@ def test_steps_run_with_the_engine_threads_budget(num_threads: int) -> None:
 def test_a_non_positive_thread_count_is_refused() -> None:
     app = build_server(MODEL, dtype="float32", device="cpu")
     with pytest.raises(ValueError, match="num_threads"):
-        EngineThread(app.state.engine_thread.engine, app.state.engine_thread.metrics, num_threads=0)
+        EngineThread(lambda: app.state.engine_thread.engine, app.state.engine_thread.metrics, num_threads=0)
+
+
+def test_the_engine_is_built_on_the_thread_that_steps_it() -> None:
+    """One thread runs every torch kernel (one OpenMP pool): the loading as well as the steps."""
+    built_on: list[int] = []
+
+    def make_engine() -> LLMEngine:
+        built_on.append(threading.get_ident())
+        return LLMEngine(MODEL, dtype="float32", device="cpu")
+
+    engine_thread = EngineThread(make_engine, ServerMetrics(MODEL), num_threads=1)
+    stepped_on: set[int] = set()
+    real_step = engine_thread.engine.step
+
+    def step():  # type: ignore[no-untyped-def]
+        stepped_on.add(threading.get_ident())
+        return real_step()
+
+    engine_thread.engine.step = step
+    with ServerThread(build_app(engine_thread, ServerConfig(served_model_name=MODEL))) as server:
+        body = {"model": MODEL, "prompt": "a", "max_tokens": 3, "ignore_eos": True}
+        assert httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=30).status_code == 200
+    assert built_on[0] != threading.get_ident()
+    assert stepped_on == {built_on[0]}
+
+
+def test_an_engine_that_fails_to_build_raises_on_the_callers_thread() -> None:
+    def make_engine() -> LLMEngine:
+        raise ValueError("no such model")
+
+    with pytest.raises(ValueError, match="no such model"):
+        EngineThread(make_engine, ServerMetrics(MODEL))

@@ -3,7 +3,11 @@
 Invariants:
 
 - only the engine thread touches the :class:`~stallfree.engine.engine.LLMEngine` (and so the
-  scheduler and its KV blocks); handlers put :class:`_Add` / :class:`_Abort` commands in the
+  scheduler and its KV blocks), and it builds it too: every torch kernel of the server runs on this
+  one thread's OpenMP pool. A second thread that ran a parallel kernel once (the loading, say)
+  keeps a pool of its own; libgomp then counts more threads than cores and parks its workers
+  between kernels instead of spinning (a wake-up per kernel: the steps of a served model ran
+  1.3-1.6x slower on a 2-core EPYC); handlers put :class:`_Add` / :class:`_Abort` commands in the
   inbox, which the thread applies between steps, so an abort frees KV blocks before the next step;
 - each request's :class:`RequestStream` is fed on the event loop: one
   ``loop.call_soon_threadsafe`` per step carries every output of that step;
@@ -129,11 +133,15 @@ _Command = _Add | _Abort | _Stop
 
 
 class EngineThread:
-    """Owns the engine's thread. :meth:`add` / :meth:`release` are called on the event loop."""
+    """Owns the engine's thread. :meth:`add` / :meth:`release` are called on the event loop.
+
+    The thread starts at construction, runs ``make_engine`` (whose exception, a ValueError for
+    bad options, is raised here) and then waits for :meth:`start` to step the engine.
+    """
 
     def __init__(
         self,
-        engine: LLMEngine,
+        make_engine: Callable[[], LLMEngine],
         metrics: ServerMetrics,
         *,
         max_waiting_requests: int = 256,
@@ -144,7 +152,7 @@ class EngineThread:
             raise ValueError(f"max_waiting_requests must be positive, got {max_waiting_requests}")
         if num_threads is not None and num_threads <= 0:
             raise ValueError(f"num_threads must be positive, got {num_threads}")
-        self.engine = engine
+        self.engine: LLMEngine
         self.num_threads = num_threads or default_num_threads()
         self.metrics = metrics
         self.max_waiting_requests = max_waiting_requests
@@ -154,7 +162,7 @@ class EngineThread:
         self._lock = threading.Lock()
         self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._started = threading.Event()  # start() or stop() was called
         self._ids = itertools.count()
         # Event loop only: streams without a first token yet (what overload is measured by).
         self._waiting: set[str] = set()
@@ -164,23 +172,38 @@ class EngineThread:
         self._last_token_s: dict[str, float] = {}
         self._num_preemptions_seen = 0
         self._prefix_seen = (0, 0)  # the scheduler's prefix-cache token counters last reported
+        built = threading.Event()
+        failure: list[BaseException] = []
+        self._thread = threading.Thread(
+            target=self._build_and_run,
+            args=(make_engine, built, failure),
+            name="stallfree-engine",
+            daemon=True,
+        )
+        self._thread.start()
+        built.wait()
+        if failure:
+            self._thread.join()
+            raise failure[0]
 
     # -- lifecycle (event loop) ------------------------------------------------------------
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="stallfree-engine", daemon=True)
-        self._thread.start()
+        if self._started.is_set():  # started again after a stop: the engine's first thread is gone
+            self._thread = threading.Thread(target=self._run, name="stallfree-engine", daemon=True)
+            self._thread.start()
+        self._started.set()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self._thread is not None:
+        if self._thread.is_alive():
             self._inbox.put(_Stop())
+            self._started.set()
             self._thread.join(timeout_s)
-            self._thread = None
 
     @property
     def is_healthy(self) -> bool:
-        return self.dead_reason is None and self._thread is not None and self._thread.is_alive()
+        return self.dead_reason is None and self._loop is not None and self._thread.is_alive()
 
     # -- requests (event loop) -------------------------------------------------------------
 
@@ -220,10 +243,29 @@ class EngineThread:
 
     # -- the engine thread -----------------------------------------------------------------
 
-    def _run(self) -> None:
-        import torch  # the server already holds the engine, so torch is loaded; not at import
+    def _build_and_run(
+        self, make_engine: Callable[[], LLMEngine], built: threading.Event, failure: list[BaseException]
+    ) -> None:
+        import torch  # the engine needs it; this module does not, at import
 
         torch.set_num_threads(self.num_threads)  # before this thread's first kernel
+        try:
+            self.engine = make_engine()
+        except BaseException as exc:  # raised again by __init__, on the caller's thread
+            failure.append(exc)
+            return
+        finally:
+            built.set()
+        self._started.wait()
+        if self._loop is None:  # stopped before it started: drop the stop, step nothing
+            self._take_commands(0.0)
+            return
+        self._run()
+
+    def _run(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.num_threads)  # a restarted thread's own pool
         stalled = False
         log = None
         try:

@@ -42,10 +42,9 @@ def build_server(
 
     if served_model_name is not None and not served_model_name.strip():
         raise ValueError("the served model name must not be empty")
-    engine = LLMEngine(model, **engine_kwargs)
     name = served_model_name or default_served_model_name(model)
-    thread = EngineThread(
-        engine,
+    thread = EngineThread(  # builds the engine on its own thread, where every step will run
+        lambda: LLMEngine(model, **engine_kwargs),
         ServerMetrics(name),
         max_waiting_requests=max_waiting_requests,
         num_threads=num_threads,
