@@ -132,6 +132,39 @@ def test_ragged_paged_steps_match_transformers(checkpoint: Path, kernels: str) -
             assert diff <= ATOL, f"{rid} position {pos}: max |logit diff| {diff}"
 
 
+@pytest.mark.parametrize("quantization", [None, "q8_0"])
+def test_the_whole_decoder_call_gives_the_layer_by_layer_numbers(
+    checkpoint: Path, quantization: str | None
+) -> None:
+    """All-decode steps through csrc/decoder.cpp: bit for bit the logits of the layers run one by one."""
+    kernel = decode_attention_kernel()
+    assert kernel is not None, "the compiled kernels did not build (see the log)"
+    models = []
+    for _ in range(2):
+        model, _ = load_model(str(checkpoint), torch.float32, "cpu")
+        assert model.prepack_cpu_weights(quantization)
+        models.append(model)
+    decoder = models[0].native_decoder
+    assert decoder is not None
+    calls = []
+    real_kernel = decoder.kernel
+
+    def counted(*args: object) -> torch.Tensor:
+        calls.append(1)
+        return real_kernel(*args)
+
+    decoder.kernel = counted
+    models[1].native_decoder = None
+    rng = random.Random(4)
+    vocab = models[0].spec.vocab_size
+    seqs = {f"r{i}": [rng.randrange(vocab) for _ in range(rng.randint(2, 50))] for i in range(5)}
+    got = [teacher_forced_logits(m, seqs, random.Random(5), decode_kernel=kernel) for m in models]
+    assert calls, "no step was all decodes"
+    assert got[0].keys() == got[1].keys()
+    for key in got[0]:
+        assert torch.equal(got[0][key], got[1][key]), key
+
+
 def test_whole_prompt_logits_match_transformers(checkpoint: Path) -> None:
     ours, tokenizer = load_model(str(checkpoint), torch.float32, "cpu")
     ids = tokenizer.encode("the quick brown fox jumps over the lazy dog " * 3)

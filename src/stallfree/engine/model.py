@@ -22,13 +22,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stallfree.engine.attention import AttentionMetadata, paged_attention
+from stallfree.engine.attention import AttentionMetadata, NativeDecode, paged_attention
 from stallfree.engine.dtypes import prepacks
 from stallfree.engine.kv_cache import KVCache
 from stallfree.engine.native import (
+    DecodeLayers,
     FusedOps,
     PanelLinear,
     Q8PanelLinear,
+    decode_layers_kernel,
     fused_ops_for,
     linear_kernel_for,
     pack_panels,
@@ -130,6 +132,11 @@ class PackedWeights:
             if weight is not keep:
                 weight.data = torch.empty(0, dtype=weight.dtype)
 
+    def packed(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``weight``'s packed copy and its Q8_0 scales (None for fp32 panels)."""
+        packed, scales, _ = self._packed[id(weight)]
+        return packed, scales
+
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         entry = self._packed.get(id(weight))
         if entry is None:
@@ -221,6 +228,60 @@ class DecoderLayer(nn.Module):
         return self.weights.linear(F.silu(gate) * up, self.down_proj)
 
 
+class NativeDecoder:
+    """Every layer of an all-decode step in one compiled call (``csrc/decoder.cpp``): the same
+    kernels in the same order as :class:`DecoderLayer` with the compiled ops, so the same numbers,
+    without ~25 Python-dispatched ops a layer. Built by ``prepack_cpu_weights`` for fp32 panels or
+    Q8_0 weights, when the compiled decode attention and small ops run too."""
+
+    def __init__(self, kernel: DecodeLayers, model: LlamaModel) -> None:
+        self.kernel = kernel
+        self.spec = model.spec
+        self.weights: list[torch.Tensor] = []
+        self.scales: list[torch.Tensor] = []
+        layers = model.decoder_layers()
+        for layer in layers:
+            qkv, o, gate_up, down = (model.weights.packed(w) for w in layer.matmul_weights())
+            self.weights += [
+                layer.input_layernorm,
+                qkv[0],
+                o[0],
+                layer.post_attention_layernorm,
+                gate_up[0],
+                down[0],
+            ]
+            self.scales += [s for _, s in (qkv, o, gate_up, down) if s is not None]
+        self.qkv_biases = [layer.qkv_bias for layer in layers if layer.qkv_bias is not None]
+
+    def __call__(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache,
+        slots: torch.Tensor,
+        decode: NativeDecode,
+    ) -> torch.Tensor:
+        spec = self.spec
+        return self.kernel(
+            hidden,
+            cos,
+            sin,
+            self.weights,
+            self.scales,
+            self.qkv_biases,
+            kv_cache.key,
+            kv_cache.value,
+            slots,
+            decode.block_table,
+            decode.context_lens,
+            spec.num_attention_heads,
+            spec.intermediate_size,
+            spec.rms_norm_eps,
+            1.0 / math.sqrt(spec.head_dim),
+        )
+
+
 class LlamaModel(nn.Module):
     """Weights + forward of one decoder; no sampling, no scheduling, no cache ownership."""
 
@@ -253,6 +314,7 @@ class LlamaModel(nn.Module):
         )
         self.register_buffer("inv_freq", rope_inv_freq(spec).to(device), persistent=False)
         self.inv_freq: torch.Tensor
+        self.native_decoder: NativeDecoder | None = None  # set by prepack_cpu_weights where it runs
 
     @property
     def device(self) -> torch.device:
@@ -306,6 +368,8 @@ class LlamaModel(nn.Module):
         fused = fused_ops_for(self.device, self.dtype)
         for layer in self.decoder_layers():
             layer.fused = fused
+        decoder = decode_layers_kernel() if kind in ("panels", "q8_0") and fused is not None else None
+        self.native_decoder = None if decoder is None else NativeDecoder(decoder, self)
         return True
 
     @property
@@ -334,8 +398,20 @@ class LlamaModel(nn.Module):
         cos = angles.cos().to(self.dtype)[:, None, :]
         sin = angles.sin().to(self.dtype)[:, None, :]
         hidden = F.embedding(input_ids, self.embed_tokens)
-        for index, layer in enumerate(self.decoder_layers()):
-            hidden = layer(hidden, cos, sin, kv_cache.layer(index), attn)
+        decode = attn.native_decode
+        if self.native_decoder is not None and decode is not None and not attn.chunks:
+            num_tokens = input_ids.shape[0]  # all decodes, attended by the compiled kernel
+            hidden = self.native_decoder(
+                hidden,
+                cos.view(num_tokens, -1),
+                sin.view(num_tokens, -1),
+                kv_cache,
+                attn.slot_mapping,
+                decode,
+            )
+        else:
+            for index, layer in enumerate(self.decoder_layers()):
+                hidden = layer(hidden, cos, sin, kv_cache.layer(index), attn)
         last = rms_norm(hidden[logits_indices], self.norm, self.spec.rms_norm_eps)
         return self.weights.linear(last, self.lm_head_weight()).float()
 

@@ -9,14 +9,18 @@
   with one scale each (:func:`pack_q8_panels`, llama.cpp's Q8_0), activations in fp32.
 - ``rms_norm``, ``rope_``, ``silu_mul``: the decoder layer's small ops, one call each instead of
   torch's several (:class:`FusedOps`).
+- ``decode_layers``: every decoder layer of an all-decode step in one call of the kernels above
+  (:func:`decode_layers_kernel`), with no Python between them.
+
+Every function lets go of the GIL while it runs, as torch's ops do.
 
 All are built once per machine, as one extension, with torch's JIT extension loader (gcc or
 clang, and ninja), at engine start-up, never by a request; the build is cached under torch's
 extension folder, named by the CPU capability it was compiled for (so a home folder shared by an
 AVX-512 and an AVX2 machine holds one build for each, and neither loads the other's). Where they
 cannot build (no compiler, a build error) the engine says so in one line and runs torch's ops.
-``STALLFREE_NATIVE_ATTENTION=0`` / ``STALLFREE_NATIVE_LINEAR=0`` / ``STALLFREE_NATIVE_FUSED=0``
-turn each off.
+``STALLFREE_NATIVE_ATTENTION=0`` / ``STALLFREE_NATIVE_LINEAR=0`` / ``STALLFREE_NATIVE_FUSED=0`` /
+``STALLFREE_NATIVE_DECODER=0`` turn each off.
 """
 
 from __future__ import annotations
@@ -44,14 +48,19 @@ PanelLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], t
 """(x [M, K], panels [ceil(N / 16), K, 16], bias [N] or None, N) -> [M, N]"""
 Q8PanelLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
 """(x [M, K], int8 panels [P, ceil(K / 32), 32, 16], scales [P, ceil(K / 32), 16], bias, N) -> [M, N]"""
+DecodeLayers = Callable[..., torch.Tensor]
+"""(hidden [n, H], cos, sin [n, D / 2], 6 weights per layer, 4 Q8_0 scales per layer or none, a qkv
+bias per layer or none, key cache, value cache [layers, ...], slots [n], block table, context lens,
+q heads, intermediate size, eps, scale) -> hidden after every layer (csrc/decoder.cpp)"""
 
 SOURCES = tuple(
     Path(__file__).with_name("csrc") / name
-    for name in ("decode_attention.cpp", "linear.cpp", "elementwise.cpp")
+    for name in ("decode_attention.cpp", "linear.cpp", "elementwise.cpp", "decoder.cpp", "bindings.cpp")
 )
 ATTENTION_ENV = "STALLFREE_NATIVE_ATTENTION"
 LINEAR_ENV = "STALLFREE_NATIVE_LINEAR"
 FUSED_ENV = "STALLFREE_NATIVE_FUSED"
+DECODER_ENV = "STALLFREE_NATIVE_DECODER"
 PANEL = 16  # output features per panel of a packed weight
 
 # Instruction sets by torch's own reading of the CPU; never -march=native, whose build would carry
@@ -93,15 +102,7 @@ def native_module() -> Any | None:
 
         module = load_inline(  # type: ignore[no-untyped-call]
             name,
-            cpp_sources=sources,
-            functions=[
-                "decode_attention",
-                "panel_linear",
-                "q8_panel_linear",
-                "rms_norm",
-                "rope_",
-                "silu_mul",
-            ],
+            cpp_sources=sources,  # one file; bindings.cpp, last, binds them
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"],
         )
@@ -135,6 +136,13 @@ def q8_panel_linear_kernel() -> Q8PanelLinear | None:
     turn it off: Q8_0 weights have no other path)."""
     module = native_module()
     return None if module is None else cast(Q8PanelLinear, module.q8_panel_linear)
+
+
+def decode_layers_kernel() -> DecodeLayers | None:
+    """The whole-decoder call for all-decode steps; None where the kernels cannot build or
+    ``STALLFREE_NATIVE_DECODER=0`` (the layers then run one by one, from Python)."""
+    module = native_module() if enabled(DECODER_ENV) else None
+    return None if module is None else cast(DecodeLayers, module.decode_layers)
 
 
 class FusedOps(Protocol):
