@@ -23,7 +23,7 @@ import torch
 
 from stallfree.core import SamplingParams
 from stallfree.engine import LLMEngine
-from stallfree.engine.native import LINEAR_ENV, pack_panels, panel_linear_kernel
+from stallfree.engine.native import DECODER_ENV, LINEAR_ENV, pack_panels, panel_linear_kernel
 from stallfree.engine.weights import load_model
 from stallfree.specs import ModelSpec
 
@@ -79,6 +79,7 @@ def shapes_part(spec: ModelSpec, rows: list[int], reps: int) -> None:
 
 def make_engine(model: str, panels: bool) -> LLMEngine:
     os.environ[LINEAR_ENV] = "1" if panels else "0"
+    os.environ[DECODER_ENV] = "0"  # the layers one by one both ways: only the matmuls differ
     engine = LLMEngine(model, dtype="float32", policy="chunked", token_budget=4096, max_num_seqs=64)
     assert engine.model.weights.kind == ("panels" if panels else "onednn"), engine.model.weights.kind
     return engine

@@ -446,6 +446,8 @@ def _fingerprint(model: str, engine: LLMEngine) -> dict[str, Any]:
         # how the matmuls run: the compiled kernel's panels, oneDNN's packed weights, or torch's
         "linear": engine.model.weights.kind or "torch",
         "fused_ops": "compiled" if engine.model.decoder_layers()[0].fused is not None else "torch",
+        # all-decode steps: every layer in one compiled call, or the layers one by one from Python
+        "decode_layers": "compiled" if engine.model.native_decoder is not None else "python",
         "torch": torch.__version__,
         "stallfree": __version__,
         "python": platform.python_version(),

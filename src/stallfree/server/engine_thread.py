@@ -190,7 +190,7 @@ class EngineThread:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        if self._started.is_set():  # started again after a stop: the engine's first thread is gone
+        if not self._thread.is_alive():  # started again after a stop: the first thread is gone
             self._thread = threading.Thread(target=self._run, name="stallfree-engine", daemon=True)
             self._thread.start()
         self._started.set()
