@@ -5,10 +5,10 @@ process, alone or while ``--streams`` other requests decode (they are prefilled 
 the prompt arrives), under prefill-first and under chunked with each ``--budgets`` value.
 TTFT is the wall time from ``add_request`` to the step that samples the prompt's first token;
 the streams' longest gap is the longest step they saw meanwhile. Each configuration runs
-``--repeats`` times (best TTFT kept: this machine is shared); ratios are against
-prefill-first measured in the same run. ``ttft_cpu_ms`` is this process's CPU time over the
-same span: with ``--threads 1`` it is what the TTFT would be on an undisturbed core, the
-fairer figure when other jobs share the machine.
+``--repeats`` times, the configurations taking turns (best TTFT kept: this machine is shared);
+ratios are against prefill-first measured in the same run. ``ttft_cpu_ms`` is this process's CPU
+time over the same span: with ``--threads 1`` it is what the TTFT would be on an undisturbed
+core, the fairer figure when other jobs share the machine.
 
     .venv/bin/python benchmarks/chunked_prefill_ttft.py --model random:medium --budgets 64,256
 """
@@ -92,24 +92,25 @@ def main() -> None:
         f"{args.model} {args.dtype}, {torch.get_num_threads()} threads: a {args.prompt_tokens}-token "
         f"prompt, {args.streams} streams decoding"
     )
-    rows = []
+    runs: dict[tuple[str, int | None], list[dict[str, float]]] = {config: [] for config in configs}
+    for _ in range(args.repeats):  # interleaved: a swing in the host's speed hits every config alike
+        for policy, budget in configs:
+            runs[policy, budget].append(measure(args, policy, budget))
     baseline_s = None
-    for policy, budget in configs:
-        runs = [measure(args, policy, budget) for _ in range(args.repeats)]
-        best = min(runs, key=lambda r: r["ttft_s"])
+    for (policy, budget), config_runs in runs.items():
+        best = min(config_runs, key=lambda r: r["ttft_s"])
         baseline_s = baseline_s or best["ttft_s"]
         row = {
             "policy": policy,
             "token_budget": budget,
             "ttft_ms": round(best["ttft_s"] * 1e3, 1),
-            "ttft_ms_all": [round(r["ttft_s"] * 1e3, 1) for r in runs],
+            "ttft_ms_all": [round(r["ttft_s"] * 1e3, 1) for r in config_runs],
             "vs_prefill_first": round(best["ttft_s"] / baseline_s, 2),
             "ttft_cpu_ms": round(best["ttft_cpu_s"] * 1e3, 1),
             "executor_ms": round(best["executor_s"] * 1e3, 1),
             "steps": best["steps"],
             "longest_gap_ms": round(best["longest_gap_s"] * 1e3, 1),
         }
-        rows.append(row)
         print(json.dumps(row))
 
 
