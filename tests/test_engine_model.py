@@ -132,7 +132,7 @@ def test_ragged_paged_steps_match_transformers(checkpoint: Path, kernels: str) -
             assert diff <= ATOL, f"{rid} position {pos}: max |logit diff| {diff}"
 
 
-@pytest.mark.parametrize("quantization", [None, "q8_0"])
+@pytest.mark.parametrize("quantization", [None, "q8_0", "bf16"])
 def test_the_whole_decoder_call_gives_the_layer_by_layer_numbers(
     checkpoint: Path, quantization: str | None
 ) -> None:
@@ -160,6 +160,29 @@ def test_the_whole_decoder_call_gives_the_layer_by_layer_numbers(
     seqs = {f"r{i}": [rng.randrange(vocab) for _ in range(rng.randint(2, 50))] for i in range(5)}
     got = [teacher_forced_logits(m, seqs, random.Random(5), decode_kernel=kernel) for m in models]
     assert calls, "no step was all decodes"
+    assert got[0].keys() == got[1].keys()
+    for key in got[0]:
+        assert torch.equal(got[0][key], got[1][key]), key
+
+
+def test_bf16_weights_of_a_bf16_checkpoint_give_the_fp32_logits_bit_for_bit(checkpoint: Path) -> None:
+    """--quantization bf16 keeps half the bytes of a checkpoint whose weights are bf16 values and
+    computes in fp32: the same numbers as those values run as fp32 panels, prefill and decode."""
+    kernel = decode_attention_kernel()
+    assert kernel is not None, "the compiled kernels did not build (see the log)"
+    models = []
+    for quantization in (None, "bf16"):
+        model, _ = load_model(str(checkpoint), torch.float32, "cpu")
+        for param in model.parameters():
+            param.data = param.data.bfloat16().float()  # a bf16 checkpoint, loaded in fp32
+        assert model.prepack_cpu_weights(quantization)
+        models.append(model)
+    assert models[1].weights.kind == "bf16"
+    assert models[1].weights.packed(models[1].layers[0].qkv_proj)[0].dtype == torch.bfloat16
+    rng = random.Random(6)
+    vocab = models[0].spec.vocab_size
+    seqs = {f"r{i}": [rng.randrange(vocab) for _ in range(rng.randint(2, 50))] for i in range(5)}
+    got = [teacher_forced_logits(m, seqs, random.Random(7), decode_kernel=kernel) for m in models]
     assert got[0].keys() == got[1].keys()
     for key in got[0]:
         assert torch.equal(got[0][key], got[1][key]), key

@@ -137,6 +137,26 @@ def test_panel_linear_matches_an_fp64_matmul(rows: int, with_bias: bool) -> None
     assert (got.double() - want).abs().max().item() < 1e-4
 
 
+@pytest.mark.parametrize("rows", [1, 3, 4, 7, 129])  # registers below 4 rows, a widened panel from 4
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bf16_panels_match_an_fp64_matmul_over_the_bf16_weight(rows: int, with_bias: bool) -> None:
+    linear = panel_linear_kernel(bf16=True)
+    assert linear is not None, "the compiled kernels did not build (see the log)"
+    gen = torch.Generator().manual_seed(rows)
+    out_features, in_features = 37, 100
+    weight = torch.randn(out_features, in_features, generator=gen)
+    x = torch.randn(rows, in_features, generator=gen)
+    bias = torch.randn(out_features, generator=gen) if with_bias else None
+    panels = pack_panels(weight, torch.bfloat16)
+    assert panels.dtype == torch.bfloat16 and panels.shape == (3, in_features, 16)
+    rounded = weight.bfloat16()  # a bf16 checkpoint's own values: packing keeps them exactly
+    assert torch.equal(panels.transpose(1, 2).reshape(-1, in_features)[:out_features], rounded)
+    want = x.double() @ rounded.double().T + (0 if bias is None else bias.double())
+    got = linear(x, panels, bias, out_features)
+    assert got.dtype == torch.float32 and got.shape == (rows, out_features)
+    assert (got.double() - want).abs().max().item() < 1e-4
+
+
 def test_panel_linear_refuses_what_it_does_not_take() -> None:
     linear = panel_linear_kernel()
     assert linear is not None
@@ -149,6 +169,8 @@ def test_panel_linear_refuses_what_it_does_not_take() -> None:
         linear(torch.ones(2, 8), panels, None, 40)
     with pytest.raises(RuntimeError, match="bias must be fp32"):
         linear(torch.ones(2, 8), panels, torch.ones(19), 20)
+    with pytest.raises(RuntimeError, match="fp32 or bf16 panels"):
+        linear(torch.ones(2, 8), panels.half(), None, 20)
 
 
 def unpack_q8(

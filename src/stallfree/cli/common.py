@@ -226,7 +226,7 @@ def add_dtype_arg(parser: argparse._ActionsContainer, what: str = "weights and K
 
 
 # stallfree.engine.model.QUANTIZATIONS, spelled out so that parsing never imports torch.
-QUANTIZATIONS = ("q8_0",)
+QUANTIZATIONS = ("q8_0", "bf16")
 
 
 def add_quantization_arg(parser: argparse._ActionsContainer) -> None:
@@ -235,8 +235,9 @@ def add_quantization_arg(parser: argparse._ActionsContainer) -> None:
         "--quantization",
         choices=QUANTIZATIONS,
         help="q8_0: the matmul weights as llama.cpp's Q8_0 (int8 in blocks of 32, one scale each; "
-        "a Q8_0 GGUF's own blocks, bit for bit), fp32 activations, on the CPU (default: the "
-        "weights in --dtype)",
+        "a Q8_0 GGUF's own blocks, bit for bit); bf16: the matmul weights in bf16 (a bf16 "
+        "checkpoint's own values); either with fp32 activations and KV cache, on the CPU "
+        "(default: the weights in --dtype)",
     )
 
 

@@ -152,8 +152,9 @@ class LLMEngine:
         step_time_predictor: StepTimePredictor | None = None,
         **serving_options: Any,
     ) -> None:
-        """``quantization``: ``q8_0`` runs the matmul weights as llama.cpp's Q8_0 int8 blocks (on
-        the CPU, fp32 activations; see :class:`~stallfree.engine.model.PackedWeights`).
+        """``quantization``: ``q8_0`` runs the matmul weights as llama.cpp's Q8_0 int8 blocks,
+        ``bf16`` as bf16 (on the CPU, fp32 activations; see
+        :class:`~stallfree.engine.model.PackedWeights`).
         ``serving`` (or its fields as keyword options: ``policy``, ``token_budget`` /
         ``max_num_batched_tokens``, ``chunk_tokens``, ``max_num_seqs``, ``max_model_len``,
         ``block_size``, ``num_blocks``, ``step_budget_ms``) says how to schedule;

@@ -80,8 +80,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
-QUANTIZATIONS = ("q8_0",)
-"""Weight quantizations the engine runs (``prepack_cpu_weights``): q8_0, llama.cpp's int8 blocks."""
+QUANTIZATIONS = ("q8_0", "bf16")
+"""Weight formats the engine runs with fp32 activations (``prepack_cpu_weights``): q8_0,
+llama.cpp's int8 blocks; bf16, the weights rounded to bf16."""
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | str | None) -> nn.Parameter:
@@ -98,6 +99,7 @@ class PackedWeights:
       oneDNN's and a 2K prefill in 0.91-1.00x (``benchmarks/linear_kernel_ab.py``);
     - "q8_0": int8 in blocks of 32 inputs with one scale each (llama.cpp's Q8_0) for
       ``q8_panel_linear``, fp32 activations: a quarter of fp32's bytes to read per decode step;
+    - "bf16": the same panels in bf16 for ``panel_linear``, fp32 activations: half fp32's bytes;
     - "onednn": oneDNN's blocked layout (bf16, or where the kernels cannot build): it otherwise
       re-lays out a bf16 weight on every call; pre-packed once, small-batch (decode) matmuls run
       1.5-2.7x faster, large ones ~1.2x, with bit-identical results in bf16;
@@ -118,12 +120,12 @@ class PackedWeights:
         """Pack ``weights`` as ``kind``; every original but ``keep`` is then freed (its packed
         copy replaces it)."""
         self.kind = kind
-        self._panel_linear = panel_linear_kernel() if kind == "panels" else None
+        self._panel_linear = panel_linear_kernel(kind == "bf16") if kind in ("panels", "bf16") else None
         self._q8_linear = q8_panel_linear_kernel() if kind == "q8_0" else None
         for weight in weights:
             scales = None
-            if kind == "panels":
-                packed = pack_panels(weight)
+            if kind in ("panels", "bf16"):
+                packed = pack_panels(weight, torch.bfloat16 if kind == "bf16" else torch.float32)
             elif kind == "q8_0":
                 packed, scales = pack_q8_panels(weight)
             else:
@@ -133,7 +135,7 @@ class PackedWeights:
                 weight.data = torch.empty(0, dtype=weight.dtype)
 
     def packed(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``weight``'s packed copy and its Q8_0 scales (None for fp32 panels)."""
+        """``weight``'s packed copy and its Q8_0 scales (None for fp32 or bf16 panels)."""
         packed, scales, _ = self._packed[id(weight)]
         return packed, scales
 
@@ -232,7 +234,7 @@ class NativeDecoder:
     """Every layer of an all-decode step in one compiled call (``csrc/decoder.cpp``): the same
     kernels in the same order as :class:`DecoderLayer` with the compiled ops, so the same numbers,
     without ~25 Python-dispatched ops a layer. Built by ``prepack_cpu_weights`` for fp32 panels or
-    Q8_0 weights, when the compiled decode attention and small ops run too."""
+    Q8_0 or bf16 weights, when the compiled decode attention and small ops run too."""
 
     def __init__(self, kernel: DecodeLayers, model: LlamaModel) -> None:
         self.kernel = kernel
@@ -325,7 +327,8 @@ class LlamaModel(nn.Module):
 
     def prepack_cpu_weights(self, quantization: str | None = None) -> bool:
         """On CPU, pack every matmul weight once: panels for the compiled fp32 kernel (or, with
-        ``quantization="q8_0"``, int8 Q8_0 panels), else oneDNN's blocked layout.
+        ``quantization="q8_0"`` / ``"bf16"``, int8 Q8_0 / bf16 panels), else oneDNN's blocked
+        layout.
 
         See :class:`PackedWeights`. Packed copies replace the originals, except the embedding
         (also needed for its row lookup), so the model can run but no longer be saved. In fp32
@@ -340,15 +343,17 @@ class LlamaModel(nn.Module):
             )
         if self.weights:
             return False
-        if quantization == "q8_0":
+        if quantization is not None:
             if self.device.type != "cpu" or self.dtype != torch.float32:
                 raise ValueError(
-                    f"q8_0 weights run on the CPU with fp32 activations (--dtype float32), not "
+                    f"{quantization} weights run on the CPU with fp32 activations (--dtype float32), not "
                     f"{str(self.dtype).removeprefix('torch.')} on {self.device.type}"
                 )
             if q8_panel_linear_kernel() is None:
-                raise ValueError("q8_0 weights need the engine's compiled kernels, which did not build here")
-            kind = "q8_0"
+                raise ValueError(
+                    f"{quantization} weights need the engine's compiled kernels, which did not build here"
+                )
+            kind = quantization
         elif linear_kernel_for(self.device, self.dtype) is not None:
             kind = "panels"
         elif (
@@ -368,7 +373,7 @@ class LlamaModel(nn.Module):
         fused = fused_ops_for(self.device, self.dtype)
         for layer in self.decoder_layers():
             layer.fused = fused
-        decoder = decode_layers_kernel() if kind in ("panels", "q8_0") and fused is not None else None
+        decoder = decode_layers_kernel() if kind != "onednn" and fused is not None else None
         self.native_decoder = None if decoder is None else NativeDecoder(decoder, self)
         return True
 

@@ -4,8 +4,8 @@
   lie in the paged cache, instead of copying them out first (``index_select``) as the torch path
   does.
 - ``panel_linear`` multiplies by a weight packed in panels of 16 output features
-  (:func:`pack_panels`); it replaces oneDNN's fp32 matmuls, for decode (one weight read per step)
-  and prefill alike. ``q8_panel_linear`` does the same over int8 weights in blocks of 32 inputs
+  (:func:`pack_panels`), fp32 or bf16 (widened to fp32 as it is read: half the bytes); it
+  replaces oneDNN's fp32 matmuls, for decode (one weight read per step) and prefill alike. ``q8_panel_linear`` does the same over int8 weights in blocks of 32 inputs
   with one scale each (:func:`pack_q8_panels`, llama.cpp's Q8_0), activations in fp32.
 - ``rms_norm``, ``rope_``, ``silu_mul``: the decoder layer's small ops, one call each instead of
   torch's several (:class:`FusedOps`).
@@ -45,7 +45,7 @@ DecodeKernel = Callable[
 -> [n, heads * D]"""
 
 PanelLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
-"""(x [M, K], panels [ceil(N / 16), K, 16], bias [N] or None, N) -> [M, N]"""
+"""(x [M, K], fp32 or bf16 panels [ceil(N / 16), K, 16], bias [N] or None, N) -> [M, N]"""
 Q8PanelLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
 """(x [M, K], int8 panels [P, ceil(K / 32), 32, 16], scales [P, ceil(K / 32), 16], bias, N) -> [M, N]"""
 DecodeLayers = Callable[..., torch.Tensor]
@@ -125,9 +125,10 @@ def decode_attention_kernel() -> DecodeKernel | None:
     return None if module is None else cast(DecodeKernel, module.decode_attention)
 
 
-def panel_linear_kernel() -> PanelLinear | None:
-    """The packed-weight matmul; None where the kernels cannot build or ``STALLFREE_NATIVE_LINEAR=0``."""
-    module = native_module() if enabled(LINEAR_ENV) else None
+def panel_linear_kernel(bf16: bool = False) -> PanelLinear | None:
+    """The packed-weight matmul; None where the kernels cannot build or (fp32 panels only: bf16
+    ones have no other path) ``STALLFREE_NATIVE_LINEAR=0``."""
+    module = native_module() if bf16 or enabled(LINEAR_ENV) else None
     return None if module is None else cast(PanelLinear, module.panel_linear)
 
 
@@ -178,10 +179,11 @@ def linear_kernel_for(device: torch.device, dtype: torch.dtype) -> PanelLinear |
     return panel_linear_kernel() if _applies(device, dtype) else None
 
 
-def pack_panels(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` ([N, K]) as ``[ceil(N / 16), K, 16]`` panels, zero rows past N, for ``panel_linear``."""
+def pack_panels(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``weight`` ([N, K]) as ``[ceil(N / 16), K, 16]`` panels in ``dtype`` (fp32, or bf16 rounded
+    to nearest even, as torch rounds), zero rows past N, for ``panel_linear``."""
     n, k = weight.shape
-    padded = torch.nn.functional.pad(weight.detach(), (0, 0, 0, -n % PANEL))
+    padded = torch.nn.functional.pad(weight.detach().to(dtype), (0, 0, 0, -n % PANEL))
     return padded.view(-1, PANEL, k).transpose(1, 2).contiguous()
 
 

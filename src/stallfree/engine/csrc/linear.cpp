@@ -2,9 +2,10 @@
 // features: panel p holds features 16p .. 16p+15 as [K][16] (zero rows past N), so a step of the
 // inner loop reads 16 consecutive weights and every one of them is used by each row of x.
 //
-// panel_linear: fp32 weights.
+// panel_linear: fp32 weights, or bf16 ones (half the bytes to read; each widened to fp32, exactly,
+//   in registers for a few rows, else each panel once into a per-thread fp32 buffer).
 //   x:       [M, K] fp32, rows contiguous
-//   panels:  [ceil(N / 16), K, 16] fp32 (stallfree.engine.native.pack_panels)
+//   panels:  [ceil(N / 16), K, 16] fp32 or bf16 (stallfree.engine.native.pack_panels)
 //   bias:    [N] fp32 or None
 //   returns  [M, N]
 // q8_panel_linear: int8 weights in blocks of 32 inputs with one scale each (llama.cpp's Q8_0);
@@ -42,6 +43,23 @@ inline f32x8 load8(const float* p) {
   return v;
 }
 
+// Eight bf16 as eight floats: a bf16 is the top half of an fp32.
+inline f32x8 load8(const uint16_t* p) {
+#if defined(__AVX2__)
+  const __m256i wide = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
+  f32x8 out;
+  std::memcpy(&out, &wide, sizeof out);
+  return out;
+#else
+  f32x8 out;
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
+    std::memcpy(&out[i], &bits, sizeof bits);
+  }
+  return out;
+#endif
+}
+
 // Eight int8 as eight floats (gcc leaves a generic conversion scalar: AVX2 has it in two ops).
 inline f32x8 widen8(const int8_t* p) {
 #if defined(__AVX2__)
@@ -70,9 +88,9 @@ inline void store_rows(const f32x8* lo, const f32x8* hi, const float* bias, floa
   }
 }
 
-// Rows [0, R) of x against one panel: out[r][0..cols) = x[r] . panel (+ bias).
-template <int R>
-inline void panel_rows(const float* x, int64_t k_size, const float* panel, const float* bias,
+// Rows [0, R) of x against one panel (fp32 or bf16): out[r][0..cols) = x[r] . panel (+ bias).
+template <int R, typename W>
+inline void panel_rows(const float* x, int64_t k_size, const W* panel, const float* bias,
                        float* out, int64_t ld_out, int64_t cols) {
   f32x8 lo[R], hi[R];
   for (int r = 0; r < R; ++r) lo[r] = hi[r] = f32x8{};
@@ -142,13 +160,21 @@ inline void widen_panel(const int8_t* panel, const float* scales, int64_t num_bl
   }
 }
 
+// A bf16 panel ([K][16]) as an fp32 one.
+inline void widen_panel(const uint16_t* panel, int64_t k_size, float* out) {
+  for (int64_t i = 0; i < k_size * 16; i += 8) {
+    const f32x8 v = load8(panel + i);
+    std::memcpy(out + i, &v, 32);
+  }
+}
+
 // This thread's widened panel (one for every row count: the lambda that fills it is generic).
 std::vector<float>& widened_panel() {
   thread_local std::vector<float> panel;
   return panel;
 }
 
-// Rows of x from which a Q8_0 matmul widens each panel once into fp32 instead of in registers for
+// Rows of x from which a Q8_0 or bf16 matmul widens each panel once into fp32 instead of in registers for
 // every six rows.
 constexpr int64_t kWidenRows = 4;
 
@@ -191,19 +217,39 @@ void check_x(const torch::Tensor& x, int64_t k_size, int64_t num_panels, int64_t
 
 torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& panels,
                            const std::optional<torch::Tensor>& bias, int64_t out_features) {
-  TORCH_CHECK(panels.dtype() == torch::kFloat32 && panels.dim() == 3 && panels.is_contiguous() &&
+  const bool bf16 = panels.dtype() == torch::kBFloat16;
+  TORCH_CHECK((bf16 || panels.dtype() == torch::kFloat32) && panels.dim() == 3 && panels.is_contiguous() &&
                   panels.size(2) == 16,
-              "panel_linear: fp32 panels [P, K, 16], contiguous");
-  const int64_t k_size = panels.size(1), num_panels = panels.size(0);
+              "panel_linear: fp32 or bf16 panels [P, K, 16], contiguous");
+  const int64_t k_size = panels.size(1), num_panels = panels.size(0), m_size = x.size(0);
   check_x(x, k_size, num_panels, out_features);
   const float* b = checked_bias(bias, out_features);
-  auto out = torch::empty({x.size(0), out_features}, x.options());
+  auto out = torch::empty({m_size, out_features}, x.options());
   const float* xp = x.data_ptr<float>();
-  const float* wp = panels.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  for_each_panel(x.size(0), num_panels, out_features, [&](auto rows, int64_t p, int64_t m, int64_t cols) {
-    panel_rows<decltype(rows)::value>(xp + m * k_size, k_size, wp + p * k_size * 16,
-                                      b == nullptr ? nullptr : b + p * 16,
+  if (!bf16 || m_size < kWidenRows) {
+    const auto run = [&](const auto* wp) {
+      for_each_panel(m_size, num_panels, out_features, [&](auto rows, int64_t p, int64_t m, int64_t cols) {
+        panel_rows<decltype(rows)::value>(xp + m * k_size, k_size, wp + p * k_size * 16,
+                                          b == nullptr ? nullptr : b + p * 16,
+                                          op + m * out_features + p * 16, out_features, cols);
+      });
+    };
+    if (bf16)
+      run(reinterpret_cast<const uint16_t*>(panels.data_ptr<at::BFloat16>()));
+    else
+      run(panels.data_ptr<float>());
+    return out;
+  }
+  // Many rows over bf16: widen the panel once into an fp32 one (in cache), which every row then reads.
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(panels.data_ptr<at::BFloat16>());
+  for_each_panel(m_size, num_panels, out_features, [&](auto rows, int64_t p, int64_t m, int64_t cols) {
+    std::vector<float>& panel = widened_panel();
+    if (m == 0) {
+      panel.resize(k_size * 16);
+      widen_panel(wp + p * k_size * 16, k_size, panel.data());
+    }
+    panel_rows<decltype(rows)::value>(xp + m * k_size, k_size, panel.data(), b == nullptr ? nullptr : b + p * 16,
                                       op + m * out_features + p * 16, out_features, cols);
   });
   return out;
