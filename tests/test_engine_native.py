@@ -137,21 +137,40 @@ def test_panel_linear_matches_an_fp64_matmul(rows: int, with_bias: bool) -> None
     assert (got.double() - want).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 7, 129])  # registers below 4 rows, a widened panel from 4
+def unpack_bf16(panels: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """bf16 panels of input pairs back to the weight [N, K]."""
+    num_panels, pairs, _ = panels.shape
+    weight = panels.view(num_panels, pairs, 16, 2).transpose(1, 2).reshape(num_panels * 16, 2 * pairs)
+    return weight[:out_features, :in_features]
+
+
+@pytest.mark.parametrize(
+    "rows", [1, 3, 4, 7, 129]
+)  # registers below 4 rows; from 4, pairs or a widened panel
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_bf16_panels_match_an_fp64_matmul_over_the_bf16_weight(rows: int, with_bias: bool) -> None:
+@pytest.mark.parametrize("dot", ["1", "0"])
+def test_bf16_panels_match_an_fp64_matmul_over_the_bf16_weight(
+    rows: int, with_bias: bool, dot: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every path gives the fp64 product of the bf16 weight with x, or (bf16 pair dot products,
+    on a CPU with AVX512-BF16) with x rounded to bf16."""
+    monkeypatch.setenv(native.BF16_DOT_ENV, dot)
     linear = panel_linear_kernel(bf16=True)
     assert linear is not None, "the compiled kernels did not build (see the log)"
     gen = torch.Generator().manual_seed(rows)
-    out_features, in_features = 37, 100
+    out_features, in_features = 37, 99  # a partial last panel, an odd K (a padded last pair)
     weight = torch.randn(out_features, in_features, generator=gen)
     x = torch.randn(rows, in_features, generator=gen)
     bias = torch.randn(out_features, generator=gen) if with_bias else None
     panels = pack_panels(weight, torch.bfloat16)
-    assert panels.dtype == torch.bfloat16 and panels.shape == (3, in_features, 16)
+    assert panels.dtype == torch.bfloat16 and panels.shape == (3, 50, 32)
     rounded = weight.bfloat16()  # a bf16 checkpoint's own values: packing keeps them exactly
-    assert torch.equal(panels.transpose(1, 2).reshape(-1, in_features)[:out_features], rounded)
-    want = x.double() @ rounded.double().T + (0 if bias is None else bias.double())
+    assert torch.equal(unpack_bf16(panels, out_features, in_features), rounded)
+    assert not unpack_bf16(panels, 48, 100)[:, in_features:].any() and not panels[2, :, 10:].any()
+    pairs = rows >= 4 and native.bf16_dot_products()
+    assert not pairs or dot == "1"
+    x_used = x.bfloat16() if pairs else x
+    want = x_used.double() @ rounded.double().T + (0 if bias is None else bias.double())
     got = linear(x, panels, bias, out_features)
     assert got.dtype == torch.float32 and got.shape == (rows, out_features)
     assert (got.double() - want).abs().max().item() < 1e-4
@@ -169,8 +188,10 @@ def test_panel_linear_refuses_what_it_does_not_take() -> None:
         linear(torch.ones(2, 8), panels, None, 40)
     with pytest.raises(RuntimeError, match="bias must be fp32"):
         linear(torch.ones(2, 8), panels, torch.ones(19), 20)
-    with pytest.raises(RuntimeError, match="fp32 or bf16 panels"):
+    with pytest.raises(RuntimeError, match="fp32 panels \\[P, K, 16\\] or bf16 ones"):
         linear(torch.ones(2, 8), panels.half(), None, 20)
+    with pytest.raises(RuntimeError, match="x has 9 features, the weight 4 pairs"):
+        linear(torch.ones(2, 9), pack_panels(torch.ones(20, 8), torch.bfloat16), None, 20)
 
 
 def unpack_q8(

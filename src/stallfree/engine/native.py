@@ -4,8 +4,9 @@
   lie in the paged cache, instead of copying them out first (``index_select``) as the torch path
   does.
 - ``panel_linear`` multiplies by a weight packed in panels of 16 output features
-  (:func:`pack_panels`), fp32 or bf16 (widened to fp32 as it is read: half the bytes); it
-  replaces oneDNN's fp32 matmuls, for decode (one weight read per step) and prefill alike. ``q8_panel_linear`` does the same over int8 weights in blocks of 32 inputs
+  (:func:`pack_panels`), fp32 or bf16 (half the bytes: widened to fp32 as it is read, or, for 4
+  rows or more on a CPU with AVX512-BF16, multiplied in bf16 pairs); it replaces oneDNN's fp32
+  matmuls, for decode (one weight read per step) and prefill alike. ``q8_panel_linear`` does the same over int8 weights in blocks of 32 inputs
   with one scale each (:func:`pack_q8_panels`, llama.cpp's Q8_0), activations in fp32.
 - ``rms_norm``, ``rope_``, ``silu_mul``: the decoder layer's small ops, one call each instead of
   torch's several (:class:`FusedOps`).
@@ -20,7 +21,8 @@ extension folder, named by the CPU capability it was compiled for (so a home fol
 AVX-512 and an AVX2 machine holds one build for each, and neither loads the other's). Where they
 cannot build (no compiler, a build error) the engine says so in one line and runs torch's ops.
 ``STALLFREE_NATIVE_ATTENTION=0`` / ``STALLFREE_NATIVE_LINEAR=0`` / ``STALLFREE_NATIVE_FUSED=0`` /
-``STALLFREE_NATIVE_DECODER=0`` turn each off.
+``STALLFREE_NATIVE_DECODER=0`` turn each off; ``STALLFREE_NATIVE_BF16_DOT=0`` keeps bf16 weights'
+matmuls in fp32 on a CPU with AVX512-BF16 (:func:`bf16_dot_products`).
 """
 
 from __future__ import annotations
@@ -132,6 +134,17 @@ def panel_linear_kernel(bf16: bool = False) -> PanelLinear | None:
     return None if module is None else cast(PanelLinear, module.panel_linear)
 
 
+BF16_DOT_ENV = "STALLFREE_NATIVE_BF16_DOT"
+
+
+def bf16_dot_products() -> bool:
+    """Whether ``panel_linear`` over bf16 panels multiplies 4 rows or more in bf16 pairs here (a
+    CPU with AVX512-BF16, the kernels built, ``STALLFREE_NATIVE_BF16_DOT`` not 0): x rounded to
+    bf16, fp32 sums. Otherwise every bf16 weight is widened to fp32 and x stays fp32."""
+    module = native_module()
+    return module is not None and bool(module.uses_bf16_dot_products())
+
+
 def q8_panel_linear_kernel() -> Q8PanelLinear | None:
     """The Q8_0 matmul; None where the kernels cannot build (``STALLFREE_NATIVE_LINEAR`` does not
     turn it off: Q8_0 weights have no other path)."""
@@ -180,11 +193,18 @@ def linear_kernel_for(device: torch.device, dtype: torch.dtype) -> PanelLinear |
 
 
 def pack_panels(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``weight`` ([N, K]) as ``[ceil(N / 16), K, 16]`` panels in ``dtype`` (fp32, or bf16 rounded
-    to nearest even, as torch rounds), zero rows past N, for ``panel_linear``."""
+    """``weight`` ([N, K]) in panels of 16 output features, zero past N, for ``panel_linear``: fp32
+    ``[ceil(N / 16), K, 16]``, or bf16 (rounded to nearest even, as torch rounds) with each
+    feature's inputs in pairs, ``[ceil(N / 16), ceil(K / 2), 32]`` (zero past K)."""
     n, k = weight.shape
-    padded = torch.nn.functional.pad(weight.detach().to(dtype), (0, 0, 0, -n % PANEL))
-    return padded.view(-1, PANEL, k).transpose(1, 2).contiguous()
+    w = weight.detach().to(dtype)
+    if dtype == torch.float32:
+        return (
+            torch.nn.functional.pad(w, (0, 0, 0, -n % PANEL)).view(-1, PANEL, k).transpose(1, 2).contiguous()
+        )
+    padded = torch.nn.functional.pad(w, (0, k % 2, 0, -n % PANEL))  # [P * 16, 2 * pairs]
+    pairs = padded.view(-1, PANEL, (k + 1) // 2, 2).transpose(1, 2)  # [P, pairs, 16, 2]
+    return pairs.reshape(pairs.shape[0], pairs.shape[1], 2 * PANEL).contiguous()
 
 
 Q8_BLOCK = 32  # inputs per scale of a Q8_0 weight

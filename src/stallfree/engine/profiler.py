@@ -32,6 +32,7 @@ from stallfree import __version__
 from stallfree.core import SamplingParams, ScheduledChunk, StepPlan, ceil_div
 from stallfree.engine.engine import LLMEngine
 from stallfree.engine.model_runner import ModelRunner
+from stallfree.engine.native import bf16_dot_products
 from stallfree.engine.profiling import CpuMeter, plan_times
 from stallfree.engine.sampler import sample
 from stallfree.specs.speed import DRIFT_WARNING, Timeline, correct_drift, reference_spread
@@ -443,8 +444,9 @@ def _fingerprint(model: str, engine: LLMEngine) -> dict[str, Any]:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         # the compiled kernel (stallfree.engine.native) or torch's gathers and matmuls
         "decode_attention": "compiled" if engine.model_runner.decode_kernel is not None else "torch",
-        # how the matmuls run: the compiled kernel's panels, oneDNN's packed weights, or torch's
-        "linear": engine.model.weights.kind or "torch",
+        # how the matmuls run: the compiled kernel's panels (fp32, q8_0, bf16; "bf16-dot": prefill
+        # rows in AVX512-BF16's pair dot products), oneDNN's packed weights, or torch's
+        "linear": _linear_kind(engine),
         "fused_ops": "compiled" if engine.model.decoder_layers()[0].fused is not None else "torch",
         # all-decode steps: every layer in one compiled call, or the layers one by one from Python
         "decode_layers": "compiled" if engine.model.native_decoder is not None else "python",
@@ -454,6 +456,11 @@ def _fingerprint(model: str, engine: LLMEngine) -> dict[str, Any]:
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "hostname": socket.gethostname(),
     }
+
+
+def _linear_kind(engine: LLMEngine) -> str:
+    kind = engine.model.weights.kind or "torch"
+    return "bf16-dot" if kind == "bf16" and bf16_dot_products() else kind
 
 
 def _cpu_name() -> str:

@@ -2,10 +2,16 @@
 // features: panel p holds features 16p .. 16p+15 as [K][16] (zero rows past N), so a step of the
 // inner loop reads 16 consecutive weights and every one of them is used by each row of x.
 //
-// panel_linear: fp32 weights, or bf16 ones (half the bytes to read; each widened to fp32, exactly,
-//   in registers for a few rows, else each panel once into a per-thread fp32 buffer).
+// panel_linear: fp32 weights, or bf16 ones (half the bytes to read).
 //   x:       [M, K] fp32, rows contiguous
-//   panels:  [ceil(N / 16), K, 16] fp32 or bf16 (stallfree.engine.native.pack_panels)
+//   panels:  fp32 [ceil(N / 16), K, 16], or bf16 [ceil(N / 16), ceil(K / 2), 32]: each feature's
+//            inputs in pairs (2k, 2k + 1), the layout of AVX512-BF16's pair dot product
+//            (stallfree.engine.native.pack_panels)
+//   For a few rows each bf16 weight is widened to fp32 (exactly) in registers. For more, on a CPU
+//   with AVX512-BF16 the rows of x are rounded to bf16 (to nearest even, as torch rounds) and
+//   multiplied in bf16 pairs with fp32 sums, as oneDNN's bf16 matmuls and llama.cpp's BF16 do
+//   (STALLFREE_NATIVE_BF16_DOT=0 turns that off); elsewhere each panel is widened once into a
+//   per-thread fp32 buffer that every row reads.
 //   bias:    [N] fp32 or None
 //   returns  [M, N]
 // q8_panel_linear: int8 weights in blocks of 32 inputs with one scale each (llama.cpp's Q8_0);
@@ -22,11 +28,12 @@
 
 #include <ATen/Parallel.h>
 
-#if defined(__AVX2__)
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -43,21 +50,16 @@ inline f32x8 load8(const float* p) {
   return v;
 }
 
-// Eight bf16 as eight floats: a bf16 is the top half of an fp32.
-inline f32x8 load8(const uint16_t* p) {
-#if defined(__AVX2__)
-  const __m256i wide = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
-  f32x8 out;
-  std::memcpy(&out, &wide, sizeof out);
-  return out;
-#else
-  f32x8 out;
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
-    std::memcpy(&out[i], &bits, sizeof bits);
-  }
-  return out;
-#endif
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+
+// Eight bf16 pairs as two sets of eight floats (a bf16 is the top half of an fp32): the pairs'
+// first inputs and their second.
+inline void load_pairs8(const uint32_t* p, f32x8& first, f32x8& second) {
+  u32x8 v;
+  std::memcpy(&v, p, sizeof v);
+  const u32x8 lo = v << 16, hi = v & 0xFFFF0000u;
+  std::memcpy(&first, &lo, sizeof first);
+  std::memcpy(&second, &hi, sizeof second);
 }
 
 // Eight int8 as eight floats (gcc leaves a generic conversion scalar: AVX2 has it in two ops).
@@ -88,9 +90,9 @@ inline void store_rows(const f32x8* lo, const f32x8* hi, const float* bias, floa
   }
 }
 
-// Rows [0, R) of x against one panel (fp32 or bf16): out[r][0..cols) = x[r] . panel (+ bias).
-template <int R, typename W>
-inline void panel_rows(const float* x, int64_t k_size, const W* panel, const float* bias,
+// Rows [0, R) of x against one panel: out[r][0..cols) = x[r] . panel (+ bias).
+template <int R>
+inline void panel_rows(const float* x, int64_t k_size, const float* panel, const float* bias,
                        float* out, int64_t ld_out, int64_t cols) {
   f32x8 lo[R], hi[R];
   for (int r = 0; r < R; ++r) lo[r] = hi[r] = f32x8{};
@@ -103,6 +105,80 @@ inline void panel_rows(const float* x, int64_t k_size, const W* panel, const flo
     }
   }
   store_rows<R>(lo, hi, bias, out, ld_out, cols);
+}
+
+// The same over a bf16 panel of input pairs ([ceil(K / 2)][16] pairs), for a few rows.
+template <int R>
+inline void bf16_panel_rows(const float* x, int64_t k_size, const uint32_t* panel, const float* bias,
+                            float* out, int64_t ld_out, int64_t cols) {
+  f32x8 lo[R], hi[R];
+  for (int r = 0; r < R; ++r) lo[r] = hi[r] = f32x8{};
+  const int64_t pairs = k_size / 2;
+  for (int64_t k = 0; k < pairs; ++k) {
+    f32x8 a_lo, b_lo, a_hi, b_hi;
+    load_pairs8(panel + k * 16, a_lo, b_lo);
+    load_pairs8(panel + k * 16 + 8, a_hi, b_hi);
+    for (int r = 0; r < R; ++r) {
+      const float va = x[r * k_size + 2 * k], vb = x[r * k_size + 2 * k + 1];
+      lo[r] += va * a_lo + vb * b_lo;
+      hi[r] += va * a_hi + vb * b_hi;
+    }
+  }
+  if (k_size % 2) {  // the last pair's second input is padding
+    f32x8 a_lo, b_lo, a_hi, b_hi;
+    load_pairs8(panel + pairs * 16, a_lo, b_lo);
+    load_pairs8(panel + pairs * 16 + 8, a_hi, b_hi);
+    for (int r = 0; r < R; ++r) {
+      const float va = x[r * k_size + k_size - 1];
+      lo[r] += va * a_lo;
+      hi[r] += va * a_hi;
+    }
+  }
+  store_rows<R>(lo, hi, bias, out, ld_out, cols);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define STALLFREE_BF16_DOT 1
+// Rows [0, R) of x, as bf16 pairs ([R][pairs]), against one bf16 panel: one AVX512-BF16 pair dot
+// product per pair of inputs, 16 features wide.
+template <int R>
+__attribute__((target("avx512f,avx512bf16"))) void bf16_dot_rows(const uint32_t* xb, int64_t pairs,
+                                                                   const uint32_t* panel, const float* bias,
+                                                                   float* out, int64_t ld_out, int64_t cols) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < pairs; ++k) {
+    const __m512bh w = (__m512bh)_mm512_loadu_si512(panel + k * 16);
+    for (int r = 0; r < R; ++r)
+      acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(static_cast<int>(xb[r * pairs + k])), w);
+  }
+  for (int r = 0; r < R; ++r) {
+    float row[16];
+    _mm512_storeu_ps(row, acc[r]);
+    if (bias != nullptr)
+      for (int64_t c = 0; c < cols; ++c) row[c] += bias[c];
+    std::memcpy(out + r * ld_out, row, cols * sizeof(float));
+  }
+}
+#endif
+
+// Whether the many-row bf16 path multiplies in bf16 pairs here.
+bool bf16_dot_products() {
+#if defined(STALLFREE_BF16_DOT)
+  static const bool supported = __builtin_cpu_supports("avx512bf16");
+  const char* env = std::getenv("STALLFREE_NATIVE_BF16_DOT");
+  return supported && (env == nullptr || std::strcmp(env, "0") != 0);
+#else
+  return false;
+#endif
+}
+
+// fp32 to bf16, to nearest even (NaN stays NaN), as torch rounds.
+inline uint32_t to_bf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (bits >> 16) | 0x40u;
+  return (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
 }
 
 // The same over a Q8_0 panel, for a few rows: block by block, each row of 16 int8 weights widened
@@ -160,12 +236,15 @@ inline void widen_panel(const int8_t* panel, const float* scales, int64_t num_bl
   }
 }
 
-// A bf16 panel ([K][16]) as an fp32 one.
-inline void widen_panel(const uint16_t* panel, int64_t k_size, float* out) {
-  for (int64_t i = 0; i < k_size * 16; i += 8) {
-    const f32x8 v = load8(panel + i);
-    std::memcpy(out + i, &v, 32);
-  }
+// A bf16 panel of input pairs as an fp32 one ([2 ceil(K / 2)][16]).
+inline void widen_panel(const uint32_t* panel, int64_t pairs, float* out) {
+  for (int64_t k = 0; k < pairs; ++k)
+    for (int64_t half = 0; half < 16; half += 8) {
+      f32x8 first, second;
+      load_pairs8(panel + k * 16 + half, first, second);
+      std::memcpy(out + 2 * k * 16 + half, &first, 32);
+      std::memcpy(out + (2 * k + 1) * 16 + half, &second, 32);
+    }
 }
 
 // This thread's widened panel (one for every row count: the lambda that fills it is generic).
@@ -213,43 +292,77 @@ void check_x(const torch::Tensor& x, int64_t k_size, int64_t num_panels, int64_t
               "panel_linear: ", num_panels, " panels cannot hold ", out_features, " features");
 }
 
-}  // namespace
-
-torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& panels,
-                           const std::optional<torch::Tensor>& bias, int64_t out_features) {
-  const bool bf16 = panels.dtype() == torch::kBFloat16;
-  TORCH_CHECK((bf16 || panels.dtype() == torch::kFloat32) && panels.dim() == 3 && panels.is_contiguous() &&
-                  panels.size(2) == 16,
-              "panel_linear: fp32 or bf16 panels [P, K, 16], contiguous");
-  const int64_t k_size = panels.size(1), num_panels = panels.size(0), m_size = x.size(0);
+torch::Tensor bf16_panel_linear(const torch::Tensor& x, const torch::Tensor& panels,
+                                const std::optional<torch::Tensor>& bias, int64_t out_features) {
+  TORCH_CHECK(panels.dim() == 3 && panels.is_contiguous() && panels.size(2) == 32,
+              "panel_linear: fp32 panels [P, K, 16] or bf16 ones [P, K / 2, 32], contiguous");
+  TORCH_CHECK(x.dim() == 2, "panel_linear: x must be [M, K], contiguous");
+  const int64_t pairs = panels.size(1), num_panels = panels.size(0), m_size = x.size(0);
+  const int64_t k_size = x.size(1);
+  TORCH_CHECK((k_size + 1) / 2 == pairs, "panel_linear: x has ", k_size, " features, the weight ", pairs,
+              " pairs");
   check_x(x, k_size, num_panels, out_features);
   const float* b = checked_bias(bias, out_features);
   auto out = torch::empty({m_size, out_features}, x.options());
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  if (!bf16 || m_size < kWidenRows) {
-    const auto run = [&](const auto* wp) {
-      for_each_panel(m_size, num_panels, out_features, [&](auto rows, int64_t p, int64_t m, int64_t cols) {
-        panel_rows<decltype(rows)::value>(xp + m * k_size, k_size, wp + p * k_size * 16,
-                                          b == nullptr ? nullptr : b + p * 16,
-                                          op + m * out_features + p * 16, out_features, cols);
-      });
-    };
-    if (bf16)
-      run(reinterpret_cast<const uint16_t*>(panels.data_ptr<at::BFloat16>()));
-    else
-      run(panels.data_ptr<float>());
+  const uint32_t* wp = reinterpret_cast<const uint32_t*>(panels.data_ptr<at::BFloat16>());
+  const auto bias_of = [&](int64_t p) { return b == nullptr ? nullptr : b + p * 16; };
+  if (m_size < kWidenRows) {  // each weight is used by few rows: widen it in registers
+    for_each_panel(m_size, num_panels, out_features, [&](auto rows, int64_t p, int64_t m, int64_t cols) {
+      bf16_panel_rows<decltype(rows)::value>(xp + m * k_size, k_size, wp + p * pairs * 16, bias_of(p),
+                                             op + m * out_features + p * 16, out_features, cols);
+    });
     return out;
   }
-  // Many rows over bf16: widen the panel once into an fp32 one (in cache), which every row then reads.
-  const uint16_t* wp = reinterpret_cast<const uint16_t*>(panels.data_ptr<at::BFloat16>());
+#if defined(STALLFREE_BF16_DOT)
+  if (bf16_dot_products()) {
+    std::vector<uint32_t> xb(m_size * pairs);  // x in bf16 pairs, zero past K
+    at::parallel_for(0, m_size, 16, [&](int64_t first, int64_t last) {
+      for (int64_t m = first; m < last; ++m)
+        for (int64_t k = 0; k < pairs; ++k) {
+          const uint32_t hi = 2 * k + 1 < k_size ? to_bf16(xp[m * k_size + 2 * k + 1]) : 0;
+          xb[m * pairs + k] = to_bf16(xp[m * k_size + 2 * k]) | (hi << 16);
+        }
+    });
+    for_each_panel(m_size, num_panels, out_features, [&](auto rows, int64_t p, int64_t m, int64_t cols) {
+      bf16_dot_rows<decltype(rows)::value>(xb.data() + m * pairs, pairs, wp + p * pairs * 16, bias_of(p),
+                                           op + m * out_features + p * 16, out_features, cols);
+    });
+    return out;
+  }
+#endif
+  // Many rows: widen the panel once into an fp32 one (in cache), which every row then reads.
   for_each_panel(m_size, num_panels, out_features, [&](auto rows, int64_t p, int64_t m, int64_t cols) {
     std::vector<float>& panel = widened_panel();
     if (m == 0) {
-      panel.resize(k_size * 16);
-      widen_panel(wp + p * k_size * 16, k_size, panel.data());
+      panel.resize(pairs * 2 * 16);
+      widen_panel(wp + p * pairs * 16, pairs, panel.data());
     }
-    panel_rows<decltype(rows)::value>(xp + m * k_size, k_size, panel.data(), b == nullptr ? nullptr : b + p * 16,
+    panel_rows<decltype(rows)::value>(xp + m * k_size, k_size, panel.data(), bias_of(p),
+                                      op + m * out_features + p * 16, out_features, cols);
+  });
+  return out;
+}
+
+}  // namespace
+
+torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& panels,
+                           const std::optional<torch::Tensor>& bias, int64_t out_features) {
+  if (panels.dtype() == torch::kBFloat16) return bf16_panel_linear(x, panels, bias, out_features);
+  TORCH_CHECK(panels.dtype() == torch::kFloat32 && panels.dim() == 3 && panels.is_contiguous() &&
+                  panels.size(2) == 16,
+              "panel_linear: fp32 panels [P, K, 16] or bf16 ones [P, K / 2, 32], contiguous");
+  const int64_t k_size = panels.size(1), num_panels = panels.size(0);
+  check_x(x, k_size, num_panels, out_features);
+  const float* b = checked_bias(bias, out_features);
+  auto out = torch::empty({x.size(0), out_features}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = panels.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for_each_panel(x.size(0), num_panels, out_features, [&](auto rows, int64_t p, int64_t m, int64_t cols) {
+    panel_rows<decltype(rows)::value>(xp + m * k_size, k_size, wp + p * k_size * 16,
+                                      b == nullptr ? nullptr : b + p * 16,
                                       op + m * out_features + p * 16, out_features, cols);
   });
   return out;
@@ -295,3 +408,6 @@ torch::Tensor q8_panel_linear(const torch::Tensor& x, const torch::Tensor& panel
   });
   return out;
 }
+
+// For Python: whether a bf16 matmul of 4 rows or more multiplies in bf16 pairs on this CPU.
+bool uses_bf16_dot_products() { return bf16_dot_products(); }
