@@ -31,6 +31,7 @@ def measure(args: argparse.Namespace, policy: str, budget: int | None) -> dict[s
     engine = LLMEngine(
         args.model,
         dtype=args.dtype,
+        quantization=args.quantization,
         device="cpu",
         policy=policy,
         token_budget=budget,
@@ -78,6 +79,7 @@ def main() -> None:
     )
     parser.add_argument("--model", default="random:medium")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--quantization", choices=("q8_0", "bf16"), help="weights: as serve's flag")
     parser.add_argument("--prompt-tokens", type=int, default=3000)
     parser.add_argument("--streams", type=int, default=0, help="requests decoding while the prompt runs")
     parser.add_argument("--budgets", default="64,256")
@@ -89,7 +91,8 @@ def main() -> None:
     configs: list[tuple[str, int | None]] = [("prefill-first", None)]
     configs += [("chunked", int(b)) for b in args.budgets.split(",")]
     print(
-        f"{args.model} {args.dtype}, {torch.get_num_threads()} threads: a {args.prompt_tokens}-token "
+        f"{args.model} {args.dtype}{f' ({args.quantization} weights)' if args.quantization else ''}, "
+        f"{torch.get_num_threads()} threads: a {args.prompt_tokens}-token "
         f"prompt, {args.streams} streams decoding"
     )
     runs: dict[tuple[str, int | None], list[dict[str, float]]] = {config: [] for config in configs}

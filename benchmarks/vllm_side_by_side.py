@@ -23,9 +23,11 @@ prompt) on vLLM with its prefix cache and restarted without it, beside ``validat
 ``simulate --replay`` with caching on and off (the profile under ``--out``, made if missing),
 then ``stallfree serve`` (one thread) with and without its cache on the same sessions.
 ``--part long-prompt`` profiles vLLM afresh and puts only the long-prompt scenario at the default
-and at 128 tokens beside ``explain --profile``. ``--part engine`` instead puts ``stallfree serve`` (the same folder, fp32, one thread as vLLM's
-CPU worker binds one core here) beside vLLM: the long-prompt scenario at 1 and 16 streams,
-prefill-first / vLLM's default and chunked at 128 tokens.
+and at 128 tokens beside ``explain --profile``. ``--part engine`` instead puts ``stallfree serve``
+(the same folder, one thread as vLLM's CPU worker binds one core here) beside vLLM: the
+long-prompt scenario at 1 and 16 streams, prefill-first / vLLM's default and chunked at 128
+tokens; in fp32, or with ``--engine-dtype bfloat16`` vLLM in bf16 and stallfree with bf16 weights
+(``--quantization bf16``).
 
     make vllm && .venv/bin/python benchmarks/vllm_side_by_side.py --runs 3 --num-requests 60   # ~100 min on 2 cores
     .venv/bin/python benchmarks/vllm_side_by_side.py --part long-prompt --runs 2   # ~12 min
@@ -65,16 +67,18 @@ KEYS = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms")
 
 
 @contextlib.contextmanager
-def vllm_server(model_dir: Path, log: Path, flags: list[str]) -> Iterator[tuple[str, int]]:
-    """vLLM's OpenAI server on ``model_dir`` (fp32, 2 GiB of KV cache); yields its base URL and
-    the KV-cache tokens its log reports, once /health answers."""
+def vllm_server(
+    model_dir: Path, log: Path, flags: list[str], dtype: str = "float32"
+) -> Iterator[tuple[str, int]]:
+    """vLLM's OpenAI server on ``model_dir`` (``dtype``, 2 GiB of KV cache); yields its base URL
+    and the KV-cache tokens its log reports, once /health answers."""
     if not VLLM_PYTHON.exists():
         raise SystemExit(f"no vLLM venv at {VLLM_PYTHON.parent.parent}: run `make vllm` first")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--dtype", "float32", "--port", str(port), *flags]  # fmt: skip
+            "--dtype", dtype, "--port", str(port), *flags]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}
     print("$ " + " ".join(argv[1:]), file=sys.stderr, flush=True)
     with log.open("w") as out:
@@ -396,16 +400,31 @@ def profile_server(url: str, profile: Path, model_dir: Path) -> None:
 def engine_part(args: argparse.Namespace) -> list[str]:
     out, model_dir = args.out, saved_model(args)
     rows = [
-        f"machine: {os.cpu_count()} CPUs, load {load()}",
+        f"machine: {os.cpu_count()} CPUs, load {load()}; weights {args.engine_dtype}"
+        + (" (stallfree: --quantization bf16)" if args.engine_dtype == "bfloat16" else ""),
         "",
         "| server | streams | longest gap ms | median gap ms | decode tok/s | prompt TTFT with streams ms | alone ms |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    stallfree_args = ["--model", str(model_dir), "--dtype", "float32", "--device", "cpu", "--threads", "1"]
+    # bf16: vLLM --dtype bfloat16, stallfree's bf16 weights (fp32 activations; pair dot products
+    # for prefill rows where the CPU has AVX512-BF16)
+    weights = ["--quantization", "bf16"] if args.engine_dtype == "bfloat16" else []
+    stallfree_args = [
+        "--model",
+        str(model_dir),
+        "--dtype",
+        "float32",
+        *weights,
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+    ]
+    vllm_dtype = args.engine_dtype
     servers: list[tuple[str, contextlib.AbstractContextManager[tuple[str, int]]]] = [
-        ("vLLM 0.32, defaults (2048)", vllm_server(model_dir, out / "vllm-engine-default.log", [])),
+        ("vLLM 0.32, defaults (2048)", vllm_server(model_dir, out / "vllm-engine-default.log", [], vllm_dtype)),
         ("vLLM 0.32, --max-num-batched-tokens 128",
-         vllm_server(model_dir, out / "vllm-engine-128.log", ["--max-num-batched-tokens", "128"])),
+         vllm_server(model_dir, out / "vllm-engine-128.log", ["--max-num-batched-tokens", "128"], vllm_dtype)),
         ("stallfree serve, prefill-first", serving([*stallfree_args, "--policy", "prefill-first"])),
         ("stallfree serve, chunked 128", serving([*stallfree_args, "--policy", "chunked", "--token-budget", "128"])),
     ]  # fmt: skip
@@ -522,6 +541,12 @@ def main() -> int:
         "on this CPU and every budget meets it for 512-token prompts)",
     )
     parser.add_argument("--skip-profile", action="store_true", help="reuse the profile under --out")
+    parser.add_argument(
+        "--engine-dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="--part engine: the weights (bfloat16: vLLM --dtype bfloat16, stallfree --quantization bf16)",
+    )
     parser.add_argument(
         "--prefix-caching",
         choices=("both", "on", "off"),

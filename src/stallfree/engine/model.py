@@ -99,7 +99,9 @@ class PackedWeights:
       oneDNN's and a 2K prefill in 0.91-1.00x (``benchmarks/linear_kernel_ab.py``);
     - "q8_0": int8 in blocks of 32 inputs with one scale each (llama.cpp's Q8_0) for
       ``q8_panel_linear``, fp32 activations: a quarter of fp32's bytes to read per decode step;
-    - "bf16": the same panels in bf16 for ``panel_linear``, fp32 activations: half fp32's bytes;
+    - "bf16": bf16 panels (each feature's inputs in pairs) for ``panel_linear``, fp32
+      activations: half fp32's bytes; prefill rows in AVX512-BF16's pair dot products where the
+      CPU has them;
     - "onednn": oneDNN's blocked layout (bf16, or where the kernels cannot build): it otherwise
       re-lays out a bf16 weight on every call; pre-packed once, small-batch (decode) matmuls run
       1.5-2.7x faster, large ones ~1.2x, with bit-identical results in bf16;

@@ -6,8 +6,9 @@
 - ``panel_linear`` multiplies by a weight packed in panels of 16 output features
   (:func:`pack_panels`), fp32 or bf16 (half the bytes: widened to fp32 as it is read, or, for 4
   rows or more on a CPU with AVX512-BF16, multiplied in bf16 pairs); it replaces oneDNN's fp32
-  matmuls, for decode (one weight read per step) and prefill alike. ``q8_panel_linear`` does the same over int8 weights in blocks of 32 inputs
-  with one scale each (:func:`pack_q8_panels`, llama.cpp's Q8_0), activations in fp32.
+  matmuls, for decode (one weight read per step) and prefill alike. ``q8_panel_linear`` does the
+  same over int8 weights in blocks of 32 inputs with one scale each (:func:`pack_q8_panels`,
+  llama.cpp's Q8_0), activations in fp32.
 - ``rms_norm``, ``rope_``, ``silu_mul``: the decoder layer's small ops, one call each instead of
   torch's several (:class:`FusedOps`).
 - ``decode_layers``: every decoder layer of an all-decode step in one call of the kernels above
@@ -47,7 +48,8 @@ DecodeKernel = Callable[
 -> [n, heads * D]"""
 
 PanelLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
-"""(x [M, K], fp32 or bf16 panels [ceil(N / 16), K, 16], bias [N] or None, N) -> [M, N]"""
+"""(x [M, K], panels (fp32 [ceil(N / 16), K, 16] or bf16 [ceil(N / 16), ceil(K / 2), 32]), bias [N]
+or None, N) -> [M, N]"""
 Q8PanelLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
 """(x [M, K], int8 panels [P, ceil(K / 32), 32, 16], scales [P, ceil(K / 32), 16], bias, N) -> [M, N]"""
 DecodeLayers = Callable[..., torch.Tensor]

@@ -139,25 +139,49 @@ inline void bf16_panel_rows(const float* x, int64_t k_size, const uint32_t* pane
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define STALLFREE_BF16_DOT 1
-// Rows [0, R) of x, as bf16 pairs ([R][pairs]), against one bf16 panel: one AVX512-BF16 pair dot
-// product per pair of inputs, 16 features wide.
-template <int R>
+// Rows [0, R) of x, as bf16 pairs ([R][pairs]), against P consecutive bf16 panels (16 P features):
+// one AVX512-BF16 pair dot product per pair of inputs, row and panel; each broadcast of x serves
+// P panels. out[r][0..cols) = the sums (+ bias).
+template <int R, int P>
 __attribute__((target("avx512f,avx512bf16"))) void bf16_dot_rows(const uint32_t* xb, int64_t pairs,
                                                                    const uint32_t* panel, const float* bias,
                                                                    float* out, int64_t ld_out, int64_t cols) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < P; ++j) acc[r][j] = _mm512_setzero_ps();
   for (int64_t k = 0; k < pairs; ++k) {
-    const __m512bh w = (__m512bh)_mm512_loadu_si512(panel + k * 16);
-    for (int r = 0; r < R; ++r)
-      acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(static_cast<int>(xb[r * pairs + k])), w);
+    __m512bh w[P];
+    for (int j = 0; j < P; ++j) w[j] = (__m512bh)_mm512_loadu_si512(panel + (j * pairs + k) * 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh v = (__m512bh)_mm512_set1_epi32(static_cast<int>(xb[r * pairs + k]));
+      for (int j = 0; j < P; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], v, w[j]);
+    }
   }
   for (int r = 0; r < R; ++r) {
-    float row[16];
-    _mm512_storeu_ps(row, acc[r]);
+    float row[16 * P];
+    for (int j = 0; j < P; ++j) _mm512_storeu_ps(row + 16 * j, acc[r][j]);
     if (bias != nullptr)
       for (int64_t c = 0; c < cols; ++c) row[c] += bias[c];
     std::memcpy(out + r * ld_out, row, cols * sizeof(float));
+  }
+}
+
+// Rows [m0, m1) of x (as bf16 pairs) against panels [p, p + P): six rows at a time.
+template <int P>
+void bf16_dot_panels(const uint32_t* xb, int64_t pairs, const uint32_t* panel, const float* bias, float* out,
+                     int64_t ld_out, int64_t cols, int64_t m0, int64_t m1) {
+  int64_t m = m0;
+  for (; m + 6 <= m1; m += 6)
+    bf16_dot_rows<6, P>(xb + m * pairs, pairs, panel, bias, out + m * ld_out, ld_out, cols);
+  const uint32_t* x = xb + m * pairs;
+  float* o = out + m * ld_out;
+  switch (m1 - m) {
+    case 5: bf16_dot_rows<5, P>(x, pairs, panel, bias, o, ld_out, cols); break;
+    case 4: bf16_dot_rows<4, P>(x, pairs, panel, bias, o, ld_out, cols); break;
+    case 3: bf16_dot_rows<3, P>(x, pairs, panel, bias, o, ld_out, cols); break;
+    case 2: bf16_dot_rows<2, P>(x, pairs, panel, bias, o, ld_out, cols); break;
+    case 1: bf16_dot_rows<1, P>(x, pairs, panel, bias, o, ld_out, cols); break;
+    default: break;
   }
 }
 #endif
@@ -325,10 +349,23 @@ torch::Tensor bf16_panel_linear(const torch::Tensor& x, const torch::Tensor& pan
           xb[m * pairs + k] = to_bf16(xp[m * k_size + 2 * k]) | (hi << 16);
         }
     });
-    for_each_panel(m_size, num_panels, out_features, [&](auto rows, int64_t p, int64_t m, int64_t cols) {
-      bf16_dot_rows<decltype(rows)::value>(xb.data() + m * pairs, pairs, wp + p * pairs * 16, bias_of(p),
-                                           op + m * out_features + p * 16, out_features, cols);
-    });
+    // Rows in blocks whose bf16 pairs stay in cache while every panel meets them; threads split
+    // the panels two by two.
+    const int64_t block_rows = 96;
+    for (int64_t m0 = 0; m0 < m_size; m0 += block_rows) {
+      const int64_t m1 = std::min(m_size, m0 + block_rows);
+      at::parallel_for(0, (num_panels + 1) / 2, 1, [&](int64_t first, int64_t last) {
+        for (int64_t two = first; two < last; ++two) {
+          const int64_t p = 2 * two, cols = std::min<int64_t>(32, out_features - p * 16);
+          if (cols > 16)
+            bf16_dot_panels<2>(xb.data(), pairs, wp + p * pairs * 16, bias_of(p), op + p * 16, out_features, cols,
+                               m0, m1);
+          else
+            bf16_dot_panels<1>(xb.data(), pairs, wp + p * pairs * 16, bias_of(p), op + p * 16, out_features, cols,
+                               m0, m1);
+        }
+      });
+    }
     return out;
   }
 #endif
