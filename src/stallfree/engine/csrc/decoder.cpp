@@ -7,7 +7,7 @@
 // hidden:          [n, H] fp32, the embeddings; updated in place and returned
 // cos, sin:        [n, D / 2]
 // weights:         per layer: input norm [H], qkv, o, post-attention norm [H], gate_up, down
-//                  (the matmuls packed: fp32 panels, or int8 Q8_0 panels with scales)
+//                  (the matmuls packed: fp32 or bf16 panels, or int8 Q8_0 panels with scales)
 // scales:          per layer: the scales of qkv, o, gate_up, down (Q8_0); empty for fp32 panels
 // qkv_biases:      one per layer (Qwen2), or empty
 // key/value_cache: [layers, kv_heads, num_blocks, block_size, D]
