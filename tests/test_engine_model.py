@@ -21,6 +21,7 @@ import torch
 import transformers
 
 from stallfree.core import ScheduledChunk, StepPlan
+from stallfree.engine import attention, batch
 from stallfree.engine.kv_cache import KVCache
 from stallfree.engine.model import LlamaModel
 from stallfree.engine.model_runner import ModelRunner
@@ -199,6 +200,33 @@ def test_bf16_weights_of_a_bf16_checkpoint_give_the_fp32_logits(
     for key in got[0]:
         diff = (got[0][key] - got[1][key]).abs().max().item()
         assert diff <= tolerance, f"{key}: max |logit diff| {diff}"
+
+
+def test_a_chunk_after_earlier_context_merges_two_flash_calls_into_the_masked_numbers(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CPU a chunk after earlier context attends by two flash calls merged by their
+    log-sum-exps, with no mask: the logits of attending under the mask."""
+    assert attention.merges_chunk_attention(torch.device("cpu"))
+    model, _ = load_model(str(checkpoint), torch.float32, "cpu")
+    rng = random.Random(8)
+    vocab = model.spec.vocab_size
+    seqs = {f"r{i}": [rng.randrange(vocab) for _ in range(rng.randint(20, 60))] for i in range(4)}
+    calls = []
+    flash = attention._cpu_flash
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return flash(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "_cpu_flash", counted)
+    merged = teacher_forced_logits(model, seqs, random.Random(9))
+    assert calls, "no chunk after earlier context"
+    monkeypatch.setattr(batch, "merges_chunk_attention", lambda device: False)
+    masked = teacher_forced_logits(model, seqs, random.Random(9))
+    assert merged.keys() == masked.keys()
+    for key in merged:
+        assert (merged[key] - masked[key]).abs().max().item() <= 1e-5, key
 
 
 def test_whole_prompt_logits_match_transformers(checkpoint: Path) -> None:

@@ -24,6 +24,7 @@ from stallfree.engine.attention import (
     DecodeGroup,
     NativeDecode,
     gather_rows,
+    merges_chunk_attention,
 )
 from stallfree.engine.kv_cache import KVCache
 from stallfree.engine.native import DecodeKernel
@@ -97,7 +98,8 @@ def build_inputs(
             logit_rows.append(row + n - 1)
             sample_ids.append(rid)
         chunk_mask = None
-        if start:  # earlier context: all of it visible, causal inside the chunk
+        if start and not merges_chunk_attention(device):
+            # earlier context: all of it visible, causal inside the chunk
             hidden = (torch.arange(start + n)[None, :] > chunk_pos[:, None]).repeat_interleave(query_group, 0)
             chunk_mask = torch.zeros(hidden.shape, dtype=dtype).masked_fill_(hidden, float("-inf")).to(device)
         chunk_attn.append(
