@@ -33,6 +33,7 @@ from stallfree.engine.native import (
     decode_layers_kernel,
     fused_ops_for,
     linear_kernel_for,
+    native_module,
     pack_panels,
     pack_q8_panels,
     panel_linear_kernel,
@@ -351,7 +352,7 @@ class LlamaModel(nn.Module):
                     f"{quantization} weights run on the CPU with fp32 activations (--dtype float32), not "
                     f"{str(self.dtype).removeprefix('torch.')} on {self.device.type}"
                 )
-            if q8_panel_linear_kernel() is None:
+            if native_module() is None:
                 raise ValueError(
                     f"{quantization} weights need the engine's compiled kernels, which did not build here"
                 )

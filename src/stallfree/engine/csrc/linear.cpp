@@ -271,11 +271,6 @@ inline void widen_panel(const uint32_t* panel, int64_t pairs, float* out) {
     }
 }
 
-// This thread's widened panel (one for every row count: the lambda that fills it is generic).
-std::vector<float>& widened_panel() {
-  thread_local std::vector<float> panel;
-  return panel;
-}
 
 // Rows of x from which a Q8_0 or bf16 matmul widens each panel once into fp32 instead of in registers for
 // every six rows.
@@ -298,6 +293,22 @@ void for_each_panel(int64_t m_size, int64_t num_panels, int64_t out_features, co
         default: break;
       }
     }
+  });
+}
+
+// Every panel (threads split them) widened once into this thread's fp32 buffer of panel_floats
+// (widen(p, buffer)), which every row of x then reads, six rows at a time.
+template <typename Widen>
+void widened_panels(const float* x, int64_t m_size, int64_t k_size, int64_t num_panels, int64_t out_features,
+                    int64_t panel_floats, const float* bias, float* out, const Widen& widen) {
+  thread_local std::vector<float> panel;
+  for_each_panel(m_size, num_panels, out_features, [&](auto rows, int64_t p, int64_t m, int64_t cols) {
+    if (m == 0) {
+      panel.resize(panel_floats);
+      widen(p, panel.data());
+    }
+    panel_rows<decltype(rows)::value>(x + m * k_size, k_size, panel.data(), bias == nullptr ? nullptr : bias + p * 16,
+                                      out + m * out_features + p * 16, out_features, cols);
   });
 }
 
@@ -349,9 +360,9 @@ torch::Tensor bf16_panel_linear(const torch::Tensor& x, const torch::Tensor& pan
           xb[m * pairs + k] = to_bf16(xp[m * k_size + 2 * k]) | (hi << 16);
         }
     });
-    // Rows in blocks whose bf16 pairs stay in cache while every panel meets them; threads split
-    // the panels two by two.
-    const int64_t block_rows = 96;
+    // Rows in blocks of 96, whose bf16 pairs stay in cache while every panel meets them; threads
+    // split the panels two by two.
+    constexpr int64_t block_rows = 96;
     for (int64_t m0 = 0; m0 < m_size; m0 += block_rows) {
       const int64_t m1 = std::min(m_size, m0 + block_rows);
       at::parallel_for(0, (num_panels + 1) / 2, 1, [&](int64_t first, int64_t last) {
@@ -369,16 +380,9 @@ torch::Tensor bf16_panel_linear(const torch::Tensor& x, const torch::Tensor& pan
     return out;
   }
 #endif
-  // Many rows: widen the panel once into an fp32 one (in cache), which every row then reads.
-  for_each_panel(m_size, num_panels, out_features, [&](auto rows, int64_t p, int64_t m, int64_t cols) {
-    std::vector<float>& panel = widened_panel();
-    if (m == 0) {
-      panel.resize(pairs * 2 * 16);
-      widen_panel(wp + p * pairs * 16, pairs, panel.data());
-    }
-    panel_rows<decltype(rows)::value>(xp + m * k_size, k_size, panel.data(), bias_of(p),
-                                      op + m * out_features + p * 16, out_features, cols);
-  });
+  // Many rows: widen each panel once into an fp32 one (in cache), which every row then reads.
+  widened_panels(xp, m_size, k_size, num_panels, out_features, pairs * 2 * 16, b, op,
+                 [&](int64_t p, float* panel) { widen_panel(wp + p * pairs * 16, pairs, panel); });
   return out;
 }
 
@@ -433,15 +437,9 @@ torch::Tensor q8_panel_linear(const torch::Tensor& x, const torch::Tensor& panel
     });
     return out;
   }
-  // Many rows: widen the panel once into an fp32 one (in cache), which every row then reads.
-  for_each_panel(m_size, num_panels, out_features, [&](auto rows, int64_t p, int64_t m, int64_t cols) {
-    std::vector<float>& panel = widened_panel();
-    if (m == 0) {
-      panel.resize(num_blocks * 32 * 16);
-      widen_panel(wp + p * num_blocks * block_bytes, sp + p * num_blocks * 16, num_blocks, panel.data());
-    }
-    panel_rows<decltype(rows)::value>(xp + m * k_size, k_size, panel.data(), b == nullptr ? nullptr : b + p * 16,
-                                      op + m * out_features + p * 16, out_features, cols);
+  // Many rows: widen each panel once into an fp32 one (in cache), which every row then reads.
+  widened_panels(xp, m_size, k_size, num_panels, out_features, num_blocks * 32 * 16, b, op, [&](int64_t p, float* panel) {
+    widen_panel(wp + p * num_blocks * block_bytes, sp + p * num_blocks * 16, num_blocks, panel);
   });
   return out;
 }
