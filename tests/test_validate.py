@@ -180,9 +180,11 @@ def test_validate_sizes_chunks_by_time_on_both_sides(
 ) -> None:
     """--step-budget-ms: the engine and the simulator both cut prompts by the profile's predicted
     step time (the tiny profile: 1 ms + 20 us a token, so a 1.6 ms target holds ~25 tokens), and the
-    report counts the steps over the target on each side."""
+    report counts the steps over the target on each side. The engine scales the profile by its own
+    measured steps, so the prompt is long enough (400 tokens) to need cutting on a machine several
+    times faster than this one (40 tokens fitted 1.6 ms on one, a scale of 0.7)."""
     profile = tiny_profile(tmp_path / "tiny.json")
-    args = ["validate", "--profile", str(profile), "--qps", "20", "--lengths", "fixed:40,3"]
+    args = ["validate", "--profile", str(profile), "--qps", "20", "--lengths", "fixed:400,3"]
     args += ["--num-requests", "4", "--max-num-seqs", "4", "--json"]
     steps = {}
     for extra in ([], ["--step-budget-ms", "1.6"]):
@@ -192,7 +194,7 @@ def test_validate_sizes_chunks_by_time_on_both_sides(
     timed = steps[True]["time_budget"]
     assert steps[False]["time_budget"] is None
     assert timed["step_budget_ms"] == 1.6
-    # a 40-token prompt no longer fits one step: more steps on both sides than with 512 tokens
+    # a 400-token prompt no longer fits one step: more steps on both sides than with 512 tokens
     assert timed["num_steps"]["measured"] > steps[False]["per_step"]["num_steps"]
     assert timed["num_steps"]["predicted"] > steps[False]["per_step"]["num_steps"]
     assert timed["steps_over"]["predicted"] == 0
@@ -264,7 +266,7 @@ def test_validate_times_the_profiles_reference_step_again_after_the_run(
         "max_num_seqs": 4,
     }
     profile = tiny_profile(tmp_path / "tiny.json", settings)
-    args = ["validate", "--profile", str(profile), "--qps", "20", "--lengths", "fixed:40,3"]
+    args = ["validate", "--profile", str(profile), "--qps", "20", "--lengths", "fixed:400,3"]
     assert main([*args, "--num-requests", "3", "--max-num-seqs", "4", "--json"]) == 0
     machine = json.loads(capsys.readouterr().out)["policies"]["chunked"]["machine"]
     assert machine["decode"]["profiled_s"] == pytest.approx(0.005) and machine["decode"]["after_run_s"] > 0
