@@ -28,8 +28,10 @@ from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.native import (
     BF16_DOT_ENV,
     LINEAR_ENV,
+    ChunkKernel,
     DecodeKernel,
     bf16_dot_products,
+    chunk_kernel_for,
     decode_attention_kernel,
 )
 from stallfree.engine.random_models import random_spec
@@ -84,13 +86,16 @@ def teacher_forced_logits(
     rng: random.Random,
     block_size: int = 4,
     decode_kernel: DecodeKernel | None = None,
+    chunk_kernel: ChunkKernel | None = None,
 ) -> dict[tuple[str, int], torch.Tensor]:
     """Run random ragged steps over ``seqs``; logits keyed by (request, position)."""
     spec = model.spec
     total_blocks = sum(-(-len(s) // block_size) for s in seqs.values())
     pool = list(range(total_blocks + 5))
     rng.shuffle(pool)
-    runner = ModelRunner(model, KVCache(spec, len(pool), block_size, model.dtype), decode_kernel)
+    runner = ModelRunner(
+        model, KVCache(spec, len(pool), block_size, model.dtype), decode_kernel, chunk_kernel
+    )
     computed = dict.fromkeys(seqs, 0)
     held = dict.fromkeys(seqs, 0)
     out: dict[tuple[str, int], torch.Tensor] = {}
@@ -178,7 +183,8 @@ def test_bf16_weights_of_a_bf16_checkpoint_give_the_fp32_logits(
 ) -> None:
     """--quantization bf16 keeps half the bytes of a checkpoint whose weights are bf16 values and
     computes in fp32: those values' logits run as fp32 panels, to the summation order (with
-    AVX512-BF16's pair dot products, to bf16 rounding of the activations of prefill rows)."""
+    AVX512-BF16's pair dot products, to bf16 rounding of the activations of prefill rows and of
+    their attention's inputs: the chunk kernel the engine then uses)."""
     monkeypatch.setenv(BF16_DOT_ENV, dot)
     kernel = decode_attention_kernel()
     assert kernel is not None, "the compiled kernels did not build (see the log)"
@@ -194,7 +200,13 @@ def test_bf16_weights_of_a_bf16_checkpoint_give_the_fp32_logits(
     rng = random.Random(6)
     vocab = models[0].spec.vocab_size
     seqs = {f"r{i}": [rng.randrange(vocab) for _ in range(rng.randint(2, 50))] for i in range(5)}
-    got = [teacher_forced_logits(m, seqs, random.Random(7), decode_kernel=kernel) for m in models]
+    cpu, head_dim = torch.device("cpu"), models[0].spec.head_dim
+    chunk_kernels = [chunk_kernel_for(cpu, torch.float32, m.weights.kind, head_dim) for m in models]
+    assert chunk_kernels[0] is None and (chunk_kernels[1] is not None) == bf16_dot_products()
+    got = [
+        teacher_forced_logits(m, seqs, random.Random(7), decode_kernel=kernel, chunk_kernel=chunk)
+        for m, chunk in zip(models, chunk_kernels, strict=True)
+    ]
     assert got[0].keys() == got[1].keys()
     tolerance = 0.05 if bf16_dot_products() else ATOL
     for key in got[0]:

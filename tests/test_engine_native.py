@@ -18,6 +18,8 @@ from gguf.quants import dequantize, quantize
 from stallfree.engine import native
 from stallfree.engine.model import apply_rope, rms_norm
 from stallfree.engine.native import (
+    chunk_attention_kernel,
+    chunk_kernel_for,
     decode_attention_kernel,
     fused_ops_for,
     kernel_for,
@@ -87,6 +89,75 @@ def test_kernel_refuses_what_it_does_not_take() -> None:
         kernel(q, key, key, table + 9, lens, 1.0)
     with pytest.raises(RuntimeError, match="context length out of range"):
         kernel(q, key, key, table, torch.tensor([17]), 1.0)
+
+
+@pytest.fixture
+def bf16_dot() -> None:
+    if not native.bf16_dot_products():
+        pytest.skip("bf16 pair dot products need a CPU with AVX512-BF16")
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "before", "heads", "kv_heads", "dim", "block_size"),
+    [
+        (1, 0, 2, 2, 16, 16),
+        (37, 0, 6, 2, 32, 4),  # a partial last key panel, blocks smaller than a panel
+        (45, 18, 9, 3, 64, 16),  # earlier context, an odd number of keys seen
+        (300, 700, 4, 1, 64, 16),  # tiles of a few tokens: each row's own causal limit in them
+        (64, 0, 4, 4, 128, 32),
+    ],
+)
+def test_chunk_attention_matches_a_causal_softmax_over_the_blocks(
+    bf16_dot: None, num_tokens: int, before: int, heads: int, kv_heads: int, dim: int, block_size: int
+) -> None:
+    """The bf16 chunk kernel against fp64 attention of each token over its context (its earlier
+    tokens and the chunk's up to itself) gathered from the blocks the plain way; q, K, V and the
+    probabilities are rounded to bf16 (relative error ~0.4% each), so the bound is 3e-2."""
+    kernel = chunk_attention_kernel()
+    assert kernel is not None
+    gen = torch.Generator().manual_seed(num_tokens)
+    context = before + num_tokens
+    num_blocks = -(-context // block_size)
+    key = torch.randn(kv_heads, num_blocks + 3, block_size, dim, generator=gen)
+    value = torch.randn(kv_heads, num_blocks + 3, block_size, dim, generator=gen)
+    blocks = torch.randperm(num_blocks + 3, generator=gen)[:num_blocks]
+    q = torch.randn(num_tokens, heads * dim, generator=gen) * 2  # peaked softmaxes too
+    got = kernel(q, key, value, blocks, before, dim**-0.5)
+    # each token as one row of the decode reference: its context ends at itself
+    table = blocks.expand(num_tokens, num_blocks)
+    want = reference(q, key, value, table, before + torch.arange(1, num_tokens + 1), dim**-0.5)
+    assert got.shape == q.shape
+    assert (got.double() - want).abs().max().item() < 3e-2
+
+
+def test_chunk_attention_refuses_what_it_does_not_take(bf16_dot: None) -> None:
+    kernel = chunk_attention_kernel()
+    assert kernel is not None
+    key, q, blocks = torch.zeros(1, 4, 16, 16), torch.zeros(3, 16), torch.tensor([0, 1])
+    with pytest.raises(RuntimeError, match="fp32 q and cache"):
+        kernel(q.bfloat16(), key, key, blocks, 0, 1.0)
+    with pytest.raises(RuntimeError, match="head size 8 is not a multiple of 16"):
+        kernel(torch.zeros(3, 8), key[..., :8].contiguous(), key[..., :8].contiguous(), blocks, 0, 1.0)
+    with pytest.raises(RuntimeError, match="too few blocks"):
+        kernel(q, key, key, blocks, 30, 1.0)
+    with pytest.raises(RuntimeError, match="block id out of range"):
+        kernel(q, key, key, blocks + 3, 0, 1.0)
+
+
+def test_chunk_attention_only_with_bf16_weights_and_dot_products(
+    fresh_kernel: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cpu, fp32 = torch.device("cpu"), torch.float32
+    assert chunk_kernel_for(cpu, fp32, "panels", 64) is None  # fp32 matmuls: SDPA keeps fp32
+    assert chunk_kernel_for(cpu, fp32, "q8_0", 64) is None
+    assert chunk_kernel_for(cpu, fp32, "bf16", 72) is None  # a head size the kernel does not take
+    assert chunk_kernel_for(torch.device("cuda"), fp32, "bf16", 64) is None
+    assert (chunk_kernel_for(cpu, fp32, "bf16", 64) is not None) == native.bf16_dot_products()
+    monkeypatch.setenv(native.BF16_DOT_ENV, "0")
+    assert chunk_kernel_for(cpu, fp32, "bf16", 64) is None
+    monkeypatch.setenv(native.BF16_DOT_ENV, "1")
+    monkeypatch.setenv(native.ATTENTION_ENV, "0")
+    assert chunk_kernel_for(cpu, fp32, "bf16", 64) is None
 
 
 def test_where_it_cannot_build_the_engine_says_so_once_and_uses_torch(
@@ -263,6 +334,7 @@ def test_fused_small_ops_match_torchs() -> None:
     ops.rope_(qkv, cos, sin, q_heads, kv_heads)
     assert torch.allclose(qkv, want.view(rows, -1), atol=1e-6)
     gate_up = torch.randn(rows, 2 * 24, generator=gen) * 4
+    gate_up[0, :6] = torch.tensor([0.0, -0.0, 30.0, -30.0, 100.0, -100.0])  # both sides of sigmoid's split
     gate, up = gate_up.chunk(2, dim=-1)
     assert torch.allclose(ops.silu_mul(gate_up), torch.nn.functional.silu(gate) * up, atol=1e-5)
     with pytest.raises(RuntimeError, match="not \\(q \\+ 2 kv\\) heads of 16"):

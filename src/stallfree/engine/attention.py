@@ -11,7 +11,9 @@ A step's tokens come in two groups (the batch builder orders them so):
   context with causal masking inside the chunk, one call per chunk.
 
 With the compiled kernel (:mod:`stallfree.engine.native`, fp32 on the CPU) all the decodes
-instead go to it in one call, which reads each sequence's blocks in place.
+instead go to it in one call, which reads each sequence's blocks in place. With bf16 weights on
+a CPU with AVX512-BF16 (whose matmuls already round activations to bf16), each multi-token chunk
+goes to the compiled chunk kernel instead: bf16 products over its blocks in place, one call.
 
 Grouped-query attention never copies K/V per query head and never asks SDPA for
 ``enable_gqa`` (many times slower in bf16 on CPU): decodes fold each KV head's group of
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from stallfree.engine.native import DecodeKernel
+from stallfree.engine.native import ChunkKernel, DecodeKernel
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,7 @@ class ChunkAttention:
     num_tokens: int
     num_computed_tokens: int
     gather_rows: torch.Tensor  # [kv_heads * blocks holding the context]
+    blocks: torch.Tensor  # [blocks holding the context] long, in order
     # [num_tokens * query_group, context_len] additive (0 = attend, -inf = not), model dtype,
     # rows token-major (token t's query heads of one KV head are rows t*group .. t*group+group-1);
     # None: no earlier context (plain causal), or on the CPU (two flash calls merged).
@@ -88,6 +91,7 @@ class AttentionMetadata:
     decode_groups: tuple[DecodeGroup, ...]
     chunks: tuple[ChunkAttention, ...]
     native_decode: NativeDecode | None = None
+    chunk_kernel: ChunkKernel | None = None  # attends every chunk (bf16 products) where set
 
 
 def gather_rows(block_ids: torch.Tensor, kv_heads: int, num_blocks: int) -> torch.Tensor:
@@ -160,6 +164,10 @@ def paged_attention(
     for chunk in meta.chunks:
         rows = slice(chunk.start, chunk.start + chunk.num_tokens)
         n, before = chunk.num_tokens, chunk.num_computed_tokens
+        if meta.chunk_kernel is not None:
+            q_rows = q[rows].reshape(n, num_heads * head_dim).contiguous()
+            out[rows] = meta.chunk_kernel(q_rows, key_cache, value_cache, chunk.blocks, before, scale)
+            continue
         # [1, kv_heads, n * group, D]: each KV head's query heads folded into its query rows.
         fq = q[rows].view(n, kv_heads, group, head_dim).transpose(0, 1).reshape(1, kv_heads, -1, head_dim)
         if before:

@@ -27,7 +27,7 @@ from stallfree.engine.attention import (
     merges_chunk_attention,
 )
 from stallfree.engine.kv_cache import KVCache
-from stallfree.engine.native import DecodeKernel
+from stallfree.engine.native import ChunkKernel, DecodeKernel
 
 _GATHER_BYTES = 4 << 20
 
@@ -49,9 +49,11 @@ def build_inputs(
     *,
     query_group: int,
     decode_kernel: DecodeKernel | None = None,
+    chunk_kernel: ChunkKernel | None = None,
 ) -> ModelInputs:
     """``query_group``: query heads per KV head (the row folding of a chunk's attention mask);
-    ``decode_kernel``: the compiled kernel that attends all decodes at once (else: in groups)."""
+    ``decode_kernel``: the compiled kernel that attends all decodes at once (else: in groups);
+    ``chunk_kernel``: the compiled kernel that attends each multi-token chunk (else: SDPA)."""
     device, dtype = kv_cache.key.device, kv_cache.key.dtype
     block_size, num_blocks, kv_heads = kv_cache.block_size, kv_cache.num_blocks, kv_cache.num_kv_heads
     # Decodes sorted by context length: each group then pads its contexts only a little.
@@ -98,7 +100,7 @@ def build_inputs(
             logit_rows.append(row + n - 1)
             sample_ids.append(rid)
         chunk_mask = None
-        if start and not merges_chunk_attention(device):
+        if start and chunk_kernel is None and not merges_chunk_attention(device):
             # earlier context: all of it visible, causal inside the chunk
             hidden = (torch.arange(start + n)[None, :] > chunk_pos[:, None]).repeat_interleave(query_group, 0)
             chunk_mask = torch.zeros(hidden.shape, dtype=dtype).masked_fill_(hidden, float("-inf")).to(device)
@@ -108,6 +110,7 @@ def build_inputs(
                 num_tokens=n,
                 num_computed_tokens=start,
                 gather_rows=gather_rows(blocks, kv_heads, num_blocks).to(device),
+                blocks=blocks.to(device),
                 mask=chunk_mask,
             )
         )
@@ -117,6 +120,7 @@ def build_inputs(
         decode_groups=decode_groups,
         chunks=tuple(chunk_attn),
         native_decode=native,
+        chunk_kernel=chunk_kernel,
     )
     return ModelInputs(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),

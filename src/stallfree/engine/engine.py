@@ -42,7 +42,7 @@ from stallfree.core.serving import ServingConfig
 from stallfree.engine.dtypes import choose_dtype
 from stallfree.engine.kv_cache import KVCache, free_memory_bytes, kv_bytes_per_block
 from stallfree.engine.model_runner import ModelRunner
-from stallfree.engine.native import kernel_for
+from stallfree.engine.native import chunk_kernel_for, kernel_for
 from stallfree.engine.requests import RequestOutput, RequestState
 from stallfree.engine.sampler import sample
 from stallfree.engine.weights import load_model
@@ -188,6 +188,7 @@ class LLMEngine:
             self.model,
             KVCache(spec, num_blocks, block_size, self.dtype, self.device),
             kernel_for(self.device, self.dtype),
+            chunk_kernel_for(self.device, self.dtype, self.model.weights.kind, spec.head_dim),
         )
         # A time budget's predictor follows this machine's speed as the steps run.
         self.predictor = (

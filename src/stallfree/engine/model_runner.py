@@ -16,17 +16,23 @@ from stallfree.core import StepPlan
 from stallfree.engine.batch import build_inputs
 from stallfree.engine.kv_cache import KVCache
 from stallfree.engine.model import LlamaModel
-from stallfree.engine.native import DecodeKernel
+from stallfree.engine.native import ChunkKernel, DecodeKernel
 
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaModel, kv_cache: KVCache, decode_kernel: DecodeKernel | None = None
+        self,
+        model: LlamaModel,
+        kv_cache: KVCache,
+        decode_kernel: DecodeKernel | None = None,
+        chunk_kernel: ChunkKernel | None = None,
     ) -> None:
-        """``decode_kernel``: the compiled decode attention (:mod:`stallfree.engine.native`)."""
+        """``decode_kernel`` / ``chunk_kernel``: the compiled decode and prompt-chunk attention
+        (:mod:`stallfree.engine.native`)."""
         self.model = model
         self.kv_cache = kv_cache
         self.decode_kernel = decode_kernel
+        self.chunk_kernel = chunk_kernel
         self.block_tables: dict[str, list[int]] = {}
 
     def reset(self) -> None:
@@ -51,6 +57,7 @@ class ModelRunner:
             self.kv_cache,
             query_group=spec.num_attention_heads // spec.num_kv_heads,
             decode_kernel=self.decode_kernel,
+            chunk_kernel=self.chunk_kernel,
         )
         logits = self.model(
             inputs.input_ids, inputs.positions, self.kv_cache, inputs.attn, inputs.logits_indices

@@ -50,6 +50,9 @@ DecodeKernel = Callable[
 PanelLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
 """(x [M, K], panels (fp32 [ceil(N / 16), K, 16] or bf16 [ceil(N / 16), ceil(K / 2), 32]), bias [N]
 or None, N) -> [M, N]"""
+ChunkKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor]
+"""(q [n, heads * D], key cache, value cache, the context's blocks [ceil((before + n) / block_size)],
+before, scale) -> [n, heads * D]: a prompt chunk's attention in bf16 products (csrc/chunk_attention.cpp)"""
 Q8PanelLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
 """(x [M, K], int8 panels [P, ceil(K / 32), 32, 16], scales [P, ceil(K / 32), 16], bias, N) -> [M, N]"""
 DecodeLayers = Callable[..., torch.Tensor]
@@ -59,7 +62,14 @@ q heads, intermediate size, eps, scale) -> hidden after every layer (csrc/decode
 
 SOURCES = tuple(
     Path(__file__).with_name("csrc") / name
-    for name in ("decode_attention.cpp", "linear.cpp", "elementwise.cpp", "decoder.cpp", "bindings.cpp")
+    for name in (
+        "decode_attention.cpp",
+        "linear.cpp",
+        "chunk_attention.cpp",
+        "elementwise.cpp",
+        "decoder.cpp",
+        "bindings.cpp",
+    )
 )
 ATTENTION_ENV = "STALLFREE_NATIVE_ATTENTION"
 LINEAR_ENV = "STALLFREE_NATIVE_LINEAR"
@@ -147,6 +157,14 @@ def bf16_dot_products() -> bool:
     return module is not None and bool(module.uses_bf16_dot_products())
 
 
+def chunk_attention_kernel() -> ChunkKernel | None:
+    """A prompt chunk's attention in bf16 pair dot products (q, K, V and the probabilities rounded
+    to bf16, fp32 softmax and sums), for engines whose matmuls already round to bf16 (bf16 panels);
+    None where :func:`bf16_dot_products` is False or ``STALLFREE_NATIVE_ATTENTION=0``."""
+    module = native_module() if enabled(ATTENTION_ENV) and bf16_dot_products() else None
+    return None if module is None else cast(ChunkKernel, module.chunk_attention)
+
+
 def q8_panel_linear_kernel() -> Q8PanelLinear | None:
     """The Q8_0 matmul; None where the kernels cannot build (``STALLFREE_NATIVE_LINEAR`` does not
     turn it off: Q8_0 weights have no other path)."""
@@ -187,6 +205,17 @@ def _applies(device: torch.device, dtype: torch.dtype) -> bool:
 def kernel_for(device: torch.device, dtype: torch.dtype) -> DecodeKernel | None:
     """The decode-attention kernel where it applies (fp32 on the CPU), else None: torch attends."""
     return decode_attention_kernel() if _applies(device, dtype) else None
+
+
+def chunk_kernel_for(
+    device: torch.device, dtype: torch.dtype, weights_kind: str | None, head_dim: int
+) -> ChunkKernel | None:
+    """The bf16 chunk attention where the matmuls already round activations to bf16 (bf16 panels
+    with :func:`bf16_dot_products`, fp32 on the CPU, a head size that is a multiple of 16), else
+    None: SDPA attends the chunks in fp32."""
+    if weights_kind != "bf16" or not _applies(device, dtype) or head_dim % 16:
+        return None
+    return chunk_attention_kernel()
 
 
 def linear_kernel_for(device: torch.device, dtype: torch.dtype) -> PanelLinear | None:

@@ -444,6 +444,8 @@ def _fingerprint(model: str, engine: LLMEngine) -> dict[str, Any]:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         # the compiled kernel (stallfree.engine.native) or torch's gathers and matmuls
         "decode_attention": "compiled" if engine.model_runner.decode_kernel is not None else "torch",
+        # prompt chunks: the compiled kernel's bf16 products (with bf16 weights) or torch's SDPA
+        "chunk_attention": "bf16" if engine.model_runner.chunk_kernel is not None else "torch",
         # how the matmuls run: the compiled kernel's panels (fp32, q8_0, bf16; "bf16-dot": prefill
         # rows in AVX512-BF16's pair dot products), oneDNN's packed weights, or torch's
         "linear": _linear_kind(engine),

@@ -6,6 +6,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   STALLFREE_DEF(decode_attention);
   STALLFREE_DEF(panel_linear);
   STALLFREE_DEF(uses_bf16_dot_products);
+  STALLFREE_DEF(chunk_attention);
   STALLFREE_DEF(q8_panel_linear);
   STALLFREE_DEF(rms_norm);
   STALLFREE_DEF(rope_);

@@ -86,7 +86,12 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
     for (int64_t r = first; r < last; ++r) {
       const float* g = gp + r * 2 * inter;
       const float* u = g + inter;
-      for (int64_t i = 0; i < inter; ++i) op[r * inter + i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      // sigmoid(x) from e^-|x| (decode_attention.cpp's exp, which vectorizes; std::exp is a call
+      // per element, 0.3 s of a 2,048-token prompt of SmolLM2-135M)
+      for (int64_t i = 0; i < inter; ++i) {
+        const float x = g[i], e = exp_nonpositive(-std::fabs(x)), inv = 1.0f / (1.0f + e);
+        op[r * inter + i] = x * (x >= 0.0f ? inv : e * inv) * u[i];
+      }
     }
   });
   return out;

@@ -139,19 +139,20 @@ inline void bf16_panel_rows(const float* x, int64_t k_size, const uint32_t* pane
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define STALLFREE_BF16_DOT 1
-// Rows [0, R) of x, as bf16 pairs ([R][pairs]), against P consecutive bf16 panels (16 P features):
-// one AVX512-BF16 pair dot product per pair of inputs, row and panel; each broadcast of x serves
-// P panels. out[r][0..cols) = the sums (+ bias).
+// Rows [0, R) of x, as bf16 pairs ([R][pairs]), against P bf16 panels (16 P features) that lie
+// panel_pairs pairs apart: one AVX512-BF16 pair dot product per pair of inputs, row and panel;
+// each broadcast of x serves P panels. out[r][0..cols) = the sums (+ bias).
 template <int R, int P>
 __attribute__((target("avx512f,avx512bf16"))) void bf16_dot_rows(const uint32_t* xb, int64_t pairs,
-                                                                   const uint32_t* panel, const float* bias,
-                                                                   float* out, int64_t ld_out, int64_t cols) {
+                                                                   const uint32_t* panel, int64_t panel_pairs,
+                                                                   const float* bias, float* out, int64_t ld_out,
+                                                                   int64_t cols) {
   __m512 acc[R][P];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < P; ++j) acc[r][j] = _mm512_setzero_ps();
   for (int64_t k = 0; k < pairs; ++k) {
     __m512bh w[P];
-    for (int j = 0; j < P; ++j) w[j] = (__m512bh)_mm512_loadu_si512(panel + (j * pairs + k) * 16);
+    for (int j = 0; j < P; ++j) w[j] = (__m512bh)_mm512_loadu_si512(panel + (j * panel_pairs + k) * 16);
     for (int r = 0; r < R; ++r) {
       const __m512bh v = (__m512bh)_mm512_set1_epi32(static_cast<int>(xb[r * pairs + k]));
       for (int j = 0; j < P; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], v, w[j]);
@@ -166,22 +167,41 @@ __attribute__((target("avx512f,avx512bf16"))) void bf16_dot_rows(const uint32_t*
   }
 }
 
-// Rows [m0, m1) of x (as bf16 pairs) against panels [p, p + P): six rows at a time.
+// Rows [m0, m1) of x (as bf16 pairs) against the P panels from `panel`: six rows at a time.
 template <int P>
-void bf16_dot_panels(const uint32_t* xb, int64_t pairs, const uint32_t* panel, const float* bias, float* out,
-                     int64_t ld_out, int64_t cols, int64_t m0, int64_t m1) {
+void bf16_dot_panels(const uint32_t* xb, int64_t pairs, const uint32_t* panel, int64_t panel_pairs,
+                     const float* bias, float* out, int64_t ld_out, int64_t cols, int64_t m0, int64_t m1) {
   int64_t m = m0;
   for (; m + 6 <= m1; m += 6)
-    bf16_dot_rows<6, P>(xb + m * pairs, pairs, panel, bias, out + m * ld_out, ld_out, cols);
+    bf16_dot_rows<6, P>(xb + m * pairs, pairs, panel, panel_pairs, bias, out + m * ld_out, ld_out, cols);
   const uint32_t* x = xb + m * pairs;
   float* o = out + m * ld_out;
   switch (m1 - m) {
-    case 5: bf16_dot_rows<5, P>(x, pairs, panel, bias, o, ld_out, cols); break;
-    case 4: bf16_dot_rows<4, P>(x, pairs, panel, bias, o, ld_out, cols); break;
-    case 3: bf16_dot_rows<3, P>(x, pairs, panel, bias, o, ld_out, cols); break;
-    case 2: bf16_dot_rows<2, P>(x, pairs, panel, bias, o, ld_out, cols); break;
-    case 1: bf16_dot_rows<1, P>(x, pairs, panel, bias, o, ld_out, cols); break;
+    case 5: bf16_dot_rows<5, P>(x, pairs, panel, panel_pairs, bias, o, ld_out, cols); break;
+    case 4: bf16_dot_rows<4, P>(x, pairs, panel, panel_pairs, bias, o, ld_out, cols); break;
+    case 3: bf16_dot_rows<3, P>(x, pairs, panel, panel_pairs, bias, o, ld_out, cols); break;
+    case 2: bf16_dot_rows<2, P>(x, pairs, panel, panel_pairs, bias, o, ld_out, cols); break;
+    case 1: bf16_dot_rows<1, P>(x, pairs, panel, panel_pairs, bias, o, ld_out, cols); break;
     default: break;
+  }
+}
+
+// Rows [first, last) of x (rows ld_x floats apart, K used) as bf16 pairs ([M][pairs], zero past
+// K), rounded to nearest even as torch rounds (AVX512-BF16 also flushes subnormals, below 1e-38,
+// to zero).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void bf16_rows(const float* x, int64_t ld_x,
+                                                                                 int64_t k_size, int64_t pairs,
+                                                                                 uint16_t* out, int64_t first,
+                                                                                 int64_t last) {
+  for (int64_t m = first; m < last; ++m) {
+    const float* row = x + m * ld_x;
+    uint16_t* to = out + m * 2 * pairs;
+    for (int64_t k = 0; k < 2 * pairs; k += 16) {
+      const __mmask16 in = k + 16 <= k_size ? 0xFFFF : k < k_size ? (1u << (k_size - k)) - 1 : 0;
+      const __mmask16 store = k + 16 <= 2 * pairs ? 0xFFFF : (1u << (2 * pairs - k)) - 1;
+      const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(in, row + k));
+      _mm256_mask_storeu_epi16(to + k, store, (__m256i)v);
+    }
   }
 }
 #endif
@@ -195,14 +215,6 @@ bool bf16_dot_products() {
 #else
   return false;
 #endif
-}
-
-// fp32 to bf16, to nearest even (NaN stays NaN), as torch rounds.
-inline uint32_t to_bf16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (bits >> 16) | 0x40u;
-  return (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
 }
 
 // The same over a Q8_0 panel, for a few rows: block by block, each row of 16 int8 weights widened
@@ -352,14 +364,10 @@ torch::Tensor bf16_panel_linear(const torch::Tensor& x, const torch::Tensor& pan
   }
 #if defined(STALLFREE_BF16_DOT)
   if (bf16_dot_products()) {
-    std::vector<uint32_t> xb(m_size * pairs);  // x in bf16 pairs, zero past K
-    at::parallel_for(0, m_size, 16, [&](int64_t first, int64_t last) {
-      for (int64_t m = first; m < last; ++m)
-        for (int64_t k = 0; k < pairs; ++k) {
-          const uint32_t hi = 2 * k + 1 < k_size ? to_bf16(xp[m * k_size + 2 * k + 1]) : 0;
-          xb[m * pairs + k] = to_bf16(xp[m * k_size + 2 * k]) | (hi << 16);
-        }
-    });
+    auto x_bf16 = torch::empty({m_size, 2 * pairs}, x.options().dtype(torch::kBFloat16));
+    uint16_t* xb16 = reinterpret_cast<uint16_t*>(x_bf16.data_ptr<at::BFloat16>());
+    at::parallel_for(0, m_size, 16, [&](int64_t first, int64_t last) { bf16_rows(xp, k_size, k_size, pairs, xb16, first, last); });
+    const uint32_t* xb = reinterpret_cast<const uint32_t*>(xb16);
     // Rows in blocks of 96, whose bf16 pairs stay in cache while every panel meets them; threads
     // split the panels two by two.
     constexpr int64_t block_rows = 96;
@@ -369,10 +377,10 @@ torch::Tensor bf16_panel_linear(const torch::Tensor& x, const torch::Tensor& pan
         for (int64_t two = first; two < last; ++two) {
           const int64_t p = 2 * two, cols = std::min<int64_t>(32, out_features - p * 16);
           if (cols > 16)
-            bf16_dot_panels<2>(xb.data(), pairs, wp + p * pairs * 16, bias_of(p), op + p * 16, out_features, cols,
+            bf16_dot_panels<2>(xb, pairs, wp + p * pairs * 16, pairs, bias_of(p), op + p * 16, out_features, cols,
                                m0, m1);
           else
-            bf16_dot_panels<1>(xb.data(), pairs, wp + p * pairs * 16, bias_of(p), op + p * 16, out_features, cols,
+            bf16_dot_panels<1>(xb, pairs, wp + p * pairs * 16, pairs, bias_of(p), op + p * 16, out_features, cols,
                                m0, m1);
         }
       });
