@@ -9,6 +9,9 @@
   matmuls, for decode (one weight read per step) and prefill alike. ``q8_panel_linear`` does the
   same over int8 weights in blocks of 32 inputs with one scale each (:func:`pack_q8_panels`,
   llama.cpp's Q8_0), activations in fp32.
+- ``chunk_attention`` attends a prompt chunk over its blocks in place in bf16 pair dot products
+  (AVX512-BF16), for bf16 weights, whose matmuls already round prefill rows to bf16
+  (:func:`chunk_kernel_for`); SDPA's fp32 flash kernel took 2.2x as long on a 2K prompt.
 - ``rms_norm``, ``rope_``, ``silu_mul``: the decoder layer's small ops, one call each instead of
   torch's several (:class:`FusedOps`).
 - ``decode_layers``: every decoder layer of an all-decode step in one call of the kernels above
