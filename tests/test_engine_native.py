@@ -295,9 +295,13 @@ def test_q8_packing_keeps_a_q8_0_files_blocks_bit_for_bit() -> None:
 
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 129])
 @pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("dot", ["1", "0"])
 def test_q8_panel_linear_matches_an_fp64_matmul_over_the_dequantized_weight(
-    rows: int, with_bias: bool
+    rows: int, with_bias: bool, dot: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Every path gives the fp64 product of the dequantized weight with x, or (int8 values in
+    bf16 pair dot products, on a CPU with AVX512-BF16) with x rounded to bf16."""
+    monkeypatch.setenv(native.BF16_DOT_ENV, dot)
     linear = q8_panel_linear_kernel()
     assert linear is not None, "the compiled kernels did not build (see the log)"
     gen = torch.Generator().manual_seed(rows)
@@ -311,7 +315,8 @@ def test_q8_panel_linear_matches_an_fp64_matmul_over_the_dequantized_weight(
     # within half a step of each block's scale, plus d's rounding to fp16 (up to 127 x 2^-11 of d)
     step = d.double().repeat_interleave(32, dim=1)[:, :in_features]
     assert ((dequantized - weight.double()).abs() <= 0.57 * step).all()
-    want = x.double() @ dequantized.T + (0 if bias is None else bias.double())
+    x_used = x.bfloat16() if rows >= 4 and native.bf16_dot_products() else x
+    want = x_used.double() @ dequantized.T + (0 if bias is None else bias.double())
     got = linear(x, panels, scales, bias, out_features)
     assert got.shape == (rows, out_features)
     assert (got.double() - want).abs().max().item() < 1e-4

@@ -15,8 +15,10 @@
 //   bias:    [N] fp32 or None
 //   returns  [M, N]
 // q8_panel_linear: int8 weights in blocks of 32 inputs with one scale each (llama.cpp's Q8_0);
-//   for a few rows each block's weights are widened to fp32 in registers; for more, each panel
-//   is widened once into a per-thread fp32 buffer that every row then reads.
+//   for a few rows each block's weights are widened to fp32 in registers; for more, on a CPU with
+//   AVX512-BF16 each panel's int8 values become bf16 pairs (exactly) that meet x rounded to bf16
+//   in pair dot products, each block's sums scaled once (llama.cpp rounds x to int8 instead);
+//   elsewhere each panel is widened once into a per-thread fp32 buffer that every row then reads.
 //   panels:  [ceil(N / 16), ceil(K / 32), 32, 16] int8 (zero past N and K)
 //   scales:  [ceil(N / 16), ceil(K / 32), 16] fp32
 //
@@ -139,24 +141,48 @@ inline void bf16_panel_rows(const float* x, int64_t k_size, const uint32_t* pane
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define STALLFREE_BF16_DOT 1
+// sums[r][j] += the pair dot products of pairs [k0, k1) of row r of x and panel j.
+template <int R, int P>
+__attribute__((target("avx512f,avx512bf16"), always_inline)) inline void bf16_dot_range(
+    const uint32_t* xb, int64_t pairs, const uint32_t* panel, int64_t panel_pairs, __m512 (&sums)[R][P],
+    int64_t k0, int64_t k1) {
+  for (int64_t k = k0; k < k1; ++k) {
+    __m512bh w[P];
+    for (int j = 0; j < P; ++j) w[j] = (__m512bh)_mm512_loadu_si512(panel + (j * panel_pairs + k) * 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh v = (__m512bh)_mm512_set1_epi32(static_cast<int>(xb[r * pairs + k]));
+      for (int j = 0; j < P; ++j) sums[r][j] = _mm512_dpbf16_ps(sums[r][j], v, w[j]);
+    }
+  }
+}
+
 // Rows [0, R) of x, as bf16 pairs ([R][pairs]), against P bf16 panels (16 P features) that lie
 // panel_pairs pairs apart: one AVX512-BF16 pair dot product per pair of inputs, row and panel;
-// each broadcast of x serves P panels. out[r][0..cols) = the sums (+ bias).
-template <int R, int P>
+// each broadcast of x serves P panels. Scaled (a Q8_0 weight's int8 values, widened): each block
+// of 16 pairs is summed apart and added times its scales ([P][pairs / 16][16], panels
+// `scale_stride` floats apart). out[r][0..cols) = the sums (+ bias).
+template <int R, int P, bool Scaled>
 __attribute__((target("avx512f,avx512bf16"))) void bf16_dot_rows(const uint32_t* xb, int64_t pairs,
                                                                    const uint32_t* panel, int64_t panel_pairs,
+                                                                   const float* scales, int64_t scale_stride,
                                                                    const float* bias, float* out, int64_t ld_out,
                                                                    int64_t cols) {
   __m512 acc[R][P];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < P; ++j) acc[r][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < pairs; ++k) {
-    __m512bh w[P];
-    for (int j = 0; j < P; ++j) w[j] = (__m512bh)_mm512_loadu_si512(panel + (j * panel_pairs + k) * 16);
-    for (int r = 0; r < R; ++r) {
-      const __m512bh v = (__m512bh)_mm512_set1_epi32(static_cast<int>(xb[r * pairs + k]));
-      for (int j = 0; j < P; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], v, w[j]);
+  if constexpr (Scaled) {
+    for (int64_t b = 0; b < pairs / 16; ++b) {
+      __m512 block[R][P];
+      for (int r = 0; r < R; ++r)
+        for (int j = 0; j < P; ++j) block[r][j] = _mm512_setzero_ps();
+      bf16_dot_range<R, P>(xb, pairs, panel, panel_pairs, block, 16 * b, 16 * b + 16);
+      for (int j = 0; j < P; ++j) {
+        const __m512 scale = _mm512_loadu_ps(scales + j * scale_stride + b * 16);
+        for (int r = 0; r < R; ++r) acc[r][j] = _mm512_fmadd_ps(block[r][j], scale, acc[r][j]);
+      }
     }
+  } else {
+    bf16_dot_range<R, P>(xb, pairs, panel, panel_pairs, acc, 0, pairs);
   }
   for (int r = 0; r < R; ++r) {
     float row[16 * P];
@@ -167,22 +193,40 @@ __attribute__((target("avx512f,avx512bf16"))) void bf16_dot_rows(const uint32_t*
   }
 }
 
-// Rows [m0, m1) of x (as bf16 pairs) against the P panels from `panel`: six rows at a time.
-template <int P>
+// Rows [m0, m1) of x (as bf16 pairs) against the P panels from `panel` (and their scales where
+// Scaled): six rows at a time.
+template <int P, bool Scaled = false>
 void bf16_dot_panels(const uint32_t* xb, int64_t pairs, const uint32_t* panel, int64_t panel_pairs,
-                     const float* bias, float* out, int64_t ld_out, int64_t cols, int64_t m0, int64_t m1) {
+                     const float* bias, float* out, int64_t ld_out, int64_t cols, int64_t m0, int64_t m1,
+                     const float* scales = nullptr, int64_t scale_stride = 0) {
+  const auto rows = [&](auto count, int64_t m) {
+    bf16_dot_rows<decltype(count)::value, P, Scaled>(xb + m * pairs, pairs, panel, panel_pairs, scales,
+                                                      scale_stride, bias, out + m * ld_out, ld_out, cols);
+  };
   int64_t m = m0;
-  for (; m + 6 <= m1; m += 6)
-    bf16_dot_rows<6, P>(xb + m * pairs, pairs, panel, panel_pairs, bias, out + m * ld_out, ld_out, cols);
-  const uint32_t* x = xb + m * pairs;
-  float* o = out + m * ld_out;
+  for (; m + 6 <= m1; m += 6) rows(std::integral_constant<int, 6>{}, m);
   switch (m1 - m) {
-    case 5: bf16_dot_rows<5, P>(x, pairs, panel, panel_pairs, bias, o, ld_out, cols); break;
-    case 4: bf16_dot_rows<4, P>(x, pairs, panel, panel_pairs, bias, o, ld_out, cols); break;
-    case 3: bf16_dot_rows<3, P>(x, pairs, panel, panel_pairs, bias, o, ld_out, cols); break;
-    case 2: bf16_dot_rows<2, P>(x, pairs, panel, panel_pairs, bias, o, ld_out, cols); break;
-    case 1: bf16_dot_rows<1, P>(x, pairs, panel, panel_pairs, bias, o, ld_out, cols); break;
+    case 5: rows(std::integral_constant<int, 5>{}, m); break;
+    case 4: rows(std::integral_constant<int, 4>{}, m); break;
+    case 3: rows(std::integral_constant<int, 3>{}, m); break;
+    case 2: rows(std::integral_constant<int, 2>{}, m); break;
+    case 1: rows(std::integral_constant<int, 1>{}, m); break;
     default: break;
+  }
+}
+
+// Q8_0 panels [p, p + count) (count 1 or 2) as bf16 pairs ([count][blocks * 16][16], the int8
+// values exactly; their scales stay apart).
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void q8_pairs(const int8_t* panels, int64_t num_blocks,
+                                                                      int64_t count, uint32_t* out) {
+  for (int64_t i = 0; i < count * num_blocks * 16; ++i) {  // a pair of inputs of 16 features
+    const int8_t* rows = panels + i * 32;
+    const __m512 first = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows))));
+    const __m512 second =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows + 16))));
+    const __m512i lo = _mm512_srli_epi32(_mm512_castps_si512(first), 16);
+    const __m512i hi = _mm512_and_si512(_mm512_castps_si512(second), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+    _mm512_storeu_si512(out + i * 16, _mm512_or_si512(lo, hi));
   }
 }
 
@@ -339,6 +383,35 @@ void check_x(const torch::Tensor& x, int64_t k_size, int64_t num_panels, int64_t
               "panel_linear: ", num_panels, " panels cannot hold ", out_features, " features");
 }
 
+#if defined(STALLFREE_BF16_DOT)
+// x ([M, K] fp32) as bf16 pairs, [M, 2 pairs] (zero past K).
+torch::Tensor bf16_pairs_of(const torch::Tensor& x, int64_t pairs) {
+  const int64_t m_size = x.size(0), k_size = x.size(1);
+  auto out = torch::empty({m_size, 2 * pairs}, x.options().dtype(torch::kBFloat16));
+  uint16_t* to = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const float* from = x.data_ptr<float>();
+  at::parallel_for(0, m_size, 16, [&](int64_t first, int64_t last) {
+    bf16_rows(from, k_size, k_size, pairs, to, first, last);
+  });
+  return out;
+}
+
+// panels(p, cols, m0, m1) for every pair of panels p, p + 1 (cols: their features, up to 32) and
+// rows in blocks of 96, whose bf16 pairs stay in cache while every panel meets them; threads split
+// the panels two by two.
+template <typename Panels>
+void dot_panel_pairs(int64_t m_size, int64_t num_panels, int64_t out_features, const Panels& panels) {
+  constexpr int64_t block_rows = 96;
+  for (int64_t m0 = 0; m0 < m_size; m0 += block_rows) {
+    const int64_t m1 = std::min(m_size, m0 + block_rows);
+    at::parallel_for(0, (num_panels + 1) / 2, 1, [&](int64_t first, int64_t last) {
+      for (int64_t two = first; two < last; ++two)
+        panels(2 * two, std::min<int64_t>(32, out_features - 2 * two * 16), m0, m1);
+    });
+  }
+}
+#endif
+
 torch::Tensor bf16_panel_linear(const torch::Tensor& x, const torch::Tensor& panels,
                                 const std::optional<torch::Tensor>& bias, int64_t out_features) {
   TORCH_CHECK(panels.dim() == 3 && panels.is_contiguous() && panels.size(2) == 32,
@@ -364,27 +437,15 @@ torch::Tensor bf16_panel_linear(const torch::Tensor& x, const torch::Tensor& pan
   }
 #if defined(STALLFREE_BF16_DOT)
   if (bf16_dot_products()) {
-    auto x_bf16 = torch::empty({m_size, 2 * pairs}, x.options().dtype(torch::kBFloat16));
-    uint16_t* xb16 = reinterpret_cast<uint16_t*>(x_bf16.data_ptr<at::BFloat16>());
-    at::parallel_for(0, m_size, 16, [&](int64_t first, int64_t last) { bf16_rows(xp, k_size, k_size, pairs, xb16, first, last); });
-    const uint32_t* xb = reinterpret_cast<const uint32_t*>(xb16);
-    // Rows in blocks of 96, whose bf16 pairs stay in cache while every panel meets them; threads
-    // split the panels two by two.
-    constexpr int64_t block_rows = 96;
-    for (int64_t m0 = 0; m0 < m_size; m0 += block_rows) {
-      const int64_t m1 = std::min(m_size, m0 + block_rows);
-      at::parallel_for(0, (num_panels + 1) / 2, 1, [&](int64_t first, int64_t last) {
-        for (int64_t two = first; two < last; ++two) {
-          const int64_t p = 2 * two, cols = std::min<int64_t>(32, out_features - p * 16);
-          if (cols > 16)
-            bf16_dot_panels<2>(xb, pairs, wp + p * pairs * 16, pairs, bias_of(p), op + p * 16, out_features, cols,
-                               m0, m1);
-          else
-            bf16_dot_panels<1>(xb, pairs, wp + p * pairs * 16, pairs, bias_of(p), op + p * 16, out_features, cols,
-                               m0, m1);
-        }
-      });
-    }
+    const auto x_bf16 = bf16_pairs_of(x, pairs);
+    const uint32_t* xb = reinterpret_cast<const uint32_t*>(x_bf16.data_ptr<at::BFloat16>());
+    dot_panel_pairs(m_size, num_panels, out_features, [&](int64_t p, int64_t cols, int64_t m0, int64_t m1) {
+      const uint32_t* panel = wp + p * pairs * 16;
+      if (cols > 16)
+        bf16_dot_panels<2>(xb, pairs, panel, pairs, bias_of(p), op + p * 16, out_features, cols, m0, m1);
+      else
+        bf16_dot_panels<1>(xb, pairs, panel, pairs, bias_of(p), op + p * 16, out_features, cols, m0, m1);
+    });
     return out;
   }
 #endif
@@ -445,6 +506,26 @@ torch::Tensor q8_panel_linear(const torch::Tensor& x, const torch::Tensor& panel
     });
     return out;
   }
+#if defined(STALLFREE_BF16_DOT)
+  if (bf16_dot_products()) {  // int8 values exactly as bf16, x rounded to bf16, block sums scaled
+    const int64_t pairs = num_blocks * 16;
+    const auto x_bf16 = bf16_pairs_of(x, pairs);
+    const uint32_t* xb = reinterpret_cast<const uint32_t*>(x_bf16.data_ptr<at::BFloat16>());
+    thread_local std::vector<uint32_t> widened;
+    dot_panel_pairs(m_size, num_panels, out_features, [&](int64_t p, int64_t cols, int64_t m0, int64_t m1) {
+      widened.resize(2 * pairs * 16);
+      q8_pairs(wp + p * num_blocks * block_bytes, num_blocks, cols > 16 ? 2 : 1, widened.data());
+      const float* scales = sp + p * num_blocks * 16;
+      float* o = op + p * 16;
+      const float* bias = b == nullptr ? nullptr : b + p * 16;
+      if (cols > 16)
+        bf16_dot_panels<2, true>(xb, pairs, widened.data(), pairs, bias, o, out_features, cols, m0, m1, scales, pairs);
+      else
+        bf16_dot_panels<1, true>(xb, pairs, widened.data(), pairs, bias, o, out_features, cols, m0, m1, scales, pairs);
+    });
+    return out;
+  }
+#endif
   // Many rows: widen each panel once into an fp32 one (in cache), which every row then reads.
   widened_panels(xp, m_size, k_size, num_panels, out_features, num_blocks * 32 * 16, b, op, [&](int64_t p, float* panel) {
     widen_panel(wp + p * num_blocks * block_bytes, sp + p * num_blocks * 16, num_blocks, panel);
