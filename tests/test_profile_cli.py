@@ -52,6 +52,7 @@ def test_profile_writes_a_fingerprinted_file_covering_the_grid(tiny_profile: Pat
     fp = profile.fingerprint
     assert fp["model"] == "random:tiny" and fp["dtype"] == "float32" and fp["dtype_bytes"] == 4
     assert fp["decode_attention"] == "compiled"  # fp32 on the CPU: the engine's kernel was timed
+    assert fp["chunk_attention"] == "torch" and fp["linear"] == "panels"  # fp32: SDPA, fp32 panels
     for key in ("device", "device_name", "threads", "torch", "date"):
         assert fp[key]
     assert {p.kind for p in profile.steps} == set(STEP_KINDS) - {"cached"}  # a server's only

@@ -446,7 +446,7 @@ def _fingerprint(model: str, engine: LLMEngine) -> dict[str, Any]:
         "decode_attention": "compiled" if engine.model_runner.decode_kernel is not None else "torch",
         # prompt chunks: the compiled kernel's bf16 products (with bf16 weights) or torch's SDPA
         "chunk_attention": "bf16" if engine.model_runner.chunk_kernel is not None else "torch",
-        # how the matmuls run: the compiled kernel's panels (fp32, q8_0, bf16; "bf16-dot": prefill
+        # how the matmuls run: the compiled kernel's panels (fp32, q8_0, bf16; "-dot": prefill
         # rows in AVX512-BF16's pair dot products), oneDNN's packed weights, or torch's
         "linear": _linear_kind(engine),
         "fused_ops": "compiled" if engine.model.decoder_layers()[0].fused is not None else "torch",
@@ -462,7 +462,7 @@ def _fingerprint(model: str, engine: LLMEngine) -> dict[str, Any]:
 
 def _linear_kind(engine: LLMEngine) -> str:
     kind = engine.model.weights.kind or "torch"
-    return "bf16-dot" if kind == "bf16" and bf16_dot_products() else kind
+    return f"{kind}-dot" if kind in ("bf16", "q8_0") and bf16_dot_products() else kind
 
 
 def _cpu_name() -> str:
