@@ -121,8 +121,12 @@ def test_chunk_attention_matches_a_causal_softmax_over_the_blocks(
     key = torch.randn(kv_heads, num_blocks + 3, block_size, dim, generator=gen)
     value = torch.randn(kv_heads, num_blocks + 3, block_size, dim, generator=gen)
     blocks = torch.randperm(num_blocks + 3, generator=gen)[:num_blocks]
-    q = torch.randn(num_tokens, heads * dim, generator=gen) * 2  # peaked softmaxes too
-    got = kernel(q, key, value, blocks, before, dim**-0.5)
+    # q and out as rows of wider tensors (a view of the qkv output, the step's rows)
+    qkv = torch.randn(num_tokens, heads * dim + 48, generator=gen) * 2  # peaked softmaxes too
+    q, step_out = qkv[:, 16 : 16 + heads * dim], torch.full((num_tokens, heads * dim + 32), 7.0)
+    got = step_out[:, 32:]
+    kernel(q, key, value, blocks, before, dim**-0.5, got)
+    assert (step_out[:, :32] == 7.0).all()  # nothing written outside out
     # each token as one row of the decode reference: its context ends at itself
     table = blocks.expand(num_tokens, num_blocks)
     want = reference(q, key, value, table, before + torch.arange(1, num_tokens + 1), dim**-0.5)
@@ -134,14 +138,18 @@ def test_chunk_attention_refuses_what_it_does_not_take(bf16_dot: None) -> None:
     kernel = chunk_attention_kernel()
     assert kernel is not None
     key, q, blocks = torch.zeros(1, 4, 16, 16), torch.zeros(3, 16), torch.tensor([0, 1])
+    out = torch.empty(3, 16)
     with pytest.raises(RuntimeError, match="fp32 q and cache"):
-        kernel(q.bfloat16(), key, key, blocks, 0, 1.0)
+        kernel(q.bfloat16(), key, key, blocks, 0, 1.0, out)
+    with pytest.raises(RuntimeError, match="q and out must be"):
+        kernel(q, key, key, blocks, 0, 1.0, torch.empty(16, 3).T)
     with pytest.raises(RuntimeError, match="head size 8 is not a multiple of 16"):
-        kernel(torch.zeros(3, 8), key[..., :8].contiguous(), key[..., :8].contiguous(), blocks, 0, 1.0)
+        small = key[..., :8].contiguous()
+        kernel(torch.zeros(3, 8), small, small, blocks, 0, 1.0, torch.empty(3, 8))
     with pytest.raises(RuntimeError, match="too few blocks"):
-        kernel(q, key, key, blocks, 30, 1.0)
+        kernel(q, key, key, blocks, 30, 1.0, out)
     with pytest.raises(RuntimeError, match="block id out of range"):
-        kernel(q, key, key, blocks + 3, 0, 1.0)
+        kernel(q, key, key, blocks + 3, 0, 1.0, out)
 
 
 def test_chunk_attention_only_with_bf16_weights_and_dot_products(

@@ -164,9 +164,9 @@ def paged_attention(
     for chunk in meta.chunks:
         rows = slice(chunk.start, chunk.start + chunk.num_tokens)
         n, before = chunk.num_tokens, chunk.num_computed_tokens
-        if meta.chunk_kernel is not None:
-            q_rows = q[rows].reshape(n, num_heads * head_dim).contiguous()
-            out[rows] = meta.chunk_kernel(q_rows, key_cache, value_cache, chunk.blocks, before, scale)
+        if meta.chunk_kernel is not None:  # reads q's rows where they lie, writes out's
+            q_rows = q[rows].reshape(n, num_heads * head_dim)
+            meta.chunk_kernel(q_rows, key_cache, value_cache, chunk.blocks, before, scale, out[rows])
             continue
         # [1, kv_heads, n * group, D]: each KV head's query heads folded into its query rows.
         fq = q[rows].view(n, kv_heads, group, head_dim).transpose(0, 1).reshape(1, kv_heads, -1, head_dim)

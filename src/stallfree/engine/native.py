@@ -53,9 +53,12 @@ DecodeKernel = Callable[
 PanelLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
 """(x [M, K], panels (fp32 [ceil(N / 16), K, 16] or bf16 [ceil(N / 16), ceil(K / 2), 32]), bias [N]
 or None, N) -> [M, N]"""
-ChunkKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor]
+ChunkKernel = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float, torch.Tensor], None
+]
 """(q [n, heads * D], key cache, value cache, the context's blocks [ceil((before + n) / block_size)],
-before, scale) -> [n, heads * D]: a prompt chunk's attention in bf16 products (csrc/chunk_attention.cpp)"""
+before, scale, out [n, heads * D]): a prompt chunk's attention in bf16 products, written to ``out``
+(q and out: rows of any stride; csrc/chunk_attention.cpp)"""
 Q8PanelLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
 """(x [M, K], int8 panels [P, ceil(K / 32), 32, 16], scales [P, ceil(K / 32), 16], bias, N) -> [M, N]"""
 DecodeLayers = Callable[..., torch.Tensor]

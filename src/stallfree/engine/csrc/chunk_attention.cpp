@@ -3,10 +3,11 @@
 // and, causally, each other. The cache is fp32; q, K, V and the probabilities are rounded to bf16
 // for the products, as bf16 attention kernels do (vLLM's and llama.cpp's on the CPU).
 //
-// q:            [n, heads * D] fp32 (the chunk's rows; D a multiple of 16)
+// q:            [n, heads * D] fp32 (the chunk's rows, any row stride: a view of the qkv
+//               matmul's output; D a multiple of 16)
 // key/value:    [kv_heads, num_blocks, block_size, D] fp32 (the cache, the chunk's own K/V in it)
 // blocks:       [ceil((before + n) / block_size)] int64 (the blocks of the context, in order)
-// returns       [n, heads * D]
+// out:          [n, heads * D] fp32, written (any row stride: the step's rows of the chunk)
 //
 // Per KV head, the context's keys are packed once as panels of 16 keys (pairs along D) and its
 // values as panels of 16 features (pairs along the keys): the layout of the bf16 matmul's
@@ -79,16 +80,17 @@ void dot_all_panels(const uint32_t* xb, int64_t pairs, int64_t rows, const uint3
 
 }  // namespace
 
-torch::Tensor chunk_attention(const torch::Tensor& q, const torch::Tensor& key_cache,
-                              const torch::Tensor& value_cache, const torch::Tensor& blocks, int64_t before,
-                              double scale) {
+void chunk_attention(const torch::Tensor& q, const torch::Tensor& key_cache, const torch::Tensor& value_cache,
+                     const torch::Tensor& blocks, int64_t before, double scale, torch::Tensor& out) {
   TORCH_CHECK(bf16_dot_products(), "chunk_attention: needs AVX512-BF16 (and STALLFREE_NATIVE_BF16_DOT not 0)");
   TORCH_CHECK(q.dtype() == torch::kFloat32 && key_cache.dtype() == torch::kFloat32 &&
                   value_cache.dtype() == torch::kFloat32 && blocks.dtype() == torch::kInt64,
               "chunk_attention: fp32 q and cache, int64 blocks");
-  TORCH_CHECK(q.dim() == 2 && q.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous() &&
-                  blocks.is_contiguous(),
-              "chunk_attention: contiguous tensors only");
+  TORCH_CHECK(q.dim() == 2 && q.stride(1) == 1 && out.dtype() == torch::kFloat32 && out.sizes() == q.sizes() &&
+                  out.stride(1) == 1,
+              "chunk_attention: q and out must be [n, heads x D] fp32, each row contiguous");
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous() && blocks.is_contiguous(),
+              "chunk_attention: contiguous cache and blocks only");
   const int64_t n = q.size(0), kv_heads = key_cache.size(0), num_blocks = key_cache.size(1);
   const int64_t block_size = key_cache.size(2), dim = key_cache.size(3), len = before + n;
   TORCH_CHECK(dim % 16 == 0, "chunk_attention: head size ", dim, " is not a multiple of 16");
@@ -97,7 +99,8 @@ torch::Tensor chunk_attention(const torch::Tensor& q, const torch::Tensor& key_c
   const int64_t* block_ids = blocks.data_ptr<int64_t>();
   for (int64_t b = 0; b < blocks.numel(); ++b)
     TORCH_CHECK(block_ids[b] >= 0 && block_ids[b] < num_blocks, "chunk_attention: block id out of range");
-  const int64_t group = q.size(1) / (kv_heads * dim), width = q.size(1), pairs = dim / 2;
+  const int64_t group = q.size(1) / (kv_heads * dim), q_stride = q.stride(0), out_stride = out.stride(0);
+  const int64_t pairs = dim / 2;
   const int64_t key_panels = (len + 15) / 16, key_pairs = (len + 1) / 2;
   const int64_t head_floats = num_blocks * block_size * dim;
   auto packed_keys = torch::empty({kv_heads, key_panels * pairs * 16}, q.options().dtype(torch::kInt32));
@@ -115,7 +118,6 @@ torch::Tensor chunk_attention(const torch::Tensor& q, const torch::Tensor& key_c
   // Tiles of tokens whose rows (tokens x group) keep their scores within ~512 KB.
   const int64_t tile = std::max<int64_t>(1, std::min<int64_t>(64, 131072 / len) / group);
   const int64_t tiles = (n + tile - 1) / tile;
-  auto out = torch::empty_like(q);
   const float* qp = q.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const float s = static_cast<float>(scale);
@@ -130,7 +132,7 @@ torch::Tensor chunk_attention(const torch::Tensor& q, const torch::Tensor& key_c
       // the tile's query rows (token-major: row r is token t0 + r / group, query head h group + r % group)
       qs.resize(rows * dim);
       for (int64_t r = 0; r < rows; ++r) {
-        const float* row = qp + (t0 + r / group) * width + (h * group + r % group) * dim;
+        const float* row = qp + (t0 + r / group) * q_stride + (h * group + r % group) * dim;
         for (int64_t d = 0; d < dim; ++d) qs[r * dim + d] = row[d] * s;
       }
       qb.resize(rows * dim);
@@ -158,17 +160,16 @@ torch::Tensor chunk_attention(const torch::Tensor& q, const torch::Tensor& key_c
       dot_all_panels(reinterpret_cast<const uint32_t*>(pb.data()), seen_pairs, rows,
                      vp + h * dim / 16 * key_pairs * 16, key_pairs, dim / 16, acc.data(), dim);
       for (int64_t r = 0; r < rows; ++r) {
-        float* to = op + (t0 + r / group) * width + (h * group + r % group) * dim;
+        float* to = op + (t0 + r / group) * out_stride + (h * group + r % group) * dim;
         const float inv = 1.f / sums[r];
         for (int64_t d = 0; d < dim; ++d) to[d] = acc[r * dim + d] * inv;
       }
     }
   });
-  return out;
 }
 #else
-torch::Tensor chunk_attention(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
-                              int64_t, double) {
+void chunk_attention(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, int64_t,
+                     double, torch::Tensor&) {
   TORCH_CHECK(false, "chunk_attention: built without the AVX512-BF16 kernels (x86-64 and gcc only)");
 }
 #endif
