@@ -102,4 +102,9 @@ def test_vllm_profiled_through_its_api_predicts_its_own_stall(
     cached = [p for p in steps if any(c[1] not in (0, BUDGET) for c in p["chunks"])]
     assert after and cached and len(after) + len(cached) == sum(any(c[1] for c in p["chunks"]) for p in steps)
     assert {p["kind"] for p in cached} == {"cached"}  # recorded, not fitted
-    assert 0.5 < predicted["max_gap_s"] * 1000 / measured["streams_max_itl_ms"] < 2.0, (predicted, measured)
+    # The longest gap is one step, which a busy host (the other tests, vLLM's spinning worker)
+    # stretches on one side and not the other: priced as a share of the TTFT, the host's speed
+    # cancels (absolute: 155 vs 77 ms once under a full parallel `make test`, the TTFT within 2x).
+    share = predicted["max_gap_s"] / predicted["ttft_s"]
+    measured_share = measured["streams_max_itl_ms"] / measured["long_prompt_ttft_ms"]
+    assert 0.5 < share / measured_share < 2.0, (predicted, measured)
