@@ -11,7 +11,7 @@
   llama.cpp's Q8_0), activations in fp32.
 - ``chunk_attention`` attends a prompt chunk over its blocks in place in bf16 pair dot products
   (AVX512-BF16), for bf16 weights, whose matmuls already round prefill rows to bf16
-  (:func:`chunk_kernel_for`); SDPA's fp32 flash kernel took 2.2x as long on a 2K prompt.
+  (:func:`chunk_kernel_for`); SDPA's fp32 flash kernel spent about twice as long on a 2K prompt.
 - ``rms_norm``, ``rope_``, ``silu_mul``: the decoder layer's small ops, one call each instead of
   torch's several (:class:`FusedOps`).
 - ``decode_layers``: every decoder layer of an all-decode step in one call of the kernels above
