@@ -65,17 +65,13 @@ __attribute__((target("avx512f"))) float row_max(const float* row, int64_t len) 
   return _mm512_reduce_max_ps(top);
 }
 
-// out[0, cols) of `rows` rows = x (bf16 pairs) times the panels from `panels` (panel_pairs apart),
-// two panels at a time.
+// out[0, 16 num_panels) of `rows` rows = x (bf16 pairs) times the panels from `panels`
+// (panel_pairs apart), two panels at a time.
 void dot_all_panels(const uint32_t* xb, int64_t pairs, int64_t rows, const uint32_t* panels, int64_t panel_pairs,
                     int64_t num_panels, float* out, int64_t ld_out) {
-  for (int64_t p = 0; p < num_panels; p += 2) {
-    const uint32_t* panel = panels + p * panel_pairs * 16;
-    if (p + 1 < num_panels)
-      bf16_dot_panels<2>(xb, pairs, panel, panel_pairs, nullptr, out + p * 16, ld_out, 32, 0, rows);
-    else
-      bf16_dot_panels<1>(xb, pairs, panel, panel_pairs, nullptr, out + p * 16, ld_out, 16, 0, rows);
-  }
+  for (int64_t p = 0; p < num_panels; p += 2)
+    bf16_dot_panels(xb, pairs, panels + p * panel_pairs * 16, panel_pairs, nullptr, out + p * 16, ld_out,
+                    std::min<int64_t>(32, (num_panels - p) * 16), 0, rows);
 }
 
 }  // namespace

@@ -195,10 +195,10 @@ __attribute__((target("avx512f,avx512bf16"))) void bf16_dot_rows(const uint32_t*
 
 // Rows [m0, m1) of x (as bf16 pairs) against the P panels from `panel` (and their scales where
 // Scaled): six rows at a time.
-template <int P, bool Scaled = false>
-void bf16_dot_panels(const uint32_t* xb, int64_t pairs, const uint32_t* panel, int64_t panel_pairs,
-                     const float* bias, float* out, int64_t ld_out, int64_t cols, int64_t m0, int64_t m1,
-                     const float* scales = nullptr, int64_t scale_stride = 0) {
+template <int P, bool Scaled>
+void bf16_dot_panel_rows(const uint32_t* xb, int64_t pairs, const uint32_t* panel, int64_t panel_pairs,
+                         const float* bias, float* out, int64_t ld_out, int64_t cols, int64_t m0, int64_t m1,
+                         const float* scales, int64_t scale_stride) {
   const auto rows = [&](auto count, int64_t m) {
     bf16_dot_rows<decltype(count)::value, P, Scaled>(xb + m * pairs, pairs, panel, panel_pairs, scales,
                                                       scale_stride, bias, out + m * ld_out, ld_out, cols);
@@ -213,6 +213,19 @@ void bf16_dot_panels(const uint32_t* xb, int64_t pairs, const uint32_t* panel, i
     case 1: rows(std::integral_constant<int, 1>{}, m); break;
     default: break;
   }
+}
+
+// The same for the one or two panels that hold `cols` (up to 32) features.
+template <bool Scaled = false>
+void bf16_dot_panels(const uint32_t* xb, int64_t pairs, const uint32_t* panel, int64_t panel_pairs,
+                     const float* bias, float* out, int64_t ld_out, int64_t cols, int64_t m0, int64_t m1,
+                     const float* scales = nullptr, int64_t scale_stride = 0) {
+  if (cols > 16)
+    bf16_dot_panel_rows<2, Scaled>(xb, pairs, panel, panel_pairs, bias, out, ld_out, cols, m0, m1, scales,
+                                   scale_stride);
+  else
+    bf16_dot_panel_rows<1, Scaled>(xb, pairs, panel, panel_pairs, bias, out, ld_out, cols, m0, m1, scales,
+                                   scale_stride);
 }
 
 // Q8_0 panels [p, p + count) (count 1 or 2) as bf16 pairs ([count][blocks * 16][16], the int8
@@ -440,11 +453,7 @@ torch::Tensor bf16_panel_linear(const torch::Tensor& x, const torch::Tensor& pan
     const auto x_bf16 = bf16_pairs_of(x, pairs);
     const uint32_t* xb = reinterpret_cast<const uint32_t*>(x_bf16.data_ptr<at::BFloat16>());
     dot_panel_pairs(m_size, num_panels, out_features, [&](int64_t p, int64_t cols, int64_t m0, int64_t m1) {
-      const uint32_t* panel = wp + p * pairs * 16;
-      if (cols > 16)
-        bf16_dot_panels<2>(xb, pairs, panel, pairs, bias_of(p), op + p * 16, out_features, cols, m0, m1);
-      else
-        bf16_dot_panels<1>(xb, pairs, panel, pairs, bias_of(p), op + p * 16, out_features, cols, m0, m1);
+      bf16_dot_panels(xb, pairs, wp + p * pairs * 16, pairs, bias_of(p), op + p * 16, out_features, cols, m0, m1);
     });
     return out;
   }
@@ -515,13 +524,8 @@ torch::Tensor q8_panel_linear(const torch::Tensor& x, const torch::Tensor& panel
     dot_panel_pairs(m_size, num_panels, out_features, [&](int64_t p, int64_t cols, int64_t m0, int64_t m1) {
       widened.resize(2 * pairs * 16);
       q8_pairs(wp + p * num_blocks * block_bytes, num_blocks, cols > 16 ? 2 : 1, widened.data());
-      const float* scales = sp + p * num_blocks * 16;
-      float* o = op + p * 16;
-      const float* bias = b == nullptr ? nullptr : b + p * 16;
-      if (cols > 16)
-        bf16_dot_panels<2, true>(xb, pairs, widened.data(), pairs, bias, o, out_features, cols, m0, m1, scales, pairs);
-      else
-        bf16_dot_panels<1, true>(xb, pairs, widened.data(), pairs, bias, o, out_features, cols, m0, m1, scales, pairs);
+      bf16_dot_panels<true>(xb, pairs, widened.data(), pairs, b == nullptr ? nullptr : b + p * 16, op + p * 16,
+                            out_features, cols, m0, m1, sp + p * num_blocks * 16, pairs);
     });
     return out;
   }
