@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from stallfree.cli.common import QUANTIZATIONS
 from stallfree.core import SamplingParams
 from stallfree.engine import LLMEngine
 
@@ -79,7 +80,7 @@ def main() -> None:
     )
     parser.add_argument("--model", default="random:medium")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--quantization", choices=("q8_0", "bf16"), help="weights: as serve's flag")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, help="weights: as serve's flag")
     parser.add_argument("--prompt-tokens", type=int, default=3000)
     parser.add_argument("--streams", type=int, default=0, help="requests decoding while the prompt runs")
     parser.add_argument("--budgets", default="64,256")

@@ -55,6 +55,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
+from llama_cpp_side_by_side import machine
 from server_overhead import serving, wait_healthy
 from stallfree.core.serving import ServingConfig
 from validate_cpu import load, stallfree
@@ -223,7 +224,7 @@ def validate_part(args: argparse.Namespace) -> list[str]:
     out, model_dir = args.out, saved_model(args)
     profile = out / "vllm-default.profile.json"
     rows = [
-        f"machine: {os.cpu_count()} CPUs, load {load()}; workload {args.lengths}, {args.num_requests} "
+        f"machine: {machine()}, load {load()}; workload {args.lengths}, {args.num_requests} "
         f"requests a validation run, {args.capacity_requests} a capacity run"
     ]
     runs: dict[str, Any] = {"runs": []}
@@ -371,7 +372,7 @@ def long_prompt_part(args: argparse.Namespace) -> list[str]:
     out, model_dir = args.out, saved_model(args)
     profile = out / "vllm-default.profile.json"
     rows = [
-        f"machine: {os.cpu_count()} CPUs, load {load()}",
+        f"machine: {machine()}, load {load()}",
         "",
         "| vLLM budget | streams' longest gap ms (meas / pred) | prompt TTFT ms (meas / pred) |",
         "|---|---|---|",
@@ -400,7 +401,7 @@ def profile_server(url: str, profile: Path, model_dir: Path) -> None:
 def engine_part(args: argparse.Namespace) -> list[str]:
     out, model_dir = args.out, saved_model(args)
     rows = [
-        f"machine: {os.cpu_count()} CPUs, load {load()}; weights {args.engine_dtype}"
+        f"machine: {machine()}, load {load()}; weights {args.engine_dtype}"
         + (" (stallfree: --quantization bf16)" if args.engine_dtype == "bfloat16" else ""),
         "",
         "| server | streams | longest gap ms | median gap ms | decode tok/s | prompt TTFT with streams ms | alone ms |",
@@ -464,7 +465,7 @@ def prefix_cache_part(args: argparse.Namespace) -> list[str]:
     session = ["--scenario", "multi-turn", "--sessions", "8", "--turns", "4", "--system-prompt-tokens",
                "1024", "--lengths", "fixed:128,32", "--qps", "0.05", "--think-time-s", "2", "--temperature", "0"]  # fmt: skip
     rows = [
-        f"machine: {os.cpu_count()} CPUs, load {load()}; {' '.join(session[2:])}",
+        f"machine: {machine()}, load {load()}; {' '.join(session[2:])}",
         "",
         "| vLLM | run | median TTFT ms (meas / pred, ratio) | p99 TTFT ms | median ITL ms | prompt tokens from the cache (meas / pred) | load |",
         "|---|---|---|---|---|---|---|",
