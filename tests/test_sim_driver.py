@@ -1,0 +1,123 @@
+"""The one driver reproduces, bit for bit, what the three loops it replaced produced.
+
+``tests/data/driver_golden.json`` holds digests of simulate() runs (records, ITL samples, summary,
+step trace) and of explain's scenarios, written by the code before the driver existed (commit
+bacf5ca, ``python -m tests.test_sim_driver --write`` there): several workloads (Poisson,
+Mooncake's trace with prefix-block hashes, multi-turn sessions, all at once), policies, prefix
+caching on and off, a step-time budget, a KV cache small enough to preempt, both cost models, the
+fast path on and off. A change that moves any output changes a digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stallfree.core.serving import ServingConfig
+from stallfree.workload import WorkloadOptions, workload_from_options
+
+GOLDEN = Path(__file__).parent / "data" / "driver_golden.json"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    workload: WorkloadOptions
+    num_requests: int
+    serving: ServingConfig
+    kind: str = "full"
+    fast: bool = True
+    model: str | None = None
+
+
+POISSON = WorkloadOptions(qps=6.0, lengths="lognormal:600,120")
+MOONCAKE = WorkloadOptions(trace="mooncake-conversation", time_scale=0.05)
+SESSIONS = WorkloadOptions(qps=2.0, lengths="uniform:50-400,20-80", turns=3, system_prompt_tokens=300)
+AT_ONCE = WorkloadOptions(arrival="all-at-once", lengths="fixed:900,40")
+
+CASES = [
+    Case("poisson-chunked", POISSON, 300, ServingConfig()),
+    Case("poisson-chunked-slow", POISSON, 120, ServingConfig(), fast=False),
+    Case("poisson-prefill-first", POISSON, 200, ServingConfig(policy="prefill-first")),
+    Case("poisson-decode-first", POISSON, 150, ServingConfig(policy="decode-first")),
+    Case("poisson-weights-only", POISSON, 150, ServingConfig(max_num_batched_tokens=256), kind="weights-only"),
+    Case("poisson-step-budget", POISSON, 200, ServingConfig(step_budget_ms=25.0)),
+    Case("poisson-preempt", POISSON, 150, ServingConfig(num_blocks=120, max_num_seqs=32)),
+    Case("mooncake-cache", MOONCAKE, 150, ServingConfig(), model="llama-3.1-8b"),
+    Case("mooncake-no-cache", MOONCAKE, 150, ServingConfig(enable_prefix_caching=False), model="llama-3.1-8b"),
+    Case("mooncake-cache-slow", MOONCAKE, 60, ServingConfig(), fast=False, model="llama-3.1-8b"),
+    Case("sessions-cache", SESSIONS, 60, ServingConfig(max_num_batched_tokens=128)),
+    Case("sessions-budget-preempt", SESSIONS, 60, ServingConfig(step_budget_ms=20.0, num_blocks=200)),
+    Case("at-once-chunked", AT_ONCE, 64, ServingConfig(max_num_seqs=16)),
+    Case("at-once-prefill-first", AT_ONCE, 64, ServingConfig(policy="prefill-first", max_num_seqs=16)),
+]
+
+EXPLAIN = {
+    "explain-default": {},
+    "explain-cached-prefix": {"cached_prefix_tokens": 4096},
+    "explain-step-budget": {"step_budget_ms": 40.0},
+    "explain-full": {"cost_model": "full", "streams": 8},
+}
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def simulate_digest(case: Case) -> str:
+    from stallfree.sim import CostChoice, simulate
+
+    result = simulate(
+        workload_from_options(case.workload),
+        CostChoice(kind=case.kind, model=case.model),
+        case.serving,
+        num_requests=case.num_requests,
+        keep_steps=True,
+        fast=case.fast,
+    )
+    steps = result.steps
+    assert steps is not None
+    columns = {name: list(getattr(steps, name)) for name in steps.__slots__}  # type: ignore[attr-defined]
+    return _digest(
+        {
+            "records": [asdict(r) for r in result.records],
+            "itl": [result.itl.values_s.tolist(), result.itl.counts.tolist()],
+            "summary": result.summary,
+            "steps": columns,
+        }
+    )
+
+
+def explain_digest(overrides: dict[str, Any]) -> str:
+    from stallfree.explain.backends import run_explain
+    from stallfree.explain.options import ExplainOptions
+
+    explanation = run_explain(ExplainOptions(**overrides))
+    return _digest(asdict(explanation))
+
+
+def _all() -> dict[str, str]:
+    out = {case.name: simulate_digest(case) for case in CASES}
+    out.update({name: explain_digest(kw) for name, kw in EXPLAIN.items()})
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_simulate_unchanged(case: Case) -> None:
+    assert simulate_digest(case) == json.loads(GOLDEN.read_text())[case.name]
+
+
+@pytest.mark.parametrize("name", sorted(EXPLAIN))
+def test_explain_unchanged(name: str) -> None:
+    assert explain_digest(EXPLAIN[name]) == json.loads(GOLDEN.read_text())[name]
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    GOLDEN.write_text(json.dumps(_all(), indent=1) + "\n")
