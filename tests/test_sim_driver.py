@@ -46,11 +46,15 @@ CASES = [
     Case("poisson-chunked-slow", POISSON, 120, ServingConfig(), fast=False),
     Case("poisson-prefill-first", POISSON, 200, ServingConfig(policy="prefill-first")),
     Case("poisson-decode-first", POISSON, 150, ServingConfig(policy="decode-first")),
-    Case("poisson-weights-only", POISSON, 150, ServingConfig(max_num_batched_tokens=256), kind="weights-only"),
+    Case(
+        "poisson-weights-only", POISSON, 150, ServingConfig(max_num_batched_tokens=256), kind="weights-only"
+    ),
     Case("poisson-step-budget", POISSON, 200, ServingConfig(step_budget_ms=25.0)),
     Case("poisson-preempt", POISSON, 150, ServingConfig(num_blocks=120, max_num_seqs=32)),
     Case("mooncake-cache", MOONCAKE, 150, ServingConfig(), model="llama-3.1-8b"),
-    Case("mooncake-no-cache", MOONCAKE, 150, ServingConfig(enable_prefix_caching=False), model="llama-3.1-8b"),
+    Case(
+        "mooncake-no-cache", MOONCAKE, 150, ServingConfig(enable_prefix_caching=False), model="llama-3.1-8b"
+    ),
     Case("mooncake-cache-slow", MOONCAKE, 60, ServingConfig(), fast=False, model="llama-3.1-8b"),
     Case("sessions-cache", SESSIONS, 60, ServingConfig(max_num_batched_tokens=128)),
     Case("sessions-budget-preempt", SESSIONS, 60, ServingConfig(step_budget_ms=20.0, num_blocks=200)),
@@ -107,6 +111,50 @@ def _all() -> dict[str, str]:
     out = {case.name: simulate_digest(case) for case in CASES}
     out.update({name: explain_digest(kw) for name, kw in EXPLAIN.items()})
     return out
+
+
+def test_two_replicas_each_run_as_if_alone() -> None:
+    """Routed apart, two replicas on one clock give each request what a replica of its own gave:
+    the other replica's arrivals cut steady runs short but change no time."""
+    from stallfree.core import Request
+    from stallfree.sim.driver import SimClock, drive
+    from stallfree.sim.traffic import TrafficReplica, run_traffic
+    from tests.factories import OneSecondCosts, make_scheduler
+
+    requests = [Request(str(i), 30 + 7 * i, 5 + 3 * i, arrival_time_s=0.7 * i) for i in range(12)]
+    replicas = [TrafficReplica(make_scheduler(max_num_seqs=4), OneSecondCosts()) for _ in range(2)]
+    assert not drive(SimClock(), requests, replicas, route=lambda r: int(r.request_id) % 2)
+    for k, replica in enumerate(replicas):
+        alone = run_traffic(make_scheduler(max_num_seqs=4), OneSecondCosts(), requests[k::2])
+        fleet = replica.result(0.0, False)
+        assert [r.request_id for r in fleet.records] == [str(i) for i in range(k, 12, 2)]
+        assert fleet.records == alone.records
+        assert fleet.num_steps == alone.num_steps
+
+
+def test_a_step_in_flight_ends_before_a_later_arrival_is_seen() -> None:
+    """A replica's step is applied at its end: an arrival during it waits for the next step."""
+    from stallfree.core import Request
+    from stallfree.sim.driver import SimClock, drive
+    from stallfree.sim.timeline import Timeline, TimelineReplica
+    from tests.factories import make_scheduler, one_second
+
+    tl = Timeline()
+    replica = TimelineReplica(make_scheduler(), one_second, tl)
+    drive(SimClock(), [Request("a", 8, 2), Request("b", 8, 1, arrival_time_s=0.5)], [replica])
+    assert [s.start_s for s in tl.steps] == [0.0, 1.0]
+    assert tl.token_times_s == {"a": [1.0, 2.0], "b": [2.0]}
+
+
+def test_wall_clock_sleeps_until_and_never_goes_back() -> None:
+    from stallfree.sim.driver import WallClock
+
+    clock = WallClock()
+    clock.wait_until(0.02)
+    after = clock.now()
+    assert after >= 0.02
+    clock.wait_until(0.0)
+    assert clock.now() >= after
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

@@ -2,7 +2,7 @@
 
 The same requests (arrival times, lengths), the same scheduler configuration (policy, token
 budget, max sequences, KV blocks, block size, context length) run (1) through ``LLMEngine``
-in process on the wall clock (:mod:`stallfree.engine.replay`) and (2) through the simulator
+in process on the wall clock (:mod:`stallfree.validate.replay`) and (2) through the simulator
 with the measured cost model of ``--profile``. Both are scored by :mod:`stallfree.metrics`.
 Printed: measured vs predicted vs ratio for TTFT, TPOT, ITL (median, p99), max ITL and
 throughput, and the per-step error: every real step's plan priced by the model against its

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from stallfree.core import Executor, Request, Scheduler, run_step
+from stallfree.core.scheduler import StepEvents
+from stallfree.sim.driver import SimClock, drive
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,48 @@ class Timeline:
     end_s: float = 0.0
 
 
+class TimelineReplica:
+    """A scheduler and an executor on the simulated clock, keeping every step and token time in
+    a :class:`Timeline`: a participant of :func:`~stallfree.sim.driver.drive`."""
+
+    def __init__(self, scheduler: Scheduler, executor: Executor, timeline: Timeline) -> None:
+        self.scheduler = scheduler
+        self._executor = executor
+        self.timeline = timeline
+        self._events: StepEvents | None = None
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def add_request(self, request: Request, now_s: float) -> None:
+        reason = self.scheduler.add_request(request)
+        if reason is not None:
+            self.timeline.rejected[request.request_id] = reason
+
+    def start_step(self, now_s: float, next_arrival_s: float | None) -> float | None:
+        out = run_step(self.scheduler, self._executor)
+        if out is None:
+            return None
+        plan, result, self._events = out
+        self.timeline.steps.append(
+            TimelineStep(
+                now_s,
+                result.duration_s,
+                plan.num_decode_tokens,
+                plan.num_prefill_tokens,
+                tuple((c.request_id, c.num_tokens) for c in plan.chunks),
+            )
+        )
+        return now_s + result.duration_s
+
+    def finish_step(self) -> None:
+        tl, events = self.timeline, self._events
+        assert events is not None
+        tl.end_s = tl.steps[-1].end_s
+        for rid in events.new_token_request_ids:
+            tl.token_times_s.setdefault(rid, []).append(tl.end_s)
+
+
 def simulate_timeline(
     scheduler: Scheduler,
     executor: Executor,
@@ -49,41 +93,18 @@ def simulate_timeline(
     stop: Callable[[Timeline], bool] | None = None,
     timeline: Timeline | None = None,
 ) -> Timeline:
-    """Run ``requests`` (by ``arrival_time_s``) to completion, or until ``stop(timeline)``.
+    """Run ``requests`` (by ``arrival_time_s``) to completion, or until ``stop(timeline)`` (asked
+    after every step).
 
     Passing a ``timeline`` back in continues a run (same scheduler) from
     ``start_s`` with more arrivals.
     """
     tl = timeline if timeline is not None else Timeline()
-    pending = sorted(requests, key=lambda r: r.arrival_time_s)
-    clock = start_s
-    i = 0
-    while True:
-        while i < len(pending) and pending[i].arrival_time_s <= clock:
-            reason = scheduler.add_request(pending[i])
-            if reason is not None:
-                tl.rejected[pending[i].request_id] = reason
-            i += 1
-        out = run_step(scheduler, executor)
-        if out is None:
-            if i == len(pending):
-                break
-            clock = max(clock, pending[i].arrival_time_s)
-            continue
-        plan, result, events = out
-        tl.steps.append(
-            TimelineStep(
-                clock,
-                result.duration_s,
-                plan.num_decode_tokens,
-                plan.num_prefill_tokens,
-                tuple((c.request_id, c.num_tokens) for c in plan.chunks),
-            )
-        )
-        clock += result.duration_s
-        for rid in events.new_token_request_ids:
-            tl.token_times_s.setdefault(rid, []).append(clock)
-        tl.end_s = clock
-        if stop is not None and stop(tl):
-            break
+    replica = TimelineReplica(scheduler, executor, tl)
+    drive(
+        SimClock(start_s),
+        sorted(requests, key=lambda r: r.arrival_time_s),
+        [replica],
+        stop=None if stop is None else lambda: stop(tl),
+    )
     return tl

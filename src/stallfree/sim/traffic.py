@@ -33,8 +33,10 @@ import numpy as np
 import numpy.typing as npt
 
 from stallfree.core import Request, Scheduler, StepCostModel, StepPlan, StepResult
+from stallfree.core.scheduler import StepEvents
 from stallfree.core.steady import SINGLE_STEP
 from stallfree.metrics import ItlAccumulator, RequestRecord
+from stallfree.sim.driver import SimClock, drive
 from stallfree.sim.itl import ItlSamples
 
 FloatArray = npt.NDArray[np.float64]
@@ -118,6 +120,123 @@ class _Live:
 _NUMBER = re.compile(r"\d+(\.\d+)?")
 
 
+class TrafficReplica:
+    """A scheduler and its cost model on the simulated clock, keeping :class:`TrafficRun`'s
+    aggregates: a participant of :func:`~stallfree.sim.driver.drive`."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        cost_model: SteadyCostModel,
+        *,
+        fast: bool = True,
+        keep_steps: bool = False,
+        step_budget_s: float | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self._cost_model = cost_model
+        self._fast = fast
+        self._step_budget_s = step_budget_s
+        self._live: dict[str, _Live] = {}
+        self.records: list[RequestRecord] = []
+        self._arrival_order = array("q")  # records[i] is the arrival_order[i]-th request to arrive
+        self._num_arrived = 0
+        self.rejected: dict[str, int] = {}
+        self._shown: dict[str, str] = {}  # reason with numbers as N -> the first real reason of that kind
+        self.itl = ItlSamples()
+        self.trace = StepTrace() if keep_steps else None
+        self.num_steps = self.num_plans = self.num_preemptions = self.num_over = 0
+        self.max_step_s = 0.0
+        # the step in flight: its plan, start, first step's end, steady ends, step count, events
+        self._plan: StepPlan | None = None
+        self._start_s = self._first_end_s = self._end_s = 0.0
+        self._ends: FloatArray | None = None
+        self._steps = 0
+        self._events: StepEvents | None = None
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def add_request(self, request: Request, now_s: float) -> None:
+        reason = self.scheduler.add_request(request)
+        if reason is None:
+            self._live[request.request_id] = _Live(request, self._num_arrived)
+        else:
+            self.records.append(_rejected_record(request))
+            self._arrival_order.append(self._num_arrived)
+            # Reasons that differ only in their numbers count together, under the first
+            # one's real text (a representative: "prompt (20000) + ... (8192)").
+            key = self._shown.setdefault(_NUMBER.sub("N", reason), reason)
+            self.rejected[key] = self.rejected.get(key, 0) + 1
+        self._num_arrived += 1
+
+    def start_step(self, now_s: float, next_arrival_s: float | None) -> float | None:
+        scheduler = self.scheduler
+        plan = scheduler.schedule()
+        if not plan.chunks:
+            if scheduler.has_unfinished_requests():  # pragma: no cover - a scheduler bug
+                raise RuntimeError("the scheduler has requests but plans nothing")
+            return None
+        for rid in plan.preempted_request_ids:
+            self._live[rid].num_preemptions += 1
+            self.num_preemptions += 1
+        run = scheduler.steady_run(plan) if self._fast else SINGLE_STEP
+        steps = run.num_steps
+        if steps == 1:
+            self._ends = None
+            duration_s = self._cost_model.step_time_s(plan)
+            end_s = now_s + duration_s
+            self._events = scheduler.update_from_output(plan, StepResult(end_s - now_s))
+            self._first_end_s = end_s
+            self.max_step_s = max(self.max_step_s, duration_s)
+            if self._step_budget_s is not None and duration_s > self._step_budget_s:
+                self.num_over += 1
+        else:
+            cut_s = next_arrival_s if run.ends_at_arrival else None
+            ends, durations = _steady_ends(self._cost_model, plan, now_s, steps, cut_s)
+            steps = len(ends)
+            self.max_step_s = max(self.max_step_s, float(durations.max()))
+            if self._step_budget_s is not None:
+                self.num_over += int(np.count_nonzero(durations > self._step_budget_s))
+            self._ends = ends
+            self._first_end_s = float(ends[0])
+            end_s = float(ends[-1])
+            self._events = scheduler.update_steady(plan, steps)
+        self._plan, self._start_s, self._end_s, self._steps = plan, now_s, end_s, steps
+        if self.trace is not None:  # the scheduler's counts after the run, before any arrival
+            _trace_row(self.trace, scheduler, plan, now_s, end_s, steps)
+        return end_s
+
+    def finish_step(self) -> None:
+        plan, events, end_s = self._plan, self._events, self._end_s
+        assert plan is not None and events is not None
+        self.num_steps += self._steps
+        self.num_plans += 1
+        _record_tokens(plan, self._live, self.itl, self._start_s, self._first_end_s, self._ends)
+        for rid, finish_reason in events.finished:
+            state = self._live.pop(rid)
+            self.records.append(_finished_record(rid, state, end_s, finish_reason.value))
+            self._arrival_order.append(state.arrival_index)
+        self._plan = self._events = None
+
+    def result(self, duration_s: float, stopped: bool) -> TrafficRun:
+        """What the run measured, records in arrival order."""
+        in_arrival_order = np.argsort(np.frombuffer(self._arrival_order, dtype=np.int64), kind="stable")
+        return TrafficRun(
+            records=[self.records[i] for i in in_arrival_order.tolist()],
+            itl=self.itl.accumulator(),
+            duration_s=duration_s,
+            num_steps=self.num_steps,
+            num_plans=self.num_plans,
+            num_preemptions=self.num_preemptions,
+            rejected_reasons=self.rejected,
+            steps=self.trace,
+            max_step_s=self.max_step_s,
+            num_steps_over_budget=self.num_over,
+            stopped=stopped,
+        )
+
+
 def run_traffic(
     scheduler: Scheduler,
     cost_model: SteadyCostModel,
@@ -133,102 +252,15 @@ def run_traffic(
     The clock starts at 0. Requests the scheduler rejects become records with finish reason
     ``rejected``. ``keep_steps`` keeps a :class:`StepTrace` (for figures and Perfetto traces).
     ``step_budget_s``: count the steps whose duration exceeds it (``num_steps_over_budget``).
-    ``stop`` is asked before each plan; once it returns True the run ends there (``stopped``),
+    ``stop`` is asked after each plan's steps; once it returns True the run ends there (``stopped``),
     with the records of the requests finished so far and ``duration_s`` the clock at the stop.
     """
-    pending = iter(requests)
-    upcoming = next(pending, None)
-    live: dict[str, _Live] = {}
-    records: list[RequestRecord] = []
-    arrival_order = array("q")  # records[i] is the arrival_order[i]-th request to arrive
-    num_arrived = 0
-    rejected: dict[str, int] = {}
-    shown: dict[str, str] = {}  # reason with numbers as N -> the first real reason of that kind
-    itl = ItlSamples()
-    trace = StepTrace() if keep_steps else None
-    clock = 0.0
-    num_steps = num_plans = num_preemptions = num_over = 0
-    max_step_s = 0.0
-    last_arrival_s = 0.0
-    stopped = False
-    while True:
-        # One check a plan (a steady run of many steps checks once); a run with nothing left to
-        # do is complete, not stopped.
-        if stop is not None and stop() and (upcoming is not None or scheduler.has_unfinished_requests()):
-            stopped = True
-            break
-        while upcoming is not None and upcoming.arrival_time_s <= clock:
-            if upcoming.arrival_time_s < last_arrival_s:
-                raise ValueError(f"request {upcoming.request_id} arrives before the one before it")
-            last_arrival_s = upcoming.arrival_time_s
-            reason = scheduler.add_request(upcoming)
-            if reason is None:
-                live[upcoming.request_id] = _Live(upcoming, num_arrived)
-            else:
-                records.append(_rejected_record(upcoming))
-                arrival_order.append(num_arrived)
-                # Reasons that differ only in their numbers count together, under the first
-                # one's real text (a representative: "prompt (20000) + ... (8192)").
-                key = shown.setdefault(_NUMBER.sub("N", reason), reason)
-                rejected[key] = rejected.get(key, 0) + 1
-            num_arrived += 1
-            upcoming = next(pending, None)
-        plan = scheduler.schedule()
-        if not plan.chunks:
-            if upcoming is None:
-                if scheduler.has_unfinished_requests():  # pragma: no cover - a scheduler bug
-                    raise RuntimeError("the scheduler has requests but plans nothing")
-                break
-            clock = max(clock, upcoming.arrival_time_s)
-            continue
-        for rid in plan.preempted_request_ids:
-            live[rid].num_preemptions += 1
-            num_preemptions += 1
-        start = clock
-        run = scheduler.steady_run(plan) if fast else SINGLE_STEP
-        steps = run.num_steps
-        if steps == 1:
-            ends: FloatArray | None = None
-            duration_s = cost_model.step_time_s(plan)
-            clock = start + duration_s
-            events = scheduler.update_from_output(plan, StepResult(clock - start))
-            first_end = clock
-            max_step_s = max(max_step_s, duration_s)
-            if step_budget_s is not None and duration_s > step_budget_s:
-                num_over += 1
-        else:
-            next_arrival_s = upcoming.arrival_time_s if run.ends_at_arrival and upcoming is not None else None
-            ends, durations = _steady_ends(cost_model, plan, start, steps, next_arrival_s)
-            steps = len(ends)
-            max_step_s = max(max_step_s, float(durations.max()))
-            if step_budget_s is not None:
-                num_over += int(np.count_nonzero(durations > step_budget_s))
-            first_end = float(ends[0])
-            clock = float(ends[-1])
-            events = scheduler.update_steady(plan, steps)
-        num_steps += steps
-        num_plans += 1
-        _record_tokens(plan, live, itl, start, first_end, ends)
-        for rid, finish_reason in events.finished:
-            state = live.pop(rid)
-            records.append(_finished_record(rid, state, clock, finish_reason.value))
-            arrival_order.append(state.arrival_index)
-        if trace is not None:
-            _trace_row(trace, scheduler, plan, start, clock, steps)
-    in_arrival_order = np.argsort(np.frombuffer(arrival_order, dtype=np.int64), kind="stable")
-    return TrafficRun(
-        records=[records[i] for i in in_arrival_order.tolist()],
-        itl=itl.accumulator(),
-        duration_s=clock,
-        num_steps=num_steps,
-        num_plans=num_plans,
-        num_preemptions=num_preemptions,
-        rejected_reasons=rejected,
-        steps=trace,
-        max_step_s=max_step_s,
-        num_steps_over_budget=num_over,
-        stopped=stopped,
+    replica = TrafficReplica(
+        scheduler, cost_model, fast=fast, keep_steps=keep_steps, step_budget_s=step_budget_s
     )
+    clock = SimClock()
+    stopped = drive(clock, requests, [replica], stop=stop)
+    return replica.result(clock.now(), stopped)
 
 
 def _steady_ends(

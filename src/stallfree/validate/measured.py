@@ -3,7 +3,7 @@
 Two sources, one :class:`MeasuredRun`:
 
 - :func:`run_engine`: the options' workload through ``LLMEngine`` in process on the wall clock
-  (:mod:`stallfree.engine.replay`), every step timed, then the profile's reference steps timed
+  (:mod:`stallfree.validate.replay`), every step timed, then the profile's reference steps timed
   again on the idle engine (is this machine as fast as when it was profiled?);
 - :func:`read_bench`: a ``stallfree bench --save-result`` file (its own requests and arrival
   times) and, with the server's ``--step-log`` of that run, the served steps.
@@ -79,7 +79,7 @@ def run_engine(options: ValidationOptions, serving: ServingConfig, model: Measur
     from tqdm import tqdm
 
     from stallfree.engine.engine import LLMEngine
-    from stallfree.engine.replay import replay
+    from stallfree.validate.replay import replay
     from stallfree.workload import WorkloadOptions, sample, workload_from_options
 
     fp = model.profile.fingerprint

@@ -1,6 +1,7 @@
 """Run timed requests through :class:`LLMEngine` on the wall clock, keeping every step.
 
-The in-process twin of the simulator's traffic driver, for ``stallfree validate``: each
+The engine as a participant of the simulator's one driver (:func:`~stallfree.sim.driver.drive`)
+on a :class:`~stallfree.sim.driver.WallClock`, for ``stallfree validate``: each
 :class:`~stallfree.core.Request` is added when the wall clock passes its ``arrival_time_s``
 (checked between steps, as the simulator checks its clock), steps run back to back while
 anything is unfinished, and the driver sleeps until the next arrival when nothing is. Every
@@ -18,7 +19,6 @@ where that request has finished by the time this one arrives (else they stay ran
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +26,7 @@ from stallfree.core import Request, SamplingParams
 from stallfree.core.step import TimedStep
 from stallfree.engine.engine import LLMEngine
 from stallfree.metrics import ItlAccumulator, RequestRecord, record_from_token_times
+from stallfree.sim.driver import WallClock, drive
 
 FIRST_TOKEN_ID = 3  # ids below are special tokens of the random tokenizer
 
@@ -36,6 +37,65 @@ class ReplayRun:
     itl: ItlAccumulator
     duration_s: float
     steps: list[TimedStep] = field(default_factory=list)
+
+
+class EngineReplica:
+    """An :class:`LLMEngine` on the wall clock, keeping every step and token time: a participant
+    of :func:`~stallfree.sim.driver.drive`."""
+
+    def __init__(
+        self,
+        engine: LLMEngine,
+        clock: WallClock,
+        template: SamplingParams,
+        seed: int,
+        on_finish: Callable[[], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self._clock = clock
+        self._template = template
+        self._tokens = _Tokens(random.Random(seed), engine.model.spec.vocab_size)
+        self.requests: dict[str, Request] = {}
+        self.token_times: dict[str, list[float]] = {}
+        self.first_scheduled: dict[str, float] = {}
+        self.finish_reason: dict[str, str] = {}
+        self.steps: list[TimedStep] = []
+        self.on_finish = on_finish
+
+    def has_unfinished_requests(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    def add_request(self, request: Request, now_s: float) -> None:
+        self.requests[request.request_id] = request
+        self.token_times[request.request_id] = []
+        params = _with_max_tokens(self._template, request.max_tokens)
+        self.engine.add_request(
+            request.request_id, prompt_token_ids=self._tokens.prompt(request), sampling_params=params
+        )
+
+    def start_step(self, now_s: float, next_arrival_s: float | None) -> float | None:
+        """Run a step now: its end is when the call returns."""
+        if not self.engine.has_unfinished_requests():
+            return None
+        step_start = self._clock.now()
+        out = self.engine.step()
+        step_end = self._clock.now()
+        if out.step is None:  # nothing schedulable: look again after a moment
+            return step_end + 0.001
+        self.steps.append(TimedStep(out.step.plan, step_start, step_end, out.step.result.duration_s))
+        for chunk in out.step.plan.chunks:
+            self.first_scheduled.setdefault(chunk.request_id, step_start)
+        for output in out.outputs:
+            self.token_times[output.request_id].append(step_end)
+            if output.finish_reason is not None:
+                self.finish_reason[output.request_id] = output.finish_reason
+                self._tokens.answered(self.requests[output.request_id], output.token_ids)
+                if self.on_finish is not None:
+                    self.on_finish()
+        return step_end
+
+    def finish_step(self) -> None:
+        """Nothing left: the engine applied its step before it returned."""
 
 
 def replay(
@@ -51,63 +111,25 @@ def replay(
     ``sampling`` is every request's template (its ``max_tokens`` is replaced by the request's;
     default greedy). Returns records in arrival order, every ITL, and every step.
     """
-    template = sampling or SamplingParams(temperature=0.0)
     ordered = sorted(requests, key=lambda r: r.arrival_time_s)
-    tokens = _Tokens(random.Random(seed), engine.model.spec.vocab_size)
-    by_id = {r.request_id: r for r in ordered}
-    token_times: dict[str, list[float]] = {r.request_id: [] for r in ordered}
-    first_scheduled: dict[str, float] = {}
-    finish_reason: dict[str, str] = {}
-    steps: list[TimedStep] = []
-    next_index = 0
-    start = time.perf_counter()
-
-    def now() -> float:
-        return time.perf_counter() - start
-
-    while next_index < len(ordered) or engine.has_unfinished_requests():
-        clock = now()
-        while next_index < len(ordered) and ordered[next_index].arrival_time_s <= clock:
-            request = ordered[next_index]
-            params = _with_max_tokens(template, request.max_tokens)
-            engine.add_request(
-                request.request_id, prompt_token_ids=tokens.prompt(request), sampling_params=params
-            )
-            next_index += 1
-        if not engine.has_unfinished_requests():
-            time.sleep(max(0.0, ordered[next_index].arrival_time_s - now()))
-            continue
-        step_start = now()
-        out = engine.step()
-        step_end = now()
-        if out.step is None:  # nothing schedulable: wait for an arrival or a finish
-            time.sleep(0.001)
-            continue
-        steps.append(TimedStep(out.step.plan, step_start, step_end, out.step.result.duration_s))
-        for chunk in out.step.plan.chunks:
-            first_scheduled.setdefault(chunk.request_id, step_start)
-        for output in out.outputs:
-            token_times[output.request_id].append(step_end)
-            if output.finish_reason is not None:
-                finish_reason[output.request_id] = output.finish_reason
-                tokens.answered(by_id[output.request_id], output.token_ids)
-                if on_finish is not None:
-                    on_finish()
-    duration = now()
+    clock = WallClock()
+    replica = EngineReplica(engine, clock, sampling or SamplingParams(temperature=0.0), seed, on_finish)
+    drive(clock, ordered, [replica])
+    duration = clock.now()
     itl = ItlAccumulator()
     records = [
         record_from_token_times(
             request_id=r.request_id,
             arrival_s=r.arrival_time_s,
-            token_times_s=token_times[r.request_id],
+            token_times_s=replica.token_times[r.request_id],
             num_prompt_tokens=r.num_prompt_tokens,
             itl=itl,
-            finish_reason=finish_reason.get(r.request_id, "failed"),
-            first_scheduled_s=first_scheduled.get(r.request_id),
+            finish_reason=replica.finish_reason.get(r.request_id, "failed"),
+            first_scheduled_s=replica.first_scheduled.get(r.request_id),
         )
         for r in ordered
     ]
-    return ReplayRun(records, itl, duration, steps)
+    return ReplayRun(records, itl, duration, replica.steps)
 
 
 class _Tokens:

@@ -1,0 +1,138 @@
+"""The one event loop every run goes through: a clock, arrivals, and replicas that step.
+
+Two kinds of event move a run: a request *arrives* (it is handed to a replica), and a replica's
+*step ends* (one step, or a steady run of identical steps priced at once, see
+:class:`~stallfree.sim.traffic.TrafficReplica`). At one instant the loop first ends the steps due,
+then asks ``stop`` (if a step ended), then hands over the arrivals due (in arrival order, to the replica ``route``
+picks), then lets every replica without a step in flight start its next one; then the clock goes
+to the earliest next event. A replica's step is planned when it starts and applied when it ends,
+so whatever happens on the clock between the two (an arrival, another replica's step) sees the
+replica as it was when the step started, as a router or a KV transfer would.
+
+The clock is the seam between the simulator and the engine: :class:`SimClock` jumps to the next
+event; :class:`WallClock` sleeps until it, and a real engine's step takes its own time (its end
+is when the call returned). The replicas are the participants (:class:`Replica`): a scheduler
+with its executor and caches, and whatever each driver records about its requests.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+
+from stallfree.core import Request
+
+
+class Clock(Protocol):
+    """Where a run's time comes from."""
+
+    def now(self) -> float: ...
+
+    def wait_until(self, time_s: float) -> None:
+        """Move to ``time_s`` (never backwards): jump there, or sleep until then."""
+        ...
+
+
+class SimClock:
+    """Simulated time: waiting is free, the clock jumps."""
+
+    __slots__ = ("_now_s",)
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self._now_s = start_s
+
+    def now(self) -> float:
+        return self._now_s
+
+    def wait_until(self, time_s: float) -> None:
+        self._now_s = max(self._now_s, time_s)
+
+
+class WallClock:
+    """Seconds since the clock was made, on the wall; waiting sleeps."""
+
+    __slots__ = ("_origin",)
+
+    def __init__(self) -> None:
+        self._origin = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._origin
+
+    def wait_until(self, time_s: float) -> None:
+        delay_s = time_s - self.now()
+        if delay_s > 0:
+            time.sleep(delay_s)
+
+
+class Replica(Protocol):
+    """A participant: takes requests, runs steps. Drivers record what they need in their own."""
+
+    def add_request(self, request: Request, now_s: float) -> None: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def start_step(self, now_s: float, next_arrival_s: float | None) -> float | None:
+        """Plan (and price or run) the next step, or steady run of steps, from ``now_s``; when it
+        ends, or None when there is nothing to run until a request arrives. ``next_arrival_s``
+        is the next arrival anywhere (a steady run whose plan an arrival would change stops
+        before it)."""
+        ...
+
+    def finish_step(self) -> None:
+        """Apply the step started last, at the end time :meth:`start_step` gave."""
+        ...
+
+
+Route = Callable[[Request], int]
+
+
+def drive(
+    clock: Clock,
+    requests: Iterable[Request],
+    replicas: Sequence[Replica],
+    *,
+    route: Route | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> bool:
+    """Run ``requests`` (ordered by ``arrival_time_s``) through ``replicas`` until all is done.
+
+    ``route`` picks each arrival's replica (default: the first). ``stop`` is asked whenever steps
+    have ended; once it returns True while work remains, the run ends there
+    and ``drive`` returns True (steps in flight are not applied). Returns False when complete.
+    """
+    pending = iter(requests)
+    upcoming = next(pending, None)
+    ends_s: list[float | None] = [None] * len(replicas)  # the step in flight's end, per replica
+    last_arrival_s = 0.0
+    while True:
+        now_s = clock.now()
+        stepped = False
+        for i, end_s in enumerate(ends_s):
+            if end_s is not None and end_s <= now_s:
+                ends_s[i] = None
+                replicas[i].finish_step()
+                stepped = True
+        if stepped and stop is not None and stop() and _work_left(upcoming, replicas):
+            return True
+        while upcoming is not None and upcoming.arrival_time_s <= now_s:
+            if upcoming.arrival_time_s < last_arrival_s:
+                raise ValueError(f"request {upcoming.request_id} arrives before the one before it")
+            last_arrival_s = upcoming.arrival_time_s
+            replicas[route(upcoming) if route is not None else 0].add_request(upcoming, now_s)
+            upcoming = next(pending, None)
+        next_arrival_s = upcoming.arrival_time_s if upcoming is not None else None
+        for i, replica in enumerate(replicas):
+            if ends_s[i] is None:
+                ends_s[i] = replica.start_step(now_s, next_arrival_s)
+        next_s = min((e for e in ends_s if e is not None), default=next_arrival_s)
+        if next_s is None:
+            return False
+        if next_arrival_s is not None and next_arrival_s < next_s:
+            next_s = next_arrival_s
+        clock.wait_until(next_s)
+
+
+def _work_left(upcoming: Request | None, replicas: Sequence[Replica]) -> bool:
+    return upcoming is not None or any(r.has_unfinished_requests() for r in replicas)
