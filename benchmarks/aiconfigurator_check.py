@@ -23,11 +23,12 @@ import time
 
 from stallfree.core import ServingConfig
 from stallfree.core.plan import StepPlan, synthetic_plan
+from stallfree.costs import CostChoice
+from stallfree.costs.aiconfigurator import AicCostModel
+from stallfree.costs.choice import pick_cost_model
 from stallfree.explain.backends import run_explain
 from stallfree.explain.options import ExplainOptions
-from stallfree.sim import CostChoice, simulate
-from stallfree.sim.aiconfigurator import AicCostModel
-from stallfree.sim.costs import pick_cost_model
+from stallfree.sim import simulate
 from stallfree.workload import TraceLengths, Workload, poisson
 
 STATIC = (  # (model, system, framework, tp, expert parallel, batch, isl, osl)

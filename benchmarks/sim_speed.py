@@ -30,7 +30,8 @@ def one(
     import resource
 
     from stallfree.core.serving import ServingConfig
-    from stallfree.sim import CostChoice, simulate
+    from stallfree.costs import CostChoice
+    from stallfree.sim import simulate
     from stallfree.workload import TraceLengths, Workload, poisson
 
     workload = Workload(poisson(2.0), TraceLengths("arxiv"))

@@ -33,10 +33,10 @@ import numpy as np
 
 from stallfree.core import DEFAULT_STEP_TOKEN_CAP, ChunkedPolicy, Policy, Request, make_policy
 from stallfree.core.serving import ServingConfig
+from stallfree.costs.choice import CostChoice
+from stallfree.costs.roofline import CostModel, CostModelConfig
 from stallfree.explain import PolicyRun, RooflineTimer, Scenario, run_scenario
 from stallfree.sim import simulate
-from stallfree.sim.cost_model import CostModel, CostModelConfig
-from stallfree.sim.costs import CostChoice
 from stallfree.specs import load_hardware_spec, load_model_spec
 from stallfree.workload import TraceLengths, Workload, poisson, sample
 

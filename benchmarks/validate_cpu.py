@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.core.serving import ServingConfig
+from stallfree.costs.choice import CostChoice
 from stallfree.plots.validate import plot_validation
-from stallfree.sim.costs import CostChoice
 from stallfree.validate import ValidationOptions, machine_summary, validate
 
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}

@@ -120,8 +120,8 @@ def test_non_decoder_config_is_refused(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_streams_that_do_not_fit_the_kv_cache_together_are_refused() -> None:
     from stallfree.core import CacheConfig, make_policy
+    from stallfree.costs.roofline import CostModel, CostModelConfig
     from stallfree.explain import RooflineTimer, Scenario, run_scenario
-    from stallfree.sim.cost_model import CostModel, CostModelConfig
     from stallfree.specs import load_hardware_spec, load_model_spec
 
     class SmallCache(RooflineTimer):

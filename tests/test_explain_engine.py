@@ -14,7 +14,7 @@ import pytest
 
 from stallfree.cli import main
 from stallfree.core.plan import synthetic_plan
-from stallfree.sim.measured import MeasuredCostModel
+from stallfree.costs.measured import MeasuredCostModel
 from tests.test_validate import tiny_profile
 
 pytest.importorskip("torch")

@@ -59,7 +59,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 @pytest.mark.parametrize(
-    "package", ["core", "sim", "specs", "workload", "metrics", "explain", "engine", "ui", "validate"]
+    "package", ["core", "costs", "sim", "specs", "workload", "metrics", "explain", "engine", "ui", "validate"]
 )
 def test_imports_inside_a_package_form_no_cycle(package: str) -> None:
     assert _cycle(_graph(package)) is None
@@ -86,6 +86,17 @@ def test_core_imports_nothing_else_of_ours_and_sim_engine_stay_apart() -> None:
     assert {m for m in deps("core") if not m.startswith("stallfree.core")} == set()
     assert not {m for m in deps("sim") if m.startswith(("stallfree.engine", "stallfree.explain"))}
     assert not {m for m in deps("engine") if m.startswith(("stallfree.sim", "stallfree.explain"))}
+
+
+def test_costs_never_import_a_driver_and_sim_prices_only_through_costs() -> None:
+    """sim -> costs, never back; no cost model imports a driver (sim, engine, validate, explain,
+    the server, the bench client) or torch."""
+    costs = {m for p in (SRC / "costs").rglob("*.py") for m in _imports(p)}
+    drivers = ("stallfree.sim", "stallfree.engine", "stallfree.validate", "stallfree.explain")
+    assert not {m for m in costs if m.startswith((*drivers, "stallfree.server", "stallfree.bench"))}
+    assert not any("import torch" in p.read_text() for p in (SRC / "costs").rglob("*.py"))
+    sim = {m for p in (SRC / "sim").rglob("*.py") for m in _imports(p)}
+    assert "stallfree.costs.protocol" in sim
 
 
 def _imported_names(source: str, package: str) -> list[tuple[int, str]]:

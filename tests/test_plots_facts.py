@@ -13,12 +13,12 @@ from matplotlib.figure import Figure
 from stallfree.cli import build_parser
 from stallfree.cli.explain import explanation
 from stallfree.core.serving import ServingConfig
+from stallfree.costs.choice import CostChoice
 from stallfree.explain import PROMPT_ID, Explanation
 from stallfree.explain.plots import timeline_figure
 from stallfree.plots.traffic import traffic_figures
 from stallfree.plots.tune import tune_figures
 from stallfree.sim import SimulationResult, simulate
-from stallfree.sim.costs import CostChoice
 from stallfree.workload import TraceLengths, Workload, poisson
 
 

@@ -12,8 +12,8 @@ pytest.importorskip("torch")
 
 from stallfree.cli import main
 from stallfree.core import ScheduledChunk, StepPlan
+from stallfree.costs.measured import MeasuredCostModel
 from stallfree.engine.profiler import _PROBE_EVERY, ProfileOptions, synthetic_step
-from stallfree.sim.measured import MeasuredCostModel
 from stallfree.specs.speed import (
     RIDGE_TOKENS,
     Timeline,

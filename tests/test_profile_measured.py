@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from stallfree.core import ScheduledChunk, StepPlan
-from stallfree.sim.costs import CostChoice
-from stallfree.sim.measured import Curve, MeasuredCostModel, StepFeatures, fit_forward, nnls, plan_features
+from stallfree.costs.choice import CostChoice
+from stallfree.costs.measured import Curve, MeasuredCostModel, StepFeatures, fit_forward, nnls, plan_features
 from stallfree.specs.step_profile import (
     SamplingPoint,
     Stats,
@@ -275,7 +275,7 @@ def test_step_noise_is_the_profiles_repeats_times_its_reference_drift() -> None:
 
 
 def test_varied_steps_scale_by_kind_and_draw_each_step_a_factor_seeded() -> None:
-    from stallfree.sim.measured import VariedSteps
+    from stallfree.costs.measured import VariedSteps
 
     model = MeasuredCostModel(synthetic_profile())
     plan = StepPlan(tuple(ScheduledChunk(f"d{i}", 100, 1, 101) for i in range(4)))
@@ -349,7 +349,7 @@ def test_floors_keep_terms_the_points_cannot_separate_from_falling_to_zero() -> 
 
 
 def test_the_floors_come_from_the_linear_layers_and_the_smallest_step() -> None:
-    from stallfree.sim.measured import BLACK_BOX_FIXED_SHARE, FLOOR_SHARE, LM_HEAD_STREAM_SHARE, fit_floors
+    from stallfree.costs.measured import BLACK_BOX_FIXED_SHARE, FLOOR_SHARE, LM_HEAD_STREAM_SHARE, fit_floors
     from stallfree.specs.step_profile import LinearPoint
 
     profile = synthetic_profile()
@@ -416,7 +416,7 @@ def test_explain_says_when_later_chunks_are_priced_without_a_chunk_after_context
 
 
 def test_specs_names_the_terms_the_points_never_showed_apart() -> None:
-    from stallfree.sim.measured_report import format_parameters as profile_figures_text
+    from stallfree.costs.measured_report import format_parameters as profile_figures_text
 
     params = MeasuredCostModel(synthetic_profile()).parameters()
     assert "no cost beyond the other terms" not in profile_figures_text(params)  # every term > 0

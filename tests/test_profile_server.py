@@ -12,9 +12,9 @@ import pytest
 
 from stallfree.bench.profile import default_server_grid
 from stallfree.cli import main
+from stallfree.costs.measured import MeasuredCostModel
 from stallfree.engine.random_models import random_spec
 from stallfree.server.launch import ServerThread, build_server
-from stallfree.sim.measured import MeasuredCostModel
 from stallfree.specs.step_profile import load_profile
 
 BUDGET = 256

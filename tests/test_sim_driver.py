@@ -76,7 +76,8 @@ def _digest(value: Any) -> str:
 
 
 def simulate_digest(case: Case) -> str:
-    from stallfree.sim import CostChoice, simulate
+    from stallfree.costs import CostChoice
+    from stallfree.sim import simulate
 
     result = simulate(
         workload_from_options(case.workload),

@@ -10,8 +10,8 @@ import pytest
 
 from stallfree.core import Request
 from stallfree.core.serving import ServingConfig
+from stallfree.costs.choice import CostChoice
 from stallfree.sim import simulate
-from stallfree.sim.costs import CostChoice
 from stallfree.workload import AllAtOnce, FixedLengths, ReplayArrivals, TraceLengths, Workload, poisson
 
 ARXIV = Workload(poisson(2.0), TraceLengths("arxiv"))  # prompts of ~2,600 tokens, outputs ~290

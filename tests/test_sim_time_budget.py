@@ -12,8 +12,8 @@ import pytest
 from stallfree.cli import main
 from stallfree.core import Request
 from stallfree.core.serving import ServingConfig
+from stallfree.costs.choice import CostChoice
 from stallfree.sim import simulate
-from stallfree.sim.costs import CostChoice
 from stallfree.workload import TraceLengths, Workload, poisson
 
 

@@ -16,8 +16,8 @@ from stallfree.core import (
     StepPlan,
     make_policy,
 )
+from stallfree.costs.roofline import CostModel, CostModelConfig
 from stallfree.metrics import summarize
-from stallfree.sim.cost_model import CostModel, CostModelConfig
 from stallfree.sim.traffic import TrafficRun, run_traffic
 from stallfree.specs import HARDWARE_PRESETS, load_model_spec
 from tests.factories import OneSecondCosts, make_scheduler

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from stallfree.cli import main
+from stallfree.costs.choice import CostChoice
 from stallfree.sim import simulate
-from stallfree.sim.costs import CostChoice
 from stallfree.specs import HARDWARE_PRESETS, MODEL_PRESETS
 from stallfree.workload import AllAtOnce, FixedLengths, Workload
 

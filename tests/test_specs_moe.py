@@ -13,8 +13,8 @@ import pytest
 
 from stallfree.cli import main
 from stallfree.core.plan import StepPlan, synthetic_plan
-from stallfree.sim.cost_model import CostModel, CostModelConfig
-from stallfree.sim.costs import CostChoice, pick_cost_model
+from stallfree.costs.choice import CostChoice, pick_cost_model
+from stallfree.costs.roofline import CostModel, CostModelConfig
 from stallfree.specs import ModelSpec, load_hardware_spec
 from tests.factories import shifted_plans
 
@@ -228,7 +228,7 @@ def test_shared_experts_and_dense_layers_count() -> None:
 
 
 def test_windowed_attention_counts_only_the_window() -> None:
-    from stallfree.sim.cost_model import window_keys
+    from stallfree.costs.roofline import window_keys
 
     for before, n, window in ((0, 7, 4), (3, 1, 4), (10, 5, 4), (2, 9, 6), (100, 1, 128), (0, 300, 128)):
         brute = sum(min(p + 1, window) for p in range(before, before + n))
@@ -274,7 +274,7 @@ def test_explain_says_why_the_ridge_moved(tmp_path: Path, capsys: pytest.Capture
     importlib.util.find_spec("aiconfigurator_core") is None, reason="aiconfigurator-core not installed"
 )
 def test_the_configs_aiconfigurator_ships_read_or_refuse_in_one_line() -> None:
-    from stallfree.sim.costs import resolve_model
+    from stallfree.costs.choice import resolve_model
 
     for model_id, total, active in (
         ("Qwen/Qwen3-30B-A3B", 30.5, 3.3),
@@ -319,7 +319,7 @@ def test_the_configs_aiconfigurator_ships_read_or_refuse_in_one_line() -> None:
 def test_2026_architectures_read_as_published(
     model_id: str, total: float, active: float, layout: dict[str, int]
 ) -> None:
-    from stallfree.sim.costs import resolve_model
+    from stallfree.costs.choice import resolve_model
 
     spec = resolve_model(model_id)
     assert spec.num_params / 1e9 == pytest.approx(total, abs=0.1)
@@ -335,7 +335,7 @@ def test_2026_architectures_read_as_published(
     importlib.util.find_spec("aiconfigurator_core") is None, reason="aiconfigurator-core not installed"
 )
 def test_quantized_checkpoints_are_sized_as_servers_load_them() -> None:
-    from stallfree.sim.costs import resolve_model
+    from stallfree.costs.choice import resolve_model
 
     # DeepSeek-V3's fp8 decoder (its embedding and LM head bf16): ~673 GB, not 1.34 TB;
     # gpt-oss-120b's MXFP4 experts (4.25 bits a weight, the rest bf16): ~65 GB, as its checkpoint

@@ -115,7 +115,7 @@ def test_bad_input_is_one_line_and_exit_2(
 
 
 def test_auto_cost_model_is_resolved_in_the_result(capsys: pytest.CaptureFixture[str]) -> None:
-    from stallfree.sim.costs import CostChoice
+    from stallfree.costs.choice import CostChoice
     from stallfree.tune.trial import decode_step_ms
 
     one = [*SMALL, "--budgets", "512", "--policy", "chunked"]

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from stallfree.costs.choice import CostChoice
 from stallfree.metrics import Summary
-from stallfree.sim.costs import CostChoice
 from stallfree.tune.jobs import FixedQps, Job, TrialRecord, run_jobs
 from stallfree.tune.pools import RayPool, SerialPool
 from stallfree.tune.search import CapacitySearch, SearchConfig

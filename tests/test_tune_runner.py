@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from stallfree.costs.choice import CostChoice
 from stallfree.metrics import Summary
-from stallfree.sim.costs import CostChoice
 from stallfree.tune.jobs import FixedQps, Job, TrialRecord, run_jobs
 from stallfree.tune.pools import ProcessPool, SerialPool, make_pool
 from stallfree.tune.search import CapacitySearch, SearchConfig

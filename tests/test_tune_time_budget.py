@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from stallfree.cli import main
-from stallfree.sim.costs import CostChoice
+from stallfree.costs.choice import CostChoice
 from stallfree.tune.trial import TrialSpec
 
 SMALL = ["--lengths", "fixed:768,32", "--num-requests", "150", "--workers", "1", "--no-progress"]

@@ -17,8 +17,8 @@ import pytest
 
 from stallfree.cli import main
 from stallfree.core.serving import ServingConfig
+from stallfree.costs.choice import CostChoice
 from stallfree.sim import simulate
-from stallfree.sim.costs import CostChoice
 from stallfree.ui.api import handle
 from stallfree.ui.server import serve_in_thread
 from stallfree.workload import TraceLengths, Workload, gamma

@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("torch")
 
 from stallfree.cli import main
+from stallfree.costs.choice import CostChoice
+from stallfree.costs.measured import plan_features
 from stallfree.engine.random_models import random_spec
-from stallfree.sim.costs import CostChoice
-from stallfree.sim.measured import plan_features
 from stallfree.specs.step_profile import (
     SamplingPoint,
     Stats,

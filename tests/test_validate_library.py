@@ -131,8 +131,8 @@ def test_the_command_line_only_parses_into_options() -> None:
 def test_a_cache_too_small_for_the_reference_step_leaves_out_the_machine_check_not_the_run() -> None:
     import dataclasses
 
+    from stallfree.costs.measured import MeasuredCostModel
     from stallfree.engine.engine import LLMEngine
-    from stallfree.sim.measured import MeasuredCostModel
     from stallfree.validate.measured import _machine
     from tests.test_profile_measured import synthetic_profile
 

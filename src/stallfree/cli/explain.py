@@ -17,11 +17,13 @@ from stallfree.cli.common import (
     ENGINE_MODELS,
     UsageError,
     add_dtype_arg,
-    add_gpu_table_args,
-    cost_model_arg,
     int_list,
     positive_float,
     positive_int,
+)
+from stallfree.cli.cost_args import (
+    add_gpu_table_args,
+    cost_model_arg,
 )
 from stallfree.cli.device import check_device
 from stallfree.explain.options import ENGINES, EXPLAIN_COST_MODELS, ExplainOptions

@@ -24,7 +24,7 @@ from stallfree.cli.common import (
     positive_int,
 )
 from stallfree.cli.device import check_device
-from stallfree.cli.serving_args import add_engine_args, engine_kwargs
+from stallfree.cli.serving_args import add_engine_args, engine_config
 
 if TYPE_CHECKING:
     from stallfree.engine.engine import LLMEngine
@@ -78,7 +78,7 @@ def run_generate(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
     )
     check_device(args.device)
-    llm = LLM(args.model, **engine_kwargs(args))
+    llm = LLM(engine_config(args))
     engine = llm.engine
     prompts: list[str] | list[list[int]] = args.prompt
     if args.chat:

@@ -201,7 +201,7 @@ def _setting(text: str) -> tuple[str, str]:
 
 
 def _fit_problems(profile: StepProfile) -> list[str]:
-    from stallfree.sim.measured import MeasuredCostModel
+    from stallfree.costs.measured import MeasuredCostModel
 
     try:
         return MeasuredCostModel(profile).fit_problems()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from stallfree.cli.common import check_writable, positive_int
 from stallfree.cli.device import check_device
-from stallfree.cli.serving_args import add_engine_args, engine_kwargs
+from stallfree.cli.serving_args import add_engine_args, engine_config
 from stallfree.tune.sigint import sigterm_as_sigint  # light: stdlib only
 
 
@@ -74,14 +74,12 @@ def run(args: argparse.Namespace) -> int:
     sock = bind(args.host, args.port)  # before loading the model: a busy port fails fast
     try:
         app = build_server(
-            args.model,
+            engine_config(args, seed=args.seed),
             served_model_name=args.served_model_name,
             api_key=args.api_key,
             max_waiting_requests=args.max_waiting_requests,
             num_threads=args.threads,
             step_log=args.step_log,
-            **engine_kwargs(args),
-            seed=args.seed,
         )
         host, port = sock.getsockname()[:2]
         engine = app.state.engine_thread.engine

@@ -19,6 +19,7 @@ from stallfree.cli.common import (
 
 if TYPE_CHECKING:
     from stallfree.core.serving import ServingConfig
+    from stallfree.engine.config import EngineConfig
 
 
 SERVING_FLAGS: dict[str, tuple[str, ...]] = {
@@ -172,16 +173,13 @@ def add_engine_args(parser: argparse._ActionsContainer) -> None:
     )
 
 
-def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The engine options of parsed ``args``, as ``LLMEngine`` keyword arguments; with
-    ``--step-budget-ms`` the ``--profile``'s measured model is the step-time predictor."""
+def engine_config(args: argparse.Namespace, **fields: Any) -> EngineConfig:
+    """The engine options of parsed ``args`` (plus ``fields``, e.g. a seed) as an
+    :class:`~stallfree.engine.config.EngineConfig`; with ``--step-budget-ms`` the ``--profile``'s
+    measured model is the step-time predictor."""
+    from stallfree.engine.config import EngineConfig
+
     serving = serving_config(args)
-    kwargs: dict[str, Any] = {
-        "dtype": args.dtype,
-        "device": args.device,
-        "quantization": args.quantization,
-        "serving": serving,
-    }
     profile = getattr(args, "profile", None)
     if serving.step_budget_ms is not None:
         if profile is None:
@@ -189,10 +187,17 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                 "--step-budget-ms needs --profile FILE: a `stallfree profile` of this machine, whose "
                 "measured model predicts each candidate step's time"
             )
-        from stallfree.sim.measured import MeasuredCostModel
+        from stallfree.costs.measured import MeasuredCostModel
 
         try:
-            kwargs["step_time_predictor"] = MeasuredCostModel.from_file(profile).step_time_s
+            fields["step_time_predictor"] = MeasuredCostModel.from_file(profile).step_time_s
         except (OSError, ValueError) as exc:
             raise UsageError(f"--profile {profile}: {exc}") from None
-    return kwargs
+    return EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        quantization=args.quantization,
+        serving=serving,
+        **fields,
+    )

@@ -15,8 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from stallfree.cli.common import (
     UsageError,
+)
+from stallfree.cli.cost_args import (
     add_roofline_args,
     add_roofline_dtype_arg,
+    cost_choice,
     dtype_bytes_arg,
     pick_costs,
 )
@@ -64,7 +67,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("model and hardware")
-    add_roofline_args(g, model=None, hardware="a100-80gb", cost_model="auto")
+    add_roofline_args(g)
     add_roofline_dtype_arg(g, None)
     g.add_argument(
         "--sampling",
@@ -133,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 
         step_profile = load_profile(args.profile)
     if args.model is None:
-        args.model = str(step_profile.fingerprint.get("model", "profiled")) if step_profile else "llama-3-8b"
+        args.model = cost_choice(args).model_name
     if args.step_noise and step_profile is None:
         raise UsageError("--step-noise needs --profile: it is how the profiled machine's steps varied")
     if not args.step_overhead_ms >= 0:

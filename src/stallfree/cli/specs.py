@@ -7,12 +7,14 @@ import json
 from typing import Any
 
 from stallfree.cli.common import (
+    positive_int,
+)
+from stallfree.cli.cost_args import (
     ROOFLINE_DTYPE_BYTES,
     add_roofline_args,
     add_roofline_dtype_arg,
     gpu_tables_of,
     measured_profile,
-    positive_int,
 )
 
 _DESCRIPTION = """\
@@ -65,8 +67,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from stallfree.sim.costs import resolve_model
-    from stallfree.sim.specs_report import (
+    from stallfree.costs.choice import resolve_model
+    from stallfree.costs.specs_report import (
         hardware_figures,
         kv_capacity_tokens,
         model_figures,
@@ -78,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
 
     profile = measured_profile(args, gpu_tables=True)
     if profile is not None:
-        from stallfree.sim.measured import MeasuredCostModel
-        from stallfree.sim.measured_report import format_parameters
+        from stallfree.costs.measured import MeasuredCostModel
+        from stallfree.costs.measured_report import format_parameters
 
         params = MeasuredCostModel.from_file(profile).parameters()
         print(json.dumps(params, indent=2) if args.json else format_parameters(params))
@@ -112,9 +114,9 @@ def run(args: argparse.Namespace) -> int:
     if model is not None and hw is not None:
         kv_tokens = kv_capacity_tokens(model, hw, args.tp, dtype_bytes)
         figures = (args.tp, kv_tokens, args.context_tokens, args.prompt_tokens)
-        from stallfree.sim.aiconfigurator import AicCostModel
-        from stallfree.sim.costs import CostChoice, pick_cost_model
-        from stallfree.sim.gpu_measured import GpuMeasuredCostModel
+        from stallfree.costs.aiconfigurator import AicCostModel
+        from stallfree.costs.choice import CostChoice, pick_cost_model
+        from stallfree.costs.vidur import GpuMeasuredCostModel
 
         def choice(kind: str) -> CostChoice:
             return CostChoice(kind, model, hw, args.tp, dtype_bytes=dtype_bytes, **gpu_tables_of(args))

@@ -12,15 +12,17 @@ from typing import TYPE_CHECKING
 
 from stallfree.cli.common import (
     UsageError,
-    add_roofline_args,
-    add_roofline_dtype_arg,
-    dtype_bytes_arg,
-    gpu_tables_of,
     int_list,
-    measured_profile,
     non_negative_int,
     positive_float,
     positive_int,
+)
+from stallfree.cli.cost_args import (
+    add_roofline_args,
+    add_roofline_dtype_arg,
+    cost_choice,
+    dtype_bytes_arg,
+    measured_profile,
     resolve_cost_model,
 )
 from stallfree.cli.serving_args import add_prefix_caching_arg
@@ -28,7 +30,7 @@ from stallfree.cli.sweep import add_run_args, make_dir, show_progress, trial_poo
 from stallfree.tune.sigint import sigterm_as_sigint  # light: stdlib only
 
 if TYPE_CHECKING:
-    from stallfree.sim.costs import CostChoice
+    from stallfree.costs.choice import CostChoice
 
 DEFAULT_MODEL = "mistral-7b"
 
@@ -110,7 +112,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _add_deployment_args(p: argparse.ArgumentParser) -> None:
-    add_roofline_args(p, model=DEFAULT_MODEL, hardware="a100-80gb", cost_model="auto")
+    add_roofline_args(p, model=DEFAULT_MODEL)
     add_roofline_dtype_arg(p, None)
     p.add_argument(
         "--gpu-memory-utilization",
@@ -212,20 +214,13 @@ def run_tune(args: argparse.Namespace) -> int:
 def _tune_costs(args: argparse.Namespace) -> tuple[CostChoice, str | None]:
     """The trials' cost-model choice (names and paths only, so trials pickle) and why auto
     picked its kind (None when named)."""
-    from stallfree.sim.costs import CostChoice
 
     note = resolve_cost_model(args)
-    profile = measured_profile(args, gpu_tables=True)
-    model = args.model
-    if profile is not None and model == DEFAULT_MODEL:  # the profiled model unless one is named
-        from stallfree.specs.step_profile import load_profile
-
-        model = str(load_profile(profile).fingerprint.get("model", model))
-    kind = "measured" if profile is not None else args.cost_model
-    tables = gpu_tables_of(args)
-    return CostChoice(
-        kind, model, args.hardware, args.tp, profile, dtype_bytes=dtype_bytes_arg(args), **tables
-    ), note
+    measured_profile(args, gpu_tables=True)  # --profile implies measured
+    choice = cost_choice(args, dtype_bytes=dtype_bytes_arg(args))
+    if choice.profile is not None and args.model == DEFAULT_MODEL:  # the profiled model unless one is named
+        choice = replace(choice, model=replace(choice, model=None).model_name)
+    return choice, note
 
 
 def _step_budgets(text: str | None) -> tuple[float, ...] | str:

@@ -26,11 +26,9 @@ from typing import Any
 import torch
 
 from stallfree.core import (
-    Policy,
     PromptBlocks,
     Request,
     SamplingParams,
-    Scheduler,
     StepEvents,
     StepPlan,
     StepResult,
@@ -39,6 +37,7 @@ from stallfree.core import (
     run_step,
 )
 from stallfree.core.serving import ServingConfig
+from stallfree.engine.config import EngineConfig
 from stallfree.engine.dtypes import choose_dtype
 from stallfree.engine.kv_cache import KVCache, free_memory_bytes, kv_bytes_per_block
 from stallfree.engine.model_runner import ModelRunner
@@ -138,36 +137,22 @@ class CalibratedPredictor:
 class LLMEngine:
     """Add requests, call :meth:`step` until :meth:`has_unfinished_requests` is False."""
 
-    def __init__(
-        self,
-        model: str = "random:small",
-        *,
-        dtype: str = "auto",
-        device: str | None = None,
-        quantization: str | None = None,
-        serving: ServingConfig | None = None,
-        scheduler_policy: Policy | None = None,
-        kv_cache_memory_fraction: float | None = None,
-        seed: int = 0,
-        step_time_predictor: StepTimePredictor | None = None,
-        **serving_options: Any,
-    ) -> None:
-        """``quantization``: ``q8_0`` runs the matmul weights as llama.cpp's Q8_0 int8 blocks,
-        ``bf16`` as bf16 (on the CPU, fp32 activations; see
-        :class:`~stallfree.engine.model.PackedWeights`).
-        ``serving`` (or its fields as keyword options: ``policy``, ``token_budget`` /
-        ``max_num_batched_tokens``, ``chunk_tokens``, ``max_num_seqs``, ``max_model_len``,
-        ``block_size``, ``num_blocks``, ``step_budget_ms``) says how to schedule;
-        ``scheduler_policy`` runs a custom :class:`Policy` under its limits instead of the named
-        one. ``step_budget_ms`` needs ``step_time_predictor`` (``StepPlan -> seconds``, such as a
-        measured profile's model of this machine: ``MeasuredCostModel.step_time_s``; the engine
-        imports no cost model itself), which it wraps in a :class:`CalibratedPredictor`
-        (``predictor``: scaled by measured / predicted over recent steps); ``step_budget_stats``
-        then compares every real step with the target and the prediction it was planned by."""
-        if serving is not None and serving_options:
-            raise ValueError("give either serving or its options, not both")
-        serving = serving or ServingConfig.from_options(**serving_options)
-        self.serving = serving
+    def __init__(self, config: EngineConfig | str = "random:small", **options: Any) -> None:
+        """``config``: an :class:`~stallfree.engine.config.EngineConfig`, or a model whose other
+        fields come as keyword ``options`` (:meth:`EngineConfig.from_options`: the engine's fields
+        and the serving options, ``token_budget``, ``max_num_seqs``, ...). With
+        ``serving.step_budget_ms`` the config's ``step_time_predictor`` is wrapped in a
+        :class:`CalibratedPredictor` (``predictor``: scaled by measured / predicted over recent
+        steps); ``step_budget_stats`` then compares every real step with the target and the
+        prediction it was planned by."""
+        if isinstance(config, str):
+            config = EngineConfig.from_options(config, **options)
+        elif options:
+            raise ValueError("give either an EngineConfig or keyword options, not both")
+        self.config = config
+        serving = self.serving = config.serving
+        dtype, quantization = config.dtype, config.quantization
+        device, seed, step_time_predictor = config.device, config.seed, config.step_time_predictor
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if quantization is not None and dtype == "auto":
             dtype = "float32"  # quantized weights run with fp32 activations
@@ -175,7 +160,7 @@ class LLMEngine:
         if self.dtype_choice.note:
             _log.warning("note: %s", self.dtype_choice.note)
         self.dtype = self.dtype_choice.dtype
-        self.model, self.tokenizer = load_model(model, self.dtype, self.device, seed)
+        self.model, self.tokenizer = load_model(config.model, self.dtype, self.device, seed)
         self.model.prepack_cpu_weights(quantization)
         spec = self.model.spec
         context = spec.max_position_embeddings
@@ -183,7 +168,7 @@ class LLMEngine:
         block_size = serving.block_size
         num_blocks = serving.num_blocks
         if num_blocks is None:
-            num_blocks = self._default_num_blocks(serving, context, kv_cache_memory_fraction)
+            num_blocks = self._default_num_blocks(serving, context, config.kv_cache_memory_fraction)
         self.model_runner = ModelRunner(
             self.model,
             KVCache(spec, num_blocks, block_size, self.dtype, self.device),
@@ -200,8 +185,6 @@ class LLMEngine:
         self.step_budget_stats = (
             None if serving.step_budget_s is None else StepBudgetStats(serving.step_budget_s)
         )
-        if scheduler_policy is not None:
-            scheduler = Scheduler(scheduler.config, scheduler.cache_config, scheduler_policy)
         self.scheduler = scheduler
         # The latest step that ran (for drivers written against it; step() returns the same EngineStep).
         self.last_step: EngineStep | None = None

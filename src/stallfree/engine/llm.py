@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stallfree.core import SamplingParams
+from stallfree.engine.config import EngineConfig
 from stallfree.engine.engine import LLMEngine
 from stallfree.engine.requests import RequestOutput
 
@@ -13,8 +14,9 @@ from stallfree.engine.requests import RequestOutput
 class LLM:
     """A thin batch wrapper: queue every prompt, step the engine until all finish."""
 
-    def __init__(self, model: str = "random:small", **engine_kwargs: Any) -> None:
-        self.engine = LLMEngine(model, **engine_kwargs)
+    def __init__(self, config: EngineConfig | str = "random:small", **options: Any) -> None:
+        """``config`` and ``options`` as :class:`~stallfree.engine.engine.LLMEngine` takes them."""
+        self.engine = LLMEngine(config, **options)
 
     def generate(
         self,

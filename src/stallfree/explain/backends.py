@@ -20,9 +20,9 @@ from stallfree.explain.options import ExplainOptions
 from stallfree.explain.scenario import Explanation, Scenario, StepTimer, explain
 
 if TYPE_CHECKING:
+    from stallfree.costs.measured import MeasuredCostModel
+    from stallfree.costs.roofline import CostModel, CostModelConfig
     from stallfree.explain.roofline import PricedTimer, RooflineTimer
-    from stallfree.sim.cost_model import CostModel, CostModelConfig
-    from stallfree.sim.measured import MeasuredCostModel
     from stallfree.specs import ModelSpec
 
 MEM_UTILIZATION = 0.9  # as simulate's default --gpu-memory-utilization
@@ -82,8 +82,8 @@ def run_explain(options: ExplainOptions) -> Explanation:
 
 
 def _roofline(options: ExplainOptions, model_name: str) -> tuple[RooflineTimer, dict[str, Any]]:
+    from stallfree.costs.choice import CostChoice, pick_cost_model
     from stallfree.explain.roofline import RooflineTimer
-    from stallfree.sim.costs import CostChoice, pick_cost_model
 
     # a roofline kind: "measured" went to _measured
     pick = pick_cost_model(
@@ -135,8 +135,8 @@ def _moe_note(model: ModelSpec, streams: int, cost: CostModel, expert_gpus: int)
 def _gpu_tables(options: ExplainOptions, model_name: str) -> tuple[StepTimer, dict[str, Any], RooflineTimer]:
     """Steps priced by measured GPU tables; the full roofline of the same deployment beside them,
     for what it holds (the KV cache, the weights)."""
+    from stallfree.costs.choice import CostChoice, pick_cost_model
     from stallfree.explain.roofline import PricedTimer, RooflineTimer
-    from stallfree.sim.costs import CostChoice, pick_cost_model
 
     choice = CostChoice(
         "measured",
@@ -191,7 +191,7 @@ def _measured(options: ExplainOptions) -> tuple[StepTimer, dict[str, Any]]:
 def _profile_model(path: str) -> MeasuredCostModel:
     """A profile's measured model: all explain prices by (no model spec needed, so profiles
     without a model_config work too)."""
-    from stallfree.sim.measured import MeasuredCostModel
+    from stallfree.costs.measured import MeasuredCostModel
 
     return MeasuredCostModel.from_file(path)
 
@@ -234,7 +234,7 @@ def _check_weights_fit(config: CostModelConfig) -> None:
 
 def _deployment_warnings(config: CostModelConfig, scenario: Scenario) -> list[str]:
     """What a real server could not run as shown: the model's context, and each policy's KV memory."""
-    from stallfree.sim.memory import kv_memory
+    from stallfree.costs.memory import kv_memory
 
     model, hardware, tp = config.model, config.hardware, config.tp
     prompt, context, streams = scenario.prompt_tokens, scenario.context_tokens, scenario.streams

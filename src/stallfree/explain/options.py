@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from stallfree.costs.roofline import COST_MODEL_KINDS, cost_model_kind
 from stallfree.explain.scenario import DEFAULT_SWEEP, Scenario
-from stallfree.sim.cost_model import COST_MODEL_KINDS, cost_model_kind
 
 Engine = Literal["roofline", "torch"]
 ENGINES: tuple[Engine, ...] = ("roofline", "torch")
@@ -48,7 +48,7 @@ class ExplainOptions:
     the engine's default. ``hardware``, ``tp`` and ``cost_model`` are the roofline's; ``device``
     and ``dtype`` the real engine's; ``gpu_tables``, ``framework`` and ``framework_version`` pick
     measured GPU tables, ``expert_parallel`` splits a MoE model's experts whole over the ``tp``
-    GPUs (:class:`~stallfree.sim.costs.CostChoice`'s). ``profile`` (a ``stallfree profile`` file): on the roofline it
+    GPUs (:class:`~stallfree.costs.choice.CostChoice`'s). ``profile`` (a ``stallfree profile`` file): on the roofline it
     prices every step (as ``cost_model="measured"``, which needs it); with ``engine="torch"`` it
     prices the same scenario beside the measured run, and predicts the steps of a
     ``step_budget_ms`` (which the real engine needs it for).

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from stallfree.core import CacheConfig, Executor, StepCostModel, StepPlan
 from stallfree.core.step import priced_executor
-from stallfree.sim.cost_model import CostModel
+from stallfree.costs.roofline import CostModel
 
 
 class PricedTimer:

@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -21,30 +21,40 @@ from stallfree.server.engine_thread import EngineThread
 from stallfree.server.prometheus import ServerMetrics
 from stallfree.specs.gguf import KNOWN_GGUF_MODELS, is_gguf_path, read_gguf
 
+if TYPE_CHECKING:
+    from stallfree.engine.config import EngineConfig
+
 
 def build_server(
-    model: str = "random:small",
+    engine: EngineConfig | str = "random:small",
     *,
     served_model_name: str | None = None,
     api_key: str | None = None,
     max_waiting_requests: int = 256,
     num_threads: int | None = None,
     step_log: str | None = None,
-    **engine_kwargs: Any,
+    **engine_options: Any,
 ) -> FastAPI:
     """Load the engine (ValueError on bad options) and wrap it in the app; ``app.state.engine_thread``.
+
+    ``engine``: an :class:`~stallfree.engine.config.EngineConfig`, or a model with the rest of
+    one as keyword ``engine_options`` (:meth:`EngineConfig.from_options`).
 
     ``served_model_name``: the name clients ask for, in /v1/models, every answer's ``model`` and
     every metric's label (default: :func:`default_served_model_name`);
     ``num_threads``: torch threads for the engine (default: every core up to 4, every core but one above; see EngineThread);
     ``step_log``: a file the engine thread appends a JSON line to per step (server/step_log.py)."""
+    from stallfree.engine.config import EngineConfig
     from stallfree.engine.engine import LLMEngine
 
+    config = (
+        engine if isinstance(engine, EngineConfig) else EngineConfig.from_options(engine, **engine_options)
+    )
     if served_model_name is not None and not served_model_name.strip():
         raise ValueError("the served model name must not be empty")
-    name = served_model_name or default_served_model_name(model)
+    name = served_model_name or default_served_model_name(config.model)
     thread = EngineThread(  # builds the engine on its own thread, where every step will run
-        lambda: LLMEngine(model, **engine_kwargs),
+        lambda: LLMEngine(config),
         ServerMetrics(name),
         max_waiting_requests=max_waiting_requests,
         num_threads=num_threads,

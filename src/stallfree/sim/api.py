@@ -1,7 +1,7 @@
 """The Python API of ``stallfree simulate``: a workload, a cost choice and a serving config in, a
 :class:`SimulationResult` out.
 
-:func:`simulate` prices steps as :func:`~stallfree.sim.costs.pick_cost_model` says, sizes the KV
+:func:`simulate` prices steps as :func:`~stallfree.costs.choice.pick_cost_model` says, sizes the KV
 cache, builds a scheduler with one policy and runs the workload through
 :func:`~stallfree.sim.traffic.run_traffic`.
 """
@@ -16,11 +16,12 @@ import numpy as np
 
 from stallfree.core import ChunkedPolicy, Request, Scheduler
 from stallfree.core.serving import ServingConfig
+from stallfree.costs.choice import CostChoice, CostPick, pick_cost_model
+from stallfree.costs.measured import VariedSteps
+from stallfree.costs.memory import KvMemory, fixed_kv_memory, kv_memory
+from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
-from stallfree.sim.costs import CostChoice, CostPick, pick_cost_model
-from stallfree.sim.measured import VariedSteps
-from stallfree.sim.memory import KvMemory, fixed_kv_memory, kv_memory
-from stallfree.sim.traffic import SteadyCostModel, StepTrace, run_traffic
+from stallfree.sim.traffic import StepTrace, run_traffic
 from stallfree.workload import Workload, WorkloadArrays, sample
 
 ROOFLINE = CostChoice(kind="full")  # simulate's default: the full roofline of the default model
@@ -59,15 +60,15 @@ def simulate(
 
     ``workload``: a :class:`~stallfree.workload.Workload` (sampled with ``num_requests`` and
     ``seed``), sampled :class:`~stallfree.workload.WorkloadArrays`, or requests ordered by arrival.
-    ``costs``: a :class:`~stallfree.sim.costs.CostChoice` (default: the full roofline of
-    llama-3-8b on an a100-80gb) or what :func:`~stallfree.sim.costs.pick_cost_model` made of one.
+    ``costs``: a :class:`~stallfree.costs.choice.CostChoice` (default: the full roofline of
+    llama-3-8b on an a100-80gb) or what :func:`~stallfree.costs.choice.pick_cost_model` made of one.
     ``serving`` (default chunked at :data:`~stallfree.core.DEFAULT_TOKEN_BUDGET` tokens a step):
     its ``max_model_len`` defaults to the model's context and its ``num_blocks`` to what fits in
     ``gpu_memory_utilization`` of the hardware's memory; with a profile (an engine's, not the
     hardware's) to what the engine allocates where memory allows, ``max_num_seqs`` full contexts.
     ``goodput`` maps ``ttft`` / ``tpot`` / ``e2el`` to SLOs in ms. ``fast=False`` schedules every
     step (the reference the fast path equals). ``step_noise`` and ``step_scales`` (a profile's
-    model only) vary the steps' times: :class:`~stallfree.sim.measured.VariedSteps`.
+    model only) vary the steps' times: :class:`~stallfree.costs.measured.VariedSteps`.
 
     The summary holds :func:`stallfree.metrics.summarize`'s keys plus ``policy``, ``num_steps``,
     ``max_step_ms``, ``num_kv_blocks``, ``kv_block_size``, ``rejected_reasons`` (reason -> count),

@@ -27,25 +27,19 @@ import re
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from stallfree.core import Request, Scheduler, StepCostModel, StepPlan, StepResult
+from stallfree.core import Request, Scheduler, StepPlan, StepResult
 from stallfree.core.scheduler import StepEvents
 from stallfree.core.steady import SINGLE_STEP
+from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord
 from stallfree.sim.driver import SimClock, drive
 from stallfree.sim.itl import ItlSamples
 
 FloatArray = npt.NDArray[np.float64]
-
-
-class SteadyCostModel(StepCostModel, Protocol):
-    """A cost model that also prices a steady run at once (:class:`~stallfree.sim.cost_model.CostModel`)."""
-
-    def steady_durations(self, plan: StepPlan, num_steps: int) -> FloatArray: ...
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ bound by compute) before, now and then during, and after its points (:class:`Tim
   compute-bound the point is (:func:`compute_share`, :func:`point_scales`);
 - :func:`noise_factors` is how the profiled machine's steps varied (repeats of each point,
   reference timings over minutes): the simulator's ``step_noise`` draws each step's factor from
-  it (:class:`stallfree.sim.measured.VariedSteps`), and ``validate`` prints its percentiles.
+  it (:class:`stallfree.costs.measured.VariedSteps`), and ``validate`` prints its percentiles.
 """
 
 from __future__ import annotations

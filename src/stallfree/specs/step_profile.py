@@ -1,7 +1,7 @@
 """The step-profile file: real step costs measured on one machine, read by the measured cost model.
 
 ``stallfree profile`` (:mod:`stallfree.engine.profiling`) writes it; the simulator's measured
-cost model (:mod:`stallfree.sim.measured`) reads it. This module owns the schema only (stdlib,
+cost model (:mod:`stallfree.costs.measured`) reads it. This module owns the schema only (stdlib,
 no numpy, no torch), so both sides agree on one definition.
 
 Schema ``stallfree-step-profile`` version 1, one JSON object:

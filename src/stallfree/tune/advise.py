@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stallfree.sim.costs import CostChoice
+from stallfree.costs.choice import CostChoice
 from stallfree.specs.step_profile import machine_label
 from stallfree.tune.candidates import TILE_TOKENS, budget_candidates
 from stallfree.tune.capacity import TuneConfig, TuneInterrupted, time_budget_commands, tune

@@ -16,7 +16,7 @@ from typing import Any
 
 from stallfree.core import DEFAULT_STEP_TOKEN_CAP
 from stallfree.core.serving import ServingConfig
-from stallfree.sim.aiconfigurator import AIC_SHORT_NAMES
+from stallfree.costs.aiconfigurator import AIC_SHORT_NAMES
 from stallfree.specs.model_presets import HF_REPOS
 from stallfree.tune.jobs import Job, JobsInterrupted, TrialRecord, run_jobs
 from stallfree.tune.pools import TrialPool

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.core.policy import POLICIES
-from stallfree.sim.cost_model import COST_MODEL_KINDS, cost_model_kind
+from stallfree.costs.roofline import COST_MODEL_KINDS, cost_model_kind
 from stallfree.tune.slo import Slos
 from stallfree.tune.trial import ARRIVALS
 

@@ -10,7 +10,7 @@ Output directory layout:
   ``best`` marking each (model, hardware, tp, policy)'s best budget.
 
 The grid's ``cost_model: auto`` (its default) is resolved per hardware, as ``tune`` resolves it
-(:func:`~stallfree.sim.costs.pick_cost_model`), so both files record the kind that ran.
+(:func:`~stallfree.costs.choice.pick_cost_model`), so both files record the kind that ran.
 
 Resume: rows already in ``trials.csv`` are read back by ``key`` and never run again; a search
 replays them and continues where it stopped (searches are deterministic given their trials).
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from stallfree.costs.choice import CostChoice, pick_cost_model
 from stallfree.metrics import Summary
-from stallfree.sim.costs import CostChoice, pick_cost_model
 from stallfree.tune.candidates import budget_candidates
 from stallfree.tune.capacity import QPS_RANGE_FACTOR
 from stallfree.tune.grid import CapacityGrid, Grid

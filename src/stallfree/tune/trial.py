@@ -22,9 +22,9 @@ from typing import Any
 
 from stallfree.core import DEFAULT_TOKEN_BUDGET
 from stallfree.core.serving import ServingConfig
+from stallfree.costs.choice import CostChoice, CostPick, pick_cost_model
 from stallfree.metrics import Summary
 from stallfree.sim.api import SimulationResult, simulate
-from stallfree.sim.costs import CostChoice, CostPick, pick_cost_model
 from stallfree.workload import Workload, gamma, parse_lengths, sample
 
 ARRIVALS = ("poisson", "gamma")
@@ -172,7 +172,7 @@ def full_step_ms(costs: CostChoice, token_budget: int) -> float:
 
 @functools.lru_cache(maxsize=16)
 def pick(choice: CostChoice) -> CostPick:
-    """:func:`~stallfree.sim.costs.pick_cost_model`, once per choice in a process."""
+    """:func:`~stallfree.costs.choice.pick_cost_model`, once per choice in a process."""
     return pick_cost_model(choice)
 
 

@@ -34,8 +34,8 @@ def static_text(name: str) -> str:
 def presets() -> dict[str, Any]:
     """``GET /api/presets``: what the controls offer, and their defaults."""
     from stallfree.core import POLICIES
+    from stallfree.costs import COST_MODEL_KINDS
     from stallfree.explain import DEFAULT_SWEEP
-    from stallfree.sim import COST_MODEL_KINDS
     from stallfree.specs import HARDWARE_PRESETS, MODEL_PRESETS
     from stallfree.ui import explain_view, traffic_view
     from stallfree.workload import TRACE_NAMES

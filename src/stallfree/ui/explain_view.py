@@ -57,7 +57,7 @@ def defaults() -> dict[str, Any]:
 
 def options_from_query(query: dict[str, list[str]]) -> ExplainOptions:
     """The page's settings as explain options (roofline, presets only, bounded sizes)."""
-    from stallfree.sim import COST_MODEL_KINDS
+    from stallfree.costs import COST_MODEL_KINDS
     from stallfree.specs import HARDWARE_PRESETS, MODEL_PRESETS
 
     check_known(query, PARAMS)

@@ -16,13 +16,13 @@ import numpy as np
 import numpy.typing as npt
 
 from stallfree.core.serving import ServingConfig
-from stallfree.sim import COST_MODEL_KINDS
-from stallfree.sim.costs import CostChoice
+from stallfree.costs import COST_MODEL_KINDS
+from stallfree.costs.choice import DEFAULT_HARDWARE, DEFAULT_MODEL, CostChoice
 from stallfree.ui.errors import ApiError, check_known, choice, number, one_value, whole
 
 if TYPE_CHECKING:
+    from stallfree.costs import CostModelKind
     from stallfree.metrics import RequestRecord
-    from stallfree.sim import CostModelKind
 
 MAX_REQUESTS = 5000
 CDF_POINTS = 300
@@ -59,8 +59,8 @@ PARAMS = (
     "window_start_s",
 )
 DEFAULTS: dict[str, Any] = {
-    "model": "llama-3-8b",
-    "hardware": "a100-80gb",
+    "model": DEFAULT_MODEL,
+    "hardware": DEFAULT_HARDWARE,
     "tp": 1,
     "cost_model": "full",
     "policy": "chunked",

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 from stallfree.core import Request, SamplingParams
 from stallfree.core.serving import ServingConfig
 from stallfree.core.step import TimedStep
+from stallfree.costs.measured import MeasuredCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
-from stallfree.sim.measured import MeasuredCostModel
 from stallfree.validate.options import Sampling, ValidationOptions
 from stallfree.validate.result import EnginePredictor, ReferenceStep, RunScores
 

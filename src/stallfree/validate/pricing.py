@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from stallfree.core import Request
 from stallfree.core.serving import ServingConfig
-from stallfree.sim import CostChoice, CostPick, pick_cost_model, simulate
-from stallfree.sim.measured import MeasuredCostModel
+from stallfree.costs import CostChoice, CostPick, pick_cost_model
+from stallfree.costs.measured import MeasuredCostModel
+from stallfree.sim import simulate
 from stallfree.specs.step_profile import StepProfile
 from stallfree.validate.result import RunScores
 

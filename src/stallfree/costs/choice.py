@@ -4,13 +4,13 @@ Every command and API that prices steps (simulate, tune, explain, specs, validat
 wants as a :class:`CostChoice` and calls :func:`pick_cost_model`. The sources, most accurate first:
 
 - ``measured`` with a ``profile``: a `stallfree profile` of a real engine
-  (:class:`~stallfree.sim.measured.MeasuredCostModel`); the model defaults to the profiled one;
+  (:class:`~stallfree.costs.measured.MeasuredCostModel`); the model defaults to the profiled one;
 - ``measured`` on a GPU that NVIDIA's aiconfigurator-core measured (the optional ``gpu`` extra:
   ``h100-sxm``, ``h200-sxm``, ``b200-sxm``, ... under vLLM, SGLang or TensorRT-LLM), for a model
-  whose config it ships (:class:`~stallfree.sim.aiconfigurator.AicCostModel`);
+  whose config it ships (:class:`~stallfree.costs.aiconfigurator.AicCostModel`);
 - ``measured`` on a GPU preset Vidur measured (``a100-*``, ``h100-*``, ``a40``): its operator
-  tables, shipped (:class:`~stallfree.sim.gpu_measured.GpuMeasuredCostModel`);
-- the roofline, ``full`` or ``weights-only`` (:class:`~stallfree.sim.cost_model.CostModel`).
+  tables, shipped (:class:`~stallfree.costs.vidur.GpuMeasuredCostModel`);
+- the roofline, ``full`` or ``weights-only`` (:class:`~stallfree.costs.roofline.CostModel`).
 
 ``auto`` takes the first that applies. Invariant: a choice of strings and numbers is hashable and
 pickles (a tune trial carries one to its workers); the pick is the same in any process.
@@ -19,9 +19,9 @@ pickles (a tune trial carries one to its workers); the pick is the same in any p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
-from stallfree.sim.aiconfigurator import (
+from stallfree.costs.aiconfigurator import (
     FRAMEWORKS,
     AicCostModel,
     aic_available,
@@ -29,7 +29,9 @@ from stallfree.sim.aiconfigurator import (
     aic_system,
     shipped_config,
 )
-from stallfree.sim.cost_model import (
+from stallfree.costs.measured import MeasuredCostModel
+from stallfree.costs.protocol import StepPricer
+from stallfree.costs.roofline import (
     COST_MODEL_KINDS,
     CostModel,
     CostModelConfig,
@@ -37,26 +39,15 @@ from stallfree.sim.cost_model import (
     check_expert_parallel,
     cost_model_kind,
 )
-from stallfree.sim.gpu_measured import GpuMeasuredCostModel, gpu_family
-from stallfree.sim.measured import MeasuredCostModel
-from stallfree.sim.traffic import SteadyCostModel
+from stallfree.costs.vidur import GpuMeasuredCostModel, gpu_family
 from stallfree.specs import HARDWARE_PRESETS, HardwareSpec, ModelSpec, load_hardware_spec, load_model_spec
 from stallfree.specs.step_profile import StepProfile, load_profile
 
 COST_KINDS = (*COST_MODEL_KINDS, "measured", "auto")
 DEFAULT_MODEL = "llama-3-8b"
+DEFAULT_HARDWARE = "a100-80gb"
 Source = Literal["profile", "aiconfigurator", "gpu-tables", "roofline"]
 GPU_TABLES = ("auto", "aiconfigurator", "vidur")
-
-
-class StepPricer(SteadyCostModel, Protocol):
-    """What every cost model offers: a step's price, a steady run's, and the scenario's yardsticks."""
-
-    def decode_step_s(self, num_seqs: int, context_len: int) -> float: ...
-
-    def prefill_time_s(self, num_tokens: int) -> float: ...
-
-    def ridge_tokens(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +65,7 @@ class CostChoice:
 
     kind: str = "auto"
     model: str | ModelSpec | None = None
-    hardware: str | HardwareSpec = "a100-80gb"
+    hardware: str | HardwareSpec = DEFAULT_HARDWARE
     tp: int = 1
     profile: str | StepProfile | MeasuredCostModel | None = None
     dtype_bytes: int | None = None
@@ -84,6 +75,20 @@ class CostChoice:
     framework: str | None = None
     framework_version: str | None = None
     expert_parallel: bool = False
+
+    @property
+    def model_name(self) -> str:
+        """The model priced: the one named, else the profile's, else :data:`DEFAULT_MODEL`."""
+        if isinstance(self.model, ModelSpec):
+            return self.model.name
+        if self.model is not None:
+            return self.model
+        profile = self.profile
+        if isinstance(profile, MeasuredCostModel):
+            profile = profile.profile
+        if isinstance(profile, str):
+            profile = load_profile(profile)
+        return DEFAULT_MODEL if profile is None else str(profile.fingerprint.get("model", "profiled"))
 
 
 @dataclass(frozen=True, slots=True)

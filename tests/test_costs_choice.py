@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.sim.cost_model import CostModel
-from stallfree.sim.costs import CostChoice, pick_cost_model
-from stallfree.sim.gpu_measured import GpuMeasuredCostModel
-from stallfree.sim.measured import MeasuredCostModel
+from stallfree.costs.choice import CostChoice, pick_cost_model
+from stallfree.costs.measured import MeasuredCostModel
+from stallfree.costs.roofline import CostModel
+from stallfree.costs.vidur import GpuMeasuredCostModel
 from stallfree.specs import HARDWARE_PRESETS
 from stallfree.specs.step_profile import save_profile
 from tests.test_profile_measured import synthetic_profile

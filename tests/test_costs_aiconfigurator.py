@@ -13,13 +13,13 @@ import pytest
 from stallfree.cli import main
 from stallfree.core import ServingConfig
 from stallfree.core.plan import ScheduledChunk, StepPlan, synthetic_plan
+from stallfree.costs.choice import CostChoice, pick_cost_model
 from stallfree.sim import simulate
-from stallfree.sim.costs import CostChoice, pick_cost_model
 from stallfree.workload import FixedLengths, Workload, poisson
 from tests.factories import shifted_plans
 
 if TYPE_CHECKING:
-    from stallfree.sim.aiconfigurator import AicCostModel
+    from stallfree.costs.aiconfigurator import AicCostModel
 
 HAS_AIC = importlib.util.find_spec("aiconfigurator_core") is not None
 needs_aic = pytest.mark.skipif(
@@ -30,7 +30,7 @@ LLAMA_8B = "meta-llama/Meta-Llama-3.1-8B"
 
 @pytest.fixture(scope="module")
 def h100() -> AicCostModel:
-    from stallfree.sim.aiconfigurator import AicCostModel
+    from stallfree.costs.aiconfigurator import AicCostModel
 
     return AicCostModel(LLAMA_8B, "h100_sxm", "vllm")
 
@@ -59,7 +59,7 @@ def test_steps_are_priced_as_the_package_prices_them(h100: AicCostModel) -> None
     ],
 )
 def test_a_static_batch_replays_as_the_package_runs_it(model_id: str, tp: int, expert_parallel: bool) -> None:
-    from stallfree.sim.aiconfigurator import AicCostModel
+    from stallfree.costs.aiconfigurator import AicCostModel
 
     cost = AicCostModel(model_id, "h200_sxm", "vllm", tp=tp, expert_parallel=expert_parallel)
     batch, isl, osl = 8, 1024, 32
@@ -102,7 +102,7 @@ def test_auto_picks_the_tables_where_they_cover_model_and_gpu() -> None:
 def test_hardware_presets_agree_with_its_system_files() -> None:
     from aiconfigurator_core.sdk import perf_database
 
-    from stallfree.sim.aiconfigurator import AIC_SYSTEMS
+    from stallfree.costs.aiconfigurator import AIC_SYSTEMS
     from stallfree.specs import load_hardware_spec
 
     for preset, system in AIC_SYSTEMS.items():
@@ -156,8 +156,8 @@ def test_the_commands_say_which_tables(capsys: pytest.CaptureFixture[str]) -> No
 def test_without_the_extra_a_framework_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("stallfree.sim.aiconfigurator.aic_available", lambda: False)
-    monkeypatch.setattr("stallfree.sim.costs.aic_available", lambda: False)
+    monkeypatch.setattr("stallfree.costs.aiconfigurator.aic_available", lambda: False)
+    monkeypatch.setattr("stallfree.costs.choice.aic_available", lambda: False)
     argv = ["simulate", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--framework", "vllm"]
     assert main([*argv, "--num-requests", "5"]) == 2
     err = capsys.readouterr().err.strip()

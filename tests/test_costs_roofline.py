@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stallfree.core.plan import ScheduledChunk, StepPlan
-from stallfree.sim import CostModel, CostModelConfig
+from stallfree.costs import CostModel, CostModelConfig
 from stallfree.specs import HardwareSpec, ModelSpec, load_hardware_spec, load_model_spec
 
 # The tiny model of test_specs: 74,048 non-embedding params, 6,400-param LM head, 86,848 in all,

@@ -48,7 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stallfree.core.plan import StepPlan, synthetic_plan
-from stallfree.sim.cost_model import plan_sums
+from stallfree.costs.roofline import plan_sums
 from stallfree.specs.hardware import HardwareSpec
 from stallfree.specs.model import ModelSpec
 

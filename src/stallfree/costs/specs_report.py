@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stallfree.sim.costs import StepPricer
+from stallfree.costs.protocol import StepPricer
 from stallfree.specs import HardwareSpec, ModelSpec
 from stallfree.specs.model import QUANTIZED_BYTES
 
@@ -105,7 +105,7 @@ def step_figures(
 def kv_capacity_tokens(model: ModelSpec, hw: HardwareSpec, tp: int, dtype_bytes: int) -> int:
     """KV tokens one replica holds, as ``simulate`` sizes it by default (0: the weights do not fit)."""
     from stallfree.core import DEFAULT_TOKEN_BUDGET
-    from stallfree.sim.memory import kv_memory
+    from stallfree.costs.memory import kv_memory
 
     try:
         kv = kv_memory(

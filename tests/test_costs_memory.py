@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stallfree.sim.memory import activation_reserve_bytes, kv_memory
+from stallfree.costs.memory import activation_reserve_bytes, kv_memory
 from stallfree.specs import HARDWARE_PRESETS, load_model_spec
 
 GIB = 2**30

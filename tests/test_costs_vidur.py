@@ -1,4 +1,4 @@
-"""The GPU cost model from Vidur's shipped operator tables (sim/gpu_measured.py)."""
+"""The GPU cost model from Vidur's shipped operator tables (costs/vidur.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from stallfree.core.plan import StepPlan, synthetic_plan
+from stallfree.costs.choice import CostChoice
+from stallfree.costs.vidur import GPU_FAMILIES, GpuMeasuredCostModel, gpu_family, load_gpu_table
 from stallfree.sim import simulate
-from stallfree.sim.costs import CostChoice
-from stallfree.sim.gpu_measured import GPU_FAMILIES, GpuMeasuredCostModel, gpu_family, load_gpu_table
 from stallfree.specs import load_hardware_spec, load_model_spec
 from stallfree.workload import Workload, parse_lengths, poisson
 

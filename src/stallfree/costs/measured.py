@@ -1,7 +1,7 @@
 """Measured cost model: step durations fitted to a step profile of the real engine.
 
 Owns :class:`MeasuredCostModel` (the same step-pricing interface as the roofline
-:class:`~stallfree.sim.cost_model.CostModel`: ``step_time_s``, ``steady_durations``,
+:class:`~stallfree.costs.roofline.CostModel`: ``step_time_s``, ``steady_durations``,
 ``decode_step_s``, ``prefill_time_s``, ``ridge_tokens``) and :func:`fit_forward` (numpy only,
 never torch). A step's time is additive:
 

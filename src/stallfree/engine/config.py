@@ -1,0 +1,48 @@
+"""The engine's one typed config: which weights, how they run, and how steps are scheduled.
+
+:class:`EngineConfig` is what :class:`~stallfree.engine.engine.LLMEngine`, ``LLM``, the server and
+the CLI pass around; :meth:`EngineConfig.from_options` is the keyword form (vLLM's ``LLM(model,
+**kwargs)``): engine fields by name, every other name a :class:`~stallfree.core.serving.ServingConfig`
+option. torch-free, so the CLI builds one without loading the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from stallfree.core import StepTimePredictor
+from stallfree.core.serving import ServingConfig
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    """``model``: ``random:<preset>``, a GGUF file or short name, or a local HF folder.
+    ``quantization``: ``q8_0`` runs the matmul weights as llama.cpp's Q8_0 int8 blocks, ``bf16``
+    as bf16 (on the CPU, fp32 activations; see :class:`~stallfree.engine.model.PackedWeights`).
+    ``serving`` says how to schedule. ``kv_cache_memory_fraction``: share of free memory the KV
+    cache takes when ``serving.num_blocks`` is not given. ``step_time_predictor``
+    (``StepPlan -> seconds``, such as a measured profile's ``MeasuredCostModel.step_time_s``; the
+    engine imports no cost model itself) is what ``serving.step_budget_ms`` plans by."""
+
+    model: str = "random:small"
+    dtype: str = "auto"
+    device: str | None = None
+    quantization: str | None = None
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    kv_cache_memory_fraction: float | None = None
+    seed: int = 0
+    step_time_predictor: StepTimePredictor | None = None
+
+    @classmethod
+    def from_options(cls, model: str = "random:small", **options: Any) -> EngineConfig:
+        """Engine fields by name, the rest :meth:`ServingConfig.from_options` (``token_budget``,
+        ``max_num_seqs``, ...); ``serving`` and serving options together are refused."""
+        own = {f.name for f in fields(cls)}
+        engine = {k: v for k, v in options.items() if k in own}
+        serving = {k: v for k, v in options.items() if k not in own}
+        if serving and "serving" in engine:
+            raise ValueError("give either serving or its options, not both")
+        if serving:
+            engine["serving"] = ServingConfig.from_options(**serving)
+        return cls(model=model, **engine)
