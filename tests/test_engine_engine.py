@@ -371,3 +371,20 @@ def test_only_a_chunked_token_budget_caps_max_num_seqs(
 ) -> None:
     eng = LLMEngine(str(checkpoint), dtype="float32", num_blocks=64, policy=policy, token_budget=8)
     assert eng.scheduler.config.max_num_seqs == max_num_seqs
+
+
+def test_engine_config_from_options_splits_engine_and_serving_fields() -> None:
+    from stallfree.core.serving import ServingConfig
+    from stallfree.engine.config import EngineConfig
+
+    config = EngineConfig.from_options(
+        "random:tiny", dtype="float32", seed=3, token_budget=64, max_num_seqs=8
+    )
+    assert (config.model, config.dtype, config.seed) == ("random:tiny", "float32", 3)
+    assert config.serving == ServingConfig(max_num_batched_tokens=64, max_num_seqs=8)
+    with pytest.raises(ValueError, match="unknown serving option"):
+        EngineConfig.from_options("random:tiny", dtyp="float32")
+    with pytest.raises(ValueError, match="either serving or its options"):
+        EngineConfig.from_options("random:tiny", serving=ServingConfig(), max_num_seqs=8)
+    with pytest.raises(ValueError, match="either an EngineConfig or keyword options"):
+        LLMEngine(config, seed=1)
