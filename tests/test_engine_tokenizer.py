@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from stallfree.core import SamplingParams
-from stallfree.engine.sampler import sample
+from stallfree.engine.sampler import sample_tokens
 from stallfree.engine.tokenizer import (
     RANDOM_BOS_ID,
     detokenize_incrementally,
@@ -71,7 +71,7 @@ def test_greedy_top_k_1_and_tiny_top_p_pick_the_argmax() -> None:
         SamplingParams(temperature=2.0, top_p=1e-6),
         SamplingParams(temperature=0, logprobs=True),
     ]
-    picks = sample(logits, params, _generators(4))
+    picks = sample_tokens(logits, params, _generators(4))
     assert [p.token_id for p in picks] == logits.argmax(-1).tolist()
     expected = torch.log_softmax(logits[3], -1).max().item()
     assert picks[3].logprob == pytest.approx(expected, abs=1e-5)
@@ -80,15 +80,15 @@ def test_greedy_top_k_1_and_tiny_top_p_pick_the_argmax() -> None:
 
 def test_top_k_and_top_p_restrict_the_support() -> None:
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0]]).repeat(200, 1)
-    top_k = sample(logits, [SamplingParams(temperature=5.0, top_k=2)] * 200, _generators(200))
+    top_k = sample_tokens(logits, [SamplingParams(temperature=5.0, top_k=2)] * 200, _generators(200))
     assert {p.token_id for p in top_k} == {0, 1}
     # softmax of [4, 3, 2, ...]: 0.64, 0.24, 0.09, ... -> top_p 0.8 keeps tokens 0 and 1.
-    top_p = sample(logits, [SamplingParams(temperature=1.0, top_p=0.8)] * 200, _generators(200, 1000))
+    top_p = sample_tokens(logits, [SamplingParams(temperature=1.0, top_p=0.8)] * 200, _generators(200, 1000))
     assert {p.token_id for p in top_p} == {0, 1}
 
 
 def test_same_generator_seed_same_sample() -> None:
     logits = torch.randn(1, 100, generator=torch.Generator().manual_seed(1))
     params = [SamplingParams(temperature=1.0)]
-    draws = [sample(logits, params, _generators(1, 7))[0].token_id for _ in range(3)]
+    draws = [sample_tokens(logits, params, _generators(1, 7))[0].token_id for _ in range(3)]
     assert len(set(draws)) == 1

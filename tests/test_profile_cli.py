@@ -16,7 +16,7 @@ from stallfree.costs.measured import MeasuredCostModel
 from stallfree.engine.profiler import _PROBE_EVERY, ProfileOptions, synthetic_step
 from stallfree.specs.speed import (
     RIDGE_TOKENS,
-    Timeline,
+    MeasuringLog,
     correct_drift,
     drift_scales,
     point_scales,
@@ -137,7 +137,7 @@ def test_drift_correction_is_a_pass_over_a_finished_profile() -> None:
         steps=(point(4096, 0.2), point(4096, 0.4)), linear=(LinearPoint(1, Stats((0.01,))),),
     )  # fmt: skip
     # The prompt reference ran 2x slower from t=1 on: the second point, at t=2, is halved.
-    timeline = Timeline(
+    timeline = MeasuringLog(
         {"decode": [0.01, 0.01], "prompt": [0.1, 0.2]}, [0.0, 2.0], [0.0, 2.0, 2.0], [4096] * 3
     )
     corrected = correct_drift(measured, timeline)
@@ -146,11 +146,13 @@ def test_drift_correction_is_a_pass_over_a_finished_profile() -> None:
     assert second == pytest.approx(0.4 * 0.75 ** (4096 / (4096 + RIDGE_TOKENS)))
     assert corrected.settings["reference_prompt_drift"] == pytest.approx(1.0)
     assert corrected.settings["repeats"] == 2 and corrected.settings["reference_step_s"] == [0.01, 0.01]
-    steady = Timeline({"decode": [0.01, 0.01], "prompt": [0.1, 0.1]}, [0.0, 2.0], [0.0, 1.0, 2.0], [1] * 3)
+    steady = MeasuringLog(
+        {"decode": [0.01, 0.01], "prompt": [0.1, 0.1]}, [0.0, 2.0], [0.0, 1.0, 2.0], [1] * 3
+    )
     assert correct_drift(measured, steady).steps == measured.steps
     assert correct_drift(measured, steady).settings["drift_scale_range"] == [1.0, 1.0]
     with pytest.raises(ValueError, match="the timeline has 2 points, the profile 3"):
-        correct_drift(measured, Timeline(steady.reference, steady.probe_at, [0.0, 1.0], [1, 1]))
+        correct_drift(measured, MeasuringLog(steady.reference, steady.probe_at, [0.0, 1.0], [1, 1]))
 
 
 def test_a_profile_on_a_host_that_slows_down_is_brought_to_one_speed(

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stallfree.bench.profile import default_server_grid
+from stallfree.bench.server_grid import default_server_grid
 from stallfree.cli import main
 from stallfree.costs.measured import MeasuredCostModel
 from stallfree.engine.random_models import random_spec

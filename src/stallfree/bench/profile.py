@@ -64,15 +64,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from itertools import pairwise
 from typing import Any
 
 import httpx
 
 from stallfree import __version__
-from stallfree.bench.client import Endpoint, StreamResult, client, count_tokens, discover, stream_completion
-from stallfree.bench.prompts import PromptSizer, calibrate, fallback_target, fit_prompts
-from stallfree.bench.scenarios import wait_any
+from stallfree.bench.client import Endpoint, client, discover
+from stallfree.bench.prompts import calibrate
+from stallfree.bench.server_grid import ServerGrid, default_server_grid
+from stallfree.bench.server_session import ServerSession
+from stallfree.core.config import DEFAULT_TOKEN_BUDGET  # assumed when the user does not give the server's
 from stallfree.specs.model import ModelSpec, load_model_spec
 from stallfree.specs.speed import DRIFT_WARNING, drift
 from stallfree.specs.step_profile import (
@@ -87,81 +88,8 @@ from stallfree.specs.step_profile import (
 PROBE_EVERY = 4  # points between two timings of the reference decode point
 UNSTEADY_SPREAD = 0.2  # a decode point's IQR / median past which it is measured again
 LOG_EVERY = 3  # points between two progress lines
-CACHE_BLOCK_TOKENS = 16  # vLLM's default KV block: its prefix cache holds whole blocks
 CACHE_HIT_SHARE = 0.75  # a repeated prompt with new tokens faster than this x the prompt alone: cached
-DEFAULT_TOKEN_BUDGET = 512  # assumed when the user does not give the server's
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1}
-
-
-@dataclass(frozen=True, slots=True)
-class ServerGrid:
-    """What to measure: decode batches x contexts, prompt sizes alone, and prompts beside streams."""
-
-    num_seqs: tuple[int, ...]
-    contexts: tuple[int, ...]
-    prefill_tokens: tuple[int, ...]
-    mixed_num_seqs: tuple[int, ...]
-    mixed_context: int
-    mixed_tokens: tuple[int, ...]
-    repeats: int = 3  # of each prefill and mixed point
-    decode_steps: int = 20  # steps timed in each decode point
-    # Chunks after a budget's worth of earlier context: prompts of budget + n tokens, which the
-    # server prefills in two steps (empty when two steps do not fit the context).
-    context_chunks: tuple[int, ...] = ()
-    # (cached context, new tokens): a prompt, then it again with new tokens after it.
-    cached_chunks: tuple[tuple[int, int], ...] = ()
-
-    def num_points(self) -> int:
-        mixed = sum(1 for n in self.mixed_num_seqs for t in self.mixed_tokens if t + n >= 2)
-        fixed = len(self.num_seqs) * len(self.contexts) + len(self.prefill_tokens) + len(self.context_chunks)
-        fixed += len(self.cached_chunks)
-        return fixed + mixed
-
-
-def default_server_grid(
-    max_num_seqs: int, token_budget: int, max_model_len: int, *, quick: bool = False
-) -> ServerGrid:
-    """Batches 1, 4, 16, 64 (and ``max_num_seqs``) at contexts 16, 256, 1024 that fit the
-    context; prompts 16 .. the budget; mixed steps of 1 and 16 streams (``quick``: fewer)."""
-    steps = 10 if quick else 20
-
-    def fits(ctx: int) -> bool:
-        return ctx + 2 * steps + 64 <= max_model_len
-
-    seqs = sorted({n for n in (1, 4, 16, 64) if n <= max_num_seqs} | {max_num_seqs})
-    contexts = tuple(c for c in ((16, 256) if quick else (16, 256, 1024)) if fits(c)) or (16,)
-    sizes = (16, 128) if quick else (16, 64, 256, 1024, 4096)
-    prefill = tuple(sorted({s for s in sizes if s < token_budget} | {token_budget}))
-    prefill = tuple(s for s in prefill if s + 8 <= max_model_len)
-    # The prompt is one more sequence: beside max_num_seqs streams it would wait for one to end.
-    room = max(0, max_num_seqs - 1)
-    mixed_seqs = tuple(n for n in ((min(4, room),) if quick else sorted({1, min(16, room)})) if n >= 1)
-    mixed_context = max(c for c in contexts if c <= 256)
-    mixed = tuple(sorted({min(s, token_budget - max(mixed_seqs, default=0)) for s in prefill if s >= 64}))
-    shares = (2,) if quick else (4, 2, 1)
-    after = tuple(
-        n
-        for n in sorted({token_budget // k for k in shares})
-        if n >= 2 and token_budget + n + 8 <= max_model_len
-    )
-    cached = tuple(
-        (c, n)
-        for c in ((512,) if quick else (512, 1024))  # shorter, the saving can hide in a step's fixed cost
-        for n in ((32,) if quick else (32, 128))
-        if n <= token_budget and c + n + 8 <= max_model_len
-    )
-    return ServerGrid(
-        num_seqs=tuple(seqs[:2] if quick else seqs),
-        contexts=contexts,
-        prefill_tokens=prefill,
-        mixed_num_seqs=mixed_seqs,
-        mixed_context=mixed_context,
-        mixed_tokens=tuple(m for m in mixed if m >= 2) or (max(2, token_budget // 2),),
-        repeats=2 if quick else 3,
-        decode_steps=steps,
-        context_chunks=after if token_budget in prefill else (),
-        cached_chunks=cached,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +142,7 @@ async def _profile(
             options.max_num_seqs, min(budget, context - 8), context, quick=options.quick
         )
         sizer = await calibrate(http, endpoint, seed)
-        session = _Session(http, endpoint, sizer, random.Random(seed), context, budget)
+        session = ServerSession(http, endpoint, sizer, random.Random(seed), context, budget)
         server_name, version = await _server_identity(http, endpoint)
         profile = await _measure(session, grid, budget, options.max_attempts, log, started)
     fingerprint = {
@@ -287,231 +215,136 @@ async def _server_identity(http: httpx.AsyncClient, endpoint: Endpoint) -> tuple
     return name, version
 
 
-class _Session:
-    """One server, its calibrated prompt sizes and a seeded source of fresh prompt text."""
+class _Measuring:
+    """One profile's measuring: the points kept so far, in order, and the reference decode point
+    timed every :data:`PROBE_EVERY` of them."""
 
     def __init__(
-        self,
-        http: httpx.AsyncClient,
-        endpoint: Endpoint,
-        sizer: PromptSizer,
-        rng: random.Random,
-        context: int,
-        budget: int,
+        self, session: ServerSession, grid: ServerGrid, log: Callable[[str], None], started: float
     ) -> None:
-        self.http, self.endpoint, self.sizer, self.rng = http, endpoint, sizer, rng
-        self.context, self.budget = context, budget
+        self.session, self.grid, self.log, self.started = session, grid, log, started
+        self.ref_seqs, self.ref_context = min(4, max(grid.num_seqs)), min(grid.contexts)
+        self.reference: list[float] = []
+        self.points: list[StepPoint] = []
 
-    def pinned(self, max_tokens: int) -> Endpoint:
-        """The endpoint with ``min_tokens`` pinned to ``max_tokens`` (where ignore_eos is sent)."""
-        if "ignore_eos" not in self.endpoint.extra_body:
-            return self.endpoint
-        return replace(self.endpoint, extra_body={**self.endpoint.extra_body, "min_tokens": max_tokens})
+    async def probe(self) -> None:
+        grid = self.grid
+        times, _ = await self.session.decode(self.ref_seqs, self.ref_context, max(5, grid.decode_steps // 2))
+        self.reference.append(statistics.median(times))
 
-    async def prompts(self, num_tokens: int, count: int) -> tuple[list[str], int]:
-        """``count`` fresh prompts of at most ``num_tokens`` tokens (the server's count where it
-        can count) and their median length."""
-        texts = [self.sizer.prompt(num_tokens, self.rng) for _ in range(count)]
-        fitted, counted = await fit_prompts(self.http, self.endpoint, texts, [num_tokens] * count)
-        if not counted:
-            target = fallback_target(num_tokens)
-            return [self.sizer.prompt(target, self.rng) for _ in range(count)], target
-        lengths = [await count_tokens(self.http, self.endpoint, text) or num_tokens for text in fitted]
-        return fitted, int(statistics.median(lengths))
+    async def keep(self, point: StepPoint) -> None:
+        self.points.append(point)
+        done, total = len(self.points), self.grid.num_points()
+        if done % LOG_EVERY == 0 or done == total:
+            self.log(f"profile: {done}/{total} points, {time.perf_counter() - self.started:.0f} s")
+        if done % PROBE_EVERY == 0:
+            await self.probe()
 
-    def ramp_steps(self, num_seqs: int, tokens: int) -> int:
-        """Steps until ``num_seqs`` new ``tokens``-token prompts all decode, at most (roughly)."""
-        return -(-num_seqs * tokens // self.budget) + num_seqs
+    async def warm_up(self) -> tuple[list[float], int]:
+        """A server's first requests of a shape pay for compilation and allocation: run them, then
+        time the HTTP round trip (a one-word prompt's TTFT) and the reference point."""
+        session, grid = self.session, self.grid
+        await session.decode(max(grid.num_seqs), min(grid.contexts), 3)
+        await session.ttft(max(grid.prefill_tokens), 1)
+        round_trip = await session.ttft(1, max(3, grid.repeats), text="the")
+        await self.probe()
+        return round_trip
 
-    async def decode(
-        self, num_seqs: int, context: int, steps: int, sampling: Mapping[str, float] | None = None
-    ) -> tuple[list[float], int]:
-        """Each step's median gap over ``num_seqs`` streams once all decode (sampling as
-        ``sampling`` says, else greedily); the mean context."""
-        texts, tokens = await self.prompts(context, num_seqs)
-        max_tokens = min(steps + 8 + 2 * self.ramp_steps(num_seqs, tokens), self.context - tokens - 4)
-        marks: list[int] = []
-        counts = [0] * num_seqs
-        done = asyncio.Event()
-
-        def seen(i: int) -> Callable[[int], None]:
-            def on_chunk(count: int) -> None:
-                counts[i] = count
-                if not marks and min(counts) >= 1:
-                    marks.extend(counts)
-                if marks and all(c >= m + steps + 1 for c, m in zip(counts, marks, strict=True)):
-                    done.set()
-
-            return on_chunk
-
-        results = await self._streams(texts, max_tokens, seen, done, sampling)
-        per_step = []
-        for k in range(steps):
-            gaps = [
-                r.chunk_times_s[m + k + 1] - r.chunk_times_s[m + k]
-                for r, m in zip(results, marks, strict=True)
-                if len(r.chunk_times_s) > m + k + 1
-            ]
-            if len(gaps) < num_seqs:
-                break  # a stream ended: fewer than num_seqs decode from here on
-            per_step.append(statistics.median(gaps))
-        if len(per_step) < 3:
-            raise ValueError(
-                f"{num_seqs} streams at {tokens} tokens decoded together for {len(per_step)} steps only: "
-                "does the server stop at EOS despite ignore_eos, or run fewer streams at once than --max-num-seqs?"
-            )
-        return per_step, tokens + int(statistics.median(marks)) + len(per_step) // 2
-
-    async def mixed(
-        self, num_seqs: int, context: int, num_tokens: int, repeats: int
-    ) -> tuple[list[float], int, int]:
-        """The step that prefills an ``num_tokens``-token prompt beside ``num_seqs`` streams,
-        ``repeats`` times; the streams' mean context and the prompt's length."""
-        texts, tokens = await self.prompts(context, num_seqs)
-        prompts, length = await self.prompts(num_tokens, repeats)
-        counts = [0] * num_seqs
-        want = [1]  # the chunks every stream must have for ``ready``
-        ready = asyncio.Event()
-
-        def seen(i: int) -> Callable[[int], None]:
-            def on_chunk(count: int) -> None:
-                counts[i] = count
-                if min(counts) >= want[0]:
-                    ready.set()
-
-            return on_chunk
-
-        async def every_stream_has(num_chunks: int) -> bool:
-            """Wait until every stream has ``num_chunks`` chunks; False if one ended first."""
-            want[0] = num_chunks
-            ready.clear()
-            if min(counts) < num_chunks:
-                await wait_any(ready, tasks)
-            return min(counts) >= num_chunks
-
-        stop = asyncio.Event()
-        max_tokens = max(
-            8, min(self.ramp_steps(num_seqs, tokens) + 16 * repeats + 16, self.context - tokens - 4)
-        )
-        endpoint = self.pinned(max_tokens)
-        tasks = [
-            asyncio.ensure_future(
-                stream_completion(self.http, endpoint, text, max_tokens, on_chunk=seen(i), stop=stop)
-            )
-            for i, text in enumerate(texts)
-        ]
-        marks: list[tuple[float, float]] = []  # (sent, first token) of each prompt
-        generated: list[int] = []
-        try:
-            if await every_stream_has(2):
-                for prompt in prompts:
-                    generated.append(int(statistics.median(counts)))
-                    alone = await stream_completion(self.http, self.pinned(1), prompt, 1)
-                    if not alone.chunk_times_s:
-                        raise ValueError(
-                            f"a {length}-token prompt failed: {alone.error or alone.finish_reason}"
+    async def decode_points(self, max_attempts: int) -> int:
+        """Every decode point, each until steady; how many never were."""
+        num_unsteady = 0
+        for num_seqs in self.grid.num_seqs:
+            for context in self.grid.contexts:
+                t0 = time.perf_counter()
+                times, ctx, attempts = await _steady_decode(
+                    self.session, num_seqs, context, self.grid.decode_steps, max_attempts
+                )
+                unsteady = _spread(times) > UNSTEADY_SPREAD
+                num_unsteady += unsteady
+                if attempts > 1:
+                    self.log(
+                        f"note: {num_seqs} streams at {context} tokens decoded unevenly: measured {attempts} "
+                        "times, the steadiest kept"
+                        + (
+                            " (still uneven: left out of the fit where enough others remain)"
+                            if unsteady
+                            else ""
                         )
-                    marks.append((alone.sent_s, alone.chunk_times_s[0]))
-                    length = alone.num_prompt_tokens or length
-                    # Two more tokens each: the gap after the prompt's step, and a quiet step.
-                    if not await every_stream_has(max(counts) + 2):
-                        break
-        finally:
-            stop.set()
-            results = list(await asyncio.gather(*tasks))
-        _check(results)
-        steps = []
-        for sent_s, first_s in marks:
-            longest = [
-                max(
-                    (b - a for a, b in pairwise(r.chunk_times_s) if b > sent_s and a < first_s),
-                    default=0.0,
+                    )
+                stats = replace(_stats(times, t0), attempts=attempts, busy=unsteady)
+                await self.keep(StepPoint("decode", (ctx,) * num_seqs, (), stats))
+        return num_unsteady
+
+    async def prefill_points(self) -> list[tuple[int, float]]:
+        """Every prompt alone; (prompt tokens the server counted, median TTFT) of each."""
+        alone = []
+        for num_tokens in self.grid.prefill_tokens:
+            t0 = time.perf_counter()
+            times, length = await self.session.ttft(num_tokens, self.grid.repeats)
+            await self.keep(StepPoint("prefill", (), ((max(2, length), 0, True),), _stats(times, t0)))
+            alone.append((length, statistics.median(times)))
+        return alone
+
+    async def context_chunk_points(self, budget: int, one_step_s: float) -> None:
+        """budget + n tokens run as a budget-sized step, then n tokens after that context: the
+        second step is the TTFT less a budget-sized prompt's (``one_step_s``; whose step samples
+        a row the first step here does not: a row's LM head, left in)."""
+        for num_tokens in self.grid.context_chunks:
+            t0 = time.perf_counter()
+            times, length = await self.session.ttft(budget + num_tokens, self.grid.repeats)
+            if length - budget >= 2:  # the first step is the budget's tokens, the second the rest
+                step_s = [max(1e-6, t - one_step_s) for t in times]
+                await self.keep(
+                    StepPoint("prefill", (), ((length - budget, budget, True),), _stats(step_s, t0))
                 )
-                for r in results
-            ]
-            # Kept only if every stream still decoded after the prompt's first token: one that was
-            # queued until a stream ended measured nothing (a server full at max_num_seqs).
-            if all(g > 0 for g in longest) and all(r.chunk_times_s[-1] > first_s for r in results):
-                steps.append(statistics.median(longest))
-        if not steps:
-            raise ValueError(
-                f"no stream decoded while a {length}-token prompt was prefilled beside {num_seqs} streams: "
-                "does the server run fewer sequences at once than --max-num-seqs?"
-            )
-        return steps, tokens + int(statistics.median(generated)), length
 
-    async def ttft(self, num_tokens: int, repeats: int, text: str | None = None) -> tuple[list[float], int]:
-        """A lone request's time to first token, ``repeats`` times (``text``: that prompt each time)."""
-        times, lengths = [], []
-        for _ in range(repeats):
-            prompts, length = await self.prompts(num_tokens, 1) if text is None else ([text], num_tokens)
-            result = await stream_completion(self.http, self.pinned(1), prompts[0], 1)
-            if not result.chunk_times_s:
-                raise ValueError(
-                    f"a lone {length}-token prompt failed: {result.error or result.finish_reason}"
+    async def cached_points(self) -> str:
+        """Prompts again with new tokens after their cached blocks, unless the server does not
+        cache; what ``settings["cached_context"]`` says of them."""
+        said = "not measured: no point in the grid"
+        for context, num_tokens in self.grid.cached_chunks:
+            t0 = time.perf_counter()
+            # pair by pair (a slow moment slows both of a pair), at least 3 pairs: one noisy pair
+            # never decides whether the server caches
+            repeats = max(3, self.grid.repeats)
+            times, firsts, hit, new = await self.session.after_cached(context, num_tokens, repeats)
+            if statistics.median(s / f for s, f in zip(times, firsts, strict=True)) > CACHE_HIT_SHARE:
+                said = (
+                    f"left out: a {context}-token prompt again with {num_tokens} more tokens took "
+                    f"{statistics.median(times) * 1e3:.1f} ms vs {statistics.median(firsts) * 1e3:.1f} ms "
+                    "alone (no prefix cache?)"
                 )
-            times.append(result.chunk_times_s[0] - result.sent_s)
-            lengths.append(result.num_prompt_tokens or length)
-        return times, int(statistics.median(lengths))
+                self.log(f"note: {said}")
+                return said
+            said = "a prompt again with n more tokens after its cached blocks: the second TTFT"
+            await self.keep(StepPoint("cached", (), ((max(2, new), hit, True),), _stats(times, t0)))
+        return said
 
-    async def after_cached(
-        self, context: int, num_tokens: int, repeats: int
-    ) -> tuple[list[float], list[float], int, int]:
-        """A fresh ``context``-token prompt's TTFT, then the same text with ``num_tokens`` more:
-        the second TTFTs, the first ones (pair by pair), and the second's tokens cached (whole
-        blocks of :data:`CACHE_BLOCK_TOKENS` before the first prompt's last token) and new."""
-        firsts: list[float] = []
-        seconds: list[float] = []
-        cached: list[int] = []
-        total: list[int] = []
-        for _ in range(repeats):
-            (base,), length = await self.prompts(context, 1)
-            (tail,), _ = await self.prompts(num_tokens, 1)
-            for text, times in ((base, firsts), (f"{base} {tail}", seconds)):
-                result = await stream_completion(self.http, self.pinned(1), text, 1)
-                if not result.chunk_times_s:
-                    raise ValueError(f"a lone prompt failed: {result.error or result.finish_reason}")
-                times.append(result.chunk_times_s[0] - result.sent_s)
-            cached.append((length - 1) // CACHE_BLOCK_TOKENS * CACHE_BLOCK_TOKENS)
-            total.append(result.num_prompt_tokens or length + num_tokens)
-        hit = int(statistics.median(cached))
-        return seconds, firsts, hit, int(statistics.median(total)) - hit
+    async def mixed_points(self) -> None:
+        grid = self.grid
+        for num_seqs in grid.mixed_num_seqs:
+            for num_tokens in grid.mixed_tokens:
+                t0 = time.perf_counter()
+                times, ctx, length = await self.session.mixed(
+                    num_seqs, grid.mixed_context, num_tokens, grid.repeats
+                )
+                prompt = ((max(2, length), 0, True),)
+                await self.keep(StepPoint("mixed", (ctx,) * num_seqs, prompt, _stats(times, t0)))
 
-    async def _streams(
-        self,
-        texts: Sequence[str],
-        max_tokens: int,
-        seen: Callable[[int], Callable[[int], None]],
-        done: asyncio.Event,
-        sampling: Mapping[str, float] | None = None,
-    ) -> list[StreamResult]:
-        stop = asyncio.Event()
-        endpoint = self.pinned(max_tokens)
-        if sampling:
-            endpoint = replace(endpoint, extra_body={**endpoint.extra_body, **sampling})
-        tasks = [
-            asyncio.ensure_future(
-                stream_completion(self.http, endpoint, t, max_tokens, on_chunk=seen(i), stop=stop)
+    def drift(self) -> float:
+        """How far the reference point moved over the profile, warned about past DRIFT_WARNING."""
+        spread = drift(self.reference)
+        if spread > DRIFT_WARNING:
+            self.log(
+                f"warning: the reference decode point ({self.ref_seqs} streams at {self.ref_context} tokens) "
+                f"took {min(self.reference) * 1e3:.1f}-{max(self.reference) * 1e3:.1f} ms over the profile "
+                f"(+{spread:.0%}): the server's speed drifted; points are not corrected"
             )
-            for i, t in enumerate(texts)
-        ]
-        try:
-            await wait_any(done, tasks)
-        finally:
-            stop.set()
-            results = list(await asyncio.gather(*tasks))
-        _check(results)
-        return results
-
-
-def _check(results: Sequence[StreamResult]) -> None:
-    failed = [r for r in results if r.error]
-    if failed:
-        raise ValueError(f"{len(failed)} of {len(results)} streams failed: {failed[0].error}")
+        return spread
 
 
 async def _measure(
-    session: _Session,
+    session: ServerSession,
     grid: ServerGrid,
     budget: int,
     max_attempts: int,
@@ -519,92 +352,16 @@ async def _measure(
     started: float,
 ) -> StepProfile:
     """Every point of ``grid``, with the reference decode point between them."""
-    ref_seqs, ref_context = min(4, max(grid.num_seqs)), min(grid.contexts)
-    reference: list[float] = []
-    points: list[StepPoint] = []
-    total = grid.num_points()
-
-    async def probe() -> None:
-        times, _ = await session.decode(ref_seqs, ref_context, max(5, grid.decode_steps // 2))
-        reference.append(statistics.median(times))
-
-    async def kept(point: StepPoint) -> None:
-        points.append(point)
-        done = len(points)
-        if done % LOG_EVERY == 0 or done == total:
-            log(f"profile: {done}/{total} points, {time.perf_counter() - started:.0f} s")
-        if done % PROBE_EVERY == 0:
-            await probe()
-
-    # Warm up: a server's first requests of a shape pay for compilation and allocation.
-    await session.decode(max(grid.num_seqs), min(grid.contexts), 3)
-    await session.ttft(max(grid.prefill_tokens), 1)
-    round_trip, round_trip_tokens = await session.ttft(1, max(3, grid.repeats), text="the")
-    await probe()
-    num_unsteady = 0
-    for num_seqs in grid.num_seqs:
-        for context in grid.contexts:
-            t0 = time.perf_counter()
-            times, ctx, attempts = await _steady_decode(
-                session, num_seqs, context, grid.decode_steps, max_attempts
-            )
-            unsteady = _spread(times) > UNSTEADY_SPREAD
-            num_unsteady += unsteady
-            if attempts > 1:
-                log(
-                    f"note: {num_seqs} streams at {context} tokens decoded unevenly: measured {attempts} "
-                    "times, the steadiest kept"
-                    + (" (still uneven: left out of the fit where enough others remain)" if unsteady else "")
-                )
-            stats = replace(_stats(times, t0), attempts=attempts, busy=unsteady)
-            await kept(StepPoint("decode", (ctx,) * num_seqs, (), stats))
-    sampling = await _sampling_points(session, grid, points)
-    alone: list[tuple[int, float]] = []  # (prompt tokens the server counted, median TTFT)
-    for num_tokens in grid.prefill_tokens:
-        t0 = time.perf_counter()
-        times, length = await session.ttft(num_tokens, grid.repeats)
-        await kept(StepPoint("prefill", (), ((max(2, length), 0, True),), _stats(times, t0)))
-        alone.append((length, statistics.median(times)))
-    one_step = _ttft_at(alone, budget)
-    for num_tokens in grid.context_chunks:
-        # budget + n tokens run as a budget-sized step, then n tokens after that context: the
-        # second step is the TTFT less a budget-sized prompt's (whose step samples a row the
-        # first step here does not: a row's LM head, left in).
-        t0 = time.perf_counter()
-        times, length = await session.ttft(budget + num_tokens, grid.repeats)
-        if length - budget >= 2:  # the first step is the budget's tokens, the second the rest
-            step_s = [max(1e-6, t - one_step) for t in times]
-            await kept(StepPoint("prefill", (), ((length - budget, budget, True),), _stats(step_s, t0)))
-    cached_context = "not measured: no point in the grid"
-    for context, num_tokens in grid.cached_chunks:
-        t0 = time.perf_counter()
-        # pair by pair (a slow moment slows both of a pair), at least 3 pairs: one noisy pair
-        # never decides whether the server caches
-        repeats = max(3, grid.repeats)
-        times, firsts, hit, new = await session.after_cached(context, num_tokens, repeats)
-        if statistics.median(s / f for s, f in zip(times, firsts, strict=True)) > CACHE_HIT_SHARE:
-            cached_context = (
-                f"left out: a {context}-token prompt again with {num_tokens} more tokens took "
-                f"{statistics.median(times) * 1e3:.1f} ms vs {statistics.median(firsts) * 1e3:.1f} ms "
-                "alone (no prefix cache?)"
-            )
-            log(f"note: {cached_context}")
-            break
-        cached_context = "a prompt again with n more tokens after its cached blocks: the second TTFT"
-        await kept(StepPoint("cached", (), ((max(2, new), hit, True),), _stats(times, t0)))
-    for num_seqs in grid.mixed_num_seqs:
-        for num_tokens in grid.mixed_tokens:
-            t0 = time.perf_counter()
-            times, ctx, length = await session.mixed(num_seqs, grid.mixed_context, num_tokens, grid.repeats)
-            await kept(StepPoint("mixed", (ctx,) * num_seqs, ((max(2, length), 0, True),), _stats(times, t0)))
-    await probe()
-    spread = drift(reference)
-    if spread > DRIFT_WARNING:
-        log(
-            f"warning: the reference decode point ({ref_seqs} streams at {ref_context} tokens) took "
-            f"{min(reference) * 1e3:.1f}-{max(reference) * 1e3:.1f} ms over the profile (+{spread:.0%}): "
-            "the server's speed drifted; points are not corrected"
-        )
+    m = _Measuring(session, grid, log, started)
+    round_trip, round_trip_tokens = await m.warm_up()
+    num_unsteady = await m.decode_points(max_attempts)
+    sampling = await _sampling_points(session, grid, m.points)
+    alone = await m.prefill_points()
+    await m.context_chunk_points(budget, _ttft_at(alone, budget))
+    cached_context = await m.cached_points()
+    await m.mixed_points()
+    await m.probe()
+    spread = m.drift()
     settings = {
         "max_num_seqs": max(grid.num_seqs),
         "token_budget": budget,
@@ -627,8 +384,8 @@ async def _measure(
         "http_round_trip_prompt_tokens": round_trip_tokens,
         "decode_times": "the streams' median inter-token gap, once every stream decodes",
         "mixed_times": "the streams' median longest gap while the prompt was prefilled",
-        "reference_point": {"num_seqs": ref_seqs, "context": ref_context},
-        "reference_step_s": reference,
+        "reference_point": {"num_seqs": m.ref_seqs, "context": m.ref_context},
+        "reference_step_s": m.reference,
         "reference_drift": spread,
         "drift_scale_range": [1.0, 1.0],
         "max_attempts": max_attempts,
@@ -640,13 +397,13 @@ async def _measure(
         fingerprint={},
         model=dict.fromkeys(MODEL_FIELDS, 0),
         settings=settings,
-        steps=tuple(points),
+        steps=tuple(m.points),
         sampling=tuple(sampling),
     )
 
 
 async def _steady_decode(
-    session: _Session, num_seqs: int, context: int, steps: int, max_attempts: int
+    session: ServerSession, num_seqs: int, context: int, steps: int, max_attempts: int
 ) -> tuple[list[float], int, int]:
     """A decode point measured until its steps are steady (interquartile range within
     :data:`UNSTEADY_SPREAD` of the median), at most ``max_attempts`` times: the steadiest
@@ -672,7 +429,7 @@ SAMPLED = {"temperature": {"temperature": 1.0}, "top-p": {"temperature": 1.0, "t
 
 
 async def _sampling_points(
-    session: _Session, grid: ServerGrid, points: Sequence[StepPoint]
+    session: ServerSession, grid: ServerGrid, points: Sequence[StepPoint]
 ) -> list[SamplingPoint]:
     """What sampling at temperature 1 (and with top-p) adds to a greedy decode step, at 1 and at
     the most streams: each step's gap less the greedy point's median."""

@@ -43,7 +43,7 @@ from stallfree.engine.kv_cache import KVCache, free_memory_bytes, kv_bytes_per_b
 from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.native import chunk_kernel_for, kernel_for
 from stallfree.engine.requests import RequestOutput, RequestState
-from stallfree.engine.sampler import sample
+from stallfree.engine.sampler import sample_tokens
 from stallfree.engine.weights import load_model
 
 # Share of free memory the KV cache takes by default: the CPU is shared with everything else.
@@ -275,7 +275,7 @@ class LLMEngine:
         token_ids = {c.request_id: self._requests[c.request_id].token_ids for c in plan.chunks}
         rids, logits = self.model_runner.execute(plan, token_ids)
         states = [self._requests[rid] for rid in rids]
-        picks = sample(logits, [s.params for s in states], [s.generator for s in states])
+        picks = sample_tokens(logits, [s.params for s in states], [s.generator for s in states])
         stopped = frozenset(
             s.request_id
             for s, pick in zip(states, picks, strict=True)

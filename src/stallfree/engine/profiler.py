@@ -10,7 +10,7 @@ after five busy points in a row each point is measured once until the machine qu
 Two reference steps (:func:`reference_steps`: a decode batch, bound by memory, and a prompt,
 bound by compute) are timed before, every ``_PROBE_EVERY`` step points and after; the finished
 profile is then corrected for the machine's drift by :func:`stallfree.specs.speed.correct_drift`
-(a pass over the points and their :class:`~stallfree.specs.speed.Timeline`). The result is a :class:`~stallfree.specs.step_profile.StepProfile` (schema in that module).
+(a pass over the points and their :class:`~stallfree.specs.speed.MeasuringLog`). The result is a :class:`~stallfree.specs.step_profile.StepProfile` (schema in that module).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from stallfree.core import SamplingParams, ScheduledChunk, StepPlan, ceil_div
 from stallfree.engine.engine import LLMEngine
 from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.native import bf16_dot_products
-from stallfree.engine.profiling import CpuMeter, plan_times
-from stallfree.engine.sampler import sample
-from stallfree.specs.speed import DRIFT_WARNING, Timeline, correct_drift, reference_spread
+from stallfree.engine.sampler import sample_tokens
+from stallfree.engine.step_timing import CpuMeter, plan_times
+from stallfree.specs.speed import DRIFT_WARNING, MeasuringLog, correct_drift, reference_spread
 from stallfree.specs.step_profile import (
     SAMPLING_MODES,
     LinearPoint,
@@ -312,7 +312,7 @@ def _measure(
     measure: _Measurer,
     show: bool,
     log: Callable[[str], None] | None,
-) -> tuple[StepProfile, Timeline]:
+) -> tuple[StepProfile, MeasuringLog]:
     """Every point of ``grid`` as measured (no correction) and when each was taken, with the
     reference steps timed before, every few step points and after."""
     from tqdm import tqdm
@@ -326,7 +326,7 @@ def _measure(
     # Warm up: first calls of each kernel (oneDNN primitives, allocator growth) are slow.
     for _kind, decodes, chunks in list(grid.step_points())[:: max(1, grid.num_points() // 6)]:
         plan_times(runner, synthetic_step(decodes, chunks), 1)
-    timeline = Timeline({kind: [] for kind in reference_steps(max_num_seqs)})
+    timeline = MeasuringLog({kind: [] for kind in reference_steps(max_num_seqs)})
 
     def probe() -> None:
         start = time.perf_counter()
@@ -488,12 +488,12 @@ def _sampling_times(engine: LLMEngine, mode: str, rows: int, repeats: int) -> li
     logits = (torch.randn(rows, vocab, generator=generator) * 4).to(engine.device)
     params = [_PARAMS[mode]] * rows
     gens = [torch.Generator(device=engine.device).manual_seed(i) for i in range(rows)]
-    sample(logits, params, gens)  # warm-up
+    sample_tokens(logits, params, gens)  # warm-up
     times = []
     for _ in range(repeats):
         _sync(engine.device)
         start = time.perf_counter()
-        sample(logits, params, gens)
+        sample_tokens(logits, params, gens)
         _sync(engine.device)
         times.append(time.perf_counter() - start)
     return times

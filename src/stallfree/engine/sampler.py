@@ -28,7 +28,7 @@ class SampledToken:
     top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
-def sample(
+def sample_tokens(
     logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
 ) -> list[SampledToken]:
     """``logits`` is fp32 ``[rows, vocab]``; row ``i`` follows ``params[i]`` with ``generators[i]``."""

@@ -5,7 +5,7 @@ Each step's duration is the wall time since the previous step ended (or since th
 one started), so scheduling and sampling overhead are in it: the clock the streams
 would see. Prompts are random token ids (random weights time like real ones);
 tokens are greedy. The reference figures (decode step, prefill alone, ridge) come
-from synthetic steps on the same runner (:mod:`stallfree.engine.profiling`).
+from synthetic steps on the same runner (:mod:`stallfree.engine.step_timing`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from stallfree.core.config import ceil_div
 from stallfree.engine.kv_cache import KVCache, free_memory_bytes, kv_bytes_per_block
 from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.native import kernel_for
-from stallfree.engine.profiling import measure_ridge, time_plan
+from stallfree.engine.step_timing import measure_ridge, time_plan
 from stallfree.engine.weights import load_model
 
 RIDGE_CHUNKS = (8, 16, 32, 64, 128, 256, 512, 1024)

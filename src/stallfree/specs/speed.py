@@ -3,7 +3,7 @@ profile is corrected for it, and the factors a simulation varies its steps by.
 
 A shared host can slow every step by tens of percent with no process on it to show for it. A
 profile therefore times the same reference steps (a decode batch, bound by memory; a prompt,
-bound by compute) before, now and then during, and after its points (:class:`Timeline`):
+bound by compute) before, now and then during, and after its points (:class:`MeasuringLog`):
 
 - :func:`drift` and :func:`reference_spread` say how far those timings moved;
 - :func:`correct_drift` is a pass over the finished profile: where a reference step drifted by
@@ -96,7 +96,7 @@ def point_scales(
 
 
 @dataclass(slots=True)
-class Timeline:
+class MeasuringLog:
     """When a profile measured what: each point's midpoint and tokens, in measuring order (steps,
     sampling, linear, overhead), and each timing of the reference steps (``reference[kind][i]``
     taken at ``probe_at[i]``)."""
@@ -110,7 +110,7 @@ class Timeline:
         return {kind: drift(times) for kind, times in self.reference.items()}
 
 
-def correct_drift(profile: StepProfile, timeline: Timeline) -> StepProfile:
+def correct_drift(profile: StepProfile, timeline: MeasuringLog) -> StepProfile:
     """``profile`` with every point's times brought to the machine's median speeds
     (:func:`point_scales`; factors of 1 on a steady machine), and its settings saying how far the
     references drifted and the range of factors applied (``drift_scale_range``, [1, 1]: none)."""

@@ -1,6 +1,6 @@
 """The step-profile file: real step costs measured on one machine, read by the measured cost model.
 
-``stallfree profile`` (:mod:`stallfree.engine.profiling`) writes it; the simulator's measured
+``stallfree profile`` (:mod:`stallfree.engine.step_timing`) writes it; the simulator's measured
 cost model (:mod:`stallfree.costs.measured`) reads it. This module owns the schema only (stdlib,
 no numpy, no torch), so both sides agree on one definition.
 

@@ -7,7 +7,7 @@ import torch
 
 from stallfree.core import SamplingParams
 from stallfree.engine import LLMEngine
-from stallfree.engine.profiling import measure_ridge, time_step
+from stallfree.engine.step_timing import measure_ridge, time_step
 
 
 @pytest.fixture
