@@ -58,7 +58,7 @@ def test_save_model_then_generate_from_the_folder(tmp_path: Path, capsys: pytest
             "is not random:<preset>, a GGUF file",
         ),
         (["generate", "--model", "random:huge", "--prompt", "x"], "unknown random model preset"),
-        (["generate", *TINY, "--prompt", "x " * 2000], "context"),
+        (["generate", *TINY, "--prompt", "x " * 2000], "exceeds max_model_len"),
         (["generate", *TINY, "--prompt", "x", "--dtype", "int3"], "invalid choice: 'int3'"),
         (
             ["generate", *TINY, "--prompt", "x", "--quantization", "q8_0", "--dtype", "bfloat16"],

@@ -225,6 +225,34 @@ class LongPromptOptions:
             )
 
 
+class _LongPromptWatch:
+    """The streams' chunk counts as they come: ``warmed`` once each has ``warmup`` chunks,
+    ``first_token`` at the prompt's first token (the counts then are the marks), ``tail_done``
+    once each has ``tail`` more."""
+
+    def __init__(self, num_streams: int, warmup: int, tail: int) -> None:
+        self.counts = [0] * num_streams
+        self.warmup, self.tail = warmup, tail
+        self.marks: list[int] | None = None
+        self.warmed, self.first_token, self.tail_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    def stream(self, i: int) -> Callable[[int], None]:
+        def seen(count: int) -> None:
+            self.counts[i] = count
+            if not self.warmed.is_set() and min(self.counts) >= self.warmup:
+                self.warmed.set()
+            marks = self.marks
+            if marks is not None and all(c >= m + self.tail for c, m in zip(self.counts, marks, strict=True)):
+                self.tail_done.set()
+
+        return seen
+
+    def prompt(self, count: int) -> None:
+        if count == 1:
+            self.marks = list(self.counts)
+            self.first_token.set()
+
+
 async def run_long_prompt(
     http: httpx.AsyncClient,
     endpoint: Endpoint,
@@ -247,31 +275,8 @@ async def run_long_prompt(
         raise ValueError(f"the long prompt failed on an idle server: {alone.error or alone.finish_reason}")
 
     n = options.num_streams
-    counts = [0] * n
-    warmed = asyncio.Event()
-    tail_done = asyncio.Event()
+    watch = _LongPromptWatch(n, options.warmup_chunks, options.tail_chunks)
     stop = asyncio.Event()
-    marks: dict[str, list[int]] = {}
-
-    def on_chunk(i: int) -> Callable[[int], None]:
-        def seen(count: int) -> None:
-            counts[i] = count
-            if not warmed.is_set() and min(counts) >= options.warmup_chunks:
-                warmed.set()
-            mark = marks.get("first_token")
-            if mark is not None and all(
-                c >= m + options.tail_chunks for c, m in zip(counts, mark, strict=True)
-            ):
-                tail_done.set()
-
-        return seen
-
-    first_token = asyncio.Event()
-
-    def prompt_chunk(count: int) -> None:
-        if count == 1:
-            marks["first_token"] = list(counts)
-            first_token.set()
 
     phase = "alone"
     start_s = time.perf_counter()
@@ -286,14 +291,14 @@ async def run_long_prompt(
                     endpoint,
                     text,
                     options.stream_max_tokens,
-                    on_chunk=on_chunk(i),
+                    on_chunk=watch.stream(i),
                     stop=stop,
                     interrupt=interrupt,
                 )
             )
             for i, text in enumerate(stream_texts)
         ]
-        await wait_any(warmed, streams)  # an interrupt ends every stream: these waits end too
+        await wait_any(watch.warmed, streams)  # an interrupt ends every stream: these waits end too
     if not interrupted():
         phase = "prompt"
         prompt_task = asyncio.ensure_future(
@@ -302,14 +307,14 @@ async def run_long_prompt(
                 endpoint,
                 long_text,
                 options.prompt_max_tokens,
-                on_chunk=prompt_chunk,
+                on_chunk=watch.prompt,
                 interrupt=interrupt,
             )
         )
-        await wait_any(first_token, [*streams, prompt_task])
-        if first_token.is_set():
+        await wait_any(watch.first_token, [*streams, prompt_task])
+        if watch.first_token.is_set():
             phase = "tail"
-        await wait_any(tail_done, streams)
+        await wait_any(watch.tail_done, streams)
     stop.set()
     stream_results = list(await asyncio.gather(*streams))
     prompt_result = await prompt_task if prompt_task is not None else None

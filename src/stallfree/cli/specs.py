@@ -66,17 +66,32 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=run)
 
 
+def _presets(as_json: bool) -> str:
+    """Every model and hardware preset: a table, or one JSON object."""
+    from stallfree.costs.specs_report import hardware_figures, model_figures, presets_table
+    from stallfree.specs import HARDWARE_PRESETS, MODEL_PRESETS, load_model_spec
+
+    models = [load_model_spec(name) for name in MODEL_PRESETS]
+    hardware = list(HARDWARE_PRESETS.values())
+    if not as_json:
+        return presets_table(models, hardware)
+    figures = {
+        "models": [model_figures(m, 2) for m in models],
+        "hardware": [hardware_figures(h) for h in hardware],
+    }
+    return json.dumps(figures, indent=2)
+
+
 def run(args: argparse.Namespace) -> int:
     from stallfree.costs.choice import resolve_model
     from stallfree.costs.specs_report import (
         hardware_figures,
         kv_capacity_tokens,
         model_figures,
-        presets_table,
         report_text,
         step_figures,
     )
-    from stallfree.specs import HARDWARE_PRESETS, MODEL_PRESETS, load_hardware_spec, load_model_spec
+    from stallfree.specs import load_hardware_spec
 
     profile = measured_profile(args, gpu_tables=True)
     if profile is not None:
@@ -87,20 +102,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(params, indent=2) if args.json else format_parameters(params))
         return 0
     if args.model is None and args.hardware is None:
-        models = [load_model_spec(name) for name in MODEL_PRESETS]
-        hardware = list(HARDWARE_PRESETS.values())
-        if args.json:
-            print(
-                json.dumps(
-                    {
-                        "models": [model_figures(m, 2) for m in models],
-                        "hardware": [hardware_figures(h) for h in hardware],
-                    },
-                    indent=2,
-                )
-            )
-        else:
-            print(presets_table(models, hardware))
+        print(_presets(args.json))
         return 0
 
     report: dict[str, Any] = {"dtype": args.dtype}

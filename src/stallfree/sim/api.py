@@ -21,7 +21,7 @@ from stallfree.costs.measured import VariedSteps
 from stallfree.costs.memory import KvMemory, fixed_kv_memory, kv_memory
 from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
-from stallfree.sim.traffic import StepTrace, run_traffic
+from stallfree.sim.traffic import StepTrace, TrafficRun, run_traffic
 from stallfree.workload import Workload, WorkloadArrays, sample
 
 ROOFLINE = CostChoice(kind="full")  # simulate's default: the full roofline of the default model
@@ -100,10 +100,21 @@ def simulate(
     )
     if not run.records and not run.stopped:
         raise ValueError("no request could run: the workload is empty")
+    summary = _summary(run, serving, scheduler, kv, goodput)
+    return SimulationResult(serving.policy, summary, run.records, run.itl, kv, run.steps, run.stopped)
+
+
+def _summary(
+    run: TrafficRun,
+    serving: ServingConfig,
+    scheduler: Scheduler,
+    kv: KvMemory,
+    goodput: Mapping[str, float] | None,
+) -> dict[str, Any]:
     # Every request rejected is a result (nulls and the rejections), whenever they arrived: a
     # lone request or all-at-once arrivals give a zero duration, later arrivals a positive one.
     scores = summarize(run.records, run.itl, run.duration_s, goodput)
-    summary: dict[str, Any] = {
+    return {
         "policy": serving.policy,
         **scores,
         # exact, where the ITL samples are rounded to 16 significant bits (None without a gap)
@@ -118,7 +129,6 @@ def simulate(
         "rejected_reasons": run.rejected_reasons,
         **_prefix_cache_summary(serving, scheduler, run.records),
     }
-    return SimulationResult(serving.policy, summary, run.records, run.itl, kv, run.steps, run.stopped)
 
 
 def _kv_memory(pick: CostPick, serving: ServingConfig, gpu_memory_utilization: float) -> KvMemory:
