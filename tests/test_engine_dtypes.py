@@ -35,6 +35,28 @@ def test_auto_is_bf16_only_where_the_cpu_runs_it_fast(isa: CpuIsa, expected: tor
     assert isa.name in choice.reason
 
 
+@pytest.mark.parametrize("isa", [ZEN4, SAPPHIRE_RAPIDS])
+def test_auto_takes_the_compiled_bf16_kernels_where_they_run(isa: CpuIsa) -> None:
+    """bf16 weights in pair dot products, fp32 activations and KV: the reason names the KV cost."""
+    choice = choose_dtype("auto", CPU, isa, bf16_kernels=True)
+    assert (choice.dtype, choice.quantization) == (torch.float32, "bf16")
+    assert "KV bytes" in choice.reason and isa.name in choice.reason
+    assert choose_dtype("bfloat16", CPU, isa, bf16_kernels=True).quantization is None  # asked: as asked
+
+
+def test_the_engine_runs_auto_in_the_format_this_cpu_runs_fastest() -> None:
+    from stallfree.engine import LLMEngine
+    from stallfree.engine.native import bf16_dot_products, native_module
+
+    engine = LLMEngine("random:tiny", device="cpu", num_blocks=16)
+    kind = engine.model.weights.kind
+    if bf16_dot_products():
+        assert (engine.dtype, kind) == (torch.float32, "bf16")
+    elif native_module() is not None and not cpu_isa().fast_bf16:
+        assert (engine.dtype, kind) == (torch.float32, "panels")
+    assert engine.dtype_choice.reason in engine.describe_format()
+
+
 def test_auto_on_cuda_is_bf16_whatever_the_cpu() -> None:
     assert choose_dtype("auto", torch.device("cuda"), ZEN3).dtype == torch.bfloat16
 

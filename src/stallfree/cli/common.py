@@ -53,8 +53,9 @@ def add_dtype_arg(parser: argparse._ActionsContainer, what: str = "weights and K
         "--dtype",
         choices=DTYPE_CHOICES,
         default="auto",
-        help=f"{what}; auto: bfloat16 on CUDA and on CPUs that run it fast (AVX-512, AMX), "
-        "else float32 (default %(default)s)",
+        help=f"{what}; auto: bfloat16 on CUDA; on a CPU with AVX512-BF16, bf16 weights through the "
+        "compiled kernels with float32 activations and KV cache (--quantization bf16); else bfloat16 on "
+        "AVX-512, float32 on AVX2 (default %(default)s)",
     )
 
 

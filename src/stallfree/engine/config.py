@@ -23,7 +23,10 @@ class EngineConfig:
     ``serving`` says how to schedule. ``kv_cache_memory_fraction``: share of free memory the KV
     cache takes when ``serving.num_blocks`` is not given. ``step_time_predictor``
     (``StepPlan -> seconds``, such as a measured profile's ``MeasuredCostModel.step_time_s``; the
-    engine imports no cost model itself) is what ``serving.step_budget_ms`` plans by."""
+    engine imports no cost model itself) is what ``serving.step_budget_ms`` plans by.
+    ``adapt_threads``: on the CPU, run each step on no more threads than the cores other processes
+    leave free (:mod:`stallfree.engine.cpu_share`); a profile turns it off to measure the machine
+    at fixed threads."""
 
     model: str = "random:small"
     dtype: str = "auto"
@@ -33,6 +36,7 @@ class EngineConfig:
     kv_cache_memory_fraction: float | None = None
     seed: int = 0
     step_time_predictor: StepTimePredictor | None = None
+    adapt_threads: bool = True
 
     @classmethod
     def from_options(cls, model: str = "random:small", **options: Any) -> EngineConfig:

@@ -1,11 +1,12 @@
 """Which dtype the engine runs in on this machine: the one rule behind every ``--dtype auto``.
 
 The CPU's instruction sets are probed once (:func:`cpu_isa`: x86 flags from
-``/proc/cpuinfo``, else torch's own dispatch level). ``auto`` is bf16 on CUDA and on CPUs
-whose oneDNN bf16 kernels are native or run on AVX-512 (AVX512-BF16, AMX, or AVX-512
-BW/VL/DQ, which is what torch's prepacked bf16 path requires), fp32 otherwise: on an
-AVX2-only CPU bf16 matmuls fall back to slow reference kernels, so fp32 is the fast
-choice there, as vLLM's CPU backend also decides.
+``/proc/cpuinfo``, else torch's own dispatch level). ``auto`` is bf16 on CUDA; on a CPU where
+the engine's compiled bf16 pair dot products run (AVX512-BF16), bf16 weights through them with
+fp32 activations and KV cache; else bf16 on CPUs whose oneDNN bf16 kernels run on AVX-512
+(BW/VL/DQ, which is what torch's prepacked bf16 path requires), fp32 otherwise: on an
+AVX2-only CPU bf16 matmuls fall back to slow reference kernels, so fp32 (through the compiled
+fp32 kernels) is the fast choice there, as vLLM's CPU backend also decides.
 
 An explicit dtype is taken as asked once a tiny matmul in it has run on the device (a
 dtype torch cannot run there is refused in one line); where it runs but without its fast
@@ -87,15 +88,21 @@ class DtypeChoice:
     dtype: torch.dtype
     reason: str
     note: str | None = None
+    quantization: str | None = None  # the weights' format where auto picks one (bf16 panels)
 
     @property
     def name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
 
 
-def choose_dtype(name: str, device: torch.device, isa: CpuIsa | None = None) -> DtypeChoice:
+def choose_dtype(
+    name: str, device: torch.device, isa: CpuIsa | None = None, *, bf16_kernels: bool = False
+) -> DtypeChoice:
     """``name`` (``auto`` or one of :data:`DTYPES`) resolved for ``device``; ``isa`` defaults to
-    :func:`cpu_isa` (tests pass a fake one). A dtype that cannot run there is a ``ValueError``."""
+    :func:`cpu_isa` (tests pass a fake one). ``bf16_kernels``: the engine's compiled bf16 pair
+    dot products run here, so ``auto`` on the CPU is bf16 weights through them with fp32
+    activations and KV cache (about twice oneDNN's bf16 decode speed, at twice its KV bytes). A
+    dtype that cannot run there is a ``ValueError``."""
     if name not in DTYPE_CHOICES:
         raise ValueError(f"unknown dtype {name!r}; choose from: {', '.join(DTYPE_CHOICES)}")
     if device.type != "cpu":
@@ -104,6 +111,13 @@ def choose_dtype(name: str, device: torch.device, isa: CpuIsa | None = None) -> 
         return DtypeChoice(DTYPES[name], "as asked")
     isa = isa or cpu_isa()
     if name == "auto":
+        if bf16_kernels:
+            return DtypeChoice(
+                torch.float32,
+                f"auto: bf16 weights through the compiled kernels, fp32 activations and KV cache ({isa.name}; "
+                "twice the KV bytes of --dtype bfloat16, about twice its decode speed)",
+                quantization="bf16",
+            )
         if isa.fast_bf16:
             return DtypeChoice(torch.bfloat16, f"auto: bfloat16, this CPU runs it fast ({isa.name})")
         return DtypeChoice(torch.float32, f"auto: float32, this CPU has no fast bfloat16 ({isa.name})")

@@ -38,10 +38,11 @@ from stallfree.core import (
 )
 from stallfree.core.serving import ServingConfig
 from stallfree.engine.config import EngineConfig
+from stallfree.engine.cpu_share import CoreShare
 from stallfree.engine.dtypes import choose_dtype
 from stallfree.engine.kv_cache import KVCache, free_memory_bytes, kv_bytes_per_block
 from stallfree.engine.model_runner import ModelRunner
-from stallfree.engine.native import chunk_kernel_for, kernel_for
+from stallfree.engine.native import bf16_dot_products, chunk_kernel_for, kernel_for
 from stallfree.engine.requests import RequestOutput, RequestState
 from stallfree.engine.sampler import sample_tokens
 from stallfree.engine.weights import load_model
@@ -156,12 +157,13 @@ class LLMEngine:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if quantization is not None and dtype == "auto":
             dtype = "float32"  # quantized weights run with fp32 activations
-        self.dtype_choice = choose_dtype(dtype, self.device)
+        bf16_kernels = dtype == "auto" and self.device.type == "cpu" and bf16_dot_products()
+        self.dtype_choice = choose_dtype(dtype, self.device, bf16_kernels=bf16_kernels)
         if self.dtype_choice.note:
             _log.warning("note: %s", self.dtype_choice.note)
         self.dtype = self.dtype_choice.dtype
         self.model, self.tokenizer = load_model(config.model, self.dtype, self.device, seed)
-        self.model.prepack_cpu_weights(quantization)
+        self.model.prepack_cpu_weights(quantization or self.dtype_choice.quantization)
         spec = self.model.spec
         context = spec.max_position_embeddings
         self.max_model_len = serving.model_len(context)
@@ -186,6 +188,7 @@ class LLMEngine:
             None if serving.step_budget_s is None else StepBudgetStats(serving.step_budget_s)
         )
         self.scheduler = scheduler
+        self.core_share: CoreShare | None = None  # made at the first CPU step
         # The latest step that ran (for drivers written against it; step() returns the same EngineStep).
         self.last_step: EngineStep | None = None
         self._requests: dict[str, RequestState] = {}
@@ -267,6 +270,8 @@ class LLMEngine:
 
     def _execute(self, plan: StepPlan) -> StepResult:
         """The executor: forward, sample, stop checks; ``duration_s`` is wall time."""
+        if self.config.adapt_threads and self.device.type == "cpu":
+            self._fit_threads()
         start = time.perf_counter()
         token_ids = {c.request_id: self._requests[c.request_id].token_ids for c in plan.chunks}
         rids, logits = self.model_runner.execute(plan, token_ids)
@@ -279,6 +284,27 @@ class LLMEngine:
         )
         sampled = {rid: pick.token_id for rid, pick in zip(rids, picks, strict=True)}
         return StepResult(time.perf_counter() - start, sampled, stopped)
+
+    def describe_format(self) -> str:
+        """What the engine runs in and why, for a start-up line: activations and KV dtype, the
+        weights' format and kernels, and the dtype rule's reason."""
+        kind = self.model.weights.kind
+        weights = {
+            "panels": "fp32 weights (compiled kernels)",
+            "bf16": "bf16 weights (compiled kernels)",
+            "q8_0": "Q8_0 weights (compiled kernels)",
+            "onednn": f"{self.dtype_choice.name} weights (oneDNN)",
+        }.get(kind, f"{self.dtype_choice.name} weights (torch)")
+        return f"{self.dtype_choice.name} activations and KV cache, {weights}; {self.dtype_choice.reason}"
+
+    def _fit_threads(self) -> None:
+        """Size the kernels' pool to the cores other processes leave free (engine/cpu_share.py);
+        at most the threads set when the first step ran."""
+        if self.core_share is None:
+            self.core_share = CoreShare(torch.get_num_threads())
+        threads = self.core_share.update()
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
 
     # -- sizing -----------------------------------------------------------------------------
 

@@ -302,6 +302,7 @@ def _profiling_engine(options: ProfileOptions) -> LLMEngine:
         max_num_seqs=max(options.max_num_seqs, *sizing.overhead_rows),
         policy="chunked",
         token_budget=max(512, *sizing.overhead_rows),
+        adapt_threads=False,
     )
 
 
