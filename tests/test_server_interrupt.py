@@ -1,6 +1,6 @@
 """Ctrl-C (or SIGTERM, ``kill PID``) on the real ``stallfree serve`` with streams open: the
 streams end with an error event and ``[DONE]`` (not cut), the server exits within seconds, no
-traceback, nothing left running; a SIGTERM ends as a Ctrl-C does (exit 130, not killed by it)."""
+traceback, nothing left running; a SIGTERM ends as a Ctrl-C does (exit 143 with the same message, not killed by it)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_serve_ctrl_c_ends_open_streams_cleanly(attempt: int, signum: signal.Sig
     )
     for thread in threads:
         thread.join(10)
-    assert result.returncode in ((0, 130) if signum == signal.SIGINT else (130,)), result.stderr
+    assert result.returncode in ((0, 130) if signum == signal.SIGINT else (143,)), result.stderr
     assert result.exit_s < 5, f"{result.exit_s:.1f} s to exit"
     assert "Traceback" not in result.stderr and "CancelledError" not in result.stderr, result.stderr
     assert not result.survivors and not errors, errors
@@ -64,3 +64,18 @@ def test_serve_ctrl_c_ends_open_streams_cleanly(attempt: int, signum: signal.Sig
         assert received[-1] == "[DONE]"
         last = json.loads(received[-2])
         assert "error" in last and "shutting down" in last["error"]["message"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("delay_s", [0.6, 1.2, 2.0, 3.0])
+def test_serve_stopped_while_the_model_loads_exits_in_one_line(
+    delay_s: float, signum: signal.Signals
+) -> None:
+    """Anywhere in the load (reading the GGUF, packing weights, building kernels) or just after:
+    128 + the signal, the same one line, never an abort from torch's teardown (exit 134)."""
+    argv = ["serve", "--model", "smollm2", "--port", "0", "--log-level", "warning"]
+    result = interrupt(argv, delay_s=delay_s, whole_group=False, signum=signum)
+    assert result.returncode == 128 + signum, result.stderr
+    assert "terminate called" not in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "stallfree serve: interrupted"
+    assert not result.survivors

@@ -1,7 +1,7 @@
 """SIGTERM takes the path of Ctrl-C (``stallfree.tune.sigint.sigterm_as_sigint``), and work that
 polls stops at a clean point on either (``stop_on_signal``): in process with
 ``signal.raise_signal``, then on the real ``stallfree tune`` / ``sweep`` / ``simulate``, SIGTERM
-sent to the CLI alone (``kill PID``) and to its whole process group: exit 130 within seconds,
+sent to the CLI alone (``kill PID``) and to its whole process group: exit 143 within seconds,
 no pool worker or resource tracker left, and what had finished kept."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ TUNE += ["--cost-model", "full", "--no-progress"]  # ~20 s whole on 2 cores
 @pytest.mark.parametrize("whole_group", [False, True], ids=["kill PID", "kill the group"])
 def test_tune_sigterm_reaps_its_workers_and_prints_what_was_measured(whole_group: bool) -> None:
     result = interrupt(TUNE, delay_s=4.0, whole_group=whole_group, signum=signal.SIGTERM)
-    assert result.returncode == 130, result.stderr
+    assert result.returncode == 143, result.stderr
     assert result.exit_s < 5, f"{result.exit_s:.1f} s to exit"
     assert not result.survivors, f"left running: {result.survivors}"
     assert "Traceback" not in result.stderr
@@ -92,7 +92,7 @@ def test_tune_sigterm_reaps_its_workers_and_prints_what_was_measured(whole_group
 
 def test_tune_sigterm_json_is_marked_partial_with_the_trials_run() -> None:
     result = interrupt([*TUNE, "--json"], delay_s=4.0, whole_group=False, signum=signal.SIGTERM)
-    assert result.returncode == 130, result.stderr
+    assert result.returncode == 143, result.stderr
     body = json.loads(result.stdout)
     # how many trials finished in 4 s depends on the machine's load: what was kept must add up
     assert body["partial"] is True and isinstance(body["trials"], list)
@@ -113,7 +113,7 @@ def test_sweep_sigterm_keeps_the_finished_rows(tmp_path: Path, whole_group: bool
         return trials.exists() and len(trials.read_text().splitlines()) >= 2
 
     result = interrupt(args, ready=first_row, whole_group=whole_group, signum=signal.SIGTERM)
-    assert result.returncode == 130, result.stderr
+    assert result.returncode == 143, result.stderr
     assert result.exit_s < 5 and not result.survivors, result.stderr
     assert result.stderr == "stallfree sweep: interrupted\n"
     with trials.open(newline="") as f:
@@ -134,7 +134,7 @@ def test_simulate_interrupted_writes_the_finished_requests_and_a_partial_summary
     out = tmp_path / "requests.csv"
     args = [*SIMULATE, "--requests-out", str(out), "--json"]
     result = interrupt(args, delay_s=3.0, whole_group=signum == signal.SIGINT, signum=signum)
-    assert result.returncode == 130, result.stderr
+    assert result.returncode == 128 + signum, result.stderr
     assert result.exit_s < 5, f"{result.exit_s:.1f} s to exit"
     body = json.loads(result.stdout)
     assert body["partial"] is True
@@ -157,7 +157,7 @@ def test_simulate_interrupted_writes_the_finished_requests_and_a_partial_summary
 
 def test_simulate_interrupted_table_says_what_it_covers() -> None:
     result = interrupt(SIMULATE, delay_s=3.0, whole_group=False, signum=signal.SIGTERM)
-    assert result.returncode == 130, result.stderr
+    assert result.returncode == 143, result.stderr
     assert re.search(r"^  completed +[\d,]+$", result.stdout, re.M)  # the chunked column alone
     assert re.search(
         r"^INTERRUPTED: chunked stopped after [\d,.]+ s simulated, [\d,]+ of 200,000 requests finished",
@@ -165,3 +165,13 @@ def test_simulate_interrupted_table_says_what_it_covers() -> None:
         re.M,
     )
     assert "not run: prefill-first" in result.stdout
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_every_command_exits_128_plus_the_signal_with_one_line(signum: signal.Signals) -> None:
+    """ui has no handling of its own: the CLI's is every command's (130 Ctrl-C, 143 SIGTERM)."""
+    result = interrupt(["ui", "--port", "0"], delay_s=3.0, signum=signum)
+    assert "serving on http://" in result.stdout  # stopped while it served
+    assert result.returncode == 128 + signum, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "stallfree ui: interrupted"
+    assert "Traceback" not in result.stderr

@@ -13,11 +13,13 @@ import argparse
 import importlib
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from stallfree import __version__
 from stallfree.cli.common import UsageError
+from stallfree.tune.sigint import SigintGuard, sigterm_as_sigint, stop_exit_code  # stdlib only
 
 # Subcommand modules, in the order ``stallfree --help`` lists them.
 COMMAND_MODULES = (
@@ -62,8 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from stallfree.tune.sigint import SigintGuard  # stdlib only
+    """Run one command; its exit code (2 bad input, 130 / 143 stopped by SIGINT / SIGTERM)."""
+    with sigterm_as_sigint():  # a SIGTERM stops every command as a Ctrl-C does, from the start
+        return _run(argv)
 
+
+def _run(argv: Sequence[str] | None) -> int:
     try:
         # Building the parser imports every command's module (and parsing may import what an
         # option's type needs), where a Ctrl-C often lands: raised inside an import's lock callback
@@ -80,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             guard.check()
     except KeyboardInterrupt:
         print("stallfree: interrupted", file=sys.stderr)
-        return 130
+        return stop_exit_code()
     try:
         code: int = args.handler(args)
     except (UsageError, ValueError, FileNotFoundError) as exc:
@@ -88,11 +94,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print(f"stallfree {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return _stopped(stop_exit_code())
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away: stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    return stop_exit_code() if code == 130 else code  # a command that stopped early says 130
+
+
+def _stopped(code: int) -> int:
+    """``code``, or, where an engine is still loading on its own thread (a server's, stopped
+    mid-load), the process ends here with it: torch's C++ state must not be torn down under a
+    thread still inside it (that aborts with 'terminate called without an active exception')."""
+    if any(t.name == "stallfree-engine" and t.is_alive() for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return code
 
 

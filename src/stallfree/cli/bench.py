@@ -13,7 +13,6 @@ from typing import Any
 
 from stallfree.cli.common import UsageError, check_writable, positive_float, positive_int
 from stallfree.cli.workload_args import add_session_args, session_options, session_requests
-from stallfree.tune.sigint import sigterm_as_sigint  # light: stdlib only
 
 SCENARIOS = ("long-prompt", "poisson", "gamma", "trace", "multi-turn")
 
@@ -122,7 +121,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
-@sigterm_as_sigint()  # a SIGTERM stops the run as Ctrl-C does: what was measured is kept
 def run(args: argparse.Namespace) -> int:
     from stallfree.bench.report import format_result, interrupted_text
 

@@ -3,7 +3,7 @@
 ``generate`` streams: every prompt runs at once in the engine, and the text is written as the
 engine steps, prompt after prompt in order (a later prompt's text waits in memory until the ones
 before it end, then catches up). Ctrl-C keeps what was generated: the text so far is printed
-(with ``--json``, the records, ``finish_reason`` ``"abort"`` for the unfinished), exit 130.
+(with ``--json``, the records, ``finish_reason`` ``"abort"`` for the unfinished), exit 130 (143 after a SIGTERM).
 torch is imported inside the handlers only, so ``stallfree --help`` stays light.
 """
 

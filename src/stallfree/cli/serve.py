@@ -9,7 +9,6 @@ from pathlib import Path
 from stallfree.cli.common import check_writable, positive_int
 from stallfree.cli.device import check_device
 from stallfree.cli.serving_args import add_engine_args, engine_config
-from stallfree.tune.sigint import sigterm_as_sigint  # light: stdlib only
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -62,7 +61,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
-@sigterm_as_sigint()  # a SIGTERM, also while the model loads, ends as Ctrl-C does (exit 130)
 def run(args: argparse.Namespace) -> int:
     from stallfree.server.launch import bind, build_server, serve
 

@@ -2,7 +2,7 @@
 
 Ctrl-C or SIGTERM during the simulation stops it between two steps: what finished is kept (the
 policies run, and the requests the running one had finished) and written where the options say,
-its summary marked partial, exit code 130. A second one abandons that."""
+its summary marked partial, exit code 130 (143 after a SIGTERM). A second one abandons that."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from stallfree.cli.cost_args import (
 )
 from stallfree.cli.serving_args import add_serving_args, serving_config, serving_configs
 from stallfree.cli.workload_args import add_traffic_args, traffic_workload
-from stallfree.tune.sigint import sigterm_as_sigint, stop_on_signal  # light: stdlib only
+from stallfree.tune.sigint import stop_on_signal  # light: stdlib only
 
 if TYPE_CHECKING:
     from stallfree.core.serving import ServingConfig
@@ -123,7 +123,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
-@sigterm_as_sigint()
 def run(args: argparse.Namespace) -> int:
     from stallfree.sim.outputs import write_outputs
     from stallfree.sim.report import format_table, interrupted_text, summarize_interruption

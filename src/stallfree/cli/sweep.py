@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stallfree.cli.common import UsageError, positive_int
-from stallfree.tune.sigint import SigintGuard, sigterm_as_sigint  # light: stdlib only
+from stallfree.tune.sigint import SigintGuard  # light: stdlib only
 
 if TYPE_CHECKING:
     from stallfree.tune.pools import TrialPool
@@ -82,7 +82,6 @@ def show_progress(args: argparse.Namespace) -> bool:
     return not args.no_progress and sys.stderr.isatty()
 
 
-@sigterm_as_sigint()  # a SIGTERM goes where a Ctrl-C goes: recorded by the guard below
 def run_sweep(args: argparse.Namespace) -> int:
     # Ctrl-C at any moment: the pool stops and reaps its workers, the rows finished so far stay
     # in trials.csv. The guard records it and raises it where that is safe (each pool call, the
@@ -114,7 +113,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 
 def _sweep_interrupted(trials_path: Path) -> int:
-    """Say where the finished rows are (a rerun resumes from them); exit code 130."""
+    """Say where the finished rows are (a rerun resumes from them); exit code 130 (143 after a SIGTERM)."""
     data = trials_path.read_bytes() if trials_path.is_file() else b""
     rows = max(0, data.count(b"\n") - 1)  # whole lines after the header (a torn one is cut on resume)
     print(

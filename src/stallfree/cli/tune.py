@@ -27,7 +27,6 @@ from stallfree.cli.cost_args import (
 )
 from stallfree.cli.serving_args import add_prefix_caching_arg
 from stallfree.cli.sweep import add_run_args, make_dir, show_progress, trial_pool
-from stallfree.tune.sigint import sigterm_as_sigint  # light: stdlib only
 
 if TYPE_CHECKING:
     from stallfree.costs.choice import CostChoice
@@ -145,7 +144,6 @@ def _add_deployment_args(p: argparse.ArgumentParser) -> None:
     add_prefix_caching_arg(p)
 
 
-@sigterm_as_sigint()  # a SIGTERM stops the pool and reports as Ctrl-C does
 def run_tune(args: argparse.Namespace) -> int:
     from stallfree.tune.advise import TuneRequest, advise, plan_tune
     from stallfree.tune.slo import SLO_FLAGS

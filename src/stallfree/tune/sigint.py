@@ -20,9 +20,9 @@ trial run in this process. Everything acts in the main thread only (the one Pyth
 handlers in), and an ignored SIGINT stays ignored.
 
 SIGTERM (``kill PID``, a container's stop) would otherwise end the process at once, leaving its
-pool workers running: :func:`sigterm_as_sigint` (a command handler's decorator) sends it down
+pool workers running: :func:`sigterm_as_sigint` (around every command's handler) sends it down
 the Ctrl-C path above, so every command stops, reaps and keeps what it finished the same way for
-both. :func:`stop_on_signal` is for work that polls: either signal only sets a flag, and the work
+both; :func:`stop_exit_code` then says which came (130 for SIGINT, 143 for SIGTERM). :func:`stop_on_signal` is for work that polls: either signal only sets a flag, and the work
 stops at its next clean point (a simulation between steps).
 """
 
@@ -33,6 +33,24 @@ import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType
+
+
+class _StopSignal:
+    """Which stop signal the process took (SIGINT unless a SIGTERM came): the exit code says it."""
+
+    __slots__ = ("signum",)
+
+    def __init__(self) -> None:
+        self.signum = signal.SIGINT
+
+
+_STOP = _StopSignal()
+
+
+def stop_exit_code() -> int:
+    """The exit code of a command a signal stopped: 128 + the signal, 130 for Ctrl-C (SIGINT),
+    143 for SIGTERM, as shells report a process the signal ended."""
+    return 128 + int(_STOP.signum)
 
 
 class SigintGuard:
@@ -119,6 +137,7 @@ def interruptible() -> Iterator[None]:
 
 
 def _sigterm_as_sigint(signum: int, frame: FrameType | None) -> None:
+    _STOP.signum = signal.SIGTERM
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         raise KeyboardInterrupt  # SIGINT ignored (a background job): a SIGTERM must still stop it
     # Raised again as SIGINT, it meets whatever handles SIGINT now: Python's KeyboardInterrupt, a
@@ -130,7 +149,9 @@ def _sigterm_as_sigint(signum: int, frame: FrameType | None) -> None:
 def sigterm_as_sigint() -> Iterator[None]:
     """While the block runs, a SIGTERM takes the path of a Ctrl-C (where SIGINT is ignored it
     raises KeyboardInterrupt). Decorate a command's handler with it. Nothing changes outside the
-    main thread or where SIGTERM already has a handler."""
+    main thread or where SIGTERM already has a handler. Entering it starts a command: no stop
+    signal taken yet (:func:`stop_exit_code` says 130 until a SIGTERM comes)."""
+    _STOP.signum = signal.SIGINT
     if (
         threading.current_thread() is not threading.main_thread()
         or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
@@ -156,6 +177,8 @@ class StopFlag:
         return self._set
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGTERM:
+            _STOP.signum = signal.SIGTERM
         if self._set:
             raise KeyboardInterrupt  # a second signal: the user insists, stop at once
         self._set = True
