@@ -83,3 +83,30 @@ class CoreShare:
         elif free >= self.threads + CLIMB_MARGIN:
             self.threads = min(self.max_threads, self.threads + 1)
         return self.threads
+
+
+class CpuMeter:
+    """CPU seconds the rest of the machine (the CPUs this process may run on) used between
+    :meth:`start` and :meth:`stop`, so a profile can tell a quiet measurement from one that
+    shared its cores. ``None`` where ``/proc/stat`` is unreadable (not Linux)."""
+
+    def __init__(self) -> None:
+        self._cpus = os.sched_getaffinity(0)
+        self.tick_s = 1.0 / os.sysconf("SC_CLK_TCK")  # /proc/stat's resolution
+        self._start: tuple[float, float] | None = None
+
+    @staticmethod
+    def num_cpus() -> int:
+        return len(os.sched_getaffinity(0))
+
+    def start(self) -> None:
+        busy = busy_seconds(self._cpus)
+        self._start = None if busy is None else (busy, time.process_time())
+
+    def stop(self) -> float | None:
+        """Other processes' CPU seconds since :meth:`start` (>= 0), or None."""
+        busy = busy_seconds(self._cpus)
+        if self._start is None or busy is None:
+            return None
+        busy0, own0 = self._start
+        return max(0.0, (busy - busy0) - (time.process_time() - own0))

@@ -30,11 +30,12 @@ import torch
 
 from stallfree import __version__
 from stallfree.core import SamplingParams, ScheduledChunk, StepPlan, ceil_div
+from stallfree.engine.cpu_share import CpuMeter
 from stallfree.engine.engine import LLMEngine
 from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.native import bf16_dot_products
 from stallfree.engine.sampler import sample_tokens
-from stallfree.engine.step_timing import CpuMeter, plan_times
+from stallfree.engine.step_timing import plan_times
 from stallfree.specs.speed import DRIFT_WARNING, MeasuringLog, correct_drift, reference_spread
 from stallfree.specs.step_profile import (
     SAMPLING_MODES,

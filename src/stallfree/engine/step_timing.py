@@ -6,14 +6,11 @@ at most ``tolerance`` x a pure decode step (the chunk size stall-free batching s
 on this machine). Synthetic steps write garbage K/V into the cache, so they run only on an
 idle runner (no live block tables) and leave none behind.
 
-:class:`CpuMeter` says how much CPU *other* processes used while something was measured
-(``/proc/stat`` minus this process's own times), so a profile can tell a quiet measurement
-from one that shared its cores. :mod:`stallfree.engine.profiler` builds profiles from these.
+:mod:`stallfree.engine.profiler` builds profiles from these.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -89,52 +86,6 @@ def plan_times(runner: ModelRunner, plan: StepPlan, repeats: int = 3, warmups: i
     finally:
         runner.reset()
     return times
-
-
-class CpuMeter:
-    """CPU seconds the rest of the machine used between :meth:`start` and :meth:`stop`.
-
-    All CPUs' busy time from ``/proc/stat`` (user, nice, system, irq, softirq, steal) minus
-    this process's user + system time (all its threads). ``None`` where ``/proc/stat`` is
-    unreadable (not Linux).
-    """
-
-    def __init__(self) -> None:
-        self.tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
-        self._start: tuple[float, float] | None = None
-
-    @staticmethod
-    def num_cpus() -> int:
-        return os.cpu_count() or 1
-
-    def _machine_busy_s(self) -> float | None:
-        try:
-            with open("/proc/stat") as stat:  # noqa: PTH123 - a Linux pseudo-file
-                fields = stat.readline().split()
-        except OSError:
-            return None
-        if not fields or fields[0] != "cpu":
-            return None
-        user, nice, system, _idle, _iowait, irq, softirq, *rest = (int(v) for v in fields[1:])
-        steal = rest[0] if rest else 0
-        return (user + nice + system + irq + softirq + steal) * self.tick_s
-
-    @staticmethod
-    def _own_s() -> float:
-        times = os.times()
-        return times.user + times.system
-
-    def start(self) -> None:
-        machine = self._machine_busy_s()
-        self._start = None if machine is None else (machine, self._own_s())
-
-    def stop(self) -> float | None:
-        """Other processes' CPU seconds since :meth:`start` (>= 0), or None."""
-        machine = self._machine_busy_s()
-        if self._start is None or machine is None:
-            return None
-        machine0, own0 = self._start
-        return max(0.0, (machine - machine0) - (self._own_s() - own0))
 
 
 def measure_ridge(
