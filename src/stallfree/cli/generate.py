@@ -85,9 +85,9 @@ def run_generate(args: argparse.Namespace) -> int:
         tokenizer = engine.tokenizer
         prompts = [tokenizer.encode_chat([{"role": "user", "content": p}]) for p in args.prompt]
     request_ids = _add_all(engine, prompts, params)
-    print(
-        f"stallfree generate: {engine.describe_format()}", file=sys.stderr, flush=True
-    )  # once all are accepted
+    # said once every prompt is accepted (a refusal is one line)
+    print(f"stallfree generate: {engine.describe_budget()}", file=sys.stderr)
+    print(f"  {engine.describe_format()}", file=sys.stderr, flush=True)
     latest: dict[str, RequestOutput] = {}
     holdback = max((len(stop) for stop in params.stop), default=1) - 1
     printer = _Printer(request_ids, holdback) if not args.json else None

@@ -82,11 +82,11 @@ def run(args: argparse.Namespace) -> int:
         host, port = sock.getsockname()[:2]
         engine = app.state.engine_thread.engine
         print(
-            f"stallfree serve: {app.state.served_model_name} ({args.policy}, context {engine.max_model_len}, "
+            f"stallfree serve: {app.state.served_model_name} (context {engine.max_model_len}, "
             f"{engine.scheduler.block_manager.num_blocks} KV blocks, prefix caching "
             f"{'on' if engine.serving.enable_prefix_caching else 'off'}, "
             f"{app.state.engine_thread.num_threads} engine threads) on http://{host}:{port}\n"
-            f"  {engine.describe_format()}",
+            f"  {engine.describe_budget()}\n  {engine.describe_format()}",
             file=sys.stderr,
             flush=True,
         )

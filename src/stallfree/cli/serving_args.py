@@ -176,7 +176,8 @@ def add_engine_args(parser: argparse._ActionsContainer) -> None:
 def engine_config(args: argparse.Namespace, **fields: Any) -> EngineConfig:
     """The engine options of parsed ``args`` (plus ``fields``, e.g. a seed) as an
     :class:`~stallfree.engine.config.EngineConfig`; with ``--step-budget-ms`` the ``--profile``'s
-    measured model is the step-time predictor."""
+    measured model is the step-time predictor; with no budget flag on the CPU the engine measures
+    the budget this machine calls for (``auto_token_budget``)."""
     from stallfree.engine.config import EngineConfig
 
     serving = serving_config(args)
@@ -194,6 +195,7 @@ def engine_config(args: argparse.Namespace, **fields: Any) -> EngineConfig:
         except (OSError, ValueError) as exc:
             raise UsageError(f"--profile {profile}: {exc}") from None
     return EngineConfig(
+        auto_token_budget=True,
         model=args.model,
         dtype=args.dtype,
         device=args.device,

@@ -96,6 +96,16 @@ class ServingConfig:
         return cls(**fields)
 
     @property
+    def budget_is_default(self) -> bool:
+        """Chunked with no token budget, chunk size or step-time budget given."""
+        return (
+            self.policy == ChunkedPolicy.name
+            and self.max_num_batched_tokens is None
+            and self.chunk_tokens is None
+            and self.step_budget_ms is None
+        )
+
+    @property
     def token_budget(self) -> int | None:
         """The chunked policy's tokens per step, decodes included (None: not a budgeted chunked run)."""
         if self.policy != ChunkedPolicy.name or self.chunk_tokens is not None:

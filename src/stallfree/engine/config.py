@@ -26,7 +26,9 @@ class EngineConfig:
     engine imports no cost model itself) is what ``serving.step_budget_ms`` plans by.
     ``adapt_threads``: on the CPU, run each step on no more threads than the cores other processes
     leave free (:mod:`stallfree.engine.cpu_share`); a profile turns it off to measure the machine
-    at fixed threads."""
+    at fixed threads. ``auto_token_budget``: on the CPU, a chunked ``serving`` with no budget,
+    chunk size or step-time budget gets the token budget this machine's steps call for
+    (:func:`~stallfree.engine.step_timing.choose_token_budget`), measured at start-up."""
 
     model: str = "random:small"
     dtype: str = "auto"
@@ -37,6 +39,7 @@ class EngineConfig:
     seed: int = 0
     step_time_predictor: StepTimePredictor | None = None
     adapt_threads: bool = True
+    auto_token_budget: bool = False
 
     @classmethod
     def from_options(cls, model: str = "random:small", **options: Any) -> EngineConfig:

@@ -20,7 +20,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -45,6 +45,7 @@ from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.native import bf16_dot_products, chunk_kernel_for, kernel_for
 from stallfree.engine.requests import RequestOutput, RequestState
 from stallfree.engine.sampler import sample_tokens
+from stallfree.engine.step_timing import BudgetChoice, choose_token_budget
 from stallfree.engine.weights import load_model
 
 # Share of free memory the KV cache takes by default: the CPU is shared with everything else.
@@ -177,6 +178,10 @@ class LLMEngine:
             kernel_for(self.device, self.dtype),
             chunk_kernel_for(self.device, self.dtype, self.model.weights.kind, spec.head_dim),
         )
+        self.budget_choice: BudgetChoice | None = None
+        if config.auto_token_budget and self.device.type == "cpu" and serving.budget_is_default:
+            self.budget_choice = choose_token_budget(self.model_runner)
+            serving = self.serving = replace(serving, max_num_batched_tokens=self.budget_choice.tokens)
         # A time budget's predictor follows this machine's speed as the steps run.
         self.predictor = (
             None
@@ -296,6 +301,17 @@ class LLMEngine:
             "onednn": f"{self.dtype_choice.name} weights (oneDNN)",
         }.get(kind, f"{self.dtype_choice.name} weights (torch)")
         return f"{self.dtype_choice.name} activations and KV cache, {weights}; {self.dtype_choice.reason}"
+
+    def describe_budget(self) -> str:
+        """How prompts are cut and why, for a start-up line."""
+        serving = self.serving
+        if serving.token_budget is None:
+            chunks = f", {serving.chunk_tokens}-token chunks" if serving.chunk_tokens else ""
+            return f"{serving.policy}{chunks}"
+        why = self.budget_choice.reason() if self.budget_choice is not None else "asked"
+        if self.budget_choice is None and self.config.serving.budget_is_default:
+            why = "the default"
+        return f"{serving.policy}, token budget {serving.token_budget} ({why})"
 
     def _fit_threads(self) -> None:
         """Size the kernels' pool to the cores other processes leave free (engine/cpu_share.py);
