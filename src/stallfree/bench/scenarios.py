@@ -334,6 +334,13 @@ async def run_long_prompt(
     return run
 
 
+def long_prompt_target(options: LongPromptOptions, max_model_len: int | None) -> int:
+    """The long prompt's tokens: as asked, capped where the context must also hold its output."""
+    if max_model_len is None:
+        return options.prompt_tokens
+    return min(options.prompt_tokens, max_model_len - options.prompt_max_tokens)
+
+
 async def _long_prompts(
     http: httpx.AsyncClient,
     endpoint: Endpoint,
@@ -345,9 +352,7 @@ async def _long_prompts(
     at most ``prompt_tokens`` (``/tokenize``; without the route they stay approximate), and, when
     the server's context cannot hold ``prompt_tokens`` plus the prompt's output, the cap they were
     fitted to instead (without the route: sized a margin short of it)."""
-    target = options.prompt_tokens
-    if endpoint.max_model_len is not None:
-        target = min(target, endpoint.max_model_len - options.prompt_max_tokens)
+    target = long_prompt_target(options, endpoint.max_model_len)
     if target < 1:
         raise ValueError(
             f"the server's context ({endpoint.max_model_len} tokens) holds no prompt with "

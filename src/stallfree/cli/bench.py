@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Streams /v1/completions from any OpenAI-compatible server (stallfree, vLLM, SGLang) and stamps "
             "every chunk. Scenarios: long-prompt (N streams decode, one long prompt arrives: the streams' "
             "longest gap and the prompt's TTFT), poisson / gamma (arrivals at --qps, lengths from --lengths) "
-            "and trace (replayed arrival times). Prompts are random words sized to the requested token "
+            "trace (replayed arrival times) and multi-turn (--sessions chats of --turns turns, each prompt "
+            "the conversation so far: what a prefix cache serves). Prompts are random words sized to the requested token "
             "count by two calibration requests; real counts come from the server's usage."
         ),
     )

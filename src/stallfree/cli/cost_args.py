@@ -53,7 +53,12 @@ def add_roofline_args(
         "reads and writes, LM head, TP all-reduce; measured: fitted to a `stallfree profile` file "
         "(--profile) of the real engine, or with no profile on a GPU preset, measured GPU tables "
         "(see --gpu-tables)"
-        + ("; auto: measured when there is a profile or a GPU table, else full" if "auto" in choices else "")
+        + (
+            "; auto: measured from --profile, else measured GPU tables (aiconfigurator-core's where installed "
+            "and covering the model and GPU, else Vidur's on a100-*/h100-*/a40), else full"
+            if "auto" in choices
+            else ""
+        )
         + f" (default {cost_model})",
     )
     parser.add_argument(

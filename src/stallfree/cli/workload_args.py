@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from stallfree.cli.common import UsageError, positive_int
+from stallfree.workload.traces import TRACE_NAMES
 
 if TYPE_CHECKING:
     from stallfree.workload import Workload
@@ -27,7 +28,9 @@ def add_traffic_args(g: argparse._ActionsContainer) -> None:
     )
     g.add_argument("--burstiness", type=float, help="gamma shape: 1 Poisson, < 1 burstier")
     g.add_argument(
-        "--lengths", help=f"length distribution or trace (default {DEFAULT_LENGTHS} unless --trace)"
+        "--lengths",
+        help="prompt and output lengths: fixed:P,O, uniform:PMIN-PMAX,OMIN-OMAX, lognormal:PMEDIAN,OMEDIAN[,SIGMA], "
+        f"a shipped trace ({', '.join(TRACE_NAMES)}) or a trace file (default {DEFAULT_LENGTHS} unless --trace)",
     )
     g.add_argument("--trace", help="replay this trace's arrival times (and its lengths unless --lengths)")
     g.add_argument(

@@ -520,7 +520,11 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
         path = path / "config.json"
     looks_like_path = path.suffix == ".json" or "/" in name_or_path or path.exists()
     if not looks_like_path:
-        raise ValueError(f"unknown model {name_or_path!r}; presets: {', '.join(MODEL_PRESETS)}")
+        raise ValueError(
+            f"unknown model {name_or_path!r}; give a preset ({', '.join(MODEL_PRESETS)}), a GGUF file, a "
+            "Hugging Face config.json or a folder holding one, or (simulate, explain, tune, specs) a Hugging "
+            'Face id whose config aiconfigurator-core ships (pip install "stallfree[gpu]")'
+        )
     if not path.is_file():
         raise ValueError(
             f"model config not found: {path} (stallfree downloads nothing: give a local config.json)"
