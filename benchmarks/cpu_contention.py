@@ -31,10 +31,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llama_cpp_side_by_side import loadavg, machine  # noqa: E402
-from server_overhead import serving  # noqa: E402
-from vllm_side_by_side import vllm_server  # noqa: E402
+from llama_cpp_side_by_side import loadavg, machine
+from server_overhead import serving
+from vllm_side_by_side import vllm_server
 
 ROOT = Path(__file__).resolve().parent.parent
 BUSY = (0, 1, 2)
@@ -86,7 +85,7 @@ def engine_part(rounds: int) -> dict[str, dict[int, list[tuple[float, float]]]]:
             engine.step()
         return decode_s, prompt_s
 
-    for name, engine in engines.items():  # warm-up: kernels, allocator
+    for engine in engines.values():  # warm-up: kernels, allocator
         torch.set_num_threads(threads)
         measure(engine)
     for r in range(rounds):
@@ -127,7 +126,9 @@ def served_part(rounds: int, out_dir: Path) -> dict[str, dict[int, list[tuple[fl
                         "save-model", "smollm2", str(model_dir), "--dtype", "float32"], check=True)  # fmt: skip
     servers: dict[str, Callable[[], contextlib.AbstractContextManager[tuple[str, int]]]] = {
         "stallfree serve": lambda: serving(["--model", str(model_dir)]),
-        "vLLM bf16": lambda: vllm_server(model_dir, out_dir / "vllm.log", ["--max-model-len", "4096"], "bfloat16"),
+        "vLLM bf16": lambda: vllm_server(
+            model_dir, out_dir / "vllm.log", ["--max-model-len", "4096"], "bfloat16"
+        ),
     }
     out: dict[str, dict[int, list[tuple[float, float]]]] = {}
     for name, start in servers.items():
@@ -165,18 +166,28 @@ def table(title: str, what: tuple[str, str], results: dict[str, dict[int, list[t
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--part", choices=("all", "engine", "served"), default="all")
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "cpu_contention")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    print(f"machine: {machine()}; load {loadavg()} at the start; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(
+        f"machine: {machine()}; load {loadavg()} at the start; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    )
     if args.part in ("all", "engine"):
         results = engine_part(args.rounds)
         print(table("In process, SmolLM2", ("16-stream step, ms", "2,048-token prompt, s"), results))
     if args.part in ("all", "served"):
-        print(table("Served, SmolLM2", ("4-stream median ITL, ms", "1,024-token TTFT, s"), served_part(args.rounds, args.out)))
+        print(
+            table(
+                "Served, SmolLM2",
+                ("4-stream median ITL, ms", "1,024-token TTFT, s"),
+                served_part(args.rounds, args.out),
+            )
+        )
     print(f"load {loadavg()} at the end")
     return 0
 
