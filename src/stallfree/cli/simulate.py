@@ -13,9 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from stallfree.cli.common import (
-    UsageError,
-)
+from stallfree.cli.common import UsageError, positive_int
 from stallfree.cli.cost_args import (
     add_roofline_args,
     add_roofline_dtype_arg,
@@ -25,6 +23,7 @@ from stallfree.cli.cost_args import (
 )
 from stallfree.cli.serving_args import add_serving_args, serving_config, serving_configs
 from stallfree.cli.workload_args import add_traffic_args, traffic_workload
+from stallfree.core.router import ROUTER_NAMES
 from stallfree.tune.sigint import stop_on_signal  # light: stdlib only
 
 if TYPE_CHECKING:
@@ -39,9 +38,10 @@ Several policies (--policy a,b,c) run the same requests and print one table side
 Metrics follow `vllm bench serve`: TTFT, TPOT, ITL, E2EL (mean/median/std/p90/p99, ms), plus
 the longest inter-token gap, scheduling delay, preemptions, rejections and goodput.
 KV capacity = GPU memory x TP x --gpu-memory-utilization - weights - an activation reserve.
-The default cost model is `auto`: `measured` from --profile when one is given, or from Vidur's
-shipped operator tables on an a100-*/h100-* preset; otherwise `full`, the roofline that charges
-attention over each chunk's earlier context and the KV-cache reads. `seed` is the weights-only
+The default cost model is `auto`: `measured` from --profile when one is given, else measured GPU
+tables (aiconfigurator-core's where installed and covering the model and GPU, else Vidur's on an
+a100-*/h100-*/a40 preset); otherwise `full`, the roofline that charges attention over each chunk's
+earlier context and the KV-cache reads. `seed` is the weights-only
 roofline. The header says which model ran and why.
 """
 
@@ -53,8 +53,11 @@ examples:
       --hardware h100-sxm --tp 4 --json
   stallfree simulate --workload gamma --qps 3 --burstiness 0.5 --lengths lognormal:2000,200 \\
       --goodput ttft:500 tpot:50 --requests-out out/requests.csv --trace-out out/steps.json --plot out/
-lengths: a trace path or name (sharegpt, arxiv, bwb, splitwise-conv, splitwise-code),
-  fixed:P,O  uniform:PMIN-PMAX,OMIN-OMAX  lognormal:PMEDIAN,OMEDIAN[,SIGMA]
+  stallfree simulate --replicas 4 --router cache-aware --trace mooncake-conversation \
+      --model llama-3.1-8b --hardware h100-sxm --num-requests 500
+lengths: a trace path or name (sharegpt, arxiv, bwb, splitwise-conv, splitwise-code,
+  mooncake-conversation, mooncake-synthetic), fixed:P,O  uniform:PMIN-PMAX,OMIN-OMAX
+  lognormal:PMEDIAN,OMEDIAN[,SIGMA]
 """
 
 
@@ -65,6 +68,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=_DESCRIPTION,
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    f = p.add_argument_group("fleet")
+    f.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=1,
+        help="replicas of the deployment behind a router (default 1)",
+    )
+    f.add_argument(
+        "--router",
+        choices=ROUTER_NAMES,
+        default="round-robin",
+        help="how arrivals are spread over the replicas: cache-aware is vllm-router's rule (prefix match "
+        "rate over 0.3 follows the prefix, else the least loaded; imbalanced loads go to the least loaded) "
+        "(default %(default)s)",
     )
     g = p.add_argument_group("model and hardware")
     add_roofline_args(g)
@@ -212,6 +230,8 @@ def _simulate_all(
                 step_noise=args.step_noise,
                 seed=args.seed,
                 stop=stop.is_set,
+                replicas=args.replicas,
+                router=args.router,
             )
             result.summary["sim_wall_s"] = time.perf_counter() - started
             results.append(result)
@@ -248,6 +268,8 @@ def _scenario(
         "num_requests": num_requests,
         "workload": describe_workload(workload) if workload is not None else f"replayed from {args.replay}",
         "seed": args.seed,
+        "replicas": args.replicas,
+        "router": args.router,
         "token_budget": chunked.token_budget,
         "chunk_tokens": chunked.chunk_tokens,
         "step_budget_ms": chunked.step_budget_ms,

@@ -8,19 +8,21 @@ cache, builds a scheduler with one policy and runs the workload through
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from stallfree.core import ChunkedPolicy, Request, Scheduler
+from stallfree.core.router import Router, make_router
 from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice, CostPick, pick_cost_model
 from stallfree.costs.measured import VariedSteps
 from stallfree.costs.memory import KvMemory, fixed_kv_memory, kv_memory
 from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
+from stallfree.sim.fleet import run_fleet
 from stallfree.sim.traffic import StepTrace, TrafficRun, run_traffic
 from stallfree.workload import Workload, WorkloadArrays, sample
 
@@ -55,6 +57,8 @@ def simulate(
     step_noise: bool = False,
     step_scales: tuple[float, float] | None = None,
     stop: Callable[[], bool] | None = None,
+    replicas: int = 1,
+    router: str = "round-robin",
 ) -> SimulationResult:
     """Simulate ``workload`` served as ``serving`` says, its steps priced as ``costs`` says.
 
@@ -81,10 +85,21 @@ def simulate(
     there and the result is ``partial``: the records of the requests finished by then, the
     summary of those over the simulated time so far, with ITL samples of every gap simulated so
     far (requests still in flight included) and the steps run.
+
+    ``replicas`` > 1: that many replicas of this deployment behind ``router`` (one of
+    :data:`~stallfree.core.router.ROUTER_NAMES`): the summary is the fleet's, plus ``num_replicas``,
+    ``router``, ``load_imbalance`` (the busiest replica's busy time over the mean) and ``replicas``
+    (each one's summary); ``steps`` is None. One replica is the run above, unchanged.
     """
     pick = costs if isinstance(costs, CostPick) else pick_cost_model(costs)
     serving = serving or ServingConfig()
     kv = _kv_memory(pick, serving, gpu_memory_utilization)
+    if replicas > 1:
+        requests = _requests(workload, num_requests, seed)
+        fleet = (replicas, make_router(router, replicas, seed))
+        return _simulate_fleet(
+            pick, serving, kv, fleet, requests, goodput, (fast, step_noise, step_scales, seed), stop
+        )
     # The cost model is the step-time predictor of a time-budgeted policy (unused otherwise).
     scheduler = serving.make_scheduler(
         pick.model.max_position_embeddings, kv.num_blocks, predictor=pick.pricer.step_time_s
@@ -100,14 +115,66 @@ def simulate(
     )
     if not run.records and not run.stopped:
         raise ValueError("no request could run: the workload is empty")
-    summary = _summary(run, serving, scheduler, kv, goodput)
+    summary = _summary(run, serving, [scheduler], kv, goodput)
     return SimulationResult(serving.policy, summary, run.records, run.itl, kv, run.steps, run.stopped)
+
+
+def _simulate_fleet(
+    pick: CostPick,
+    serving: ServingConfig,
+    kv: KvMemory,
+    fleet: tuple[int, Router],
+    requests: Iterable[Request],
+    goodput: Mapping[str, float] | None,
+    how: tuple[bool, bool, tuple[float, float] | None, int],
+    stop: Callable[[], bool] | None,
+) -> SimulationResult:
+    """``fleet`` = (replicas, router); ``how`` = (fast, step_noise, step_scales, seed)."""
+    (replicas, router), (fast, step_noise, step_scales, seed) = fleet, how
+    context = pick.model.max_position_embeddings
+    schedulers = [
+        serving.make_scheduler(context, kv.num_blocks, predictor=pick.pricer.step_time_s)
+        for _ in range(replicas)
+    ]
+    costs = [_varied(pick, step_noise, step_scales, seed + i) for i in range(replicas)]
+    run = run_fleet(
+        schedulers, costs, router, requests, fast=fast, step_budget_s=serving.step_budget_s, stop=stop
+    )
+    if not run.records and not run.stopped:
+        raise ValueError("no request could run: the workload is empty")
+    each = [_summary(r, serving, [s], kv, goodput) for r, s in zip(run.runs, schedulers, strict=True)]
+    whole = TrafficRun(
+        records=run.records,
+        itl=run.itl,
+        duration_s=run.duration_s,
+        num_steps=sum(r.num_steps for r in run.runs),
+        num_plans=sum(r.num_plans for r in run.runs),
+        num_preemptions=sum(r.num_preemptions for r in run.runs),
+        rejected_reasons=_merged(r.rejected_reasons for r in run.runs),
+        steps=None,
+        max_step_s=max(r.max_step_s for r in run.runs),
+        num_steps_over_budget=sum(r.num_steps_over_budget for r in run.runs),
+        stopped=run.stopped,
+    )
+    summary = _summary(whole, serving, schedulers, kv, goodput)
+    summary.update(
+        num_replicas=replicas, router=router.name, load_imbalance=run.load_imbalance, replicas=each
+    )
+    return SimulationResult(serving.policy, summary, run.records, run.itl, kv, None, run.stopped)
+
+
+def _merged(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for part in counts:
+        for key, n in part.items():
+            out[key] = out.get(key, 0) + n
+    return out
 
 
 def _summary(
     run: TrafficRun,
     serving: ServingConfig,
-    scheduler: Scheduler,
+    schedulers: Sequence[Scheduler],
     kv: KvMemory,
     goodput: Mapping[str, float] | None,
 ) -> dict[str, Any]:
@@ -123,11 +190,11 @@ def _summary(
         else None,
         "num_steps": run.num_steps,
         "max_step_ms": run.max_step_s * 1000,
-        **_step_budget_summary(serving, scheduler, run.num_steps_over_budget),
+        **_step_budget_summary(serving, schedulers, run.num_steps_over_budget),
         "num_kv_blocks": kv.num_blocks,
         "kv_block_size": serving.block_size,
         "rejected_reasons": run.rejected_reasons,
-        **_prefix_cache_summary(serving, scheduler, run.records),
+        **_prefix_cache_summary(serving, schedulers, run.records),
     }
 
 
@@ -170,28 +237,32 @@ def _varied(
     return VariedSteps(pick.measured, decode=decode, prompt=prompt, noise=noise, seed=seed)
 
 
-def _step_budget_summary(serving: ServingConfig, scheduler: Scheduler, num_over: int) -> dict[str, Any]:
+def _step_budget_summary(
+    serving: ServingConfig, schedulers: Sequence[Scheduler], num_over: int
+) -> dict[str, Any]:
     """A time-budgeted run's step-time target and what missed it (nothing without a budget)."""
-    policy = scheduler.policy
-    if serving.step_budget_ms is None or not isinstance(policy, ChunkedPolicy):
+    policies = [s.policy for s in schedulers]
+    if serving.step_budget_ms is None or not all(isinstance(p, ChunkedPolicy) for p in policies):
         return {}
+    chunked = cast("list[ChunkedPolicy]", policies)
     return {
         "step_budget_ms": serving.step_budget_ms,
         "num_steps_over_budget": num_over,
-        "num_guarded_steps": policy.num_guarded_steps,
-        "num_decode_overruns": policy.num_decode_overruns,
+        "num_guarded_steps": sum(p.num_guarded_steps for p in chunked),
+        "num_decode_overruns": sum(p.num_decode_overruns for p in chunked),
     }
 
 
 def _prefix_cache_summary(
-    serving: ServingConfig, scheduler: Scheduler, records: list[RequestRecord]
+    serving: ServingConfig, schedulers: Sequence[Scheduler], records: list[RequestRecord]
 ) -> dict[str, Any]:
     """Whether the prefix cache was on; over the tokens it looked up (at every admission,
     recomputes included, as vLLM counts), the share it found (None: no request said what its
     prompt is, so nothing could be shared); the share of completed requests that found any of
     their prompt cached at first; and the median TTFT of those that found at least half of it
     cached, and of the rest (None: no such request)."""
-    queried, hits = scheduler.state.num_prefix_queried_tokens, scheduler.state.num_prefix_hit_tokens
+    queried = sum(s.state.num_prefix_queried_tokens for s in schedulers)
+    hits = sum(s.state.num_prefix_hit_tokens for s in schedulers)
     done = [
         (r, r.first_token_s - r.arrival_s) for r in records if r.is_completed and r.first_token_s is not None
     ]

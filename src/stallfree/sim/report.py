@@ -90,6 +90,7 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
     ("steps over budget", "num_steps_over_budget", "{:,}"),
     ("  first prompt guarded", "num_guarded_steps", "{:,}"),
     ("  decodes alone over", "num_decode_overruns", "{:,}"),
+    ("replicas' load max/mean", "load_imbalance", "{:.2f}"),
     ("simulation wall (s)", "sim_wall_s", "{:.2f}"),
 )
 
@@ -103,6 +104,7 @@ _OPTIONAL_ROWS = {
     "num_steps_over_budget",
     "num_guarded_steps",
     "num_decode_overruns",
+    "load_imbalance",
 }
 
 
@@ -121,6 +123,7 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
         f"max {sc['max_num_seqs']} seqs, prefix caching {'on' if sc.get('enable_prefix_caching') else 'off'}",
         _kv_line(sc),
         f"{sc['num_requests']:,} requests: {sc['workload']}, seed {sc['seed']}",
+        *([f"{sc['replicas']} replicas behind a {sc['router']} router"] if sc.get("replicas", 1) > 1 else []),
         "",
         f"  {'':<24}" + "".join(f"{s['policy']:>16}" for s in summaries),
     ]

@@ -80,6 +80,7 @@ class TrafficRun:
     max_step_s: float = 0.0
     num_steps_over_budget: int = 0  # steps longer than run_traffic's step_budget_s (0 without one)
     stopped: bool = False  # stop() said so before every request had finished
+    busy_s: float = 0.0  # time spent running steps (the rest the replica was idle)
 
 
 class _Live:
@@ -141,6 +142,7 @@ class TrafficReplica:
         self.trace = StepTrace() if keep_steps else None
         self.num_steps = self.num_plans = self.num_preemptions = self.num_over = 0
         self.max_step_s = 0.0
+        self.busy_s = 0.0
         # the step in flight: its plan, start, first step's end, steady ends, step count, events
         self._plan: StepPlan | None = None
         self._start_s = self._first_end_s = self._end_s = 0.0
@@ -150,6 +152,11 @@ class TrafficReplica:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests taken and not yet finished (what a router in front counts)."""
+        return len(self._live)
 
     def add_request(self, request: Request, now_s: float) -> None:
         reason = self.scheduler.add_request(request)
@@ -197,6 +204,7 @@ class TrafficReplica:
             end_s = float(ends[-1])
             self._events = scheduler.update_steady(plan, steps)
         self._plan, self._start_s, self._end_s, self._steps = plan, now_s, end_s, steps
+        self.busy_s += end_s - now_s
         if self.trace is not None:  # the scheduler's counts after the run, before any arrival
             _trace_row(self.trace, scheduler, plan, now_s, end_s, steps)
         return end_s
@@ -228,6 +236,7 @@ class TrafficReplica:
             max_step_s=self.max_step_s,
             num_steps_over_budget=self.num_over,
             stopped=stopped,
+            busy_s=self.busy_s,
         )
 
 

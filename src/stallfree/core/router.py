@@ -1,0 +1,191 @@
+"""Routers: which replica of a fleet an arriving request goes to.
+
+Pure policies, like the scheduler: a router sees only what a real router in front of replicas
+can know (how many requests it has in flight at each replica, the prompts it routed there, its
+own approximate tree of them), never a replica's real KV cache; no clock, no I/O. A request is
+in flight from its routing to its end (or its refusal), as a proxy sees a response close.
+
+- ``round-robin``: replicas in turn.
+- ``least-requests``: the fewest requests in flight (the lowest index on a tie).
+- ``power-of-two``: two replicas drawn at random (seeded), the one with fewer in flight.
+- ``cache-aware``: vllm-router's rule (its ``cache_aware`` policy, the defaults of its 0.1.x
+  releases): an approximate prefix tree per replica over what was routed there; a request's match
+  rate is its longest prefix in a replica's tree over its length. When the loads are imbalanced
+  (max - min > ``balance_abs_threshold`` and max > min x ``balance_rel_threshold``) the least
+  loaded replica takes it; else, with a best match rate above ``cache_threshold``, the replica
+  that matched most; else the least loaded. The chosen replica's tree takes the prompt; a tree
+  past ``max_tree_size`` units forgets its least recently used branches.
+
+The real router matches text by characters; the simulator knows prompts as block ids
+(:class:`~stallfree.core.request.PromptBlocks`: Mooncake's 512-token hashes, a session's token
+ids): one id is one unit of the tree. A match rate is the same share of the prompt either way
+as long as equal ids are equal text, which is what ids mean.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from stallfree.core.request import Request
+
+ROUTER_NAMES = ("round-robin", "least-requests", "power-of-two", "cache-aware")
+
+
+class Router(Protocol):
+    """Picks a replica for each arrival; ``in_flight[i]``: requests routed to replica i and not
+    yet finished, as the router counts them."""
+
+    name: str
+
+    def route(self, request: Request, in_flight: Sequence[int]) -> int: ...
+
+
+class RoundRobin:
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def route(self, request: Request, in_flight: Sequence[int]) -> int:
+        chosen = self._next % len(in_flight)
+        self._next = chosen + 1
+        return chosen
+
+
+class LeastRequests:
+    name = "least-requests"
+
+    def route(self, request: Request, in_flight: Sequence[int]) -> int:
+        return min(range(len(in_flight)), key=in_flight.__getitem__)
+
+
+class PowerOfTwo:
+    name = "power-of-two"
+
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = random.Random(seed)
+
+    def route(self, request: Request, in_flight: Sequence[int]) -> int:
+        if len(in_flight) == 1:
+            return 0
+        a, b = self._rng.sample(range(len(in_flight)), 2)
+        return a if in_flight[a] <= in_flight[b] else b
+
+
+class _Node:
+    __slots__ = ("children", "last_used", "parent", "unit")
+
+    def __init__(self, parent: _Node | None, unit: int) -> None:
+        self.children: dict[int, _Node] = {}
+        self.parent = parent
+        self.unit = unit
+        self.last_used = 0
+
+
+class PrefixTree:
+    """One replica's approximate tree: the prompts routed there, one node per unit, at most
+    ``max_size`` nodes (least recently used leaves go first)."""
+
+    def __init__(self, max_size: int) -> None:
+        self.root = _Node(None, -1)
+        self.size = 0
+        self.max_size = max_size
+        self._clock = 0
+
+    def match(self, units: Sequence[int]) -> int:
+        """How many leading ``units`` the tree holds."""
+        node, depth = self.root, 0
+        for unit in units:
+            child = node.children.get(unit)
+            if child is None:
+                break
+            node, depth = child, depth + 1
+        return depth
+
+    def insert(self, units: Sequence[int]) -> None:
+        self._clock += 1
+        node = self.root
+        for unit in units:
+            child = node.children.get(unit)
+            if child is None:
+                child = node.children[unit] = _Node(node, unit)
+                self.size += 1
+            child.last_used = self._clock
+            node = child
+        if self.size > self.max_size:
+            self._evict()
+
+    def _evict(self) -> None:
+        """Drop least recently used leaves (and the branches they leave bare) until it fits."""
+        leaves = []
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if not node.children and node is not self.root:
+                leaves.append(node)
+        for leaf in sorted(leaves, key=lambda n: n.last_used):
+            bare: _Node | None = leaf
+            while bare is not None and bare.parent is not None and not bare.children:
+                if self.size <= self.max_size:
+                    return
+                del bare.parent.children[bare.unit]
+                self.size -= 1
+                bare = bare.parent
+
+
+@dataclass(frozen=True, slots=True)
+class CacheAwareConfig:
+    """vllm-router's ``cache_aware`` flags and their defaults."""
+
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
+    max_tree_size: int = 2**24
+
+
+class CacheAware:
+    name = "cache-aware"
+
+    def __init__(self, num_replicas: int, config: CacheAwareConfig | None = None) -> None:
+        self.config = config or CacheAwareConfig()
+        self.trees = [PrefixTree(self.config.max_tree_size) for _ in range(num_replicas)]
+
+    def route(self, request: Request, in_flight: Sequence[int]) -> int:
+        cfg = self.config
+        units = prompt_units(request)
+        least = min(range(len(in_flight)), key=in_flight.__getitem__)
+        most, fewest = max(in_flight), min(in_flight)
+        if most - fewest > cfg.balance_abs_threshold and most > fewest * cfg.balance_rel_threshold:
+            chosen = least
+        else:
+            matched = [tree.match(units) for tree in self.trees]
+            best = max(range(len(matched)), key=matched.__getitem__)
+            chosen = best if units and matched[best] / len(units) > cfg.cache_threshold else least
+        self.trees[chosen].insert(units)
+        return chosen
+
+
+def prompt_units(request: Request) -> tuple[int, ...]:
+    """What a router's tree holds of a prompt: its block ids (none: nothing to match)."""
+    blocks = request.prompt_blocks
+    if blocks is None:
+        return ()
+    per_id = blocks.tokens_per_id
+    return blocks.ids[: -(-min(blocks.num_named_tokens, request.num_prompt_tokens) // per_id)]
+
+
+def make_router(name: str, num_replicas: int, seed: int = 0) -> Router:
+    """A router by name (:data:`ROUTER_NAMES`); ValueError names the choices."""
+    if name == "round-robin":
+        return RoundRobin()
+    if name == "least-requests":
+        return LeastRequests()
+    if name == "power-of-two":
+        return PowerOfTwo(seed)
+    if name == "cache-aware":
+        return CacheAware(num_replicas)
+    raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTER_NAMES)}")
