@@ -229,7 +229,7 @@ async def _long_prompt(base_url: str, args: argparse.Namespace) -> dict[str, Any
         endpoint = bc.Endpoint(base_url=base_url, model=model, extra_body={"ignore_eos": True})
         sizer = await calibrate(http, endpoint)
         options = LongPromptOptions(
-            num_streams=args.long_streams,
+            streams=args.long_streams,
             prompt_tokens=args.long_prompt_tokens,
             stream_max_tokens=args.stream_max_tokens,
         )

@@ -98,7 +98,11 @@ def streams_part() -> list[dict[str, Any]]:
     for model, hardware, tp, budget_ms in DEPLOYMENTS:
         timer = _timer(model, hardware, tp)
         for prompt in PROMPTS:
-            row = _streams_row(timer, Scenario(prompt, DECODERS, CONTEXT, chunk_tokens=256), budget_ms)
+            row = _streams_row(
+                timer,
+                Scenario(prompt_tokens=prompt, streams=DECODERS, context_tokens=CONTEXT, chunk_tokens=256),
+                budget_ms,
+            )
             rows.append({"model": model, "hardware": f"{tp} x {hardware}", **row})
     return rows
 
@@ -208,7 +212,7 @@ def figure(path: str) -> str:
     prompt = 128000
     for col, (model, hardware, tp, budget_ms) in enumerate((DEPLOYMENTS[1], DEPLOYMENTS[3])):
         timer = _timer(model, hardware, tp)
-        scenario = Scenario(prompt, DECODERS, CONTEXT, chunk_tokens=256)
+        scenario = Scenario(prompt_tokens=prompt, streams=DECODERS, context_tokens=CONTEXT, chunk_tokens=256)
         timed = run_scenario(scenario, _timed(timer, budget_ms), timer)
         first = timed.prompt_chunk_tokens()[0]
         fixed = run_scenario(scenario, make_policy("chunked", chunk_tokens=first), timer)

@@ -132,7 +132,11 @@ def test_streams_that_do_not_fit_the_kv_cache_together_are_refused() -> None:
     scenario = Scenario(prompt_tokens=256, streams=4, context_tokens=200, chunk_tokens=64)
     run_scenario(scenario, make_policy("chunked", chunk_tokens=64), SmallCache(cost))  # 4 x 200 fits
     with pytest.raises(ValueError, match="cannot hold 8 streams"):
-        run_scenario(Scenario(256, 8, 200, 64), make_policy("chunked", chunk_tokens=64), SmallCache(cost))
+        run_scenario(
+            Scenario(prompt_tokens=256, streams=8, context_tokens=200, chunk_tokens=64),
+            make_policy("chunked", chunk_tokens=64),
+            SmallCache(cost),
+        )
 
 
 @pytest.mark.parametrize(

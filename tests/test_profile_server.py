@@ -22,7 +22,16 @@ BUDGET = 256
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerThread]:
-    app = build_server("random:tiny", dtype="float32", device="cpu", token_budget=BUDGET, num_blocks=2048)
+    # Fixed threads: the other test worker's load must not resize the pool between the two prompts
+    # of a cached pair (the pair's ratio says whether the server caches).
+    app = build_server(
+        "random:tiny",
+        dtype="float32",
+        device="cpu",
+        token_budget=BUDGET,
+        num_blocks=2048,
+        adapt_threads=False,
+    )
     with ServerThread(app) as running:
         yield running
 

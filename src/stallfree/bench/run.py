@@ -125,7 +125,7 @@ async def _long_prompt(
     options = spec.long_prompt
     tokens = long_prompt_target(options, endpoint.max_model_len)
     asked = f" (capped from {options.prompt_tokens})" if tokens < options.prompt_tokens else ""
-    note(f"long-prompt: {options.num_streams} streams, then a {max(tokens, 1)}-token prompt{asked}")
+    note(f"long-prompt: {options.streams} streams, then a {max(tokens, 1)}-token prompt{asked}")
     run = await run_long_prompt(http, endpoint, sizer, options, seed=spec.seed, interrupt=stop)
     if "long_prompt_cap" in run.extra:
         note(

@@ -7,7 +7,7 @@
   turn's prompt, the server's answer to it and a new message, sent once the answer is back (and
   the think time has passed), so a server's prefix cache sees what a chat's would.
 - :func:`run_long_prompt`: the seed's experiment. N streams decode; once each has
-  ``warmup_chunks`` chunks, one long prompt arrives; after its first token and ``tail_chunks``
+  ``lead_steps`` chunks, one long prompt arrives; after its first token and ``tail_steps``
   more chunks per stream the client hangs up on the streams. Reports the streams' longest and
   median gap and the prompt's TTFT (and, first, its TTFT alone on an idle server).
 
@@ -31,6 +31,7 @@ from stallfree.bench.client import Endpoint, StreamResult, stream_completion
 from stallfree.bench.prompts import PromptSizer, fallback_target, fit_prompts
 from stallfree.metrics import ItlAccumulator, RequestRecord, record_from_token_times
 from stallfree.workload import Sessions, WorkloadArrays
+from stallfree.workload.long_prompt import LongPrompt
 
 
 @dataclass(slots=True)
@@ -196,32 +197,30 @@ async def run_sessions(
     return run
 
 
-@dataclass(frozen=True, slots=True)
-class LongPromptOptions:
-    num_streams: int = 16
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LongPromptOptions(LongPrompt):
+    """The seed's experiment (:class:`~stallfree.workload.long_prompt.LongPrompt`) against a live
+    server: ``lead_steps`` and ``tail_steps`` count the streams' chunks, and the requests' output
+    lengths say how long the streams decode and how many tokens the prompt asks for."""
+
     prompt_tokens: int = 4096
-    stream_prompt_tokens: int = 32
+    context_tokens: int = 32
+    lead_steps: int = 8
+    tail_steps: int = 16
     stream_max_tokens: int = 512
     prompt_max_tokens: int = 8
-    warmup_chunks: int = 8
-    tail_chunks: int = 16
 
     def __post_init__(self) -> None:
-        for name in (
-            "num_streams",
-            "prompt_tokens",
-            "stream_prompt_tokens",
-            "stream_max_tokens",
-            "prompt_max_tokens",
-        ):
+        super(LongPromptOptions, self).__post_init__()
+        for name in ("stream_max_tokens", "prompt_max_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.warmup_chunks < 2 or self.tail_chunks < 1:
-            raise ValueError("warmup_chunks must be >= 2 and tail_chunks >= 1")
-        if self.warmup_chunks + self.tail_chunks >= self.stream_max_tokens:
+        if self.tail_steps < 1:
+            raise ValueError(f"tail_steps must be >= 1, got {self.tail_steps}")
+        if self.lead_steps + self.tail_steps >= self.stream_max_tokens:
             raise ValueError(
-                f"stream_max_tokens ({self.stream_max_tokens}) must exceed warmup + tail chunks "
-                f"({self.warmup_chunks + self.tail_chunks}): the streams must still decode when the prompt lands"
+                f"stream_max_tokens ({self.stream_max_tokens}) must exceed lead + tail steps "
+                f"({self.lead_steps + self.tail_steps}): the streams must still decode when the prompt lands"
             )
 
 
@@ -268,14 +267,14 @@ async def run_long_prompt(
     phase: ``alone``, ``warm-up``, ``prompt`` (before its first token) or ``tail``."""
     rng = random.Random(seed)
     long_text, alone_text, cap = await _long_prompts(http, endpoint, sizer, options, rng)
-    stream_texts = [sizer.prompt(options.stream_prompt_tokens, rng) for _ in range(options.num_streams)]
+    stream_texts = [sizer.prompt(options.context_tokens, rng) for _ in range(options.streams)]
     interrupted = interrupt.is_set if interrupt is not None else lambda: False
     alone = await stream_completion(http, endpoint, alone_text, 1, interrupt=interrupt)
     if not alone.chunk_times_s and not interrupted():
         raise ValueError(f"the long prompt failed on an idle server: {alone.error or alone.finish_reason}")
 
-    n = options.num_streams
-    watch = _LongPromptWatch(n, options.warmup_chunks, options.tail_chunks)
+    n = options.streams
+    watch = _LongPromptWatch(n, options.lead_steps, options.tail_steps)
     stop = asyncio.Event()
 
     phase = "alone"
@@ -324,7 +323,7 @@ async def run_long_prompt(
     assert prompt_result is not None  # not interrupted: the prompt was sent
     run = _build(
         [*stream_results, prompt_result],
-        [options.stream_prompt_tokens] * n + [options.prompt_tokens],
+        [options.context_tokens] * n + [options.prompt_tokens],
         start_s,
         end_s,
     )
@@ -376,7 +375,7 @@ def _interrupted_long_prompt(
     phase: str,
 ) -> BenchRun:
     """What a long-prompt run interrupted in ``phase`` had measured: the requests that had a chunk."""
-    sent = [(s, options.stream_prompt_tokens) for s in streams]
+    sent = [(s, options.context_tokens) for s in streams]
     if prompt is not None:
         sent.append((prompt, options.prompt_tokens))
     kept = [(result, tokens) for result, tokens in sent if result.chunk_times_s]
@@ -409,12 +408,12 @@ def _long_prompt_numbers(
     first token, when the numbers left are None)."""
     # Gaps of the streams after their warm-up chunks: the first few include their own prefill.
     gaps_s = np.concatenate(
-        [np.diff(s.chunk_times_s[options.warmup_chunks - 1 :]) for s in streams] or [np.zeros(0)]
+        [np.diff(s.chunk_times_s[options.lead_steps - 1 :]) for s in streams] or [np.zeros(0)]
     )
     finished_early = sum(s.finish_reason != "length" or s.error is not None for s in streams)
     ttft_ms = _ttft_ms(prompt) if prompt is not None else None
     return {
-        "num_streams": options.num_streams,
+        "num_streams": options.streams,
         "long_prompt_tokens": run.records[-1].num_prompt_tokens if prompt is not None else None,
         "long_prompt_ttft_ms": ttft_ms,
         "long_prompt_alone_ttft_ms": _ttft_ms(alone),

@@ -150,9 +150,9 @@ def _spec(args: argparse.Namespace) -> Any:
         raise UsageError("--streams applies only to the long-prompt scenario")
     workload = None if args.scenario == "long-prompt" else _workload(args)
     long_prompt = LongPromptOptions(
-        num_streams=args.streams or 16,
+        streams=args.streams or 16,
         prompt_tokens=args.prompt_tokens or 4096,
-        stream_prompt_tokens=args.stream_prompt_tokens,
+        context_tokens=args.stream_prompt_tokens,
         stream_max_tokens=args.max_tokens if workload is None and args.max_tokens else args.stream_max_tokens,
         prompt_max_tokens=args.prompt_max_tokens,
     )

@@ -136,7 +136,7 @@ class BudgetChoice:
     def reason(self) -> str:
         return (
             f"auto: a 1-token step takes {self.step_s * 1e3:.1f} ms here and each prompt token adds "
-            f"{self.per_token_s * 1e3:.2f} ms, so {self.tokens}-token steps cost a long prompt ~"
+            f"{self.per_token_s * 1e3:.2f} ms, so {self.tokens}-token steps cost a long prompt alone ~"
             f"{self.prompt_price - 1:.0%} over running it whole (at most {self.max_price - 1:.0%}) and "
             f"keep the streams' gaps near {self.longest_step_s * 1e3:.0f} ms"
         )

@@ -48,15 +48,15 @@ def run_explain(options: ExplainOptions) -> Explanation:
         timer = roofline
     else:
         timer, echo = _torch(options, model, prompt, context, sweep)
-    chunk = options.chunk_tokens or defaults.chunk_tokens
+    chunk = options.chunk_tokens or defaults.chunk_tokens or echo.pop("auto_chunk_tokens", None)
     if chunk is None:
         chunk = int(timer.ridge_tokens(options.streams, context))
     budget_ms = options.step_budget_ms
     scenario = Scenario(
-        prompt,
-        options.streams,
-        context,
-        chunk,
+        prompt_tokens=prompt,
+        streams=options.streams,
+        context_tokens=context,
+        chunk_tokens=chunk,
         step_budget_s=budget_ms / 1000 if budget_ms else None,
         cached_prefix_tokens=options.cached_prefix_tokens,
     )
@@ -286,7 +286,10 @@ def _torch(
             f"--engine torch needs the engine extra (pip install -e '.[engine]'): {exc}"
         ) from None
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = choose_dtype(options.dtype, torch.device(device))
+    from stallfree.engine.native import bf16_dot_products
+
+    bf16_kernels = options.dtype == "auto" and device == "cpu" and bf16_dot_products()
+    dtype = choose_dtype(options.dtype, torch.device(device), bf16_kernels=bf16_kernels)
     if dtype.note:
         _log.warning("note: %s", dtype.note)  # as the engine says it: stderr, unless logging is set up
     smallest = min([*sweep, options.chunk_tokens or 8])
@@ -297,6 +300,7 @@ def _torch(
         max_tokens=options.streams * stream_tokens + prompt + 64,
         max_seq_tokens=max(prompt + 1, stream_tokens),
         dtype=dtype.dtype,
+        quantization=dtype.quantization,
         device=device,
     )
     hardware = (
@@ -304,11 +308,19 @@ def _torch(
         if device.startswith("cuda")
         else f"{torch.get_num_threads()}-thread CPU"
     )
-    echo = {
+    echo: dict[str, Any] = {
         "model": timer.model.spec.name,
         "hardware": hardware,
         "tp": 1,
         "cost_model": "measured",
-        "engine": f"torch {dtype.name} on {device}",
+        "engine": f"torch {dtype.name} on {device}"
+        + (f", {dtype.quantization} weights" if dtype.quantization else ""),
     }
+    if options.chunk_tokens is None and device == "cpu":
+        # On a CPU the ridge costs a long prompt several times its time: serve's and generate's
+        # rule bounds that price instead.
+        from stallfree.engine.step_timing import choose_token_budget
+
+        choice = choose_token_budget(timer.model_runner)
+        echo["auto_chunk_tokens"], echo["chunk_reason"] = choice.tokens, choice.reason()
     return timer, echo

@@ -20,7 +20,7 @@ from stallfree.core import CacheConfig, Executor, StepPlan, StepResult
 from stallfree.core.config import ceil_div
 from stallfree.engine.kv_cache import KVCache, free_memory_bytes, kv_bytes_per_block
 from stallfree.engine.model_runner import ModelRunner
-from stallfree.engine.native import kernel_for
+from stallfree.engine.native import chunk_kernel_for, kernel_for
 from stallfree.engine.step_timing import measure_ridge, time_plan
 from stallfree.engine.weights import load_model
 
@@ -30,7 +30,8 @@ FIRST_TOKEN_ID = 3  # ids below are special tokens of the random tokenizer
 
 
 class EngineTimer:
-    """Measures steps of ``model`` with a KV cache sized for ``max_tokens`` tokens."""
+    """Measures steps of ``model`` with a KV cache sized for ``max_tokens`` tokens, its weights in
+    ``dtype`` or ``quantization`` as :class:`~stallfree.engine.engine.LLMEngine` runs them."""
 
     def __init__(
         self,
@@ -39,13 +40,14 @@ class EngineTimer:
         max_tokens: int,
         max_seq_tokens: int,
         dtype: torch.dtype = torch.bfloat16,
+        quantization: str | None = None,
         device: str = "cpu",
         block_size: int = 16,
         ridge_tolerance: float = 1.2,
         seed: int = 0,
     ) -> None:
         self.model, _ = load_model(model, dtype, device, seed)
-        self.model.prepack_cpu_weights()
+        self.model.prepack_cpu_weights(quantization)
         spec = self.model.spec
         if max_seq_tokens > spec.max_position_embeddings:
             raise ValueError(
@@ -64,6 +66,7 @@ class EngineTimer:
             self.model,
             KVCache(spec, num_blocks, block_size, dtype, self.model.device),
             kernel_for(self.model.device, dtype),
+            chunk_kernel_for(self.model.device, dtype, self.model.weights.kind, spec.head_dim),
         )
         self.ridge_tolerance = ridge_tolerance
         self.seed = seed

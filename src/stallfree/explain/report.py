@@ -40,6 +40,7 @@ def format_explain(out: dict[str, Any]) -> str:
             if sc.get("cached_prefix_tokens")
             else "."
         ),
+        *([f"chunk {sc['chunk_tokens']} tokens, {sc['chunk_reason']}"] if sc.get("chunk_reason") else []),
         *(f"warning: {w}" for w in out.get("warnings", ())),
         "",
         f"  decode step ({sc['streams']} streams)   {_ms(out['decode_step_s'])}",

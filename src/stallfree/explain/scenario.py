@@ -36,6 +36,7 @@ from stallfree.core.context import StepContext
 from stallfree.core.plan import synthetic_plan
 from stallfree.core.step import StepCostModel
 from stallfree.sim.timeline import Timeline, TimelineStep, simulate_timeline
+from stallfree.workload.long_prompt import LongPrompt
 
 PROMPT_ID = "prompt"
 DEFAULT_SWEEP = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -82,21 +83,19 @@ class _WarmUp(Policy):
         self.warm = True
 
 
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    prompt_tokens: int = 16384
-    streams: int = 16
-    context_tokens: int = 1024
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario(LongPrompt):
+    """The seed's experiment (:class:`~stallfree.workload.long_prompt.LongPrompt`) on one clock,
+    with how the chunked policy cuts the prompt."""
+
     chunk_tokens: int = 256
-    lead_steps: int = 4
-    tail_steps: int = 4
     step_budget_s: float | None = None  # chunked sizes its chunks by this step-time target instead
     cached_prefix_tokens: int = 0  # the prompt's first tokens, already in the prefix cache
 
     def __post_init__(self) -> None:
-        for name in ("prompt_tokens", "streams", "context_tokens", "chunk_tokens"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        super(Scenario, self).__post_init__()
+        if self.chunk_tokens <= 0:
+            raise ValueError(f"chunk-tokens must be positive, got {self.chunk_tokens}")
         if not 0 <= self.cached_prefix_tokens < self.prompt_tokens:
             raise ValueError(
                 f"cached-prefix-tokens must be >= 0 and below the prompt's {self.prompt_tokens:,} tokens, "
@@ -104,8 +103,6 @@ class Scenario:
             )
         if self.step_budget_s is not None and not self.step_budget_s > 0:
             raise ValueError(f"step-budget-ms must be positive, got {self.step_budget_s * 1000}")
-        if self.lead_steps < 2 or self.tail_steps < 0:
-            raise ValueError("lead_steps must be >= 2 (so every run has a gap) and tail_steps >= 0")
 
     def num_cached_tokens(self, block_size: int) -> int:
         """The prompt tokens the cache gives it: whole blocks of the cached prefix."""
