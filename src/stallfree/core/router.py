@@ -8,8 +8,7 @@ in flight from its routing to its end (or its refusal), as a proxy sees a respon
 - ``round-robin``: replicas in turn.
 - ``least-requests``: the fewest requests in flight (the lowest index on a tie).
 - ``power-of-two``: two replicas drawn at random (seeded), the one with fewer in flight.
-- ``cache-aware``: vllm-router's rule (its ``cache_aware`` policy, the defaults of its 0.1.x
-  releases): an approximate prefix tree per replica over what was routed there; a request's match
+- ``cache-aware``: vllm-router's rule (its ``cache_aware`` policy and defaults, 0.1.17): an approximate prefix tree per replica over what was routed there; a request's match
   rate is its longest prefix in a replica's tree over its length. When the loads are imbalanced
   (max - min > ``balance_abs_threshold`` and max > min x ``balance_rel_threshold``) the least
   loaded replica takes it; else, with a best match rate above ``cache_threshold``, the replica
@@ -139,12 +138,14 @@ class PrefixTree:
 
 @dataclass(frozen=True, slots=True)
 class CacheAwareConfig:
-    """vllm-router's ``cache_aware`` flags and their defaults."""
+    """vllm-router's ``cache_aware`` flags and their defaults (0.1.17's ``--help``). Its
+    ``--max-tree-size`` counts characters and is enforced every ``--eviction-interval-secs`` (120);
+    here it counts units (block ids) and holds at every insert."""
 
     cache_threshold: float = 0.3
     balance_abs_threshold: int = 64
     balance_rel_threshold: float = 1.5
-    max_tree_size: int = 2**24
+    max_tree_size: int = 33_554_432
 
 
 class CacheAware:
