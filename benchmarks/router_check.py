@@ -1,0 +1,184 @@
+"""stallfree's routers against the real vllm-router on the same requests: which replica each goes to.
+
+Two ``stallfree serve`` replicas (SmolLM2, one thread each) behind ``vllm-router --policy P``
+(``make router``: its own venv). Multi-turn chats are sent one request at a time (so every load is
+0 when a request is routed: the rule's cache and tie-break decide, not the balancing), each turn's
+prompt the chat so far (a system prompt, the earlier messages and answers, a new message). Which
+replica served each request is read from the replicas' ``/metrics``. The same prompts go through
+:class:`stallfree.core.router.CacheAware` (and ``RoundRobin``) twice: over the prompt's characters
+(the real router's units) and over its token ids (what the simulator knows of a prompt: one unit
+per id), and the choices are compared request by request, and as a split of the requests (with all
+loads equal, vllm-router's pick among the least loaded is fixed within a process but not which
+replica it is, so the replicas' names may swap between runs).
+
+    make router && python benchmarks/router_check.py --sessions 6 --turns 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from llama_cpp_side_by_side import loadavg, machine
+from server_overhead import serving, wait_healthy
+from stallfree.core import PromptBlocks, Request
+from stallfree.core.router import CacheAware, RoundRobin, Router
+
+ROOT = Path(__file__).resolve().parent.parent
+ROUTER = ROOT / ".venv-router" / "bin" / "vllm-router"
+POLICIES = {"cache_aware": "cache-aware", "round_robin": "round-robin"}
+WORDS = [
+    "stall",
+    "free",
+    "batching",
+    "chunk",
+    "prompt",
+    "decode",
+    "stream",
+    "token",
+    "budget",
+    "step",
+    "cache",
+    "prefix",
+    "replica",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def router(urls: list[str], policy: str) -> Iterator[str]:
+    if not ROUTER.exists():
+        raise SystemExit(f"no vllm-router at {ROUTER}: run `make router` first")
+    port = free_port()
+    argv = [
+        str(ROUTER),
+        "--worker-urls",
+        *urls,
+        "--policy",
+        policy,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    log = ROOT / "out" / "router_check" / f"router-{policy}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, base_url, 60, f"vllm-router (log: {log})")
+        yield base_url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def served(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        float(m) for m in re.findall(r"^stallfree:request_success_total\{[^}]*\} ([\d.e+]+)$", text, re.M)
+    )
+
+
+def chats(sessions: int, turns: int, seed: int, shared: bool) -> list[list[str]]:
+    """Each chat's messages, its first one after its system prompt (one for all chats if ``shared``)."""
+    rng = random.Random(seed)
+
+    def words(n: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(n))
+
+    common = words(60)
+    return [
+        [f"You are a helpful assistant. {common if shared else words(60)} user {s}: {words(25)}"]
+        + [f"user {s}: {words(25)}" for _ in range(turns - 1)]
+        for s in range(sessions)
+    ]
+
+
+def run(base_url: str, urls: list[str], messages: list[list[str]], model: str) -> tuple[list[str], list[int]]:
+    """The prompts sent (turn by turn across the chats) and the replica that served each."""
+    history = ["" for _ in messages]
+    prompts, chosen = [], []
+    for turn in range(len(messages[0])):
+        for s, chat in enumerate(messages):
+            prompt = (history[s] + " " + chat[turn]).strip() if history[s] else chat[turn]
+            before = [served(u) for u in urls]
+            body = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+            answer = httpx.post(f"{base_url}/v1/completions", json=body, timeout=60).json()
+            after = [served(u) for u in urls]
+            (replica,) = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if b > a]
+            prompts.append(prompt)
+            chosen.append(replica)
+            history[s] = prompt + answer["choices"][0]["text"]
+    return prompts, chosen
+
+
+def ours(make: type[Router] | None, prompts: list[str], units: list[tuple[int, ...]]) -> list[int]:
+    router: Router = CacheAware(2) if make is None else make()
+    out = []
+    for i, unit in enumerate(units):
+        request = Request(str(i), max(1, len(unit)), 8, prompt_blocks=PromptBlocks(unit) if unit else None)
+        out.append(router.route(request, [0, 0]))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sessions", type=int, default=6)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--system-prompt", choices=("shared", "per-chat"), default="per-chat")
+    args = parser.parse_args()
+    import torch
+
+    from stallfree.engine.weights import load_model
+
+    _, tokenizer = load_model("smollm2", torch.float32, "cpu")
+    print(f"machine: {machine()}; load {loadavg()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    serve_args = ["--model", "smollm2", "--threads", "1", "--token-budget", "256"]
+    with serving(serve_args) as (url_a, _), serving(serve_args) as (url_b, _):
+        urls = [url_a, url_b]
+        model = httpx.get(f"{url_a}/v1/models").json()["data"][0]["id"]
+        for policy, name in POLICIES.items():
+            with router(urls, policy) as base_url:
+                prompts, real = run(
+                    base_url,
+                    urls,
+                    chats(args.sessions, args.turns, args.seed, args.system_prompt == "shared"),
+                    model,
+                )
+            chars = [tuple(ord(c) for c in p) for p in prompts]
+            tokens = [tuple(tokenizer.encode(p)) for p in prompts]
+            make = RoundRobin if name == "round-robin" else None
+            for unit_name, units in (("characters", chars), ("token ids", tokens)):
+                mine = ours(make, prompts, units)
+                same = sum(a == b for a, b in zip(real, mine, strict=True))
+                split = max(same, len(real) - same)  # two replicas: the same split, whichever is called 0
+                print(f"{policy}: {len(real)} requests; vllm-router {''.join(map(str, real))}; "
+                      f"stallfree {name} over {unit_name} {''.join(map(str, mine))}: {same}/{len(real)} "
+                      f"to the same replica, {split}/{len(real)} the same split")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
