@@ -5,7 +5,8 @@ step trace) and of explain's scenarios, written by the code before the driver ex
 bacf5ca, ``python -m tests.test_sim_driver --write`` there): several workloads (Poisson,
 Mooncake's trace with prefix-block hashes, multi-turn sessions, all at once), policies, prefix
 caching on and off, a step-time budget, a KV cache small enough to preempt, both cost models, the
-fast path on and off. A change that moves any output changes a digest.
+fast path on and off. Floats are hashed at 9 significant digits (numpy's vectorised sums may
+differ in the last bit between CPUs). A change that moves any output changes a digest.
 """
 
 from __future__ import annotations
@@ -70,8 +71,20 @@ EXPLAIN = {
 }
 
 
+def _rounded(value: Any) -> Any:
+    """Floats to 9 significant digits: a last-bit difference between numpy's builds for AVX2 and
+    AVX-512 (vectorised sums) is not a change of output."""
+    if isinstance(value, float):
+        return float(f"{value:.9g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v) for v in value]
+    return value
+
+
 def _digest(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, default=repr)
+    text = json.dumps(_rounded(value), sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
