@@ -12,6 +12,7 @@ loads equal, vllm-router's pick among the least loaded is fixed within a process
 replica it is, so the replicas' names may swap between runs).
 
     make router && python benchmarks/router_check.py --sessions 6 --turns 4
+    python benchmarks/router_check.py --part hits   # the fleet's prefix-cache hit rate, measured vs predicted
 """
 
 from __future__ import annotations
@@ -139,6 +140,39 @@ def ours(make: type[Router] | None, prompts: list[str], units: list[tuple[int, .
     return out
 
 
+SESSIONS = ["--scenario", "multi-turn", "--sessions", "8", "--turns", "4", "--system-prompt-tokens", "512",
+            "--lengths", "fixed:96,24", "--qps", "0.5", "--think-time-s", "1", "--temperature", "0"]  # fmt: skip
+
+
+def hit_rates(serve_args: list[str], out: Path) -> list[str]:
+    """Multi-turn chats through vllm-router in front of two fresh replicas, per policy: the fleet's
+    prefix-cache hit rate measured (both replicas' counters) and predicted (``simulate --replay``
+    of the same requests, two replicas behind stallfree's router)."""
+    from vllm_side_by_side import bench, json_of, prefix_counters
+
+    rows = ["| policy | requests | prompt tokens from the cache, measured | predicted | split (requests per replica) |",
+            "|---|---:|---:|---:|---|"]  # fmt: skip
+    for policy, name in POLICIES.items():
+        with serving(serve_args) as (url_a, _), serving(serve_args) as (url_b, _):
+            urls = [url_a, url_b]
+            before = [prefix_counters(u, "stallfree")[1] for u in urls]
+            counts = [served(u) for u in urls]
+            with router(urls, policy) as base_url:
+                result = out / f"sessions-{policy}.json"
+                measured = bench(base_url, result, *SESSIONS, "--seed", "7")
+            hits = sum(prefix_counters(u, "stallfree")[1] - b for u, b in zip(urls, before, strict=True))
+            split = [int(served(u) - c) for u, c in zip(urls, counts, strict=True)]
+        sim = json_of("simulate", "--replay", str(result), "--replicas", "2", "--router", name, "--model",
+                      "llama-3-8b", "--token-budget", "256")  # fmt: skip
+        predicted = sim["policies"]["chunked"]["prefix_cache_hit_rate"] or 0.0
+        per_replica = [r["completed"] for r in sim["policies"]["chunked"]["replicas"]]
+        queried = sum(measured["input_lens"])
+        rows.append(f"| {policy} | {len(measured['input_lens'])} | {hits / queried:.1%} | {predicted:.1%} | "
+                    f"measured {split}, predicted {per_replica} |")  # fmt: skip
+        print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -147,6 +181,7 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--system-prompt", choices=("shared", "per-chat"), default="per-chat")
+    parser.add_argument("--part", choices=("choices", "hits"), default="choices")
     args = parser.parse_args()
     import torch
 
@@ -156,6 +191,12 @@ def main() -> int:
     print(f"machine: {machine()}; load {loadavg()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     os.environ["OMP_NUM_THREADS"] = "1"
     serve_args = ["--model", "smollm2", "--threads", "1", "--token-budget", "256"]
+    if args.part == "hits":
+        out = ROOT / "out" / "router_check"
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"{' '.join(SESSIONS)}")
+        print("\n".join(hit_rates(serve_args, out)))
+        return 0
     with serving(serve_args) as (url_a, _), serving(serve_args) as (url_b, _):
         urls = [url_a, url_b]
         model = httpx.get(f"{url_a}/v1/models").json()["data"][0]["id"]
