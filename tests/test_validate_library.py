@@ -142,3 +142,22 @@ def test_a_cache_too_small_for_the_reference_step_leaves_out_the_machine_check_n
     )
     engine = LLMEngine("random:tiny", dtype="float32", device="cpu", num_blocks=32, max_num_seqs=4)
     assert _machine(model, engine) is None  # 16 decodes at 256 tokens need 272 blocks
+
+
+@pytest.mark.parametrize(
+    ("fingerprint", "expected"),
+    [
+        ({"quantization": "bf16", "linear": "bf16-dot"}, "bf16"),
+        ({"quantization": None, "linear": "panels"}, None),
+        ({"linear": "bf16-dot"}, "bf16"),  # a profile from before the field: its matmuls say it
+        ({"linear": "q8_0"}, "q8_0"),
+        ({"linear": "onednn"}, None),
+        ({}, None),
+    ],
+)
+def test_validate_runs_the_weights_format_the_profile_ran(
+    fingerprint: dict[str, object], expected: str | None
+) -> None:
+    from stallfree.validate.measured import profiled_quantization
+
+    assert profiled_quantization(fingerprint) == expected

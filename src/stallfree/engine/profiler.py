@@ -439,6 +439,8 @@ def _fingerprint(model: str, engine: LLMEngine) -> dict[str, Any]:
         "model_name": engine.model.spec.name,
         "dtype": str(engine.dtype).removeprefix("torch."),
         "dtype_bytes": _dtype_bytes(engine.dtype),
+        # the matmul weights' own format where not the dtype (--quantization, or auto's bf16 weights)
+        "quantization": engine.model.weights.kind if engine.model.weights.kind in ("bf16", "q8_0") else None,
         "device": device.type,
         "device_name": device_name,
         "threads": torch.get_num_threads(),

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import statistics
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from stallfree.core import Request, SamplingParams
 from stallfree.core.serving import ServingConfig
@@ -98,10 +98,12 @@ def run_engine(options: ValidationOptions, serving: ServingConfig, model: Measur
     engine = LLMEngine(
         options.model or str(fp.get("model")),
         dtype=options.dtype or str(fp.get("dtype", "auto")),
+        quantization=None if options.dtype else profiled_quantization(fp),
         device=options.device or fp.get("device"),
         serving=serving,
         seed=options.seed,
         step_time_predictor=model.step_time_s if serving.step_budget_ms is not None else None,
+        adapt_threads=False,  # as the profile measured it: a fixed pool
     )
     _warm_up(engine)
     state = engine.scheduler.state
@@ -146,6 +148,15 @@ def _scores(
     summary["max_itl_ms"] = max((r.max_itl_s for r in records if r.is_completed), default=0.0) * 1000
     summary["prefix_cache_hit_rate"] = hit_rate
     return RunScores.of(summary, records, itl)
+
+
+def profiled_quantization(fingerprint: Mapping[str, Any]) -> str | None:
+    """The matmul weights' format the profile ran (its ``quantization``; a profile older than that
+    field says it in ``linear``: ``bf16`` / ``q8_0`` panels, with or without ``-dot``)."""
+    if "quantization" in fingerprint:
+        return cast("str | None", fingerprint["quantization"])
+    kind = str(fingerprint.get("linear", "")).removesuffix("-dot")
+    return kind if kind in ("bf16", "q8_0") else None
 
 
 def _warm_up(engine: LLMEngine) -> None:
