@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -169,12 +170,13 @@ def test_chunk_attention_only_with_bf16_weights_and_dot_products(
 
 
 def test_where_it_cannot_build_the_engine_says_so_once_and_uses_torch(
-    fresh_kernel: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    fresh_kernel: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     def no_compiler(*args: object, **kwargs: object) -> None:
         raise RuntimeError("Error building extension: c++: command not found\nmore detail")
 
     monkeypatch.setattr("torch.utils.cpp_extension.load_inline", no_compiler)
+    monkeypatch.setattr("torch.utils.cpp_extension._get_build_directory", lambda *a, **k: str(tmp_path))
     with caplog.at_level(logging.WARNING, logger=native.__name__):
         assert kernel_for(torch.device("cpu"), torch.float32) is None
         assert linear_kernel_for(torch.device("cpu"), torch.float32) is None
@@ -183,6 +185,20 @@ def test_where_it_cannot_build_the_engine_says_so_once_and_uses_torch(
         "note: the engine runs torch's ops; its compiled kernels did not build "
         "(Error building extension: c++: command not found)"
     ]
+
+
+def test_a_build_lock_left_by_a_stopped_start_is_removed_once_stale(tmp_path: Path) -> None:
+    import os
+    import time
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    native._drop_stale_lock(lock)
+    assert lock.exists()  # a build may hold it now
+    old = time.time() - native.STALE_LOCK_S - 1
+    os.utime(lock, (old, old))
+    native._drop_stale_lock(lock)
+    assert not lock.exists()
 
 
 def test_it_is_off_where_it_does_not_apply_or_is_turned_off(

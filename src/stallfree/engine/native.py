@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import logging
 import os
 import time
@@ -103,6 +104,28 @@ _CFLAGS = [
 ]
 
 
+STALE_LOCK_S = 600  # a build takes under a minute: a lock this old was left by a stopped start
+
+
+def _load_built(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _drop_stale_lock(lock: Path) -> None:
+    """Remove torch's build lock when a stopped build left it behind (it would wait forever)."""
+    try:
+        age_s = time.time() - lock.stat().st_mtime
+    except OSError:
+        return
+    if age_s > STALE_LOCK_S:
+        _log.warning("note: removing a build lock left %.0f s ago by a stopped start: %s", age_s, lock)
+        lock.unlink(missing_ok=True)
+
+
 def enabled(env: str) -> bool:
     return os.environ.get(env, "1") != "0"
 
@@ -118,8 +141,15 @@ def native_module() -> Any | None:
     name = f"stallfree_native_{capability.lower()}_{digest}"
     started = time.perf_counter()
     try:
-        from torch.utils.cpp_extension import load_inline
+        from torch.utils.cpp_extension import _get_build_directory, load_inline
 
+        # The name holds a digest of the sources, flags and torch: a library built under it is
+        # current, and loads without torch's build lock (a start stopped while it held that lock
+        # would leave every later start waiting on it).
+        built = Path(_get_build_directory(name, verbose=False)) / f"{name}.so"
+        if built.is_file():
+            return _load_built(name, built)
+        _drop_stale_lock(built.parent / "lock")
         module = load_inline(  # type: ignore[no-untyped-call]
             name,
             cpp_sources=sources,  # one file; bindings.cpp, last, binds them
