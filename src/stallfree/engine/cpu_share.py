@@ -67,12 +67,12 @@ class CoreShare:
         return self._clock(), self._busy(), self._own()
 
     def update(self) -> int:
-        """The thread count for the next step (re-read once a window has passed)."""
-        now, busy, own = mark = self._read()
+        """The thread count for the next step (the counters re-read once a window has passed;
+        between, a clock read: it runs every step)."""
         then, busy0, own0 = self._mark
-        if now - then < self._window_s:
+        if self._clock() - then < self._window_s:
             return self.threads
-        self._mark = mark
+        now, busy, own = self._mark = self._read()
         if busy is None or busy0 is None:
             return self.threads
         self.other_cores = max(0.0, (busy - busy0 - (own - own0)) / (now - then))
