@@ -9,6 +9,7 @@ from stallfree.core import PromptBlocks, Request
 from stallfree.core.router import (
     CacheAware,
     CacheAwareConfig,
+    ConsistentHash,
     LeastRequests,
     PowerOfTwo,
     PrefixTree,
@@ -44,6 +45,28 @@ def test_power_of_two_takes_the_less_loaded_of_two_draws_and_is_seeded() -> None
     assert 2 not in chosen  # the busiest loses every draw it is in
     assert set(chosen) == {0, 1, 3}
     assert PowerOfTwo().route(req("x"), [7]) == 0
+
+
+def test_consistent_hash_keeps_a_session_on_one_replica_whatever_the_load() -> None:
+    router = ConsistentHash(4)
+    turns = [Request(f"{s}-{t}", 8, 2, session_id=f"s{s}") for s in range(200) for t in range(3)]
+    chosen: dict[str, set[int]] = {}
+    for i, r in enumerate(turns):
+        load = [i % 7, 0, 50, 3]
+        assert r.session_id is not None
+        chosen.setdefault(r.session_id, set()).add(router.route(r, load))
+    assert all(len(replicas) == 1 for replicas in chosen.values())
+    counts = [sum(next(iter(c)) == i for c in chosen.values()) for i in range(4)]
+    assert min(counts) >= 25  # 200 sessions spread over 4 replicas, none starved
+    # a replica added moves only the sessions the new one takes
+    wider = ConsistentHash(5)
+    moved = [
+        sid for sid, c in chosen.items() if wider.route(Request("x", 8, 2, session_id=sid), [0] * 5) not in c
+    ]
+    assert all(wider.route(Request("x", 8, 2, session_id=sid), [0] * 5) == 4 for sid in moved)
+    assert 10 <= len(moved) <= 80
+    # no session id: the request id is the key
+    assert router.route(Request("r1", 8, 2), [0] * 4) == router.route(Request("r1", 9, 3), [9] * 4)
 
 
 def test_cache_aware_follows_the_prefix_above_the_threshold() -> None:
@@ -95,7 +118,9 @@ def test_cache_aware_config_is_vllm_routers_defaults() -> None:
 @st.composite
 def fleets(draw: st.DrawFn) -> tuple[int, str, list[Request]]:
     n = draw(st.integers(1, 4))
-    name = draw(st.sampled_from(["round-robin", "least-requests", "power-of-two", "cache-aware"]))
+    name = draw(
+        st.sampled_from(["round-robin", "least-requests", "power-of-two", "consistent-hash", "cache-aware"])
+    )
     reqs = []
     t = 0.0
     for i in range(draw(st.integers(1, 30))):
@@ -130,3 +155,29 @@ def test_one_replica_behind_any_router_is_the_single_run() -> None:
         [make_scheduler(max_num_seqs=4)], [OneSecondCosts()], make_router("cache-aware", 1), reqs
     )
     assert fleet.records == alone.records and fleet.load_imbalance == 1.0
+
+
+def test_a_routing_delay_shifts_one_replicas_whole_run_and_counts_in_ttft() -> None:
+    import dataclasses
+
+    reqs = [req(str(i), (i % 3, 7)) for i in range(8)]
+    reqs = [dataclasses.replace(r, arrival_time_s=0.7 * i) for i, r in enumerate(reqs)]
+    late = [dataclasses.replace(r, arrival_time_s=r.arrival_time_s + 0.25) for r in reqs]
+    plain = run_fleet([make_scheduler(max_num_seqs=4)], [OneSecondCosts()], RoundRobin(), late)
+    delayed = run_fleet(
+        [make_scheduler(max_num_seqs=4)], [OneSecondCosts()], RoundRobin(), reqs, route_delay_s=0.25
+    )
+    for a, b in zip(delayed.records, plain.records, strict=True):
+        assert a.arrival_s == b.arrival_s - 0.25  # the client's arrival
+        assert (a.first_token_s, a.finish_s) == (b.first_token_s, b.finish_s)
+
+
+@settings(max_examples=30, deadline=None)
+@given(fleets(), st.floats(0.01, 3))
+def test_a_delayed_fleet_loses_no_request(case: tuple[int, str, list[Request]], delay_s: float) -> None:
+    n, name, reqs = case
+    schedulers = [make_scheduler(max_num_seqs=3, num_blocks=24, block_size=16) for _ in range(n)]
+    run = run_fleet(schedulers, [OneSecondCosts()] * n, make_router(name, n), reqs, route_delay_s=delay_s)
+    assert [r.request_id for r in run.records] == [r.request_id for r in reqs]
+    done = [r for r in run.records if r.first_token_s is not None]
+    assert all(r.first_token_s - r.arrival_s >= delay_s for r in done)  # type: ignore[operator]

@@ -38,6 +38,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (value >= 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {value}")
+    return value
+
+
 def int_list(text: str) -> list[int]:
     """``16,32,64`` -> [16, 32, 64], each positive."""
     return [positive_int(part) for part in text.split(",") if part.strip()]

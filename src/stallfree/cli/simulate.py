@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from stallfree.cli.common import UsageError, positive_int
+from stallfree.cli.common import UsageError, non_negative_float, positive_int
 from stallfree.cli.cost_args import (
     add_roofline_args,
     add_roofline_dtype_arg,
@@ -83,6 +83,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="how arrivals are spread over the replicas: cache-aware is vllm-router's rule (prefix match "
         "rate over 0.3 follows the prefix, else the least loaded; imbalanced loads go to the least loaded) "
         "(default %(default)s)",
+    )
+    f.add_argument(
+        "--route-delay-ms",
+        type=non_negative_float,
+        default=0.0,
+        help="time from the router's choice to the replica's queue, counted in TTFT (default 0)",
     )
     g = p.add_argument_group("model and hardware")
     add_roofline_args(g)
@@ -232,6 +238,7 @@ def _simulate_all(
                 stop=stop.is_set,
                 replicas=args.replicas,
                 router=args.router,
+                route_delay_ms=args.route_delay_ms,
             )
             result.summary["sim_wall_s"] = time.perf_counter() - started
             results.append(result)
@@ -270,6 +277,7 @@ def _scenario(
         "seed": args.seed,
         "replicas": args.replicas,
         "router": args.router,
+        "route_delay_ms": args.route_delay_ms,
         "token_budget": chunked.token_budget,
         "chunk_tokens": chunked.chunk_tokens,
         "step_budget_ms": chunked.step_budget_ms,

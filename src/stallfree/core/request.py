@@ -91,6 +91,8 @@ class Request:
     arrival_time_s: float = 0.0
     sampling: SamplingParams | None = field(default=None, compare=False)
     prompt_blocks: PromptBlocks | None = field(default=None, compare=False, repr=False)
+    # the conversation it belongs to (a session-affine router keys on it); None: none said
+    session_id: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens <= 0:

@@ -8,6 +8,10 @@ in flight from its routing to its end (or its refusal), as a proxy sees a respon
 - ``round-robin``: replicas in turn.
 - ``least-requests``: the fewest requests in flight (the lowest index on a tie).
 - ``power-of-two``: two replicas drawn at random (seeded), the one with fewer in flight.
+- ``consistent-hash``: a hash ring (``virtual_nodes`` points per replica) keyed on the request's
+  session id (its request id when it has none): every turn of a conversation goes to the same
+  replica whatever the loads; vllm-router's ``consistent_hash`` keeps the same affinity (its own
+  hash function, so not the same replica for the same session).
 - ``cache-aware``: vllm-router's rule (its ``cache_aware`` policy and defaults, 0.1.17): an approximate prefix tree per replica over what was routed there; a request's match
   rate is its longest prefix in a replica's tree over its length. When the loads are imbalanced
   (max - min > ``balance_abs_threshold`` and max > min x ``balance_rel_threshold``) the least
@@ -23,6 +27,8 @@ as long as equal ids are equal text, which is what ids mean.
 
 from __future__ import annotations
 
+import bisect
+import hashlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +36,7 @@ from typing import Protocol
 
 from stallfree.core.request import Request
 
-ROUTER_NAMES = ("round-robin", "least-requests", "power-of-two", "cache-aware")
+ROUTER_NAMES = ("round-robin", "least-requests", "power-of-two", "consistent-hash", "cache-aware")
 
 
 class Router(Protocol):
@@ -72,6 +78,26 @@ class PowerOfTwo:
             return 0
         a, b = self._rng.sample(range(len(in_flight)), 2)
         return a if in_flight[a] <= in_flight[b] else b
+
+
+class ConsistentHash:
+    name = "consistent-hash"
+
+    def __init__(self, num_replicas: int, virtual_nodes: int = 160) -> None:
+        ring = sorted(
+            (_hash(f"replica-{i}#{v}"), i) for i in range(num_replicas) for v in range(virtual_nodes)
+        )
+        self._points = [point for point, _ in ring]
+        self._owners = [owner for _, owner in ring]
+
+    def route(self, request: Request, in_flight: Sequence[int]) -> int:
+        key = request.session_id if request.session_id is not None else request.request_id
+        at = bisect.bisect_left(self._points, _hash(key))
+        return self._owners[at % len(self._points)]
+
+
+def _hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
 class _Node:
@@ -187,6 +213,8 @@ def make_router(name: str, num_replicas: int, seed: int = 0) -> Router:
         return LeastRequests()
     if name == "power-of-two":
         return PowerOfTwo(seed)
+    if name == "consistent-hash":
+        return ConsistentHash(num_replicas)
     if name == "cache-aware":
         return CacheAware(num_replicas)
     raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTER_NAMES)}")

@@ -8,6 +8,7 @@ cache, builds a scheduler with one policy and runs the workload through
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -59,6 +60,7 @@ def simulate(
     stop: Callable[[], bool] | None = None,
     replicas: int = 1,
     router: str = "round-robin",
+    route_delay_ms: float = 0.0,
 ) -> SimulationResult:
     """Simulate ``workload`` served as ``serving`` says, its steps priced as ``costs`` says.
 
@@ -89,14 +91,16 @@ def simulate(
     ``replicas`` > 1: that many replicas of this deployment behind ``router`` (one of
     :data:`~stallfree.core.router.ROUTER_NAMES`): the summary is the fleet's, plus ``num_replicas``,
     ``router``, ``load_imbalance`` (the busiest replica's busy time over the mean) and ``replicas``
-    (each one's summary); ``steps`` is None. One replica is the run above, unchanged.
+    (each one's summary); ``steps`` is None. ``route_delay_ms``: each request reaches its
+    replica that long after it arrives (counted in its TTFT). One replica is the run above,
+    unchanged.
     """
     pick = costs if isinstance(costs, CostPick) else pick_cost_model(costs)
     serving = serving or ServingConfig()
     kv = _kv_memory(pick, serving, gpu_memory_utilization)
-    if replicas > 1:
+    if replicas > 1 or route_delay_ms:
         requests = _requests(workload, num_requests, seed)
-        fleet = (replicas, make_router(router, replicas, seed))
+        fleet = (replicas, make_router(router, replicas, seed), route_delay_ms / 1000)
         return _simulate_fleet(
             pick, serving, kv, fleet, requests, goodput, (fast, step_noise, step_scales, seed), stop
         )
@@ -123,14 +127,14 @@ def _simulate_fleet(
     pick: CostPick,
     serving: ServingConfig,
     kv: KvMemory,
-    fleet: tuple[int, Router],
+    fleet: tuple[int, Router, float],
     requests: Iterable[Request],
     goodput: Mapping[str, float] | None,
     how: tuple[bool, bool, tuple[float, float] | None, int],
     stop: Callable[[], bool] | None,
 ) -> SimulationResult:
-    """``fleet`` = (replicas, router); ``how`` = (fast, step_noise, step_scales, seed)."""
-    (replicas, router), (fast, step_noise, step_scales, seed) = fleet, how
+    """``fleet`` = (replicas, router, routing delay s); ``how`` = (fast, step_noise, step_scales, seed)."""
+    (replicas, router, delay_s), (fast, step_noise, step_scales, seed) = fleet, how
     context = pick.model.max_position_embeddings
     schedulers = [
         serving.make_scheduler(context, kv.num_blocks, predictor=pick.pricer.step_time_s)
@@ -138,11 +142,21 @@ def _simulate_fleet(
     ]
     costs = [_varied(pick, step_noise, step_scales, seed + i) for i in range(replicas)]
     run = run_fleet(
-        schedulers, costs, router, requests, fast=fast, step_budget_s=serving.step_budget_s, stop=stop
+        schedulers,
+        costs,
+        router,
+        requests,
+        fast=fast,
+        step_budget_s=serving.step_budget_s,
+        stop=stop,
+        route_delay_s=delay_s,
     )
     if not run.records and not run.stopped:
         raise ValueError("no request could run: the workload is empty")
-    each = [_summary(r, serving, [s], kv, goodput) for r, s in zip(run.runs, schedulers, strict=True)]
+    each = [
+        {**_summary(r, serving, [s], kv, goodput), "busy_s": r.busy_s}
+        for r, s in zip(run.runs, schedulers, strict=True)
+    ]
     whole = TrafficRun(
         records=run.records,
         itl=run.itl,
@@ -158,17 +172,17 @@ def _simulate_fleet(
     )
     summary = _summary(whole, serving, schedulers, kv, goodput)
     summary.update(
-        num_replicas=replicas, router=router.name, load_imbalance=run.load_imbalance, replicas=each
+        num_replicas=replicas,
+        router=router.name,
+        route_delay_ms=delay_s * 1000,
+        load_imbalance=run.load_imbalance,
+        replicas=each,
     )
     return SimulationResult(serving.policy, summary, run.records, run.itl, kv, None, run.stopped)
 
 
 def _merged(counts: Iterable[dict[str, int]]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for part in counts:
-        for key, n in part.items():
-            out[key] = out.get(key, 0) + n
-    return out
+    return dict(sum((Counter(part) for part in counts), Counter()))
 
 
 def _summary(

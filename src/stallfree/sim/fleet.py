@@ -5,10 +5,15 @@ Each replica is today's simulator unchanged (its own scheduler, KV cache and pre
 what a real one sees: the requests in flight at each replica (routed and not yet finished or
 refused), and its own tree of what it routed. Every request is routed exactly once and recorded
 by the replica that took it; the fleet's records are all of them, in arrival order.
+
+A routing delay (the router's own latency and the hop to the replica) holds each request that
+long between the router's choice and the replica's queue: it counts in the replica's in-flight
+load from the choice on, and in its TTFT (measured from the client's arrival).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +44,40 @@ class FleetRun:
         return max(busy) / mean if mean > 0 else 1.0
 
 
+class DelayedReplica:
+    """A replica whose requests reach it ``delay_s`` after they are routed to it."""
+
+    def __init__(self, inner: TrafficReplica, delay_s: float) -> None:
+        self.inner = inner
+        self._delay_s = delay_s
+        self._on_the_way: deque[tuple[float, Request]] = deque()  # (due, request), in due order
+        self._stepping = False
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._on_the_way) + self.inner.num_in_flight
+
+    def add_request(self, request: Request, now_s: float) -> None:
+        self._on_the_way.append((now_s + self._delay_s, request))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._on_the_way) or self.inner.has_unfinished_requests()
+
+    def start_step(self, now_s: float, next_arrival_s: float | None) -> float | None:
+        while self._on_the_way and self._on_the_way[0][0] <= now_s:
+            self.inner.add_request(self._on_the_way.popleft()[1], now_s)
+        due_s = self._on_the_way[0][0] if self._on_the_way else None
+        upcoming = [t for t in (next_arrival_s, due_s) if t is not None]
+        end_s = self.inner.start_step(now_s, min(upcoming) if upcoming else None)
+        self._stepping = end_s is not None
+        return end_s if end_s is not None else due_s  # nothing to run: wake when the next lands
+
+    def finish_step(self) -> None:
+        if self._stepping:
+            self.inner.finish_step()
+            self._stepping = False
+
+
 def run_fleet(
     schedulers: Sequence[Scheduler],
     cost_models: Sequence[SteadyCostModel],
@@ -48,13 +87,20 @@ def run_fleet(
     fast: bool = True,
     step_budget_s: float | None = None,
     stop: Callable[[], bool] | None = None,
+    route_delay_s: float = 0.0,
 ) -> FleetRun:
     """Route ``requests`` (ordered by arrival) over one replica per scheduler, each priced by its
-    cost model, until all are done (or ``stop``)."""
-    replicas = [
+    cost model, until all are done (or ``stop``); each reaches its replica ``route_delay_s``
+    after it arrives."""
+    if not (route_delay_s >= 0 and route_delay_s < float("inf")):
+        raise ValueError(f"the routing delay must be a finite number >= 0, got {route_delay_s}")
+    traffic = [
         TrafficReplica(s, c, fast=fast, step_budget_s=step_budget_s)
         for s, c in zip(schedulers, cost_models, strict=True)
     ]
+    replicas: Sequence[TrafficReplica | DelayedReplica] = (
+        [DelayedReplica(r, route_delay_s) for r in traffic] if route_delay_s > 0 else traffic
+    )
     order: dict[str, int] = {}
 
     def route(request: Request) -> int:
@@ -63,7 +109,7 @@ def run_fleet(
 
     clock = SimClock()
     stopped = drive(clock, requests, replicas, route=route, stop=stop)
-    runs = [r.result(clock.now(), stopped) for r in replicas]
+    runs = [r.result(clock.now(), stopped) for r in traffic]
     records = sorted((rec for run in runs for rec in run.records), key=lambda rec: order[rec.request_id])
     itl = ItlAccumulator()
     for run in runs:

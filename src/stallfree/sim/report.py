@@ -123,7 +123,7 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
         f"max {sc['max_num_seqs']} seqs, prefix caching {'on' if sc.get('enable_prefix_caching') else 'off'}",
         _kv_line(sc),
         f"{sc['num_requests']:,} requests: {sc['workload']}, seed {sc['seed']}",
-        *([f"{sc['replicas']} replicas behind a {sc['router']} router"] if sc.get("replicas", 1) > 1 else []),
+        *(_fleet_lines(sc) if sc.get("replicas", 1) > 1 or sc.get("route_delay_ms") else []),
         "",
         f"  {'':<24}" + "".join(f"{s['policy']:>16}" for s in summaries),
     ]
@@ -142,9 +142,38 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
                 if s["rejected"]
                 else f"  {s['policy']}: no request completed, so it has no latencies (-)"
             )
+    for s in summaries:
+        lines += _replica_lines(s)
     if outputs:
         lines += ["", "  wrote: " + ", ".join(outputs)]
     return "\n".join(lines)
+
+
+def _fleet_lines(sc: dict[str, Any]) -> list[str]:
+    delay = f", {sc['route_delay_ms']:g} ms from router to replica" if sc.get("route_delay_ms") else ""
+    gpus = sc["replicas"] * sc["tp"]
+    return [f"{sc['replicas']} replicas behind a {sc['router']} router{delay} ({gpus:,} GPUs in all)"]
+
+
+def _replica_lines(summary: dict[str, Any]) -> list[str]:
+    """Each replica of a fleet's run: its requests, prefix-cache hits, busy time and P99 TTFT."""
+    each = summary.get("replicas")
+    if not each:
+        return []
+    lines = [
+        "",
+        f"  {summary['policy']}, per replica:",
+        f"  {'':<12}{'requests':>10}{'cache hits':>12}{'busy (s)':>11}{'TTFT p99 (ms)':>15}",
+    ]
+    for i, r in enumerate(each):
+        hits = format_metric(
+            None if r["prefix_cache_hit_rate"] is None else 100 * r["prefix_cache_hit_rate"], "{:.1f}%"
+        )
+        ttft = format_metric(r.get("p99_ttft_ms"), "{:,.1f}")
+        lines.append(
+            f"  {'replica ' + str(i):<12}{r['completed'] + r['rejected']:>10,}{hits:>12}{r['busy_s']:>11,.1f}{ttft:>15}"
+        )
+    return lines
 
 
 def summarize_interruption(

@@ -89,6 +89,9 @@ def load_bench_result(path: str | Path) -> BenchResult:
         num_prompt_tokens=np.array([max(1, inputs[i]) for i in order], dtype=np.int64),
         max_tokens=np.array([max(1, outputs[i]) for i in order], dtype=np.int64),
         prompt_blocks=_session_blocks(data, inputs, outputs, order.tolist()),
+        session=np.array([int(data["session_ids"][i]) for i in order], dtype=np.int64)
+        if "session_ids" in data
+        else None,
     )
     duration = float(data.get("duration", max((r.finish_s for r in records), default=0.0)))
     return BenchResult(arrays, records, itl, duration, data)

@@ -53,12 +53,14 @@ class Workload:
 @dataclass(frozen=True, slots=True, eq=False)
 class WorkloadArrays:
     """A sampled workload as columns; row ``i`` is request ``str(i)``. ``prompt_blocks`` (one per
-    row, or None): what each prompt is, for the prefix cache (a trace's block hashes)."""
+    row, or None): what each prompt is, for the prefix cache (a trace's block hashes).
+    ``session`` (or None): the conversation each row belongs to (multi-turn sessions)."""
 
     arrival_time_s: FloatArray
     num_prompt_tokens: IntArray
     max_tokens: IntArray
     prompt_blocks: tuple[PromptBlocks, ...] | None = None
+    session: IntArray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_time_s)
@@ -74,6 +76,7 @@ class WorkloadArrays:
                 strict=True,
             )
             blocks = self.prompt_blocks
+            sessions = None if self.session is None else self.session[start:stop].tolist()
             for offset, (arrival_s, num_prompt_tokens, max_tokens) in enumerate(rows):
                 yield Request(
                     request_id=str(start + offset),
@@ -81,6 +84,7 @@ class WorkloadArrays:
                     max_tokens=max_tokens,
                     arrival_time_s=arrival_s,
                     prompt_blocks=None if blocks is None else blocks[start + offset],
+                    session_id=None if sessions is None else f"session-{sessions[offset]}",
                 )
 
 
@@ -104,7 +108,7 @@ def sample(workload: Workload, num_requests: int | None = None, seed: int = 0) -
         prompts, outputs = cap_lengths(
             turns.num_prompt_tokens, turns.max_tokens, workload.max_prompt_tokens, workload.max_total_tokens
         )
-        return WorkloadArrays(turns.arrival_time_s, prompts, outputs, turns.prompt_blocks)
+        return WorkloadArrays(turns.arrival_time_s, prompts, outputs, turns.prompt_blocks, turns.session)
     times_s = workload.arrivals.times_s(num_requests, np.random.default_rng(arrival_seed))
     length_rng = np.random.default_rng(length_seed)
     blocks = None
