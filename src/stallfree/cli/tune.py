@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from stallfree.cli.common import (
     UsageError,
     int_list,
+    non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
@@ -30,11 +31,13 @@ from stallfree.cli.sweep import add_run_args, make_dir, show_progress, trial_poo
 
 if TYPE_CHECKING:
     from stallfree.costs.choice import CostChoice
+    from stallfree.tune.trial import TrialSpec
 
 DEFAULT_MODEL = "mistral-7b"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from stallfree.core.router import ROUTER_NAMES  # light
     from stallfree.tune.slo import (  # light
         SLO_FLAGS,
         STRICT_TBT_BATCH,
@@ -70,6 +73,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="auto|MS1,MS2,...",
         help="also try chunked with chunks sized by time (--step-budget-ms): these step-time targets; "
         "auto: 0.5, 0.75 and 1 x the P99 TBT SLO (default: none)",
+    )
+    f = p.add_argument_group(
+        "fleet",
+        "with --router: the fewest replicas meeting the SLOs at --qps (each chunked at one of --budgets), "
+        "per router, with the launch lines of vLLM or SGLang replicas behind vllm-router or sglang-router",
+    )
+    f.add_argument("--router", metavar="R1,R2,...", help=f"routers to compare: {', '.join(ROUTER_NAMES)}")
+    f.add_argument(
+        "--qps",
+        type=positive_float,
+        help="the fleet's traffic rate (default with --arrival trace: the trace's own rate)",
+    )
+    f.add_argument(
+        "--max-replicas", type=positive_int, default=256, help="give up past this many (default %(default)s)"
+    )
+    f.add_argument(
+        "--route-delay-ms",
+        type=non_negative_float,
+        default=0.0,
+        help="time from the router's choice to the replica's queue, counted in TTFT (default 0)",
     )
     p.add_argument(
         "--max-num-seqs",
@@ -130,7 +153,12 @@ def _add_deployment_args(p: argparse.ArgumentParser) -> None:
         default="sharegpt",
         help="request lengths: a trace name or path, fixed:P,O, uniform:..., lognormal:... (default %(default)s)",
     )
-    p.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson", help="arrival process")
+    p.add_argument(
+        "--arrival",
+        choices=("poisson", "gamma", "trace"),
+        default="poisson",
+        help="arrival process; trace: the arrival times of the trace --lengths names, scaled to --qps (fleet only)",
+    )
     p.add_argument("--burstiness", type=positive_float, default=1.0, help="gamma shape (default 1: Poisson)")
     p.add_argument(
         "--num-requests",
@@ -162,6 +190,10 @@ def run_tune(args: argparse.Namespace) -> int:
         seed=args.seed,
         gpu_memory_utilization=args.gpu_memory_utilization,
     )
+    if args.router is not None:
+        return _run_fleet_tune(args, base, cost_model_note)
+    if args.qps is not None or args.arrival == "trace":
+        raise UsageError("--qps and --arrival trace size a fleet: give --router too")
     if args.precision >= 1:
         raise UsageError(f"--precision must be below 1, got {args.precision}")
     if args.plot:
@@ -207,6 +239,66 @@ def run_tune(args: argparse.Namespace) -> int:
         return 130
     met = any(entry["best_budget"] is not None for entry in out["policies"].values())
     return 0 if met else 1
+
+
+def _run_fleet_tune(args: argparse.Namespace, base: TrialSpec, cost_model_note: str | None) -> int:
+    """``tune --router ...``: the fewest replicas per router and budget at the fleet's rate."""
+    from stallfree.core.router import ROUTER_NAMES
+    from stallfree.tune.advise import TuneRequest, plan_tune
+    from stallfree.tune.fleet import FleetTuneConfig, tune_fleet
+    from stallfree.tune.report import format_fleet
+    from stallfree.tune.slo import SLO_FLAGS
+    from stallfree.tune.trial import trace_qps
+
+    for flag, value in (("--step-budgets-ms", args.step_budgets_ms), ("--plot", args.plot)):
+        if value:
+            raise UsageError(f"{flag} applies to a one-replica tune, not with --router")
+    routers = tuple(r.strip() for r in args.router.split(",") if r.strip())
+    unknown = [r for r in routers if r not in ROUTER_NAMES]
+    if unknown or not routers:
+        raise UsageError(
+            f"--router: unknown {', '.join(unknown) or 'nothing'}; choose from {', '.join(ROUTER_NAMES)}"
+        )
+    qps = args.qps
+    if qps is None:
+        if args.arrival != "trace":
+            raise UsageError(
+                "a fleet is sized for a traffic rate: give --qps (or --arrival trace for the trace's own)"
+            )
+        qps = trace_qps(args.lengths, args.num_requests)
+    base = replace(base, qps=qps, route_delay_ms=args.route_delay_ms)
+    # the SLOs and budgets as a one-replica tune resolves them (the strict TBT SLO, the ridge's budgets)
+    plan = plan_tune(
+        TuneRequest(
+            base=base,
+            policies=("chunked",),
+            budgets=None if args.budgets == "auto" else tuple(_int_list(args.budgets)),
+            slos={
+                name: getattr(args, f"slo_{name}")
+                for name in SLO_FLAGS
+                if getattr(args, f"slo_{name}") is not None
+            },
+            max_num_seqs=args.max_num_seqs,
+        )
+    )
+    config = FleetTuneConfig(
+        base=base,
+        routers=routers,
+        budgets=plan.config.budgets,
+        slos=plan.config.slos,
+        max_num_seqs=args.max_num_seqs,
+        max_replicas=args.max_replicas,
+    )
+    with trial_pool(args) as pool:
+        out, interrupted = tune_fleet(config, pool, progress=show_progress(args))
+        out["backend"] = {"name": args.backend, "workers": pool.workers}
+    out["slo_notes"] = dict(plan.slo_notes)
+    out["cost_model_note"] = cost_model_note
+    print(json.dumps(out, indent=2) if args.json else format_fleet(out))
+    if interrupted:
+        print("stallfree tune: interrupted; the searches that finished are on stdout", file=sys.stderr)
+        return 130
+    return 0 if out["best"] is not None else 1
 
 
 def _tune_costs(args: argparse.Namespace) -> tuple[CostChoice, str | None]:

@@ -24,8 +24,10 @@ Origin = Literal["run", "resumed", "repeat"]
 
 
 class Probe(Protocol):
-    def next_qps(self) -> float | None: ...
-    def record(self, qps: float, passed: bool) -> None: ...
+    """Proposes values of its job's axis (a QPS, or a replica count) and is told the outcomes."""
+
+    def next_value(self) -> float | None: ...
+    def record(self, value: float, passed: bool) -> None: ...
     def trials_left_estimate(self) -> int: ...
 
 
@@ -36,10 +38,10 @@ class FixedQps:
         self.qps = qps
         self._done = False
 
-    def next_qps(self) -> float | None:
+    def next_value(self) -> float | None:
         return None if self._done else self.qps
 
-    def record(self, qps: float, passed: bool) -> None:
+    def record(self, value: float, passed: bool) -> None:
         self._done = True
 
     def trials_left_estimate(self) -> int:
@@ -48,8 +50,17 @@ class FixedQps:
 
 @dataclass(slots=True)
 class Job:
-    base: TrialSpec  # its qps is replaced by the probe's
+    """``base`` with its ``axis`` (its QPS, or its replica count) set to each value ``probe`` asks."""
+
+    base: TrialSpec
     probe: Probe
+    axis: Literal["qps", "replicas"] = "qps"
+
+    def spec_at(self, value: float) -> TrialSpec:
+        return self.base.at_qps(value) if self.axis == "qps" else self.base.at_replicas(int(value))
+
+    def value_of(self, spec: TrialSpec) -> float:
+        return spec.qps if self.axis == "qps" else spec.replicas
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +83,9 @@ class TrialRecord:
             "step_budget_ms": self.spec.serving.step_budget_ms,
             "max_num_seqs": self.spec.serving.num_seqs_limit,
             "qps": self.spec.qps,
+            **(
+                {"replicas": self.spec.replicas, "router": self.spec.router} if self.spec.replicas > 1 else {}
+            ),
             "passed": self.passed,
             "violations": list(self.violations),
             "key": self.spec.key(),
@@ -116,7 +130,7 @@ def run_jobs(
     def finish(j: int, spec: TrialSpec, metrics: Summary, origin: Origin) -> None:
         violations = slos.violations(metrics) if slos is not None else ()
         passed = None if slos is None else not violations
-        jobs[j].probe.record(spec.qps, bool(passed))
+        jobs[j].probe.record(jobs[j].value_of(spec), bool(passed))
         record = TrialRecord(j, counts[j], spec, metrics, passed, violations, origin)
         counts[j] += 1
         records.append(record)
@@ -127,8 +141,8 @@ def run_jobs(
         bar.update(1)  # after the total: tqdm's ETA uses both
 
     def advance(j: int) -> None:
-        while (qps := jobs[j].probe.next_qps()) is not None:
-            spec = jobs[j].base.at_qps(qps)
+        while (value := jobs[j].probe.next_value()) is not None:
+            spec = jobs[j].spec_at(value)
             key = spec.key()
             if key in ticket_of:
                 in_flight[ticket_of[key]][1].append(j)

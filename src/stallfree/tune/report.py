@@ -175,3 +175,80 @@ def _time_budget_lines(out: dict[str, Any]) -> list[str]:
             f"  what they cannot express: {commands['cannot_express']}",
         ]
     return lines
+
+
+def format_fleet(out: dict[str, Any]) -> str:
+    """The human-readable report of a fleet tune (``tune --qps Q --router ...``)."""
+    wl = out["workload"]
+    slo_text = ", ".join(
+        f"{SLO_FLAGS[name].label} <= {limit:g} {SLO_FLAGS[name].unit}"
+        + (f" [{out['slo_notes'][name]}]" if name in out.get("slo_notes", {}) else "")
+        for name, limit in out["slos"].items()
+    )
+    arrivals = "the trace's arrivals replayed" if wl["arrival"] == "trace" else f"{wl['arrival']} arrivals"
+    delay = f", {out['route_delay_ms']:g} ms from router to replica" if out["route_delay_ms"] else ""
+    lines = [
+        f"{out['model']}, each replica on {on_gpus(out)} (cost model {out['cost_model']})",
+        f"workload: {wl['lengths']} lengths, {arrivals} at {_qps(out['qps'])} QPS; each trial "
+        f"{wl['num_requests']:,} requests, seed {wl['seed']}; prefix caching "
+        f"{'on' if out['prefix_caching'] else 'off'}{delay}",
+        f"SLOs: {slo_text}",
+        f"fewest replicas meeting every SLO (up to {out['max_replicas']}), doubling then bisection; "
+        f"{len(out['trials'])} trials in {duration(out['wall_s'])} on {out['backend']['workers']} "
+        f"{out['backend']['name']} worker(s)",
+        *(["INTERRUPTED: only the searches that finished are shown"] if out.get("partial") else []),
+        "",
+        f"  {'router':<18}{'budget':>8}{'replicas':>10}{'GPUs':>7}{'trials':>8}",
+    ]
+    for router, entry in out["routers"].items():
+        best = entry["best"]
+        for point in entry["curve"]:
+            n = point["replicas"]
+            mark = (
+                " *"
+                if best and (best["token_budget"], best["replicas"]) == (point["token_budget"], n)
+                else ""
+            )
+            shown = (
+                f"{n}"
+                if n is not None
+                else ("unfinished" if not point["finished"] else f">{out['max_replicas']}")
+            )
+            gpus = f"{n * out['tp']}" if n is not None else "-"
+            lines.append(
+                f"  {router:<18}{point['token_budget']:>8,}{shown:>10}{gpus:>7}{point['num_trials']:>8}{mark}"
+            )
+    lines += ["", "best per router (* above):"]
+    for router, entry in out["routers"].items():
+        best = entry["best"]
+        if best is None:
+            lines.append(f"  {router:<18}no budget meets the SLOs with up to {out['max_replicas']} replicas")
+            closest = entry.get("closest")
+            if closest:
+                parts = "; ".join(
+                    Slo(n, limit).describe(closest["metrics"]) for n, limit in out["slos"].items()
+                )
+                lines.append(
+                    f"  {'':<18}closest: {closest.get('replicas', 1)} replicas at budget {closest['token_budget']:,}: {parts}"
+                )
+            continue
+        m = best["metrics"]
+        hits = m.get("prefix_cache_hit_rate")
+        lines.append(
+            f"  {router:<18}{best['replicas']} replicas ({best['gpus']} GPUs) at budget {best['token_budget']:,}: "
+            f"P99 TTFT {m['p99_ttft_ms']:,.0f} ms, P99 TPOT {m['p99_tpot_ms']:.1f} ms"
+            + (f", prefix-cache hits {100 * hits:.1f}%" if hits is not None else "")
+            + f", load max/mean {m.get('load_imbalance') or 1.0:.2f}"
+        )
+    best = out["best"]
+    if best is not None:
+        commands = best["commands"]
+        lines += [
+            "",
+            f"launch ({best['replicas']} replicas, {best['router']}, budget {best['token_budget']:,}):",
+            f"  vLLM, on each replica's host:  {commands['vllm']['replica']}",
+            f"  in front:  {commands['vllm']['router']}",
+            f"  SGLang, on each replica's host:  {commands['sglang']['replica']}",
+            f"  in front:  {commands['sglang']['router']}",
+        ]
+    return "\n".join(lines)

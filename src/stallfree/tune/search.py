@@ -61,6 +61,10 @@ class CapacitySearch:
             self._asked = self._propose()
         return self._asked
 
+    def next_value(self) -> float | None:
+        """:meth:`next_qps`, as a :class:`~stallfree.tune.jobs.Probe` asks."""
+        return self.next_qps()
+
     def record(self, qps: float, passed: bool) -> None:
         if qps != self._asked:
             raise ValueError(f"recorded QPS {qps} was not the one proposed ({self._asked})")
@@ -109,3 +113,61 @@ class CapacitySearch:
         if hi is None:
             return lo * 2 if lo * 2 <= c.qps_max else None
         return math.sqrt(lo * hi) if hi > lo * (1 + c.precision) else None
+
+
+class ReplicaSearch:
+    """The fewest replicas whose trial meets the SLOs at a fixed traffic rate: from ``start``,
+    double while trials fail (halve while they pass) to bracket, then bisect the integers between.
+    Assumes a fleet never gets worse with a replica more; gives up past ``max_replicas``."""
+
+    __slots__ = ("_asked", "failed", "max_replicas", "num_trials", "passed", "start")
+
+    def __init__(self, start: int, max_replicas: int) -> None:
+        if not 1 <= start <= max_replicas:
+            raise ValueError(f"need 1 <= start <= max_replicas, got {start}, {max_replicas}")
+        self.start, self.max_replicas = start, max_replicas
+        self.failed = 0  # the most replicas that missed the SLOs (0: none tried missed)
+        self.passed: int | None = None  # the fewest that met them
+        self.num_trials = 0
+        self._asked: int | None = None
+
+    def next_value(self) -> float | None:
+        if self._asked is None:
+            self._asked = self._propose()
+        return self._asked
+
+    def record(self, value: float, passed: bool) -> None:
+        if value != self._asked:
+            raise ValueError(f"recorded {value} replicas, not the {self._asked} proposed")
+        self._asked = None
+        self.num_trials += 1
+        n = int(value)
+        if passed:
+            self.passed = n if self.passed is None else min(self.passed, n)
+        else:
+            self.failed = max(self.failed, n)
+
+    @property
+    def fewest(self) -> int | None:
+        """The fewest replicas that met the SLOs (None: not even ``max_replicas``)."""
+        return self.passed
+
+    @property
+    def is_done(self) -> bool:
+        return self.next_value() is None
+
+    def trials_left_estimate(self) -> int:
+        if self.is_done:
+            return 0
+        span = (self.passed or 2 * max(self.failed, 1)) - self.failed
+        return max(1, math.ceil(math.log2(max(span, 2))))
+
+    def _propose(self) -> int | None:
+        failed, passed = self.failed, self.passed
+        if passed is None:
+            if failed == 0:
+                return self.start
+            return min(2 * failed, self.max_replicas) if failed < self.max_replicas else None
+        if failed == 0:
+            return passed // 2 if passed > 1 else None
+        return (failed + passed) // 2 if passed - failed > 1 else None

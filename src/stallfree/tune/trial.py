@@ -20,21 +20,29 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from stallfree.core import DEFAULT_TOKEN_BUDGET
+from stallfree.core.router import ROUTER_NAMES
 from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice, CostPick, pick_cost_model
 from stallfree.metrics import Summary
 from stallfree.sim.api import SimulationResult, simulate
 from stallfree.workload import Workload, gamma, parse_lengths, sample
+from stallfree.workload.arrivals import ReplayArrivals
+from stallfree.workload.lengths import TraceLengths
 
-ARRIVALS = ("poisson", "gamma")
+ARRIVALS = ("poisson", "gamma", "trace")
+FLEET_DEFAULTS = {"replicas": 1, "router": "round-robin", "route_delay_ms": 0.0}
 DEFAULT_SERVING = ServingConfig(max_num_batched_tokens=DEFAULT_TOKEN_BUDGET)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrialSpec:
     """Everything that decides a trial's result: how steps are priced (a choice of strings and
-    numbers: a kind, presets or paths), how the replica schedules, and the workload."""
+    numbers: a kind, presets or paths), how each replica schedules, how many replicas there are
+    behind which router, and the workload. ``arrival`` ``trace``: the arrival times of the trace
+    ``lengths`` names (with its lengths, in order), replayed at ``qps`` requests a second."""
 
     costs: CostChoice
     serving: ServingConfig = DEFAULT_SERVING
@@ -45,6 +53,9 @@ class TrialSpec:
     num_requests: int = 1000
     seed: int = 0
     gpu_memory_utilization: float = 0.9
+    replicas: int = 1
+    router: str = "round-robin"
+    route_delay_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.arrival not in ARRIVALS:
@@ -62,6 +73,10 @@ class TrialSpec:
             raise ValueError("a trial names its profile by path")
         if self.serving.max_num_batched_tokens is None:
             raise ValueError("a trial's serving config names its max_num_batched_tokens")
+        if self.replicas <= 0:
+            raise ValueError(f"replicas must be positive, got {self.replicas}")
+        if self.router not in ROUTER_NAMES:
+            raise ValueError(f"unknown router {self.router!r}; choose from {', '.join(ROUTER_NAMES)}")
 
     @property
     def token_budget(self) -> int:
@@ -93,12 +108,20 @@ class TrialSpec:
         }
 
     def key(self) -> str:
-        """A stable 16-hex-digit name of this trial (same spec, same key, in any process)."""
-        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """A stable 16-hex-digit name of this trial (same spec, same key, in any process; a lone
+        replica's key leaves the fleet's fields out, so it is what it was before they existed)."""
+        fields = dataclasses.asdict(self)
+        if all(fields[name] == value for name, value in FLEET_DEFAULTS.items()):
+            for name in FLEET_DEFAULTS:
+                del fields[name]
+        text = json.dumps(fields, sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
     def at_qps(self, qps: float) -> TrialSpec:
         return dataclasses.replace(self, qps=qps)
+
+    def at_replicas(self, replicas: int) -> TrialSpec:
+        return dataclasses.replace(self, replicas=replicas)
 
     def with_serving(self, max_num_seqs: int, **changes: Any) -> TrialSpec:
         """This spec scheduling as ``changes`` say, running at most ``max_num_seqs`` sequences
@@ -114,7 +137,7 @@ def check_spec(spec: TrialSpec) -> None:
     """Fail now, in one clear ``ValueError``, on what would fail in every worker: the lengths,
     then the deployment, by a run of one tiny request."""
     _workload(spec)
-    _simulate(dataclasses.replace(spec, lengths="fixed:16,2", num_requests=1))
+    _simulate(dataclasses.replace(spec, lengths="fixed:16,2", num_requests=1, arrival="poisson"))
 
 
 def run_trial(spec: TrialSpec) -> Summary:
@@ -136,6 +159,9 @@ def _simulate(spec: TrialSpec) -> SimulationResult:
         gpu_memory_utilization=spec.gpu_memory_utilization,
         num_requests=spec.num_requests,
         seed=spec.seed,
+        replicas=spec.replicas,
+        router=spec.router,
+        route_delay_ms=spec.route_delay_ms,
     )
 
 
@@ -177,4 +203,21 @@ def pick(choice: CostChoice) -> CostPick:
 
 
 def _workload(spec: TrialSpec) -> Workload:
+    if spec.arrival == "trace":
+        return Workload(
+            arrivals=ReplayArrivals(spec.lengths, trace_qps(spec.lengths, spec.num_requests) / spec.qps),
+            lengths=TraceLengths(spec.lengths, "in-order"),
+        )
     return Workload(arrivals=gamma(spec.qps, spec.burstiness), lengths=parse_lengths(spec.lengths))
+
+
+@functools.lru_cache(maxsize=8)
+def trace_qps(trace: str, num_requests: int) -> float:
+    """A trace's own rate over its first ``num_requests`` rows: the gaps between them, a second."""
+    arrivals_s = ReplayArrivals(trace).times_s(num_requests, np.random.default_rng(0))
+    span_s = float(arrivals_s[-1])
+    if span_s <= 0:
+        raise ValueError(
+            f"trace {trace}: its first {num_requests} requests arrive at once, so they have no rate"
+        )
+    return (num_requests - 1) / span_s

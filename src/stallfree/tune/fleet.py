@@ -1,0 +1,208 @@
+"""``stallfree tune --qps Q --router R1,R2``: the fewest replicas meeting the SLOs at a traffic rate.
+
+For each (router, token budget) a :class:`~stallfree.tune.search.ReplicaSearch` sizes the fleet:
+seeded simulations of N replicas (each the deployment ``base`` describes, chunked at the budget)
+behind the router at ``base.qps``, N doubled until the SLOs hold, then bisected. The answer is the
+(router, budget) with the fewest replicas (the fewest GPUs: replicas x TP), ties going to the
+trial with the most headroom under its SLOs, and the launch lines of that fleet: one vLLM or SGLang
+server per replica behind ``vllm-router`` or ``sglang-router`` with the matching policy.
+Invariant: as :func:`~stallfree.tune.capacity.tune`, the same config gives the same result on
+every pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from stallfree.tune.capacity import serve_commands
+from stallfree.tune.jobs import Job, JobsInterrupted, TrialRecord, run_jobs
+from stallfree.tune.pools import TrialPool
+from stallfree.tune.search import ReplicaSearch
+from stallfree.tune.slo import Slos
+from stallfree.tune.trial import TrialSpec, check_spec, estimate_qps
+
+# vllm-router 0.1.17's and sglang-router 0.3.2's --policy for each router (None: it has none).
+VLLM_ROUTER_POLICY = {
+    "round-robin": "round_robin",
+    "power-of-two": "power_of_two",
+    "consistent-hash": "consistent_hash",
+    "cache-aware": "cache_aware",
+    "least-requests": None,
+}
+SGLANG_ROUTER_POLICY = {
+    "round-robin": "round_robin",
+    "power-of-two": "power_of_two",
+    "consistent-hash": None,
+    "cache-aware": "cache_aware",
+    "least-requests": None,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FleetTuneConfig:
+    """``base``: one replica's deployment and the workload at the fleet's rate (``base.qps``)."""
+
+    base: TrialSpec
+    routers: tuple[str, ...]
+    budgets: tuple[int, ...]
+    slos: Slos
+    max_num_seqs: int = 256
+    max_replicas: int = 256
+
+    def __post_init__(self) -> None:
+        if not self.routers or len(set(self.routers)) != len(self.routers):
+            raise ValueError("give one or more distinct routers")
+        if not self.budgets or len(set(self.budgets)) != len(self.budgets):
+            raise ValueError("give one or more distinct token budgets")
+        if self.max_replicas < 1:
+            raise ValueError(f"max_replicas must be positive, got {self.max_replicas}")
+
+
+def fleet_searches(config: FleetTuneConfig) -> list[Job]:
+    """One replica search per (router, budget), checked before anything runs; each starts at the
+    replicas the roofline's rough capacity of one suggests."""
+    jobs = []
+    for budget in config.budgets:
+        one = config.base.with_serving(config.max_num_seqs, policy="chunked", max_num_batched_tokens=budget)
+        check_spec(one)
+        start = min(config.max_replicas, max(1, math.ceil(config.base.qps / estimate_qps(one))))
+        for router in config.routers:
+            spec = dataclasses.replace(one, router=router, replicas=start)
+            jobs.append(Job(spec, ReplicaSearch(start, config.max_replicas), axis="replicas"))
+    return jobs
+
+
+def tune_fleet(
+    config: FleetTuneConfig, pool: TrialPool, *, progress: bool = False
+) -> tuple[dict[str, Any], bool]:
+    """Run the searches; the result as JSON and whether a Ctrl-C cut it short (then it holds the
+    searches that finished, ``partial: true``)."""
+    started = time.perf_counter()
+    jobs = fleet_searches(config)
+    interrupted = False
+    try:
+        trials = run_jobs(jobs, pool, config.slos, progress=progress, desc="tune fleet")
+    except JobsInterrupted as error:
+        trials, interrupted = error.records, True
+    out = _to_json(config, jobs, trials)
+    if interrupted:
+        out["partial"] = True
+    out["wall_s"] = time.perf_counter() - started
+    return out, interrupted
+
+
+def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]) -> dict[str, Any]:
+    base, slos = config.base, config.slos
+    passing = {(t.job, t.spec.replicas): t for t in trials if t.passed}
+    routers: dict[str, Any] = {r: {"curve": []} for r in config.routers}
+    winners = []
+    for j, job in enumerate(jobs):
+        search = job.probe
+        assert isinstance(search, ReplicaSearch)
+        fewest = search.fewest if search.is_done else None
+        entry = {
+            "token_budget": job.base.token_budget,
+            "max_num_seqs": job.base.serving.num_seqs_limit,
+            "replicas": fewest,
+            "finished": search.is_done,
+            "num_trials": search.num_trials,
+        }
+        routers[job.base.router]["curve"].append(entry)
+        if fewest is not None:
+            trial = passing[(j, fewest)]
+            winners.append((fewest, slos.worst_ratio(trial.metrics), job.base.router, trial))
+    for router, entry in routers.items():
+        own = [w for w in winners if w[2] == router]
+        entry["best"] = _best_json(min(own, key=lambda w: w[:2]), base.costs.tp) if own else None
+        tried = [t for t in trials if t.spec.router == router]
+        if not own and tried:  # what came nearest, and which SLO no fleet size met
+            entry["closest"] = min(tried, key=lambda t: slos.worst_ratio(t.metrics)).to_json()
+    best = min(winners, key=lambda w: w[:2]) if winners else None
+    out: dict[str, Any] = {
+        "mode": "fleet",
+        "model": str(base.costs.model),
+        "hardware": base.costs.hardware,
+        "tp": base.costs.tp,
+        "expert_parallel": base.costs.expert_parallel,
+        "cost_model": base.columns()["cost_model"],
+        "qps": base.qps,
+        "route_delay_ms": base.route_delay_ms,
+        "max_replicas": config.max_replicas,
+        "workload": {
+            "lengths": base.lengths,
+            "arrival": base.arrival,
+            "burstiness": base.burstiness,
+            "num_requests": base.num_requests,
+            "seed": base.seed,
+        },
+        "prefix_caching": base.serving.enable_prefix_caching,
+        "slos": slos.as_dict(),
+        "routers": routers,
+        "best": None,
+        "trials": [t.to_json() for t in trials],
+    }
+    if best is not None:
+        out["best"] = {
+            **_best_json(best, base.costs.tp),
+            "commands": fleet_commands(best[3].spec),
+        }
+    return out
+
+
+def _best_json(winner: tuple[int, float, str, TrialRecord], tp: int) -> dict[str, Any]:
+    replicas, ratio, router, trial = winner
+    m = trial.metrics
+    return {
+        "router": router,
+        "token_budget": trial.spec.token_budget,
+        "max_num_seqs": trial.spec.serving.num_seqs_limit,
+        "replicas": replicas,
+        "gpus": replicas * tp,
+        "worst_slo_ratio": ratio,
+        "metrics": {
+            key: m.get(key)
+            for key in (
+                "p99_ttft_ms",
+                "p99_tpot_ms",
+                "p99_itl_ms",
+                "prefix_cache_hit_rate",
+                "load_imbalance",
+                "request_throughput",
+            )
+        },
+    }
+
+
+def fleet_commands(spec: TrialSpec) -> dict[str, Any]:
+    """Launch lines of ``spec``'s fleet, for vLLM + vllm-router and SGLang + sglang-router: the
+    server to start on each of the replicas' hosts (HOST_0 .. HOST_N-1, port 8001), then the
+    router in front of them (port 8000); a router without that policy says so instead."""
+    costs, serving = spec.costs, spec.serving
+    assert serving.max_num_batched_tokens is not None
+    one = serve_commands(
+        str(costs.model),
+        costs.tp,
+        serving.max_num_batched_tokens,
+        serving.num_seqs_limit,
+        serving.enable_prefix_caching,
+        fp8=costs.dtype_bytes == 1,
+        expert_parallel=costs.expert_parallel,
+    )
+    urls = " ".join(f"http://HOST_{i}:8001" for i in range(spec.replicas))
+    out: dict[str, Any] = {}
+    for name, policies, router in (
+        ("vllm", VLLM_ROUTER_POLICY, "vllm-router"),
+        ("sglang", SGLANG_ROUTER_POLICY, "python -m sglang_router.launch_router"),
+    ):
+        policy = policies[spec.router]
+        out[name] = {
+            "replica": one[name] + (" --host 0.0.0.0" if name == "sglang" else "") + " --port 8001",
+            "router": f"{router} --port 8000 --worker-urls {urls} --policy {policy}"
+            if policy is not None
+            else f"{router} has no {spec.router} policy: choose another router",
+        }
+    return out

@@ -1,0 +1,113 @@
+"""Sizing a fleet: the replica search's rule, and tune's fewest replicas against the simulations."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stallfree.cli import main
+from stallfree.costs.choice import CostChoice
+from stallfree.tune.fleet import FleetTuneConfig, fleet_commands, tune_fleet
+from stallfree.tune.pools import SerialPool
+from stallfree.tune.search import ReplicaSearch
+from stallfree.tune.slo import Slos
+from stallfree.tune.trial import TrialSpec, run_trial, trace_qps
+
+
+@given(st.integers(1, 70), st.integers(1, 64), st.integers(1, 64))
+def test_replica_search_finds_the_fewest_that_pass(threshold: int, start: int, limit: int) -> None:
+    start = min(start, limit)
+    search = ReplicaSearch(start, limit)
+    tried = []
+    while (n := search.next_value()) is not None:
+        tried.append(int(n))
+        search.record(n, n >= threshold)
+    assert search.fewest == (threshold if threshold <= limit else None)
+    assert all(1 <= n <= limit for n in tried) and len(tried) == len(set(tried))
+    assert len(tried) <= 2 * limit.bit_length() + 2
+
+
+def test_replica_search_takes_only_what_it_proposed() -> None:
+    search = ReplicaSearch(4, 16)
+    search.next_value()
+    with pytest.raises(ValueError, match="not the 4 proposed"):
+        search.record(5, True)
+
+
+SPEC = TrialSpec(
+    costs=CostChoice(kind="full", model="mistral-7b", hardware="a100-80gb"),
+    lengths="fixed:2000,60",
+    num_requests=300,
+    qps=40.0,
+)
+
+
+def test_fleet_tune_finds_the_fewest_replicas_the_simulations_say_meet_the_slos() -> None:
+    slos = Slos.from_mapping({"ttft_p99_ms": 600.0})
+    config = FleetTuneConfig(SPEC, ("round-robin", "least-requests"), (512,), slos, max_replicas=32)
+    out, interrupted = tune_fleet(config, SerialPool(run_trial))
+    assert not interrupted
+    for router, entry in out["routers"].items():
+        n = entry["curve"][0]["replicas"]
+        assert n is not None and n > 1
+        spec = dataclasses.replace(
+            SPEC.with_serving(256, policy="chunked", max_num_batched_tokens=512), router=router
+        )
+        assert slos.is_met(run_trial(spec.at_replicas(n)))
+        assert not slos.is_met(run_trial(spec.at_replicas(n - 1)))
+    best = out["best"]
+    assert best["replicas"] == min(e["curve"][0]["replicas"] for e in out["routers"].values())
+    assert best["gpus"] == best["replicas"] * SPEC.costs.tp
+    assert "--policy" in best["commands"]["vllm"]["router"] or "has no" in best["commands"]["vllm"]["router"]
+
+
+def test_fleet_commands_name_each_routers_policy_or_say_it_has_none() -> None:
+    spec = dataclasses.replace(SPEC, replicas=3, router="cache-aware")
+    commands = fleet_commands(spec)
+    assert commands["vllm"]["router"].endswith("--policy cache_aware")
+    assert commands["vllm"]["router"].count("http://HOST_") == 3
+    assert f"--max-num-batched-tokens {SPEC.token_budget}" in commands["vllm"]["replica"]
+    assert commands["sglang"]["router"].startswith("python -m sglang_router.launch_router")
+    lone = fleet_commands(dataclasses.replace(spec, router="least-requests"))
+    assert "has no least-requests policy" in lone["vllm"]["router"]
+
+
+def test_a_lone_replicas_trial_key_is_unchanged_by_the_fleet_fields() -> None:
+    fleet = dataclasses.replace(SPEC, replicas=2)
+    assert fleet.key() != SPEC.key()
+    assert dataclasses.replace(fleet, replicas=1).key() == SPEC.key()
+
+
+def test_trace_arrivals_replay_at_the_asked_rate() -> None:
+    own = trace_qps("mooncake-conversation", 500)
+    spec = TrialSpec(
+        costs=SPEC.costs,
+        lengths="mooncake-conversation",
+        arrival="trace",
+        num_requests=500,
+        qps=2 * own,
+        replicas=32,  # enough that no queue outlasts the arrivals
+    )
+    summary = run_trial(spec)
+    assert summary["completed"] + summary["rejected"] == 500  # some prompts exceed the context
+    span_s = 499 / own
+    assert (
+        0.5 * span_s <= summary["duration"] < 0.75 * span_s
+    )  # twice the rate: the last arrives at half the span
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--router", "fastest"], "--router: unknown fastest"),
+        (["--router", "round-robin"], "give --qps"),
+        (["--qps", "3"], "give --router too"),
+        (["--router", "round-robin", "--qps", "3", "--plot", "x"], "--plot applies to a one-replica tune"),
+    ],
+)
+def test_fleet_tune_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", "--no-progress", *argv]) == 2
+    assert message in capsys.readouterr().err
