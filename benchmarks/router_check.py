@@ -13,12 +13,14 @@ replica it is, so the replicas' names may swap between runs).
 
     make router && python benchmarks/router_check.py --sessions 6 --turns 4
     python benchmarks/router_check.py --part hits   # the fleet's prefix-cache hit rate, measured vs predicted
+    python benchmarks/router_check.py --part faults # a replica killed mid-run behind the router
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import random
 import re
@@ -26,6 +28,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -173,6 +176,48 @@ def hit_rates(serve_args: list[str], out: Path) -> list[str]:
     return rows
 
 
+FAULT_LOAD = ["--qps", "1.5", "--num-requests", "40", "--lengths", "fixed:64,48", "--temperature", "0",
+              "--seed", "3", "--timeout", "120"]  # fmt: skip
+
+
+def faults(serve_args: list[str], out: Path, kill_after_s: float) -> list[str]:
+    """Poisson traffic through vllm-router (round_robin) in front of two replicas; one is killed
+    (SIGKILL) mid-run. What bench records: the failed requests and why, the rest completed, the
+    fleet it found behind the router, and that it ended on its own (a hang would hit its bound)."""
+    import signal
+
+    result = out / "faults.json"
+    with (
+        serving(serve_args) as (url_a, _),
+        serving(serve_args) as (url_b, pid_b),
+        router([url_a, url_b], "round_robin") as base,
+    ):
+        argv = [sys.executable, "-c", "import sys; from stallfree.cli import main; sys.exit(main())", "bench", "--base-url", base, *FAULT_LOAD,
+                "--save-result", str(result), "--no-progress"]  # fmt: skip
+        started = time.perf_counter()
+        bench_proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(kill_after_s)
+        os.kill(pid_b, signal.SIGKILL)
+        killed_at = time.perf_counter() - started
+        try:
+            printed, _ = bench_proc.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            bench_proc.kill()
+            return [f"bench still running 600 s after the kill: it hangs (killed at {killed_at:.1f} s)"]
+        wall = time.perf_counter() - started
+    body = json.loads(result.read_text())
+    errors = [e for e in body["errors"] if e]
+    return [
+        f"{' '.join(FAULT_LOAD)}; replica {url_b} killed at {killed_at:.1f} s; bench exited {bench_proc.returncode} "
+        f"after {wall:.1f} s",
+        f"completed {body['completed']}, failed {body['failed']} of {body['num_prompts']}; "
+        f"errors: {dict(Counter(e.split(':')[0] for e in errors))}",
+        f"first error: {errors[0] if errors else '-'}",
+        f"fleet recorded: {json.dumps(body.get('fleet'))}",
+        printed.strip().splitlines()[-1] if printed.strip() else "",
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -181,7 +226,10 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--system-prompt", choices=("shared", "per-chat"), default="per-chat")
-    parser.add_argument("--part", choices=("choices", "hits"), default="choices")
+    parser.add_argument("--part", choices=("choices", "hits", "faults"), default="choices")
+    parser.add_argument(
+        "--kill-after-s", type=float, default=12.0, help="--part faults: when to kill a replica"
+    )
     args = parser.parse_args()
     import torch
 
@@ -191,6 +239,11 @@ def main() -> int:
     print(f"machine: {machine()}; load {loadavg()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     os.environ["OMP_NUM_THREADS"] = "1"
     serve_args = ["--model", "smollm2", "--threads", "1", "--token-budget", "256"]
+    if args.part == "faults":
+        out = ROOT / "out" / "router_check"
+        out.mkdir(parents=True, exist_ok=True)
+        print("\n".join(faults(serve_args, out, args.kill_after_s)))
+        return 0
     if args.part == "hits":
         out = ROOT / "out" / "router_check"
         out.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@ and what an interrupted run covers."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,6 +61,27 @@ def interrupted_text(interrupted: dict[str, Any]) -> str:
     )
 
 
+def _fleet_lines(fleet: Mapping[str, Any] | None) -> list[str]:
+    """The router's replicas and what each served during the run (its /metrics, before and after)."""
+    if not fleet:
+        return []
+    lines = [f"{'Replicas behind the router:':<42}{fleet['num_replicas']:>18}"]
+    for r in fleet["replicas"]:
+        c = r["counters"]
+        if c is None:
+            state = "up, no /metrics" if r["up_after"] else "down at the end"
+            lines.append(f"  {r['url']}: {state}")
+            continue
+        hits = (
+            f", prefix cache {c['prefix_cache_hits'] / c['prefix_cache_queries']:.1%} of "
+            if c["prefix_cache_queries"]
+            else ""
+        )
+        tokens = f"{c['prefix_cache_queries']:,.0f} tokens" if hits else ""
+        lines.append(f"  {r['url']}: {c['requests']:,.0f} requests{hits}{tokens}")
+    return lines
+
+
 def format_result(result: Mapping[str, Any]) -> str:
     """The table ``stallfree bench`` prints for a result (vLLM's benchmark layout)."""
     lines = [f"{' ' + result['scenario'] + ' @ ' + result['base_url'] + ' ':=^60}"]
@@ -76,6 +98,10 @@ def format_result(result: Mapping[str, Any]) -> str:
         )
     errors = [e for e in result["errors"] if e]
     if errors:
+        kinds = Counter(e.split(":")[0] for e in errors)
         lines.append(f"first error ({len(errors)} in all): {errors[0]}")
+        if len(kinds) > 1:
+            lines.append("errors by kind: " + ", ".join(f"{kind} x{n}" for kind, n in kinds.most_common()))
+    lines += _fleet_lines(result.get("fleet"))
     lines.append("=" * 60)
     return "\n".join(lines)

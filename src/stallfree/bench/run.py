@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from stallfree.bench import client as bc
+from stallfree.bench.fleet import fleet_json, list_workers, scrape
 from stallfree.bench.prompts import PromptSizer, calibrate, fallback_target, fit_prompts
 from stallfree.bench.scenarios import (
     BenchRun,
@@ -88,6 +89,8 @@ async def run_bench(
         else:
             sizer = await calibrate(http, endpoint, spec.seed)
         workload = spec.workload
+        workers = await list_workers(http, spec.base_url)
+        before = await scrape(http, workers) if workers else []
         started()
         if workload is None:
             run = await _long_prompt(http, endpoint, sizer, spec, stop, note)
@@ -95,6 +98,7 @@ async def run_bench(
             run = await _sessions(http, endpoint, sizer, spec, workload, stop, on_done)
         else:
             run = await _workload(http, endpoint, sizer, spec, workload, stop, on_done, note)
+        fleet = fleet_json(workers, before, await scrape(http, workers)) if workers else None
     return {
         "date": datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"),
         "backend": "openai",
@@ -110,6 +114,7 @@ async def run_bench(
         "tokens_per_char": sizer.tokens_per_char,
         **summarize(run.records, run.itl, run.duration_s, spec.goodput),
         **run.extra,
+        **({"fleet": fleet} if fleet is not None else {}),
         **run.per_request(),
     }
 
