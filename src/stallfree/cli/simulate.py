@@ -11,6 +11,7 @@ import json
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from stallfree.cli.common import UsageError, non_negative_float, positive_int
@@ -83,6 +84,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="how arrivals are spread over the replicas: cache-aware is vllm-router's rule (prefix match "
         "rate over 0.3 follows the prefix, else the least loaded; imbalanced loads go to the least loaded) "
         "(default %(default)s)",
+    )
+    f.add_argument(
+        "--fleet",
+        metavar="NxHARDWARE[:tpK],...",
+        help="replicas that differ, instead of --replicas: e.g. 4xh100-sxm:tp2,4xa100-80gb (each priced "
+        "as --cost-model says, with its own KV cache)",
     )
     f.add_argument(
         "--route-delay-ms",
@@ -208,9 +215,13 @@ def _simulate_all(
     from stallfree.workload import sample
 
     dtype_bytes = dtype_bytes_arg(args)
-    costs, cost_model_note = pick_costs(
-        args, dtype_bytes=dtype_bytes, sampling=args.sampling, step_overhead_s=args.step_overhead_ms / 1000
-    )
+    options = {
+        "dtype_bytes": dtype_bytes,
+        "sampling": args.sampling,
+        "step_overhead_s": args.step_overhead_ms / 1000,
+    }
+    pick, cost_model_note = pick_costs(args, **options)
+    costs = _fleet_costs(args, options) if args.fleet else pick
     goodput = parse_goodput(args.goodput) if args.goodput else None
     if args.replay:
         from stallfree.workload.bench_result import load_bench_result
@@ -236,13 +247,50 @@ def _simulate_all(
                 step_noise=args.step_noise,
                 seed=args.seed,
                 stop=stop.is_set,
-                replicas=args.replicas,
+                replicas=1 if args.fleet else args.replicas,
                 router=args.router,
                 route_delay_ms=args.route_delay_ms,
             )
             result.summary["sim_wall_s"] = time.perf_counter() - started
             results.append(result)
     return workload, requests, results, cost_model_note
+
+
+def parse_fleet(text: str) -> list[tuple[int, str, int]]:
+    """``4xh100-sxm:tp2,2xa100-80gb`` -> [(4, "h100-sxm", 2), (2, "a100-80gb", 1)]."""
+    out = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        count, x, rest = part.partition("x")
+        hardware, _, tp = rest.partition(":tp")
+        if not (
+            x
+            and count.isdigit()
+            and int(count) > 0
+            and hardware
+            and (not tp or (tp.isdigit() and int(tp) > 0))
+        ):
+            raise UsageError(f"--fleet: {part!r} is not NxHARDWARE or NxHARDWARE:tpK (e.g. 4xh100-sxm:tp2)")
+        out.append((int(count), hardware, int(tp) if tp else 1))
+    if not out:
+        raise UsageError("--fleet: give at least one NxHARDWARE")
+    return out
+
+
+def _fleet_costs(args: argparse.Namespace, options: dict[str, Any]) -> list[Any]:
+    """One resolved cost choice per replica of ``--fleet`` (the kind --cost-model resolved to)."""
+    from stallfree.costs.choice import pick_cost_model
+
+    if args.replicas != 1:
+        raise UsageError("give --replicas or --fleet, not both")
+    base = cost_choice(args, **options)
+    picks = []
+    for count, hardware, tp in parse_fleet(args.fleet):
+        try:
+            pick = pick_cost_model(replace(base, hardware=hardware, tp=tp))
+        except ValueError as exc:
+            raise UsageError(f"--fleet {count}x{hardware}:tp{tp}: {exc}") from None
+        picks += [pick] * count
+    return picks
 
 
 def _scenario(
@@ -257,6 +305,7 @@ def _scenario(
     from stallfree.specs.step_profile import machine_label
 
     chunked = serving_config(args, "chunked")  # the header describes the chunked policy's step
+    mix = parse_fleet(args.fleet) if args.fleet else None
     hardware_file = None if args.hardware in HARDWARE_PRESETS else args.hardware
     hardware = load_hardware_spec(args.hardware).name  # a JSON file's own name, not its path
     if fingerprint is not None:  # steps priced by a profile run on the profiled machine, not on --hardware
@@ -275,7 +324,9 @@ def _scenario(
         "num_requests": num_requests,
         "workload": describe_workload(workload) if workload is not None else f"replayed from {args.replay}",
         "seed": args.seed,
-        "replicas": args.replicas,
+        "replicas": sum(n for n, _, _ in mix) if mix else args.replicas,
+        "fleet": args.fleet,
+        "gpus": sum(n * tp for n, _, tp in mix) if mix else args.replicas * args.tp,
         "router": args.router,
         "route_delay_ms": args.route_delay_ms,
         "token_budget": chunked.token_budget,

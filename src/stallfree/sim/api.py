@@ -46,7 +46,7 @@ class SimulationResult:
 
 def simulate(
     workload: Workload | WorkloadArrays | Iterable[Request],
-    costs: CostChoice | CostPick = ROOFLINE,
+    costs: CostChoice | CostPick | Sequence[CostChoice | CostPick] = ROOFLINE,
     serving: ServingConfig | None = None,
     *,
     gpu_memory_utilization: float = 0.9,
@@ -93,16 +93,24 @@ def simulate(
     ``router``, ``load_imbalance`` (the busiest replica's busy time over the mean) and ``replicas``
     (each one's summary); ``steps`` is None. ``route_delay_ms``: each request reaches its
     replica that long after it arrives (counted in its TTFT). One replica is the run above,
-    unchanged.
+    unchanged. ``costs`` a sequence: one replica per entry (replicas that differ: hardware, TP),
+    each with its own KV cache; ``num_kv_blocks`` is then the fleet's total.
     """
-    pick = costs if isinstance(costs, CostPick) else pick_cost_model(costs)
-    serving = serving or ServingConfig()
+    picks = _picks(costs, replicas)
+    pick, serving = picks[0], serving or ServingConfig()
     kv = _kv_memory(pick, serving, gpu_memory_utilization)
-    if replicas > 1 or route_delay_ms:
+    if len(picks) > 1 or route_delay_ms:
+        kvs = {id(p): _kv_memory(p, serving, gpu_memory_utilization) for p in picks}
         requests = _requests(workload, num_requests, seed)
-        fleet = (replicas, make_router(router, replicas, seed), route_delay_ms / 1000)
+        fleet = (make_router(router, len(picks), seed), route_delay_ms / 1000)
         return _simulate_fleet(
-            pick, serving, kv, fleet, requests, goodput, (fast, step_noise, step_scales, seed), stop
+            [(p, kvs[id(p)]) for p in picks],
+            serving,
+            fleet,
+            requests,
+            goodput,
+            (fast, step_noise, step_scales, seed),
+            stop,
         )
     # The cost model is the step-time predictor of a time-budgeted policy (unused otherwise).
     scheduler = serving.make_scheduler(
@@ -123,24 +131,35 @@ def simulate(
     return SimulationResult(serving.policy, summary, run.records, run.itl, kv, run.steps, run.stopped)
 
 
+def _picks(costs: CostChoice | CostPick | Sequence[CostChoice | CostPick], replicas: int) -> list[CostPick]:
+    """One resolved cost choice per replica: ``replicas`` of the one given, or one per choice."""
+    if isinstance(costs, CostChoice | CostPick):
+        if replicas < 1:
+            raise ValueError(f"replicas must be positive, got {replicas}")
+        return [costs if isinstance(costs, CostPick) else pick_cost_model(costs)] * replicas
+    picks = [c if isinstance(c, CostPick) else pick_cost_model(c) for c in costs]
+    if not picks or replicas not in (1, len(picks)):
+        raise ValueError(f"give one cost choice per replica: {len(picks)} choices for {replicas} replicas")
+    return picks
+
+
 def _simulate_fleet(
-    pick: CostPick,
+    replicas: list[tuple[CostPick, KvMemory]],
     serving: ServingConfig,
-    kv: KvMemory,
-    fleet: tuple[int, Router, float],
+    fleet: tuple[Router, float],
     requests: Iterable[Request],
     goodput: Mapping[str, float] | None,
     how: tuple[bool, bool, tuple[float, float] | None, int],
     stop: Callable[[], bool] | None,
 ) -> SimulationResult:
-    """``fleet`` = (replicas, router, routing delay s); ``how`` = (fast, step_noise, step_scales, seed)."""
-    (replicas, router, delay_s), (fast, step_noise, step_scales, seed) = fleet, how
-    context = pick.model.max_position_embeddings
+    """``replicas``: each one's pricing and KV cache; ``fleet`` = (router, routing delay s); ``how``
+    = (fast, step_noise, step_scales, seed)."""
+    (router, delay_s), (fast, step_noise, step_scales, seed) = fleet, how
     schedulers = [
-        serving.make_scheduler(context, kv.num_blocks, predictor=pick.pricer.step_time_s)
-        for _ in range(replicas)
+        serving.make_scheduler(p.model.max_position_embeddings, kv.num_blocks, predictor=p.pricer.step_time_s)
+        for p, kv in replicas
     ]
-    costs = [_varied(pick, step_noise, step_scales, seed + i) for i in range(replicas)]
+    costs = [_varied(p, step_noise, step_scales, seed + i) for i, (p, _) in enumerate(replicas)]
     run = run_fleet(
         schedulers,
         costs,
@@ -154,8 +173,13 @@ def _simulate_fleet(
     if not run.records and not run.stopped:
         raise ValueError("no request could run: the workload is empty")
     each = [
-        {**_summary(r, serving, [s], kv, goodput), "busy_s": r.busy_s}
-        for r, s in zip(run.runs, schedulers, strict=True)
+        {
+            **_summary(r, serving, [s], kv, goodput),
+            "busy_s": r.busy_s,
+            "hardware": p.hardware.name,
+            "tp": p.tp,
+        }
+        for r, s, (p, kv) in zip(run.runs, schedulers, replicas, strict=True)
     ]
     whole = TrafficRun(
         records=run.records,
@@ -170,9 +194,11 @@ def _simulate_fleet(
         num_steps_over_budget=sum(r.num_steps_over_budget for r in run.runs),
         stopped=run.stopped,
     )
+    kv = replicas[0][1]
     summary = _summary(whole, serving, schedulers, kv, goodput)
     summary.update(
-        num_replicas=replicas,
+        num_kv_blocks=sum(kv.num_blocks for _, kv in replicas),
+        num_replicas=len(replicas),
         router=router.name,
         route_delay_ms=delay_s * 1000,
         load_imbalance=run.load_imbalance,

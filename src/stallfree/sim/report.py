@@ -151,8 +151,9 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
 
 def _fleet_lines(sc: dict[str, Any]) -> list[str]:
     delay = f", {sc['route_delay_ms']:g} ms from router to replica" if sc.get("route_delay_ms") else ""
-    gpus = sc["replicas"] * sc["tp"]
-    return [f"{sc['replicas']} replicas behind a {sc['router']} router{delay} ({gpus:,} GPUs in all)"]
+    gpus = sc.get("gpus", sc["replicas"] * sc["tp"])
+    mix = f" ({sc['fleet']}: the header's hardware is the first's)" if sc.get("fleet") else ""
+    return [f"{sc['replicas']} replicas{mix} behind a {sc['router']} router{delay}, {gpus:,} GPUs in all"]
 
 
 def _replica_lines(summary: dict[str, Any]) -> list[str]:
@@ -163,7 +164,7 @@ def _replica_lines(summary: dict[str, Any]) -> list[str]:
     lines = [
         "",
         f"  {summary['policy']}, per replica:",
-        f"  {'':<12}{'requests':>10}{'cache hits':>12}{'busy (s)':>11}{'TTFT p99 (ms)':>15}",
+        f"  {'':<12}{'on':>16}{'requests':>10}{'cache hits':>12}{'busy (s)':>11}{'TTFT p99 (ms)':>15}",
     ]
     for i, r in enumerate(each):
         hits = format_metric(
@@ -171,7 +172,7 @@ def _replica_lines(summary: dict[str, Any]) -> list[str]:
         )
         ttft = format_metric(r.get("p99_ttft_ms"), "{:,.1f}")
         lines.append(
-            f"  {'replica ' + str(i):<12}{r['completed'] + r['rejected']:>10,}{hits:>12}{r['busy_s']:>11,.1f}{ttft:>15}"
+            f"  {'replica ' + str(i):<12}{str(r['tp']) + ' x ' + r['hardware']:>16}{r['completed'] + r['rejected']:>10,}{hits:>12}{r['busy_s']:>11,.1f}{ttft:>15}"
         )
     return lines
 
