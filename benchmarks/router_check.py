@@ -176,7 +176,7 @@ def hit_rates(serve_args: list[str], out: Path) -> list[str]:
     return rows
 
 
-FAULT_LOAD = ["--qps", "1.5", "--num-requests", "40", "--lengths", "fixed:64,48", "--temperature", "0",
+FAULT_LOAD = ["--scenario", "poisson", "--qps", "1.5", "--num-requests", "40", "--lengths", "fixed:64,48", "--temperature", "0",
               "--seed", "3", "--timeout", "120"]  # fmt: skip
 
 
@@ -205,6 +205,11 @@ def faults(serve_args: list[str], out: Path, kill_after_s: float) -> list[str]:
             bench_proc.kill()
             return [f"bench still running 600 s after the kill: it hangs (killed at {killed_at:.1f} s)"]
         wall = time.perf_counter() - started
+    if not result.exists():
+        return [
+            f"bench exited {bench_proc.returncode} with no result (replica killed at {killed_at:.1f} s):",
+            printed,
+        ]
     body = json.loads(result.read_text())
     errors = [e for e in body["errors"] if e]
     return [
