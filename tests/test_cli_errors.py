@@ -10,7 +10,10 @@ from stallfree.cli import main
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["tune", "--qps-st", "0"], "stallfree tune: error: unrecognized arguments: --qps-st 0"),  # no abbreviation
+        (
+            ["tune", "--qps-st", "0"],
+            "stallfree tune: error: unrecognized arguments: --qps-st 0",
+        ),  # no abbreviation
         (["explain", "--bogus"], "stallfree explain: error: unrecognized arguments: --bogus"),
         (["simulate", "--num-req", "5"], "stallfree simulate: error: unrecognized arguments: --num-req 5"),
         (["explain", "--streams", "x"], "stallfree explain: error: argument --streams"),
