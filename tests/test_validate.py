@@ -316,3 +316,43 @@ def test_simulate_step_noise_needs_a_profile_and_says_so_in_its_header(
     profile = tiny_profile(tmp_path / "tiny.json", {"reference_step_s": [0.002, 0.004, 0.006]})
     assert main([*args, "--profile", str(profile)]) == 0
     assert "steps varied as the profiled machine's" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_validate_predicts_a_fleet_run_through_the_same_router(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bench result taken through a router in front of two replicas: the prediction routes the
+    same requests to two simulated replicas, and the measured hit rate is the replicas' counters."""
+    profile = tiny_profile(tmp_path / "tiny.json")
+    bench = write_bench_result(tmp_path / "r.json")
+    data = json.loads(bench.read_text())
+    counters = [
+        {"prefix_cache_queries": 40, "prefix_cache_hits": 10},
+        {"prefix_cache_queries": 20, "prefix_cache_hits": 5},
+    ]
+    data["fleet"] = {
+        "num_replicas": 2,
+        "replicas": [{"url": f"u{i}", "counters": c} for i, c in enumerate(counters)],
+    }
+    bench.write_text(json.dumps(data))
+    args = ["validate", "--profile", str(profile), "--measured", str(bench), "--num-blocks", "64"]
+    args += ["--token-budget", "32", "--max-num-seqs", "8"]
+    assert main([*args, "--replicas", "2", "--router", "round-robin", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["scenario"]["fleet"] == "2 replicas behind round-robin"
+    result = body["policies"]["chunked"]
+    assert result["completed"] == {"measured": 3, "predicted": 3, "requests": 3}
+    assert result["metrics"]["prefix_cache_hit_rate"]["measured"] == pytest.approx(0.25)
+    fleet_ttft = result["metrics"]["median_ttft_ms"]["predicted"]
+    # one replica queues the 3 requests behind each other; two share them
+    assert main([*args, "--json"]) == 0
+    single = json.loads(capsys.readouterr().out)["policies"]["chunked"]
+    assert single["metrics"]["median_ttft_ms"]["predicted"] >= fleet_ttft
+    assert main([*args, "--replicas", "2"]) == 0
+    assert "2 replicas behind round-robin, each as profiled" in capsys.readouterr().out
+    # a replica's counters missing (down at the end): no measured hit rate rather than a wrong one
+    data["fleet"]["replicas"][1]["counters"] = None
+    bench.write_text(json.dumps(data))
+    assert main([*args, "--replicas", "2", "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)["policies"]["chunked"]["metrics"].get("prefix_cache_hit_rate")
+    assert hits is None or hits["measured"] is None

@@ -70,6 +70,8 @@ def test_options_refuse_what_cannot_run_in_the_commands_words(tmp_path: Path) ->
         ValidationOptions(profile="p.json", servings=two, measured="r.json")
     with pytest.raises(ValueError, match="--measured needs --num-blocks"):
         ValidationOptions(profile="p.json", measured="r.json")
+    with pytest.raises(ValueError, match="a fleet is measured behind a real router: give --measured"):
+        ValidationOptions(profile="p.json", replicas=2)
     with pytest.raises(ValueError, match="policy listed twice"):
         ValidationOptions(profile="p.json", servings=(served, served))
 

@@ -29,6 +29,7 @@ from stallfree.cli.common import (
 )
 from stallfree.cli.serving_args import add_serving_args, serving_configs
 from stallfree.cli.workload_args import add_session_args, session_options, session_requests
+from stallfree.core.router import ROUTER_NAMES
 
 if TYPE_CHECKING:
     from stallfree.validate import ValidationOptions
@@ -70,6 +71,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--step-log",
         metavar="FILE",
         help="with --measured: the server's `serve --step-log` of that run, for the per-step error",
+    )
+    p.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=1,
+        help="with --measured: the run went through a router in front of this many replicas, each as profiled",
+    )
+    p.add_argument(
+        "--router",
+        choices=ROUTER_NAMES,
+        default="round-robin",
+        help="with --replicas: the router's rule, as simulate --router (cache-aware: vllm-router's cache_aware)",
     )
     g = p.add_argument_group("scheduler (the same for both sides)")
     add_serving_args(g, policy_list=True)
@@ -122,6 +135,8 @@ def validation_options(args: argparse.Namespace) -> ValidationOptions:
         **session_options(args),
         step_noise=args.step_noise,
         progress=sys.stderr.isatty() and not args.no_progress,
+        replicas=args.replicas,
+        router=args.router,
     )
 
 

@@ -70,7 +70,19 @@ def read_bench(path: str, step_log: str | None, serving: ServingConfig) -> Measu
 
         steps = tuple(load_step_log(step_log))
     requests = tuple(bench.arrays.iter_requests())
-    return MeasuredRun(requests, _scores(bench.records, bench.itl, bench.duration_s), serving, steps)
+    scores = _scores(bench.records, bench.itl, bench.duration_s, _fleet_hit_rate(bench.data))
+    return MeasuredRun(requests, scores, serving, steps)
+
+
+def _fleet_hit_rate(data: Mapping[str, Any]) -> float | None:
+    """The prefix cache's hit rate over a run's replicas, from the counters bench scraped from each
+    one's /metrics behind a router (None: not a fleet, or a replica's counters missing)."""
+    replicas = (data.get("fleet") or {}).get("replicas") or []
+    counters = [r["counters"] for r in replicas]
+    if not counters or any(c is None for c in counters):
+        return None
+    queried = sum(c["prefix_cache_queries"] for c in counters)
+    return sum(c["prefix_cache_hits"] for c in counters) / queried if queried else None
 
 
 def run_engine(options: ValidationOptions, serving: ServingConfig, model: MeasuredCostModel) -> MeasuredRun:

@@ -29,7 +29,9 @@ class ValidationOptions:
     ``stallfree bench --save-result`` file as the measured side instead of an engine run (its
     requests and arrival times replace the workload; one policy, with the served engine's
     ``num_blocks``); ``step_log``: with it, the server's ``serve --step-log`` of that run, for the
-    per-step error. The workload: Poisson arrivals at ``qps`` (gamma with ``burstiness``),
+    per-step error. ``replicas`` > 1 (with ``measured``): the run went through a router in front of
+    that many replicas, each as the profile; the prediction routes the same requests with ``router``.
+    The workload: Poisson arrivals at ``qps`` (gamma with ``burstiness``),
     ``lengths``, ``num_requests``, ``seed`` (the step noise's too); with ``turns``, the arrivals
     start multi-turn chat sessions (:class:`~stallfree.workload.Sessions`, with a shared
     ``system_prompt_tokens`` and ``think_time_s``) and ``num_requests`` is sessions x turns: the
@@ -56,6 +58,8 @@ class ValidationOptions:
     think_time_s: float = 0.0
     step_noise: bool = False
     progress: bool = False
+    replicas: int = 1
+    router: str = "round-robin"
 
     def __post_init__(self) -> None:
         if not self.servings:
@@ -75,6 +79,8 @@ class ValidationOptions:
             )
         if self.measured and len(self.servings) != 1:
             raise ValueError("--measured compares one run: give one --policy")
+        if self.replicas > 1 and not self.measured:
+            raise ValueError("a fleet is measured behind a real router: give --measured (its bench result)")
         if self.measured and self.servings[0].num_blocks is None:
             raise ValueError("--measured needs --num-blocks (the served engine's KV blocks)")
 

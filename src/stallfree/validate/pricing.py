@@ -41,11 +41,20 @@ class ProfileCosts:
         step_noise: bool = False,
         step_scales: tuple[float, float] | None = None,
         seed: int = 0,
+        fleet: tuple[int, str] = (1, "round-robin"),
     ) -> RunScores:
         """``requests`` simulated as ``serving`` schedules them; ``step_noise`` varies each step as
         the profiled machine's steps varied (drawn from ``seed``), ``step_scales`` prices the
-        decode-only steps and those with prompt tokens at those multiples."""
+        decode-only steps and those with prompt tokens at those multiples; ``fleet``: (replicas,
+        router), each replica as the profile."""
         sim = simulate(
-            requests, self.pick, serving, step_noise=step_noise, step_scales=step_scales, seed=seed
+            requests,
+            self.pick,
+            serving,
+            step_noise=step_noise,
+            step_scales=step_scales,
+            seed=seed,
+            replicas=fleet[0],
+            router=fleet[1],
         )
         return RunScores.of(sim.summary, sim.records, sim.itl)

@@ -29,7 +29,7 @@ def format_report(result: ValidationResult, outputs: Sequence[str] = ()) -> str:
     lines = [
         f"validate: {sc.model}, {sc.num_requests} requests, {workload}, "
         f"sampling {sc.sampling}; measured: {sc.measured}",
-        f"profile: {result.profile}",
+        f"profile: {result.profile}" + (f"; {sc.fleet}, each as profiled" if sc.fleet else ""),
     ]
     if result.step_noise:
         q = result.step_noise

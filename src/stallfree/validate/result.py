@@ -184,6 +184,7 @@ class ValidationScenario:
     sampling: str
     measured: str
     sessions: str | None = None
+    fleet: str | None = None  # "2 replicas behind cache-aware"
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ def validate(options: ValidationOptions) -> ValidationResult:
         sampling=sampling,
         measured=options.measured or "engine in process",
         sessions=_sessions(options),
+        fleet=f"{options.replicas} replicas behind {options.router}" if options.replicas > 1 else None,
     )
     return ValidationResult(profile.describe(), scenario, policies, noise)
 
@@ -62,14 +63,17 @@ def _policy(options: ValidationOptions, serving: ServingConfig, costs: ProfileCo
     per_step = None
     if run.steps is not None:
         per_step = step_errors(costs.model, run.steps, run.serving.step_budget_s)
-    predicted = costs.predict(run.requests, run.serving)
+    fleet = (options.replicas, options.router)
+    predicted = costs.predict(run.requests, run.serving, fleet=fleet)
     with_noise = None
     if options.step_noise:
-        with_noise = costs.predict(run.requests, run.serving, step_noise=True, seed=options.seed)
+        with_noise = costs.predict(run.requests, run.serving, step_noise=True, seed=options.seed, fleet=fleet)
     # Each kind of step priced at the speed this run's steps ran (1 / (1 + median error)): what
     # the simulator gives when the step prices are right, the machine's drift taken out.
     scales = None if per_step is None else per_step.run_step_scales
-    at_run_speed = None if scales is None else costs.predict(run.requests, run.serving, step_scales=scales)
+    at_run_speed = (
+        None if scales is None else costs.predict(run.requests, run.serving, step_scales=scales, fleet=fleet)
+    )
     return PolicyValidation(
         serving=run.serving,
         num_requests=len(run.requests),
