@@ -69,10 +69,10 @@ KEYS = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms")
 
 @contextlib.contextmanager
 def vllm_server(
-    model_dir: Path, log: Path, flags: list[str], dtype: str = "float32"
+    model_dir: Path, log: Path, flags: list[str], dtype: str = "float32", env: dict[str, str] | None = None
 ) -> Iterator[tuple[str, int]]:
-    """vLLM's OpenAI server on ``model_dir`` (``dtype``, 2 GiB of KV cache); yields its base URL
-    and the KV-cache tokens its log reports, once /health answers."""
+    """vLLM's OpenAI server on ``model_dir`` (``dtype``, 2 GiB of KV cache, ``env`` added to the
+    environment); yields its base URL and the KV-cache tokens its log reports, once /health answers."""
     if not VLLM_PYTHON.exists():
         raise SystemExit(f"no vLLM venv at {VLLM_PYTHON.parent.parent}: run `make vllm` first")
     with socket.socket() as s:
@@ -80,7 +80,7 @@ def vllm_server(
         port = s.getsockname()[1]
     argv = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--dtype", dtype, "--port", str(port), *flags]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", **(env or {})}
     print("$ " + " ".join(argv[1:]), file=sys.stderr, flush=True)
     with log.open("w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)

@@ -5,6 +5,8 @@ files, and the commands. Without the extra only the one-line refusals run."""
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -201,3 +203,33 @@ def test_tunes_launch_lines_say_what_was_priced() -> None:
     assert "--tensor-parallel-size 8 --enable-expert-parallel" in split["vllm"]
     assert "--tp 8 --ep-size 8" in split["sglang"]
     assert "expert" not in serve_commands("deepseek-v3", 8, 512, 256)["vllm"]
+
+
+@needs_aic
+def test_the_newest_table_version_is_found_once_per_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding it parses every table's YAML: the answer is kept on disk, keyed by the package's
+    version, and read back (the search is not run again) by the next process."""
+    from aiconfigurator_core.sdk import perf_database
+
+    from stallfree.costs import aiconfigurator
+
+    monkeypatch.setenv("STALLFREE_CACHE_DIR", str(tmp_path))
+    aiconfigurator._latest_version.cache_clear()
+    found = aiconfigurator._latest_version("h100_sxm", "vllm")
+    assert found == perf_database.get_latest_database_version("h100_sxm", "vllm")
+    kept = json.loads((tmp_path / "aiconfigurator-versions.json").read_text())
+    assert list(kept.values()) == [found] and next(iter(kept)).endswith("/h100_sxm/vllm")
+
+    def no_search(system: str, framework: str) -> str:
+        raise AssertionError("searched again")
+
+    monkeypatch.setattr(perf_database, "get_latest_database_version", no_search)
+    aiconfigurator._latest_version.cache_clear()
+    assert aiconfigurator._latest_version("h100_sxm", "vllm") == found
+    (tmp_path / "aiconfigurator-versions.json").write_text("{not json")  # a damaged file: search again
+    aiconfigurator._latest_version.cache_clear()
+    with pytest.raises(AssertionError, match="searched again"):
+        aiconfigurator._latest_version("h100_sxm", "vllm")
+    aiconfigurator._latest_version.cache_clear()
