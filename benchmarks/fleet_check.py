@@ -3,7 +3,12 @@
 Two replicas serve ``random:medium`` (fp32, the folder ``stallfree save-model`` writes) with prefix
 caching on and their default scheduler (2,048 tokens a step, 128 sequences): vLLM's CPU build
 (``--server vllm``; each engine bound to a core of its own with ``VLLM_CPU_OMP_THREADS_BIND``) or
-``stallfree serve`` (``--server stallfree``, one thread each). One replica is profiled with
+``stallfree serve`` (``--server stallfree``, one thread each). vLLM runs with ``--enable-scale-out``:
+vllm-router's cache_aware matches the token ids it asks each worker for (``/v1/completions/render``,
+which vLLM serves only with that flag; ``/tokenize`` where the route is absent, as on stallfree
+serve); ``--no-scale-out`` starts vLLM without it, when the router gets no tokens and sends every
+request to the replica with the fewest in flight, and predicts those runs with ``least-requests``.
+One replica is profiled with
 ``stallfree profile --base-url`` (the other idle; both run the same build on a core of their own).
 Then, per ``vllm-router --policy`` (round_robin, cache_aware), each through a fresh router:
 
@@ -18,6 +23,7 @@ counters over the run) and ``simulate --replay`` says how many requests each rep
 run has its own seed, so no prompt finds an earlier run's blocks.
 
     make vllm router && .venv/bin/python benchmarks/fleet_check.py --server vllm        # ~40 min on 2 cores
+    .venv/bin/python benchmarks/fleet_check.py --server vllm --no-scale-out --skip-profile
     .venv/bin/python benchmarks/fleet_check.py --server stallfree                      # ~30 min
 """
 
@@ -57,7 +63,7 @@ STALLFREE_BLOCKS = 8192  # stallfree serve's KV blocks, fixed (vLLM's come from 
 
 
 @contextlib.contextmanager
-def replicas(server: str, model_dir: Path, out: Path) -> Iterator[tuple[list[str], int]]:
+def replicas(server: str, model_dir: Path, out: Path, scale_out: bool) -> Iterator[tuple[list[str], int]]:
     """Two replicas of ``server``; yields their URLs and the KV blocks each has."""
     with contextlib.ExitStack() as stack:
         urls, blocks = [], []
@@ -65,7 +71,12 @@ def replicas(server: str, model_dir: Path, out: Path) -> Iterator[tuple[list[str
             if server == "vllm":
                 env = {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
                 url, tokens = stack.enter_context(
-                    vllm_server(model_dir, out / f"vllm-{core}.log", [], env=env)
+                    vllm_server(
+                        model_dir,
+                        out / f"vllm-{core}.log",
+                        ["--enable-scale-out"] if scale_out else [],
+                        env=env,
+                    )
                 )
                 blocks.append(tokens // 16)
             else:
@@ -129,15 +140,21 @@ def main() -> int:
     )
     parser.add_argument("--skip-profile", action="store_true", help="reuse the profile under --out")
     parser.add_argument("--workloads", default="poisson,sessions")
+    parser.add_argument(
+        "--no-scale-out", action="store_true",
+        help="vLLM without --enable-scale-out: cache_aware predicted as least-requests (results under --out/vllm-plain)",
+    )  # fmt: skip
     args = parser.parse_args()
-    out: Path = args.out / args.server
+    plain = args.no_scale_out and args.server == "vllm"
+    out: Path = args.out / ("vllm-plain" if plain else args.server)
     out.mkdir(parents=True, exist_ok=True)
     model_dir = saved_model(argparse.Namespace(model_dir=args.model_dir, out=args.out))
-    profile = out / "replica.profile.json"
+    profile = args.out / args.server / "replica.profile.json"  # one profile for both vLLM setups
+    profile.parent.mkdir(parents=True, exist_ok=True)
     rows = [f"machine: {machine()}, load {load()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-            f"two {args.server} replicas of {model_dir} behind vllm-router"]  # fmt: skip
+            f"two {args.server} replicas{' without --enable-scale-out' if plain else ''} of {model_dir} behind vllm-router"]  # fmt: skip
     runs: list[dict[str, Any]] = []
-    with replicas(args.server, model_dir, out) as (urls, num_blocks):
+    with replicas(args.server, model_dir, out, scale_out=not plain) as (urls, num_blocks):
         if not (args.skip_profile and profile.exists()):
             profile_server(urls[0], profile, model_dir)
         settings = json.loads(profile.read_text())["settings"]
@@ -164,15 +181,16 @@ def main() -> int:
         rows.append(f"(a) {' '.join(workloads['poisson'])}; (b) {' '.join(SESSIONS)}")
         for seed, (workload, policy) in enumerate((w, p) for w in chosen for p in POLICIES):
             with router(urls, policy) as base_url:
-                entry = check(base_url, out, f"{workload}-{policy}", POLICIES[policy], profile, config,
+                predicted_as = "least-requests" if plain and policy == "cache_aware" else POLICIES[policy]
+                entry = check(base_url, out, f"{workload}-{policy}", predicted_as, profile, config,
                               [*workloads[workload], "--seed", str(100 + seed)])  # fmt: skip
-            entry |= {"workload": workload, "policy": policy}
+            entry |= {"workload": workload, "policy": policy, "predicted_as": predicted_as}
             runs.append(entry)
             print(json.dumps(entry), file=sys.stderr, flush=True)
     (out / "fleet-check.json").write_text(json.dumps(runs, indent=2))
     rows += [
         "",
-        "| workload | policy | median TTFT ms (meas / pred) | median TPOT ms | median ITL ms | p99 ITL ms | "
+        "| workload | policy (predicted as) | median TTFT ms (meas / pred) | median TPOT ms | median ITL ms | p99 ITL ms | "
         "hit rate % | requests per replica (meas / pred) | wall s | load |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -180,7 +198,7 @@ def main() -> int:
         m = run["metrics"]
         hits = cell(m["prefix_cache_hit_rate"], 100, 1) if "prefix_cache_hit_rate" in m else "-"
         cells = [cell(m[k]) for k in KEYS]
-        rows.append(f"| {run['workload']} | {run['policy']} | " + " | ".join(cells) + f" | {hits} | "
+        rows.append(f"| {run['workload']} | {run['policy']} ({run['predicted_as']}) | " + " | ".join(cells) + f" | {hits} | "
                     f"{run['split_measured']} / {run['split_predicted']} | {run['wall_s']:.0f} | {run['load']} |")  # fmt: skip
     print("\n".join(rows))
     return 0

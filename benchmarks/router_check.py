@@ -6,10 +6,11 @@ Two ``stallfree serve`` replicas (SmolLM2, one thread each) behind ``vllm-router
 prompt the chat so far (a system prompt, the earlier messages and answers, a new message). Which
 replica served each request is read from the replicas' ``/metrics``. The same prompts go through
 :class:`stallfree.core.router.CacheAware` (and ``RoundRobin``) twice: over the prompt's characters
-(the real router's units) and over its token ids (what the simulator knows of a prompt: one unit
-per id), and the choices are compared request by request, and as a split of the requests (with all
-loads equal, vllm-router's pick among the least loaded is fixed within a process but not which
-replica it is, so the replicas' names may swap between runs).
+and over its token ids (the real router's units: it asks each worker to tokenize the prompt, here
+stallfree serve's ``/tokenize``; and what the simulator knows of a prompt: one unit per id), and
+the choices are compared request by request, and as a split of the requests (with all loads equal,
+vllm-router's pick among the least loaded is fixed within a process but not which replica it is, so
+the replicas' names may swap between runs).
 
     make router && python benchmarks/router_check.py --sessions 6 --turns 4
     python benchmarks/router_check.py --part hits   # the fleet's prefix-cache hit rate, measured vs predicted

@@ -16,8 +16,10 @@ from stallfree.core import (
     StepPlan,
     make_policy,
 )
+from stallfree.core.router import ROUTER_NAMES, make_router
 from stallfree.costs.roofline import CostModel, CostModelConfig
-from stallfree.metrics import summarize
+from stallfree.metrics import RequestRecord, summarize
+from stallfree.sim.fleet import run_fleet
 from stallfree.sim.traffic import TrafficRun, run_traffic
 from stallfree.specs import HARDWARE_PRESETS, load_model_spec
 from tests.factories import OneSecondCosts, make_scheduler
@@ -200,6 +202,27 @@ def test_fast_path_equals_scheduling_every_step(case: Case) -> None:
         assert a.keys() == b.keys()
         for key, value in a.items():  # means and stds may sum in another order
             assert value == (b[key] if b[key] is None else pytest.approx(b[key], rel=1e-12)), key
+
+
+@settings(max_examples=80, deadline=None)
+@given(cases(), st.integers(2, 4), st.sampled_from(ROUTER_NAMES), st.sampled_from([0.0, 0.002]))
+def test_a_fleets_fast_path_equals_scheduling_every_step(
+    case: Case, num_replicas: int, router: str, delay_s: float
+) -> None:
+    # A fleet's steady runs are cut only when a request reaches their replica, not at every
+    # arrival: the same steps, tokens and times as scheduling every step.
+    policy, kw, config, cache, reqs, kind = case
+
+    def fleet(fast: bool) -> tuple[list[RequestRecord], float, list[float]]:
+        schedulers = [CheckedScheduler(policy, kw, config, cache) for _ in range(num_replicas)]
+        run = run_fleet(
+            schedulers, [COSTS[kind]] * num_replicas, make_router(router, num_replicas), reqs,
+            fast=fast, route_delay_s=delay_s,
+        )  # fmt: skip
+        assert all(not s.has_unfinished_requests() for s in schedulers)
+        return run.records, run.duration_s, sorted(np.repeat(run.itl.values_s, run.itl.counts).tolist())
+
+    assert fleet(fast=True) == fleet(fast=False)
 
 
 @settings(max_examples=30, deadline=None)

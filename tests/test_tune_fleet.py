@@ -70,6 +70,12 @@ def test_fleet_commands_name_each_routers_policy_or_say_it_has_none() -> None:
     assert commands["vllm"]["router"].endswith("--policy cache_aware")
     assert commands["vllm"]["router"].count("http://HOST_") == 3
     assert f"--max-num-batched-tokens {SPEC.token_budget}" in commands["vllm"]["replica"]
+    # vllm-router's cache_aware reads each prompt's tokens from vLLM's render route: on only with the flag
+    assert "--enable-scale-out" in commands["vllm"]["replica"]
+    assert (
+        "--enable-scale-out"
+        not in fleet_commands(dataclasses.replace(spec, router="round-robin"))["vllm"]["replica"]
+    )
     assert commands["sglang"]["router"].startswith("python -m sglang_router.launch_router")
     lone = fleet_commands(dataclasses.replace(spec, router="least-requests"))
     assert "has no least-requests policy" in lone["vllm"]["router"]

@@ -82,8 +82,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=ROUTER_NAMES,
         default="round-robin",
         help="how arrivals are spread over the replicas: cache-aware is vllm-router's rule (prefix match "
-        "rate over 0.3 follows the prefix, else the least loaded; imbalanced loads go to the least loaded) "
-        "(default %(default)s)",
+        "rate over 0.3 follows the prefix, else the least loaded; imbalanced loads go to the least loaded; "
+        "vLLM replicas need --enable-scale-out for the router to see their tokens, else it is "
+        "least-requests) (default %(default)s)",
     )
     f.add_argument(
         "--fleet",

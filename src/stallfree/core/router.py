@@ -19,10 +19,14 @@ in flight from its routing to its end (or its refusal), as a proxy sees a respon
   that matched most; else the least loaded. The chosen replica's tree takes the prompt; a tree
   past ``max_tree_size`` units forgets its least recently used branches.
 
-The real router matches text by characters; the simulator knows prompts as block ids
+vllm-router 0.1.17 matches token ids, not text: for each request it asks the workers for the
+prompt's tokens (``POST /v1/completions/render``, else ``/tokenize`` where that route is absent) and
+one id is one unit of its tree. The simulator knows prompts as block ids
 (:class:`~stallfree.core.request.PromptBlocks`: Mooncake's 512-token hashes, a session's token
-ids): one id is one unit of the tree. A match rate is the same share of the prompt either way
-as long as equal ids are equal text, which is what ids mean.
+ids): one id is one unit here, and a match rate is the same share of the prompt either way. vLLM
+serves the render route only when started with ``--enable-scale-out``: without it (403) the router
+gets no tokens and sends every request to the replica with the fewest in flight (the same one on a
+tie, for the router's lifetime), which is ``least-requests`` here.
 """
 
 from __future__ import annotations

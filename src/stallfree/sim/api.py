@@ -175,7 +175,7 @@ def _simulate_fleet(
     each = [
         {
             **_summary(r, serving, [s], kv, goodput),
-            "busy_s": r.busy_s,
+            "busy_s": round(r.busy_s, 6),  # microseconds: the sum of steps may group differently
             "hardware": p.hardware.name,
             "tp": p.tp,
         }

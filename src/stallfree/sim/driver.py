@@ -3,9 +3,9 @@
 Two kinds of event move a run: a request *arrives* (it is handed to a replica), and a replica's
 *step ends* (one step, or a steady run of identical steps priced at once, see
 :class:`~stallfree.sim.traffic.TrafficReplica`). At one instant the loop first ends the steps due,
-then asks ``stop`` (if a step ended), then hands over the arrivals due (in arrival order, to the replica ``route``
-picks), then lets every replica without a step in flight start its next one; then the clock goes
-to the earliest next event. A replica's step is planned when it starts and its outcome (tokens,
+then asks ``stop`` (if a step ended), then hands over the arrivals due (in arrival order, to the
+replica ``route`` picks), then lets every replica without a step in flight start its next one
+(an idle replica only once a request reaches it); then the clock goes to the earliest next event. A replica's step is planned when it starts and its outcome (tokens,
 finished requests) recorded when it ends, so whatever happens on the clock between the two (an
 arrival, another replica's step, a router counting requests in flight) sees the step's requests
 still running, as a router or a KV transfer in front of a real server would. An arrival during a
@@ -19,6 +19,7 @@ with its executor and caches, and whatever each driver records about its request
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
@@ -78,12 +79,17 @@ class Replica(Protocol):
     def start_step(self, now_s: float, next_arrival_s: float | None) -> float | None:
         """Plan (and price or run) the next step, or steady run of steps, from ``now_s``; when it
         ends, or None when there is nothing to run until a request arrives. ``next_arrival_s``
-        is the next arrival anywhere (a steady run whose plan an arrival would change stops
-        before it)."""
+        is the next arrival this replica will see, when the driver knows it (a steady run whose
+        plan an arrival would change stops before it); None: none known."""
+        ...
+
+    def cut(self, at_s: float) -> float | None:
+        """A request was just added while a step is in flight; it reaches the scheduler at
+        ``at_s``: the step's new end if it was a steady run that request ends sooner, else None."""
         ...
 
     def finish_step(self) -> None:
-        """Apply the step started last, at the end time :meth:`start_step` gave."""
+        """Apply the step started last, at the end time :meth:`start_step` or :meth:`cut` gave."""
         ...
 
 
@@ -103,32 +109,56 @@ def drive(
     ``route`` picks each arrival's replica (default: the first). ``stop`` is asked whenever steps
     have ended; once it returns True while work remains, the run ends there
     and ``drive`` returns True (steps in flight are not applied). Returns False when complete.
+
+    One replica is told the next arrival when its step starts (every arrival is its own). In a
+    fleet, where the router decides at the arrival, a replica's step is cut when a request is
+    routed to it (:meth:`Replica.cut`); the steps in flight wait in a heap by their end, and an
+    idle replica is not asked again until a request reaches it.
     """
     pending = iter(requests)
     upcoming = next(pending, None)
+    lone = len(replicas) == 1
     ends_s: list[float | None] = [None] * len(replicas)  # the step in flight's end, per replica
+    due: list[tuple[float, int]] = []  # (end, replica) of the steps in flight; stale ones skipped
+    ready = list(range(len(replicas)))  # replicas to start at this instant
     last_arrival_s = 0.0
     while True:
         now_s = clock.now()
         stepped = False
-        for i, end_s in enumerate(ends_s):
-            if end_s is not None and end_s <= now_s:
-                ends_s[i] = None
-                replicas[i].finish_step()
-                stepped = True
+        while due and due[0][0] <= now_s:
+            end_s, i = heapq.heappop(due)
+            if ends_s[i] != end_s:
+                continue  # cut to end sooner: already finished
+            ends_s[i] = None
+            replicas[i].finish_step()
+            ready.append(i)
+            stepped = True
         if stepped and stop is not None and stop() and _work_left(upcoming, replicas):
             return True
         while upcoming is not None and upcoming.arrival_time_s <= now_s:
             if upcoming.arrival_time_s < last_arrival_s:
                 raise ValueError(f"request {upcoming.request_id} arrives before the one before it")
             last_arrival_s = upcoming.arrival_time_s
-            replicas[route(upcoming) if route is not None else 0].add_request(upcoming, now_s)
+            i = route(upcoming) if route is not None else 0
+            replicas[i].add_request(upcoming, now_s)
+            if ends_s[i] is None:
+                ready.append(i)
+            elif not lone:
+                cut_s = replicas[i].cut(now_s)
+                if cut_s is not None and cut_s != ends_s[i]:
+                    ends_s[i] = cut_s
+                    heapq.heappush(due, (cut_s, i))
             upcoming = next(pending, None)
         next_arrival_s = upcoming.arrival_time_s if upcoming is not None else None
-        for i, replica in enumerate(replicas):
+        for i in sorted(set(ready)):
             if ends_s[i] is None:
-                ends_s[i] = replica.start_step(now_s, next_arrival_s)
-        next_s = min((e for e in ends_s if e is not None), default=next_arrival_s)
+                ends_s[i] = started_end_s = replicas[i].start_step(now_s, next_arrival_s if lone else None)
+                if started_end_s is not None:
+                    heapq.heappush(due, (started_end_s, i))
+        ready.clear()
+        while due and ends_s[due[0][1]] != due[0][0]:
+            heapq.heappop(due)  # stale: its replica's step was cut
+        next_s = due[0][0] if due else next_arrival_s
         if next_s is None:
             return False
         if next_arrival_s is not None and next_arrival_s < next_s:

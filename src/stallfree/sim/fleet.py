@@ -72,6 +72,10 @@ class DelayedReplica:
         self._stepping = end_s is not None
         return end_s if end_s is not None else due_s  # nothing to run: wake when the next lands
 
+    def cut(self, at_s: float) -> float | None:
+        # the request added last lands after the delay; waiting for an earlier one: no change
+        return self.inner.cut(at_s + self._delay_s) if self._stepping else None
+
     def finish_step(self) -> None:
         if self._stepping:
             self.inner.finish_step()
@@ -94,8 +98,9 @@ def run_fleet(
     after it arrives."""
     if not (route_delay_s >= 0 and route_delay_s < float("inf")):
         raise ValueError(f"the routing delay must be a finite number >= 0, got {route_delay_s}")
+    cuttable = len(schedulers) > 1  # one replica is told each arrival ahead (drive)
     traffic = [
-        TrafficReplica(s, c, fast=fast, step_budget_s=step_budget_s)
+        TrafficReplica(s, c, fast=fast, step_budget_s=step_budget_s, cuttable=cuttable)
         for s, c in zip(schedulers, cost_models, strict=True)
     ]
     replicas: Sequence[TrafficReplica | DelayedReplica] = (

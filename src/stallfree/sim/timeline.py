@@ -76,6 +76,9 @@ class TimelineReplica:
         )
         return now_s + result.duration_s
 
+    def cut(self, at_s: float) -> float | None:
+        return None  # one replica: never cut
+
     def finish_step(self) -> None:
         tl, events = self.timeline, self._events
         assert events is not None

@@ -117,7 +117,13 @@ _NUMBER = re.compile(r"\d+(\.\d+)?")
 
 class TrafficReplica:
     """A scheduler and its cost model on the simulated clock, keeping :class:`TrafficRun`'s
-    aggregates: a participant of :func:`~stallfree.sim.driver.drive`."""
+    aggregates: a participant of :func:`~stallfree.sim.driver.drive`.
+
+    ``cuttable`` (a fleet's replicas, whose arrivals the router decides only as they come): a
+    steady run that an arrival would end is priced whole and applied when it ends, so that
+    :meth:`cut` can end it before the first step starting at or after a request that reaches
+    this replica; its steps, times and tokens are those of a run told that arrival at its start.
+    """
 
     def __init__(
         self,
@@ -127,10 +133,12 @@ class TrafficReplica:
         fast: bool = True,
         keep_steps: bool = False,
         step_budget_s: float | None = None,
+        cuttable: bool = False,
     ) -> None:
         self.scheduler = scheduler
         self._cost_model = cost_model
         self._fast = fast
+        self._cuttable = cuttable
         self._step_budget_s = step_budget_s
         self._live: dict[str, _Live] = {}
         self.records: list[RequestRecord] = []
@@ -143,15 +151,31 @@ class TrafficReplica:
         self.num_steps = self.num_plans = self.num_preemptions = self.num_over = 0
         self.max_step_s = 0.0
         self.busy_s = 0.0
-        # the step in flight: its plan, start, first step's end, steady ends, step count, events
+        # the step in flight: its plan, start, first step's end, steady ends and durations, step
+        # count, events (None until applied), and whether it waits to be applied at its end
         self._plan: StepPlan | None = None
         self._start_s = self._first_end_s = self._end_s = 0.0
         self._ends: FloatArray | None = None
+        self._durations: FloatArray | None = None
         self._steps = 0
         self._events: StepEvents | None = None
+        self._deferred = False
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        scheduler = self.scheduler
+        if not self._deferred:
+            return scheduler.has_unfinished_requests()
+        # The run in flight is not applied yet: its last step finishes the requests it brings to
+        # max_tokens (a steady run finishes requests in its last step only, and only uncut).
+        assert self._plan is not None and self._ends is not None
+        steps, running = len(self._ends), scheduler.state.running_by_id
+        finishing = sum(
+            1
+            for c in self._plan.chunks
+            if c.emits_token
+            and running[c.request_id].num_output_tokens + steps >= running[c.request_id].request.max_tokens
+        )
+        return scheduler.num_running + scheduler.num_waiting > finishing
 
     @property
     def num_in_flight(self) -> int:
@@ -182,34 +206,63 @@ class TrafficReplica:
             self._live[rid].num_preemptions += 1
             self.num_preemptions += 1
         run = scheduler.steady_run(plan) if self._fast else SINGLE_STEP
-        steps = run.num_steps
-        if steps == 1:
-            self._ends = None
+        self._plan, self._start_s = plan, now_s
+        if run.num_steps == 1:
+            self._ends = self._durations = None
             duration_s = self._cost_model.step_time_s(plan)
             end_s = now_s + duration_s
             self._events = scheduler.update_from_output(plan, StepResult(end_s - now_s))
-            self._first_end_s = end_s
+            self._first_end_s = self._end_s = end_s
+            self._steps = 1
             self.max_step_s = max(self.max_step_s, duration_s)
             if self._step_budget_s is not None and duration_s > self._step_budget_s:
                 self.num_over += 1
-        else:
-            cut_s = next_arrival_s if run.ends_at_arrival else None
-            ends, durations = _steady_ends(self._cost_model, plan, now_s, steps, cut_s)
-            steps = len(ends)
-            self.max_step_s = max(self.max_step_s, float(durations.max()))
-            if self._step_budget_s is not None:
-                self.num_over += int(np.count_nonzero(durations > self._step_budget_s))
-            self._ends = ends
-            self._first_end_s = float(ends[0])
-            end_s = float(ends[-1])
-            self._events = scheduler.update_steady(plan, steps)
-        self._plan, self._start_s, self._end_s, self._steps = plan, now_s, end_s, steps
-        self.busy_s += end_s - now_s
+            self._account()
+            return end_s
+        cut_s = next_arrival_s if run.ends_at_arrival else None
+        self._ends, self._durations = _steady_ends(self._cost_model, plan, now_s, run.num_steps, cut_s)
+        self._end_s = float(self._ends[-1])
+        self._deferred = self._cuttable and run.ends_at_arrival
+        if not self._deferred:
+            self._apply_run()
+        return self._end_s
+
+    def cut(self, at_s: float) -> float | None:
+        """End the steady run in flight before its first step starting at or after ``at_s`` (a
+        request reaches the scheduler then); its new end, or None if it ends as planned."""
+        ends, durations = self._ends, self._durations
+        if not self._deferred or ends is None or durations is None:
+            return None
+        num = 1 + int(np.searchsorted(ends[:-1], at_s, side="left"))
+        if num >= len(ends):
+            return None
+        self._ends, self._durations = ends[:num], durations[:num]
+        self._end_s = float(ends[num - 1])
+        return self._end_s
+
+    def _apply_run(self) -> None:
+        """Apply the steady run in flight to the scheduler and count its steps."""
+        ends, durations, plan = self._ends, self._durations, self._plan
+        assert ends is not None and durations is not None and plan is not None
+        steps = self._steps = len(ends)
+        self.max_step_s = max(self.max_step_s, float(durations.max()))
+        if self._step_budget_s is not None:
+            self.num_over += int(np.count_nonzero(durations > self._step_budget_s))
+        self._first_end_s = float(ends[0])
+        self._events = self.scheduler.update_steady(plan, steps)
+        self._deferred = False
+        self._account()
+
+    def _account(self) -> None:
+        plan = self._plan
+        assert plan is not None
+        self.busy_s += self._end_s - self._start_s
         if self.trace is not None:  # the scheduler's counts after the run, before any arrival
-            _trace_row(self.trace, scheduler, plan, now_s, end_s, steps)
-        return end_s
+            _trace_row(self.trace, self.scheduler, plan, self._start_s, self._end_s, self._steps)
 
     def finish_step(self) -> None:
+        if self._deferred:
+            self._apply_run()
         plan, events, end_s = self._plan, self._events, self._end_s
         assert plan is not None and events is not None
         self.num_steps += self._steps

@@ -180,7 +180,10 @@ def _best_json(winner: tuple[int, float, str, TrialRecord], tp: int) -> dict[str
 def fleet_commands(spec: TrialSpec) -> dict[str, Any]:
     """Launch lines of ``spec``'s fleet, for vLLM + vllm-router and SGLang + sglang-router: the
     server to start on each of the replicas' hosts (HOST_0 .. HOST_N-1, port 8001), then the
-    router in front of them (port 8000); a router without that policy says so instead."""
+    router in front of them (port 8000); a router without that policy says so instead. Behind
+    vllm-router's cache_aware, vLLM gets ``--enable-scale-out``: the router matches prefixes on
+    the token ids each worker renders for it (``/v1/completions/render``), a route vLLM serves only
+    with that flag; without it the router finds no tokens and routes on load alone."""
     costs, serving = spec.costs, spec.serving
     assert serving.max_num_batched_tokens is not None
     one = serve_commands(
@@ -199,8 +202,12 @@ def fleet_commands(spec: TrialSpec) -> dict[str, Any]:
         ("sglang", SGLANG_ROUTER_POLICY, "python -m sglang_router.launch_router"),
     ):
         policy = policies[spec.router]
+        extra = {
+            "vllm": " --enable-scale-out" if policy == "cache_aware" else "",
+            "sglang": " --host 0.0.0.0",
+        }
         out[name] = {
-            "replica": one[name] + (" --host 0.0.0.0" if name == "sglang" else "") + " --port 8001",
+            "replica": one[name] + extra[name] + " --port 8001",
             "router": f"{router} --port 8000 --worker-urls {urls} --policy {policy}"
             if policy is not None
             else f"{router} has no {spec.router} policy: choose another router",

@@ -94,6 +94,9 @@ class EngineReplica:
                     self.on_finish()
         return step_end
 
+    def cut(self, at_s: float) -> float | None:
+        return None  # one replica: never cut
+
     def finish_step(self) -> None:
         """Nothing left: the engine applied its step before it returned."""
 
