@@ -79,9 +79,11 @@ def test_a_static_batch_replays_as_the_package_runs_it(model_id: str, tp: int, e
 def test_a_steady_run_is_priced_as_its_steps(h100: AicCostModel) -> None:
     decodes = synthetic_plan(13, 700).chunks
     mixed = StepPlan((*decodes, *synthetic_plan(0, 0, 256, 512).chunks))
-    for plan in (synthetic_plan(13, 700), mixed):
-        runs = h100.steady_durations(plan, 40)
-        shifted = shifted_plans(plan, 40)
+    # contexts that differ (a mean between integers), and runs across the grid's octaves
+    uneven = StepPlan((*synthetic_plan(2, 3).chunks[:1], *synthetic_plan(1, 1019).chunks))
+    for plan in (synthetic_plan(13, 700), mixed, synthetic_plan(3, 1), synthetic_plan(5, 1000), uneven):
+        runs = h100.steady_durations(plan, 300)
+        shifted = shifted_plans(plan, 300)
         assert np.array_equal(runs, [h100.step_time_s(p) for p in shifted])
 
 

@@ -47,11 +47,11 @@ def block_keys(content: PromptBlocks, num_tokens: int, block_size: int) -> tuple
             parent = hash((parent, ids[start : start + step]))
             keys.append(parent)
     else:
+        # one hash per id; its blocks' keys are that hash plus their offset in it
         offsets = range(0, per_id, block_size)
-        for block_id in ids:
-            for offset in offsets:
-                parent = hash((parent, block_id, offset))
-                keys.append(parent)
+        for block_id in ids[: ceil_div(num_blocks * block_size, per_id)]:
+            parent = hash((parent, block_id))
+            keys += [parent + offset for offset in offsets]
         del keys[num_blocks:]
     return tuple(keys)
 
@@ -126,13 +126,11 @@ class BlockManager:
 
     def _evict(self, num_blocks: int) -> tuple[int, ...]:
         """The ``num_blocks`` least recently freed cached blocks, dropped from the cache."""
-        evictable, cached, key_of = self._evictable, self._cached, self._key_of
-        blocks = []
-        for _ in range(num_blocks):
-            block = evictable.popitem(last=False)[0]
-            del cached[key_of.pop(block)]
-            blocks.append(block)
-        return tuple(blocks)
+        evictable, cached = self._evictable, self._cached
+        blocks = tuple(evictable.popitem(last=False)[0] for _ in range(num_blocks))
+        for key in map(self._key_of.pop, blocks):
+            del cached[key]
+        return blocks
 
     def free(self, request_id: str) -> None:
         """Release every block of ``request_id`` (no-op if it holds none); cached blocks no one
@@ -148,7 +146,13 @@ class BlockManager:
         if self.num_blocks is not None:
             self._free.extend(reversed(table[num_keyed:]))
         refs, key_of = self._refs, self._key_of
-        for block in reversed(table[:num_keyed]):
+        keyed = table[num_keyed - 1 :: -1] if num_keyed else []
+        if all(refs.get(block) == 1 for block in keyed):  # cached, and held by this request alone
+            for block in keyed:
+                del refs[block]
+            self._evictable.update(dict.fromkeys(keyed))
+            return
+        for block in keyed:
             if block not in key_of:  # a duplicate of a block cached earlier: never shared
                 if self.num_blocks is not None:
                     self._free.append(block)
@@ -209,11 +213,15 @@ class BlockManager:
         if upto <= done:
             return
         cached, key_of, refs = self._cached, self._key_of, self._refs
-        for i in range(done, upto):
-            key = keys[i]
-            if key not in cached:
-                block = table[i]
-                cached[key] = block
-                key_of[block] = key
-                refs[block] = 1
+        new_keys, blocks = keys[done:upto], table[done:upto]
+        if cached.keys().isdisjoint(new_keys):  # the usual case: none of them cached yet
+            cached.update(zip(new_keys, blocks, strict=True))
+            key_of.update(zip(blocks, new_keys, strict=True))
+            refs.update(dict.fromkeys(blocks, 1))
+        else:
+            for key, block in zip(new_keys, blocks, strict=True):
+                if key not in cached:
+                    cached[key] = block
+                    key_of[block] = key
+                    refs[block] = 1
         self._num_keyed[request_id] = upto

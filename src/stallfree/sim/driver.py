@@ -112,8 +112,9 @@ def drive(
 
     One replica is told the next arrival when its step starts (every arrival is its own). In a
     fleet, where the router decides at the arrival, a replica's step is cut when a request is
-    routed to it (:meth:`Replica.cut`); the steps in flight wait in a heap by their end, and an
-    idle replica is not asked again until a request reaches it.
+    routed to it (:meth:`Replica.cut`: a fleet's replicas must be able to, e.g. a cuttable
+    :class:`~stallfree.sim.traffic.TrafficReplica`); the steps in flight wait in a heap by their
+    end, and an idle replica is not asked again until a request reaches it.
     """
     pending = iter(requests)
     upcoming = next(pending, None)
