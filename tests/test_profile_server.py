@@ -25,7 +25,7 @@ def server() -> Iterator[ServerThread]:
     # Fixed threads: the other test worker's load must not resize the pool between the two prompts
     # of a cached pair (the pair's ratio says whether the server caches).
     app = build_server(
-        "random:tiny",
+        "random:small",
         dtype="float32",
         device="cpu",
         token_budget=BUDGET,
@@ -51,8 +51,8 @@ def _profile(server: ServerThread, out: Path, *extra: str) -> int:
 def profiled(server: ServerThread, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("server-profile")
     config = folder / "config.json"
-    config.write_text(json.dumps(random_spec("tiny").to_hf_config()))
-    out = folder / "tiny.server.json"
+    config.write_text(json.dumps(random_spec("small").to_hf_config()))
+    out = folder / "small.server.json"
     assert _profile(server, out, "--model-config", str(config), "--server-setting", "policy=stall-free") == 0
     return out
 
@@ -60,7 +60,7 @@ def profiled(server: ServerThread, tmp_path_factory: pytest.TempPathFactory) -> 
 def test_the_profile_has_every_kind_of_point_within_the_budget(profiled: Path) -> None:
     profile = load_profile(profiled)
     fp = profile.fingerprint
-    assert fp["kind"] == "server" and fp["server"] == "stallfree" and fp["model"] == "random:tiny"
+    assert fp["kind"] == "server" and fp["server"] == "stallfree" and fp["model"] == "random:small"
     assert fp["scheduler"] == {"max_num_seqs": 4, "max_num_batched_tokens": BUDGET, "policy": "stall-free"}
     kinds = {p.kind for p in profile.steps}
     assert kinds == {"decode", "prefill", "mixed", "cached"}
@@ -81,7 +81,7 @@ def test_the_profile_has_every_kind_of_point_within_the_budget(profiled: Path) -
     settings = profile.settings
     assert "round trip" in settings["prefill_times"] and len(settings["http_round_trip_s"]) >= 3
     assert len(settings["reference_step_s"]) >= 3  # before, every few points, after
-    assert profile.model["num_layers"] == random_spec("tiny").num_layers
+    assert profile.model["num_layers"] == random_spec("small").num_layers
     assert profile.model_config is not None and "--model-config" in settings["model_dims"]
     # greedy points; what temperature 1 and top-p add to a decode step, at 1 and 4 streams
     assert {(s.mode, s.rows) for s in profile.sampling} == {
@@ -95,7 +95,7 @@ def test_the_measured_model_fits_and_prices_it(profiled: Path) -> None:
     assert np.isfinite(model.fit_errors()).all()
     assert model.decode_step_s(4, 256) >= model.decode_step_s(1, 16) > 0
     assert model.prefill_time_s(200) >= model.prefill_time_s(16) > 0  # terms >= 0: never cheaper
-    assert model.model_spec().num_layers == random_spec("tiny").num_layers
+    assert model.model_spec().num_layers == random_spec("small").num_layers
 
 
 def test_explain_and_simulate_take_it(profiled: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,10 +5,11 @@ Two kinds of event move a run: a request *arrives* (it is handed to a replica), 
 :class:`~stallfree.sim.traffic.TrafficReplica`). At one instant the loop first ends the steps due,
 then asks ``stop`` (if a step ended), then hands over the arrivals due (in arrival order, to the
 replica ``route`` picks), then lets every replica without a step in flight start its next one
-(an idle replica only once a request reaches it); then the clock goes to the earliest next event. A replica's step is planned when it starts and its outcome (tokens,
-finished requests) recorded when it ends, so whatever happens on the clock between the two (an
-arrival, another replica's step, a router counting requests in flight) sees the step's requests
-still running, as a router or a KV transfer in front of a real server would. An arrival during a
+(an idle replica only once a request reaches it); then the clock goes to the earliest next
+event. A replica's step is planned when it starts and its outcome (tokens, finished requests)
+recorded when it ends, so whatever happens on the clock between the two (an arrival, another
+replica's step, a router counting requests in flight) sees the step's requests still running, as
+a router or a KV transfer in front of a real server would. An arrival during a
 step only queues: the replica's scheduler sees it at its next step.
 
 The clock is the seam between the simulator and the engine: :class:`SimClock` jumps to the next

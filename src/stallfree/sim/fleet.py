@@ -63,9 +63,14 @@ class DelayedReplica:
     def has_unfinished_requests(self) -> bool:
         return bool(self._on_the_way) or self.inner.has_unfinished_requests()
 
-    def start_step(self, now_s: float, next_arrival_s: float | None) -> float | None:
+    def land(self, now_s: float) -> None:
+        """Hand the replica the requests that have reached it by ``now_s`` (a step in flight sees
+        them at its end; one the replica refuses is refused as it lands)."""
         while self._on_the_way and self._on_the_way[0][0] <= now_s:
             self.inner.add_request(self._on_the_way.popleft()[1], now_s)
+
+    def start_step(self, now_s: float, next_arrival_s: float | None) -> float | None:
+        self.land(now_s)
         due_s = self._on_the_way[0][0] if self._on_the_way else None
         upcoming = [t for t in (next_arrival_s, due_s) if t is not None]
         end_s = self.inner.start_step(now_s, min(upcoming) if upcoming else None)
@@ -110,6 +115,10 @@ def run_fleet(
 
     def route(request: Request) -> int:
         order[request.request_id] = len(order)
+        if route_delay_s > 0:  # the router's count is of what each replica has not yet answered
+            for replica in replicas:
+                assert isinstance(replica, DelayedReplica)
+                replica.land(request.arrival_time_s)
         return router.route(request, [r.num_in_flight for r in replicas])
 
     clock = SimClock()
