@@ -235,3 +235,29 @@ def test_the_newest_table_version_is_found_once_per_machine(
     with pytest.raises(AssertionError, match="searched again"):
         aiconfigurator._latest_version("h100_sxm", "vllm")
     aiconfigurator._latest_version.cache_clear()
+
+
+@needs_aic
+def test_the_compiled_engine_spec_is_kept_per_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiling resolves every attention kernel's table (~1 s): the spec is kept on disk and the
+    next model of the same arguments reads it back, pricing the same."""
+    from aiconfigurator_core.sdk import engine
+
+    from stallfree.costs.aiconfigurator import AicCostModel
+
+    monkeypatch.setenv("STALLFREE_CACHE_DIR", str(tmp_path))
+    first = AicCostModel(LLAMA_8B, "h100_sxm", "vllm")
+    (kept,) = (tmp_path / "aiconfigurator-specs").iterdir()
+
+    def no_compile(*args: object, **kwargs: object) -> bytes:
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(engine, "compile_engine", no_compile)
+    second = AicCostModel(LLAMA_8B, "h100_sxm", "vllm")
+    plan = synthetic_plan(8, 900, 256, 128)
+    assert second.step_time_s(plan) == first.step_time_s(plan)
+    with pytest.raises(ValueError, match="compiled again"):  # other arguments: another spec
+        AicCostModel(LLAMA_8B, "h100_sxm", "vllm", tp=2)
+    assert list((tmp_path / "aiconfigurator-specs").iterdir()) == [kept]

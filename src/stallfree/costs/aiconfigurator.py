@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib.util
 import json
 import logging
@@ -172,6 +173,32 @@ def _latest_version(system: str, framework: str) -> str:
     return str(found)
 
 
+def _compiled_spec(model_id: str, system: str, framework: str, options: dict[str, Any]) -> bytes:
+    """aiconfigurator-core's compiled engine spec for the model on the system (~1 s: it resolves
+    every attention kernel's table), kept on disk per machine, keyed by the package's version, the
+    arguments and, for a local folder, its config.json."""
+    from importlib.metadata import version as installed
+
+    from aiconfigurator_core.sdk.engine import compile_engine
+
+    config = Path(model_id) / "config.json"
+    key = json.dumps(
+        [installed("aiconfigurator-core"), model_id, system, framework, sorted(options.items()),
+         config.read_text() if config.is_file() else None],
+    )  # fmt: skip
+    path = cache_dir() / "aiconfigurator-specs" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.bin"
+    with contextlib.suppress(OSError):
+        return path.read_bytes()
+    with _libyaml():
+        spec = compile_engine(model_id, system, framework, **options)
+    with contextlib.suppress(OSError):  # a read-only home only costs the next run the compile
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(spec)
+        tmp.replace(path)
+    return spec
+
+
 @contextlib.contextmanager
 def _libyaml() -> Iterator[None]:
     """The package reads its tables' YAML with PyYAML's pure-Python ``safe_load``; where PyYAML has
@@ -246,8 +273,7 @@ class AicCostModel:
         if fp8:  # fp8 weights (GEMMs and experts) and KV cache; a checkpoint's own quantisation otherwise
             options |= {"gemm_quant_mode": "fp8", "moe_quant_mode": "fp8", "kvcache_quant_mode": "fp8"}
         try:
-            with _libyaml():
-                self._handle = EngineHandle.compile(model_id, system, framework, **options)
+            self._handle = EngineHandle(_compiled_spec(model_id, system, framework, options))
             context = _op_names(self._handle.evaluate_context_ops, batch_size=1, s=1)
             generation = _op_names(self._handle.evaluate_generation_ops, batch_size=1, s=2)
         except (ValueError, RuntimeError, KeyError, AssertionError) as exc:
