@@ -261,3 +261,9 @@ def test_the_compiled_engine_spec_is_kept_per_machine(
     with pytest.raises(ValueError, match="compiled again"):  # other arguments: another spec
         AicCostModel(LLAMA_8B, "h100_sxm", "vllm", tp=2)
     assert list((tmp_path / "aiconfigurator-specs").iterdir()) == [kept]
+    monkeypatch.undo()  # a damaged file is compiled again, and replaced
+    monkeypatch.setenv("STALLFREE_CACHE_DIR", str(tmp_path))
+    spec = kept.read_bytes()
+    kept.write_bytes(b"damaged")
+    assert AicCostModel(LLAMA_8B, "h100_sxm", "vllm").step_time_s(plan) == first.step_time_s(plan)
+    assert kept.read_bytes() == spec

@@ -173,10 +173,12 @@ def _latest_version(system: str, framework: str) -> str:
     return str(found)
 
 
-def _compiled_spec(model_id: str, system: str, framework: str, options: dict[str, Any]) -> bytes:
+def _compiled_spec(
+    model_id: str, system: str, framework: str, options: dict[str, Any], *, fresh: bool = False
+) -> bytes:
     """aiconfigurator-core's compiled engine spec for the model on the system (~1 s: it resolves
     every attention kernel's table), kept on disk per machine, keyed by the package's version, the
-    arguments and, for a local folder, its config.json."""
+    arguments and, for a local folder, its config.json; ``fresh``: compile even if one is kept."""
     from importlib.metadata import version as installed
 
     from aiconfigurator_core.sdk.engine import compile_engine
@@ -187,8 +189,9 @@ def _compiled_spec(model_id: str, system: str, framework: str, options: dict[str
          config.read_text() if config.is_file() else None],
     )  # fmt: skip
     path = cache_dir() / "aiconfigurator-specs" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.bin"
-    with contextlib.suppress(OSError):
-        return path.read_bytes()
+    if not fresh:
+        with contextlib.suppress(OSError):
+            return path.read_bytes()
     with _libyaml():
         spec = compile_engine(model_id, system, framework, **options)
     with contextlib.suppress(OSError):  # a read-only home only costs the next run the compile
@@ -273,7 +276,10 @@ class AicCostModel:
         if fp8:  # fp8 weights (GEMMs and experts) and KV cache; a checkpoint's own quantisation otherwise
             options |= {"gemm_quant_mode": "fp8", "moe_quant_mode": "fp8", "kvcache_quant_mode": "fp8"}
         try:
-            self._handle = EngineHandle(_compiled_spec(model_id, system, framework, options))
+            try:
+                self._handle = EngineHandle(_compiled_spec(model_id, system, framework, options))
+            except ValueError:  # a damaged spec kept on disk (or none compiles): compile it again
+                self._handle = EngineHandle(_compiled_spec(model_id, system, framework, options, fresh=True))
             context = _op_names(self._handle.evaluate_context_ops, batch_size=1, s=1)
             generation = _op_names(self._handle.evaluate_generation_ops, batch_size=1, s=2)
         except (ValueError, RuntimeError, KeyError, AssertionError) as exc:
