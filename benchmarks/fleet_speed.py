@@ -15,43 +15,22 @@ figure from a faster or slower machine can be scaled; and the load average befor
 
 from __future__ import annotations
 
-import json
+import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from llama_cpp_side_by_side import loadavg, machine
+from mooncake_fleet import DEPLOYMENT, TRACES, stallfree
 
-ROOT = Path(__file__).resolve().parent.parent
-STALLFREE = ROOT / ".venv" / "bin" / "stallfree"
-PYREF = ROOT.parent / "shared" / "tools" / "pyref.py"
-FULL = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
-PRICED = [
-    "--model",
-    "llama-3.1-8b",
-    "--hardware",
-    "h100-sxm",
-    "--cost-model",
-    "measured",
-    "--framework",
-    "vllm",
-]
+PYREF = Path(__file__).resolve().parent.parent.parent / "shared" / "tools" / "pyref.py"
 
 
-def simulate(*argv: str) -> tuple[dict, float, float]:
-    """The first policy's summary, the process wall time and its peak RSS (MB)."""
-    started = time.perf_counter()
-    done = subprocess.run(
-        ["/usr/bin/time", "-f", "%M", str(STALLFREE), "simulate", *argv, "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    wall_s = time.perf_counter() - started
-    rss_mb = int(done.stderr.strip().splitlines()[-1]) / 1024
-    summary = next(iter(json.loads(done.stdout)["policies"].values()))
-    return summary, wall_s, rss_mb
+def simulate(*argv: str) -> tuple[dict, float]:
+    """The first policy's summary and the process wall time."""
+    result, wall_s = stallfree("simulate", *argv)
+    return next(iter(result["policies"].values())), wall_s
 
 
 def pyref() -> str:
@@ -63,10 +42,11 @@ def pyref() -> str:
 
 def main() -> None:
     print(f"{machine()}; load {loadavg()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {pyref()}")
-    trace = str(FULL) if FULL.exists() else "mooncake-conversation"
-    fleet, wall_s, rss_mb = simulate(
-        *PRICED, "--trace", trace, "--replicas", "100", "--router", "cache-aware"
-    )
+    full, shipped = TRACES["conversation"]
+    trace = str(full) if full.exists() else shipped
+    fleet, wall_s = simulate(*DEPLOYMENT, "--trace", trace, "--replicas", "100", "--router", "cache-aware")
+    # the largest child so far: (a) (pyref's is a few MB)
+    rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(
         f"(a) 100 replicas, {fleet['completed']:,} requests ({trace}): simulate() {fleet['sim_wall_s']:.1f} s, "
         f"process {wall_s:.1f} s, peak RSS {rss_mb:.0f} MB; hit rate {100 * fleet['prefix_cache_hit_rate']:.1f}%, "
@@ -74,13 +54,13 @@ def main() -> None:
     )
     one = ["--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--tp", "8", "--lengths", "mooncake-conversation",
            "--qps", "5", "--num-requests", "1000"]  # fmt: skip
-    on, _, _ = simulate(*one, "--enable-prefix-caching")
-    off, _, _ = simulate(*one, "--no-enable-prefix-caching")
+    on, _ = simulate(*one, "--enable-prefix-caching")
+    off, _ = simulate(*one, "--no-enable-prefix-caching")
     print(
         f"(b) 1,000 requests, one replica: cache on {on['sim_wall_s']:.2f} s, off {off['sim_wall_s']:.2f} s "
         f"({on['sim_wall_s'] / off['sim_wall_s']:.2f}x; hit rate {100 * on['prefix_cache_hit_rate']:.1f}%)"
     )
-    _, small_s, _ = simulate(*PRICED, "--num-requests", "5")
+    _, small_s = simulate(*DEPLOYMENT, "--num-requests", "5")
     print(f"(c) a priced 5-request run: {small_s:.2f} s end to end")
     print(f"load after: {loadavg()}; {pyref()}")
 

@@ -165,12 +165,18 @@ def _latest_version(system: str, framework: str) -> str:
     if not found:
         raise ValueError(f"aiconfigurator-core has no {framework} tables for {system}")
     known = (known if isinstance(known, dict) else {}) | {key: str(found)}
-    with contextlib.suppress(OSError):  # a read-only home only costs the next run the search
+    _keep(path, json.dumps(known, indent=1, sort_keys=True).encode())
+    return str(found)
+
+
+def _keep(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole (another process reads the old file or the new one); a
+    read-only home only costs the next run the work again."""
+    with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
+        tmp.write_bytes(data)
         tmp.replace(path)
-    return str(found)
 
 
 def _compiled_spec(
@@ -194,11 +200,7 @@ def _compiled_spec(
             return path.read_bytes()
     with _libyaml():
         spec = compile_engine(model_id, system, framework, **options)
-    with contextlib.suppress(OSError):  # a read-only home only costs the next run the compile
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(spec)
-        tmp.replace(path)
+    _keep(path, spec)
     return spec
 
 

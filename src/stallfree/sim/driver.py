@@ -147,7 +147,7 @@ def drive(
                 ready.append(i)
             elif not lone:
                 cut_s = replicas[i].cut(now_s)
-                if cut_s is not None and cut_s != ends_s[i]:
+                if cut_s is not None:
                     ends_s[i] = cut_s
                     heapq.heappush(due, (cut_s, i))
             upcoming = next(pending, None)

@@ -108,17 +108,14 @@ def run_fleet(
         TrafficReplica(s, c, fast=fast, step_budget_s=step_budget_s, cuttable=cuttable)
         for s, c in zip(schedulers, cost_models, strict=True)
     ]
-    replicas: Sequence[TrafficReplica | DelayedReplica] = (
-        [DelayedReplica(r, route_delay_s) for r in traffic] if route_delay_s > 0 else traffic
-    )
+    delayed = [DelayedReplica(r, route_delay_s) for r in traffic] if route_delay_s > 0 else []
+    replicas: Sequence[TrafficReplica | DelayedReplica] = delayed or traffic
     order: dict[str, int] = {}
 
     def route(request: Request) -> int:
         order[request.request_id] = len(order)
-        if route_delay_s > 0:  # the router's count is of what each replica has not yet answered
-            for replica in replicas:
-                assert isinstance(replica, DelayedReplica)
-                replica.land(request.arrival_time_s)
+        for replica in delayed:  # the router's count is of what each replica has not yet answered
+            replica.land(request.arrival_time_s)
         return router.route(request, [r.num_in_flight for r in replicas])
 
     clock = SimClock()
