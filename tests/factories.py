@@ -64,11 +64,13 @@ def run_on_step_counter(
     on_plan: Callable[[StepPlan, set[str]], None],
     *,
     max_steps: int = 10_000,
+    executor: Callable[[StepPlan], StepResult] = one_second,
 ) -> tuple[list[StepEvents], dict[str, str]]:
     """Replay arrivals on a step counter (every step takes 1 s) until nothing is left.
 
     ``on_plan(plan, decoding)`` sees each plan before it runs, with the ids that were decoding
     when it was scheduled. Returns every step's events and the rejected requests' reasons.
+    ``executor`` gives each step's result (its duration is not read).
     """
     pending = sorted(requests, key=lambda r: r.arrival_time_s)
     rejected: dict[str, str] = {}
@@ -88,14 +90,15 @@ def run_on_step_counter(
             continue
         plan.validate()
         on_plan(plan, decoding)
-        events.append(sched.update_from_output(plan, one_second(plan)))
+        events.append(sched.update_from_output(plan, executor(plan)))
         clock += 1.0
     raise AssertionError("scheduler did not finish")
 
 
 def assert_stall_free(plan: StepPlan, decoding: set[str]) -> None:
-    """Every request that was decoding gets exactly one token (unless the plan preempted it)."""
-    scheduled = {c.request_id: c.num_tokens for c in plan.chunks}
+    """Every request that was decoding gets exactly one token, besides any drafts it verifies
+    (unless the plan preempted it)."""
+    scheduled = {c.request_id: c.num_tokens - c.num_draft_tokens for c in plan.chunks}
     for rid in decoding:
         assert scheduled.get(rid) == 1 or rid in plan.preempted_request_ids
 

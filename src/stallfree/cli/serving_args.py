@@ -13,6 +13,7 @@ from stallfree.cli.common import (
     UsageError,
     add_dtype_arg,
     add_quantization_arg,
+    non_negative_int,
     positive_float,
     positive_int,
 )
@@ -33,6 +34,8 @@ SERVING_FLAGS: dict[str, tuple[str, ...]] = {
     "watermark": ("--kv-watermark",),
     "step_budget_ms": ("--step-budget-ms",),
     "enable_prefix_caching": ("--enable-prefix-caching",),
+    "num_speculative_tokens": ("--speculative-tokens", "--num-speculative-tokens"),
+    "speculative_rule": ("--speculative-rule",),
 }
 """The command-line flags of each :class:`~stallfree.core.serving.ServingConfig` field (vLLM's
 names; ``--token-budget`` is Sarathi-Serve's name for the same budget)."""
@@ -50,13 +53,21 @@ _SERVING_HELP = {
     "step_budget_ms": "chunked: size prompt chunks so each step's predicted time stays within MS "
     "(decodes always run; a token budget given with it is a cap, default {step_cap}); needs a step-time "
     "predictor: the simulator's cost model, or the engine's measured --profile",
+    "num_speculative_tokens": "chunked: speculative decoding, each decode verifies up to N draft tokens a "
+    "step (default 0: none)",
+    "speculative_rule": "how drafts share a step with prompt chunks: {rules} (default {rule})",
     "enable_prefix_caching": "reuse the KV blocks of prompt prefixes seen before (vLLM V1's automatic "
     "prefix caching; default on, as in vLLM); applies to requests whose prompts are known: the engine's, "
     "traces with block hashes, multi-turn sessions",
 }
 
 
-_SERVING_TYPES: dict[str, Callable[[str], Any]] = {"watermark": float, "step_budget_ms": positive_float}
+_SERVING_TYPES: dict[str, Callable[[str], Any]] = {
+    "watermark": float,
+    "step_budget_ms": positive_float,
+    "num_speculative_tokens": non_negative_int,
+    "speculative_rule": str,
+}
 
 
 def add_prefix_caching_arg(parser: argparse._ActionsContainer) -> None:
@@ -79,6 +90,7 @@ def add_serving_args(parser: argparse._ActionsContainer, *, policy_list: bool = 
     ``policy_list``: ``--policy`` takes a comma list (simulate compares policies).
     """
     from stallfree.core import DEFAULT_STEP_TOKEN_CAP, DEFAULT_TOKEN_BUDGET, POLICIES
+    from stallfree.core.policy import SPECULATIVE_RULES
     from stallfree.core.serving import DEFAULT_MAX_NUM_SEQS, ServingConfig
 
     defaults = ServingConfig()
@@ -88,6 +100,8 @@ def add_serving_args(parser: argparse._ActionsContainer, *, policy_list: bool = 
         "seqs": DEFAULT_MAX_NUM_SEQS,
         "block": defaults.block_size,
         "watermark": defaults.watermark,
+        "rules": "; ".join(f"{name}: {rule}" for name, rule in SPECULATIVE_RULES.items()),
+        "rule": defaults.speculative_rule,
     }
     if policy_list:
         parser.add_argument(
@@ -114,7 +128,8 @@ def add_serving_args(parser: argparse._ActionsContainer, *, policy_list: bool = 
             dest=name,
             type=value_type,
             default=getattr(defaults, name),
-            metavar="MS" if name == "step_budget_ms" else "N",
+            metavar={"step_budget_ms": "MS", "speculative_rule": "RULE"}.get(name, "N"),
+            choices=tuple(SPECULATIVE_RULES) if name == "speculative_rule" else None,
             help=_SERVING_HELP[name].format(**fill),
         )
 
@@ -149,12 +164,16 @@ def policy_list(text: str) -> list[str]:
 
 def serving_configs(args: argparse.Namespace) -> list[ServingConfig]:
     """One :class:`ServingConfig` per policy of ``--policy``'s comma list (``add_serving_args(...,
-    policy_list=True)``); ``--step-budget-ms`` is the chunked policy's, so the baselines beside it
-    run without it (and it needs chunked among them)."""
+    policy_list=True)``); ``--step-budget-ms`` and ``--speculative-tokens`` are the chunked policy's,
+    so the baselines beside it run without them (and they need chunked among them)."""
     policies = policy_list(args.policy)
-    if args.step_budget_ms is not None and "chunked" not in policies:
-        raise UsageError("--step-budget-ms applies to the chunked policy only")
-    baseline = argparse.Namespace(**{**vars(args), "step_budget_ms": None})
+    for flag, value in (
+        ("--step-budget-ms", args.step_budget_ms),
+        ("--speculative-tokens", args.num_speculative_tokens),
+    ):
+        if value and "chunked" not in policies:
+            raise UsageError(f"{flag} applies to the chunked policy only")
+    baseline = argparse.Namespace(**{**vars(args), "step_budget_ms": None, "num_speculative_tokens": 0})
     return [serving_config(args if policy == "chunked" else baseline, policy) for policy in policies]
 
 

@@ -124,6 +124,20 @@ class BlockManager:
         self.num_used_blocks += need
         return new
 
+    def trim(self, request_id: str, num_tokens: int) -> int | None:
+        """Release ``request_id``'s blocks past those ``num_tokens`` tokens fill (the slots of
+        rejected draft tokens: never cached); how many it keeps, or None if it held no more."""
+        table = self._tables.get(request_id)
+        keep = self.blocks_for(num_tokens)
+        if table is None or len(table) <= keep:
+            return None
+        tail = table[keep:]
+        del table[keep:]
+        self.num_used_blocks -= len(tail)
+        if self.num_blocks is not None:
+            self._free.extend(reversed(tail))
+        return keep
+
     def _evict(self, num_blocks: int) -> tuple[int, ...]:
         """The ``num_blocks`` least recently freed cached blocks, dropped from the cache."""
         evictable, cached = self._evictable, self._cached

@@ -14,10 +14,14 @@ would be with one more chunk, built without allocating, preempting or changing a
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from stallfree.core.config import SchedulerConfig
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.state import SchedulerState, Sequence
+
+_NOTHING_TRIMMED: Mapping[str, int] = MappingProxyType({})
 
 
 class StepContext:
@@ -31,7 +35,7 @@ class StepContext:
         self._state = state
         self._config = config
         self.running: tuple[Sequence, ...] = tuple(state.running)
-        self._scheduled: dict[str, int] = {}
+        self._scheduled: dict[str, int] = {}  # request id -> its chunk's index in _chunks
         self._chunks: list[ScheduledChunk] = []
         self._new_blocks: dict[str, tuple[int, ...]] = {}
         self._preempted: list[str] = []
@@ -156,6 +160,47 @@ class StepContext:
                 else:
                     self.schedule_running(seq, 1, preempt=True)
 
+    def schedule_drafts(self, num_tokens: int | None, max_per_request: int) -> int:
+        """Let the decodes scheduled so far verify their proposed drafts, oldest first: up to
+        ``max_per_request`` each and ``num_tokens`` in all (None: no cap), never past the
+        request's ``max_tokens`` (one more token always follows the accepted drafts). Drafts
+        never preempt: short of KV blocks they shrink to what the free blocks hold. Returns the
+        draft tokens scheduled."""
+        state = self._state
+        bm = state.block_manager
+        total = 0
+        for seq in self.running:
+            left = max_per_request if num_tokens is None else min(max_per_request, num_tokens - total)
+            if left <= 0:
+                break
+            index = self._scheduled.get(seq.request_id)
+            if index is None or not seq.num_proposed_drafts:
+                continue
+            chunk = self._chunks[index]
+            if not chunk.is_decode:
+                continue
+            drafts = min(left, seq.num_proposed_drafts, seq.request.max_tokens - seq.num_output_tokens - 1)
+            if drafts <= 0:
+                continue
+            rid = seq.request_id
+            target = chunk.context_len + drafts
+            need = bm.num_new_blocks(rid, target)
+            if need and not bm.can_allocate(need):
+                free = bm.num_free_blocks or 0
+                drafts = (len(bm.block_table(rid)) + free) * bm.block_size - chunk.context_len
+                if drafts <= 0:
+                    continue
+                target = chunk.context_len + drafts
+            new = bm.allocate(rid, target)
+            if new:
+                self._new_blocks[rid] = (*self._new_blocks.get(rid, ()), *new)
+            self._chunks[index] = ScheduledChunk(
+                rid, chunk.num_computed_tokens, 1 + drafts, chunk.num_known_tokens, num_draft_tokens=drafts
+            )
+            self.num_scheduled_tokens += drafts
+            total += drafts
+        return total
+
     def admit(self, num_tokens: int) -> int:
         """Move the head of the waiting queue to running with a first chunk.
 
@@ -197,7 +242,7 @@ class StepContext:
         self, seq: Sequence, num_tokens: int, new_blocks: tuple[int, ...], *, after_cache_hit: bool = False
     ) -> None:
         rid = seq.request_id
-        self._scheduled[rid] = num_tokens
+        self._scheduled[rid] = len(self._chunks)
         self.num_scheduled_tokens += num_tokens
         chunk = ScheduledChunk(
             rid, seq.num_computed_tokens, num_tokens, seq.num_known_tokens, after_cache_hit
@@ -210,10 +255,11 @@ class StepContext:
         self._state.preempt(victim)
         self._preempted.append(victim.request_id)
 
-    def build(self, freed: tuple[str, ...]) -> StepPlan:
+    def build(self, freed: tuple[str, ...], trimmed: Mapping[str, int] = _NOTHING_TRIMMED) -> StepPlan:
         return StepPlan(
             chunks=tuple(self._chunks),
             new_block_ids=self._new_blocks,
             preempted_request_ids=tuple(self._preempted),
             freed_request_ids=freed + tuple(self._preempted),
+            trimmed_block_tables=trimmed if trimmed else _NOTHING_TRIMMED,
         )

@@ -2,8 +2,8 @@
 
 Invariants of a :class:`StepPlan` (checked by :meth:`StepPlan.validate`):
 each request appears at most once; every chunk runs at least one token;
-a chunk never runs past the tokens whose ids are known; the plan's
-``num_tokens`` is the sum of its chunks.
+a chunk never runs past the tokens whose ids are known (draft tokens aside: a decode may
+verify guesses after its last known token); the plan's ``num_tokens`` is the sum of its chunks.
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ class ScheduledChunk:
     and so a new token: the last prompt chunk, every decode, every recompute's end.
     ``after_cache_hit``: the request's first chunk, its computed tokens all found in the prefix
     cache at admission (a server may take longer over that step than over a later chunk).
+
+    ``num_draft_tokens`` (speculative decoding): the last ``num_draft_tokens`` of the chunk are
+    guesses that follow the last known token, run to be verified; ``num_tokens`` counts them
+    (they take the step's budget and KV slots). The step keeps as many as the executor accepts
+    and gives one more token after them.
     """
 
     request_id: str
@@ -37,20 +42,26 @@ class ScheduledChunk:
     num_tokens: int
     num_known_tokens: int
     after_cache_hit: bool = False
+    num_draft_tokens: int = 0
 
     @property
     def context_len(self) -> int:
-        """Tokens in the KV cache once this chunk has run."""
+        """Tokens in the KV cache once this chunk has run (drafts included, before verification)."""
         return self.num_computed_tokens + self.num_tokens
 
     @property
     def emits_token(self) -> bool:
         """The chunk reaches the last known token, so its logits give the request a new token."""
-        return self.num_computed_tokens + self.num_tokens == self.num_known_tokens
+        return self.num_computed_tokens + self.num_tokens - self.num_draft_tokens == self.num_known_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """Extends an already-computed sequence by its last known token (with or without drafts)."""
+        return self.num_known_tokens - self.num_computed_tokens == 1 and self.num_computed_tokens > 0
 
     @property
     def is_decode(self) -> bool:
-        """One token that extends an already-computed sequence."""
+        """One token that extends an already-computed sequence (no drafts)."""
         return (
             self.num_tokens == 1
             and self.num_known_tokens - self.num_computed_tokens == 1
@@ -66,12 +77,16 @@ class StepPlan:
     this step; ``freed_request_ids`` lists requests whose blocks were released
     (finished last step, aborted, or preempted now) so executors drop their
     tables; ``preempted_request_ids`` is the subset preempted by this plan.
+    ``trimmed_block_tables`` maps a request to how many of its blocks it keeps, the rest released
+    since the last plan (the slots of draft tokens the last step rejected). Executors cut their
+    tables to it first, then drop the freed ones, then append the new blocks.
     """
 
     chunks: tuple[ScheduledChunk, ...]
     new_block_ids: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: _EMPTY_BLOCKS)
     preempted_request_ids: tuple[str, ...] = ()
     freed_request_ids: tuple[str, ...] = ()
+    trimmed_block_tables: Mapping[str, int] = field(default_factory=lambda: _NO_TOKENS)
 
     @property
     def num_tokens(self) -> int:
@@ -79,11 +94,16 @@ class StepPlan:
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(1 for c in self.chunks if c.is_decode)
+        """Tokens of decoding requests: one each, plus the drafts they verify."""
+        return sum(c.num_tokens for c in self.chunks if c.is_decoding)
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks if not c.is_decode)
+        return sum(c.num_tokens for c in self.chunks if not c.is_decoding)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return sum(c.num_draft_tokens for c in self.chunks)
 
     @property
     def is_empty(self) -> bool:
@@ -98,8 +118,10 @@ class StepPlan:
             seen.add(c.request_id)
             if c.num_tokens <= 0:
                 raise ValueError(f"request {c.request_id}: chunk of {c.num_tokens} tokens")
-            if c.context_len > c.num_known_tokens:
+            if c.context_len - c.num_draft_tokens > c.num_known_tokens:
                 raise ValueError(f"request {c.request_id}: chunk runs past its known tokens")
+            if c.num_draft_tokens and not (0 < c.num_draft_tokens < c.num_tokens and c.emits_token):
+                raise ValueError(f"request {c.request_id}: drafts must follow a chunk's last known token")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +130,23 @@ class StepResult:
 
     ``duration_s`` is simulated (cost model) or measured (wall clock).
     ``sampled_token_ids`` has one entry per sampling chunk when the executor
-    samples real tokens (empty for the simulator). ``stopped_request_ids`` are
-    requests the executor ended on EOS / stop tokens / stop strings.
+    samples real tokens (empty for the simulator): a chunk's last token, after any accepted
+    drafts. ``stopped_request_ids`` are requests the executor ended on EOS / stop tokens / stop
+    strings.
+
+    Speculative decoding: ``num_accepted_drafts`` says how many of a chunk's draft tokens the
+    executor accepted (the engine by verifying them, the simulator by an acceptance model; a
+    chunk not listed accepted none), ``accepted_draft_ids`` their ids where the executor knows
+    them (the engine: so generated blocks are keyed for the prefix cache), and
+    ``num_proposed_drafts`` how many drafts each request has for its next step.
     """
 
     duration_s: float
     sampled_token_ids: Mapping[str, int] = field(default_factory=lambda: _NO_TOKENS)
     stopped_request_ids: frozenset[str] = frozenset()
+    num_accepted_drafts: Mapping[str, int] = field(default_factory=lambda: _NO_TOKENS)
+    accepted_draft_ids: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: _EMPTY_BLOCKS)
+    num_proposed_drafts: Mapping[str, int] = field(default_factory=lambda: _NO_TOKENS)
 
 
 def synthetic_plan(

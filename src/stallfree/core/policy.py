@@ -12,6 +12,8 @@ class registered in :data:`POLICIES`; the scheduler loop never changes.
   step-time predictor, its time target (:mod:`stallfree.core.time_budget`).
   With a token budget it plans the steps vLLM V1 plans with the same
   ``--max-num-batched-tokens`` / ``--max-num-seqs`` (tests/test_vllm_parity.py).
+  With speculative decoding (``num_speculative_tokens``) decodes also verify the drafts their
+  executor proposed, under one of two rules (:data:`SPECULATIVE_RULES`).
 - ``prefill-first`` — vLLM's old default: waiting prompts run whole, batched
   up to ``max_num_batched_tokens``, in a step of their own; decodes pause.
 - ``decode-first`` — request-level batching: prompts are admitted only when
@@ -29,6 +31,13 @@ from stallfree.core.context import StepContext
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import Request
 from stallfree.core.time_budget import StepTimePredictor, fill_prompts_by_time
+
+SPECULATIVE_RULES = {
+    "vllm": "each draft token takes a token of the step's budget, before any prompt chunk (vLLM V1)",
+    "sglang": "a step that verifies drafts carries no prompt chunk: prompts run in steps of their own, "
+    "first (SGLang turns mixed chunked prefill off under speculation)",
+}
+"""How drafts share a step with prompt chunks, by the framework that does it that way."""
 
 
 class Steadiness(enum.Enum):
@@ -122,6 +131,13 @@ class ChunkedPolicy(Policy):
     decodes always run, even when they alone exceed the target. ``num_guarded_steps`` counts
     steps whose first prompt got the starvation guard's minimum chunk past the target, and
     ``num_decode_overruns`` those of them whose decodes alone were predicted over it.
+
+    ``num_speculative_tokens`` (k > 0): each decode also verifies up to k draft tokens its
+    executor proposed, shared with prompt chunks by ``speculative_rule`` (:data:`SPECULATIVE_RULES`):
+    ``vllm``, drafts take the budget left after the decodes, oldest request first, and prompt
+    chunks what remains (with ``chunk_tokens`` the drafts ride on top, as the decodes do);
+    ``sglang``, a step runs prompt chunks alone (under the budget) while any prompt can run, and
+    decodes with all their drafts otherwise. With k = 0 both are the plain policy.
     """
 
     name = "chunked"
@@ -133,7 +149,17 @@ class ChunkedPolicy(Policy):
         *,
         step_budget_s: float | None = None,
         predictor: StepTimePredictor | None = None,
+        num_speculative_tokens: int = 0,
+        speculative_rule: str = "vllm",
     ) -> None:
+        if num_speculative_tokens < 0:
+            raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
+        if speculative_rule not in SPECULATIVE_RULES:
+            raise ValueError(
+                f"unknown speculative rule {speculative_rule!r}; choose from: {', '.join(SPECULATIVE_RULES)}"
+            )
+        if num_speculative_tokens and step_budget_s is not None:
+            raise ValueError("chunked policy: a step-time budget does not combine with speculative decoding")
         both = token_budget is not None and chunk_tokens is not None
         if both or (step_budget_s is None and token_budget is None and chunk_tokens is None):
             raise ValueError(
@@ -162,13 +188,26 @@ class ChunkedPolicy(Policy):
         self.predictor = predictor
         self.num_guarded_steps = 0
         self.num_decode_overruns = 0
+        self.num_speculative_tokens = num_speculative_tokens
+        self.speculative_rule = speculative_rule
 
     def check_config(self, config: SchedulerConfig) -> None:
         check_budget_holds_seqs(self.token_budget, config.max_num_seqs)
 
     def schedule(self, ctx: StepContext) -> None:
+        drafts = self.num_speculative_tokens
+        if drafts and self.speculative_rule == "sglang":
+            # Prompts first, in a step of their own; decodes verify their drafts in the others.
+            self._fill_prompts(ctx, self.chunk_tokens or self.token_budget or 0)
+            if not ctx.num_scheduled_tokens:
+                ctx.schedule_decodes()
+                ctx.schedule_drafts(None, drafts)
+            return
         # 1. Every decoding request gets exactly one token: the stall-free property.
         ctx.schedule_decodes()
+        if drafts:  # then their drafts, from the budget (vLLM V1: a draft is a scheduled token)
+            left = None if self.token_budget is None else self.token_budget - ctx.num_scheduled_tokens
+            ctx.schedule_drafts(left, drafts)
         if self.step_budget_s is not None:
             assert self.predictor is not None  # required with a step budget (checked in __init__)
             if self.chunk_tokens is not None:
@@ -184,6 +223,11 @@ class ChunkedPolicy(Policy):
         else:
             assert self.token_budget is not None  # one of the two is set (checked in __init__)
             budget = self.token_budget - ctx.num_scheduled_tokens
+        self._fill_prompts(ctx, budget)
+
+    @staticmethod
+    def _fill_prompts(ctx: StepContext, budget: int) -> None:
+        """Prompt chunks of up to ``budget`` tokens in all: running prompts, then new ones."""
         # 2. Prompts already part-way through prefill (and recomputes) continue. Short of KV
         # blocks they preempt the newest running request, possibly themselves, as vLLM V1 does
         # (docs/vllm-parity.md); a chunk shrunk to the free blocks would run a step vLLM never runs.
@@ -206,6 +250,8 @@ class ChunkedPolicy(Policy):
             budget -= admitted
 
     def steadiness(self, plan: StepPlan, num_running: int) -> Steadiness:
+        if self.num_speculative_tokens:
+            return Steadiness.NONE  # how many drafts are accepted changes every step
         # Only decodes: a waiting head not admitted now stays out (slots and free blocks only
         # shrink while nothing finishes), but a new arrival may fit.
         if self._decodes_everything(plan, num_running):
@@ -283,6 +329,8 @@ def make_policy(
     chunk_tokens: int | None = None,
     step_budget_s: float | None = None,
     predictor: StepTimePredictor | None = None,
+    num_speculative_tokens: int = 0,
+    speculative_rule: str = "vllm",
 ) -> Policy:
     """Build a policy by name; ``token_budget`` is the per-step token cap for every policy.
 
@@ -301,7 +349,11 @@ def make_policy(
             chunk_tokens=chunk_tokens,
             step_budget_s=step_budget_s,
             predictor=predictor,
+            num_speculative_tokens=num_speculative_tokens,
+            speculative_rule=speculative_rule,
         )
+    if num_speculative_tokens:
+        raise ValueError(f"speculative decoding applies to the chunked policy only, not {name}")
     if chunk_tokens is not None:
         raise ValueError(f"--chunk-tokens applies to the chunked policy only, not {name}")
     if step_budget_s is not None:

@@ -11,7 +11,9 @@ plan to an executor, and give the executor's :class:`StepResult` back through
    token, admits within ``max_num_seqs`` and the watermark, and preempts the newest running
    request when blocks run out;
 3. ``update_from_output`` advances every scheduled request and finishes those that stopped or
-   reached ``max_tokens``; their blocks are freed and announced in the next plan.
+   reached ``max_tokens``; their blocks are freed and announced in the next plan. A decode that
+   verified draft tokens keeps the accepted ones (and the token after them); the KV slots of the
+   rejected ones are released, their blocks announced as trimmed in the next plan.
 
 State lives in a :class:`~stallfree.core.state.SchedulerState` (see its invariants). A driver
 that prices many steps at once (the simulator) uses :meth:`steady_run` / :meth:`update_steady`
@@ -20,7 +22,8 @@ that prices many steps at once (the simulator) uses :meth:`steady_run` / :meth:`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from stallfree.core.block_manager import BlockManager
 from stallfree.core.config import CacheConfig, SchedulerConfig
@@ -34,10 +37,13 @@ from stallfree.core.steady import SteadyRun, apply_steady, steady_run
 
 @dataclass(frozen=True, slots=True)
 class StepEvents:
-    """What a step changed, for drivers that timestamp tokens."""
+    """What a step changed, for drivers that timestamp tokens: each request in
+    ``new_token_request_ids`` got one token, plus ``num_accepted_drafts`` more where it verified
+    drafts (speculative decoding)."""
 
     new_token_request_ids: tuple[str, ...]
     finished: tuple[tuple[str, FinishReason], ...]
+    num_accepted_drafts: Mapping[str, int] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -51,6 +57,7 @@ class Scheduler:
         self.state = SchedulerState(cache)
         self._known_ids: set[str] = set()
         self._freed: list[str] = []  # released since the last plan: announced in the next
+        self._trimmed: dict[str, int] = {}  # blocks kept by requests whose rejected drafts' were released
         self.num_rejected = 0
 
     # -- requests ---------------------------------------------------------------
@@ -121,8 +128,11 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         ctx = StepContext(self.state, self.config)
         self.policy.schedule(ctx)
-        plan = ctx.build(tuple(self._freed))
+        trimmed = self._trimmed
+        plan = ctx.build(tuple(self._freed), trimmed)
         self._freed.clear()
+        if trimmed:  # the plan keeps this dict: start a new one
+            self._trimmed = {}
         return plan
 
     def update_from_output(self, plan: StepPlan, result: StepResult) -> StepEvents:
@@ -132,9 +142,14 @@ class Scheduler:
         stopped = result.stopped_request_ids
         running = self.state.running_by_id
         if result.sampled_token_ids and self.state.block_manager.enable_prefix_caching:
+            accepted_ids = result.accepted_draft_ids
             for rid, token_id in result.sampled_token_ids.items():
                 if (seq := running.get(rid)) is not None:
+                    for draft_id in accepted_ids.get(rid, ()):
+                        self.state.key_sampled(seq, draft_id)
                     self.state.key_sampled(seq, token_id)
+        accepted: dict[str, int] = {}
+        proposed = result.num_proposed_drafts
         for chunk in plan.chunks:
             rid = chunk.request_id
             seq = running.get(rid)
@@ -143,6 +158,10 @@ class Scheduler:
             seq.num_computed_tokens += chunk.num_tokens
             if not chunk.emits_token:
                 continue
+            if chunk.num_draft_tokens:
+                self._verified(seq, chunk.num_draft_tokens, result.num_accepted_drafts.get(rid, 0), accepted)
+            if proposed:
+                seq.num_proposed_drafts = proposed.get(rid, 0)
             seq.num_output_tokens += 1
             new_tokens.append(rid)
             if rid in stopped:
@@ -151,7 +170,21 @@ class Scheduler:
                 finished.append((rid, FinishReason.LENGTH))
         if finished:
             self._finish([rid for rid, _ in finished])
-        return StepEvents(tuple(new_tokens), tuple(finished))
+        return StepEvents(tuple(new_tokens), tuple(finished), accepted)
+
+    def _verified(self, seq: Sequence, num_drafts: int, num_accepted: int, accepted: dict[str, int]) -> None:
+        """``seq`` ran ``num_drafts`` draft tokens (counted as computed) and ``num_accepted`` of them
+        were right: keep those as output, release the slots of the rest."""
+        if not 0 <= num_accepted <= num_drafts:
+            raise ValueError(f"request {seq.request_id}: {num_accepted} of {num_drafts} drafts accepted")
+        seq.num_computed_tokens -= num_drafts - num_accepted
+        if num_accepted:
+            seq.num_output_tokens += num_accepted
+            accepted[seq.request_id] = num_accepted
+            self.state.cache_computed(seq, seq.num_computed_tokens)
+        kept = self.state.block_manager.trim(seq.request_id, seq.num_computed_tokens)
+        if kept is not None:
+            self._trimmed[seq.request_id] = kept
 
     def _finish(self, request_ids: list[str]) -> None:
         self.state.finish(request_ids)

@@ -28,7 +28,14 @@ from stallfree.core.config import (
     SchedulerConfig,
     ceil_div,
 )
-from stallfree.core.policy import POLICIES, ChunkedPolicy, Policy, check_budget_holds_seqs, make_policy
+from stallfree.core.policy import (
+    POLICIES,
+    SPECULATIVE_RULES,
+    ChunkedPolicy,
+    Policy,
+    check_budget_holds_seqs,
+    make_policy,
+)
 from stallfree.core.scheduler import Scheduler
 from stallfree.core.time_budget import StepTimePredictor
 
@@ -53,6 +60,10 @@ class ServingConfig:
     ``enable_prefix_caching`` (on by default, as in vLLM V1): requests whose prompts say what
     they are (:class:`~stallfree.core.request.PromptBlocks`) reuse each other's cached full
     prompt blocks; requests that do not are never cached.
+
+    ``num_speculative_tokens`` (chunked only): each decode may verify up to this many draft
+    tokens a step, shared with prompt chunks by ``speculative_rule``
+    (:data:`~stallfree.core.policy.SPECULATIVE_RULES`: ``vllm`` or ``sglang``).
     """
 
     policy: str = "chunked"
@@ -65,6 +76,8 @@ class ServingConfig:
     watermark: float = 0.01
     step_budget_ms: float | None = None
     enable_prefix_caching: bool = True
+    num_speculative_tokens: int = 0
+    speculative_rule: str = "vllm"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -83,6 +96,19 @@ class ServingConfig:
                 raise ValueError(f"step_budget_ms must be positive, got {self.step_budget_ms}")
             if self.policy != ChunkedPolicy.name:
                 raise ValueError(f"step_budget_ms applies to the chunked policy only, not {self.policy}")
+        if self.num_speculative_tokens:
+            if self.num_speculative_tokens < 0:
+                raise ValueError(f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
+            if self.policy != ChunkedPolicy.name:
+                raise ValueError(
+                    f"speculative decoding applies to the chunked policy only, not {self.policy}"
+                )
+            if self.step_budget_ms is not None:
+                raise ValueError("step_budget_ms does not combine with speculative decoding")
+        if self.speculative_rule not in SPECULATIVE_RULES:
+            raise ValueError(
+                f"unknown speculative rule {self.speculative_rule!r}; choose from: {', '.join(SPECULATIVE_RULES)}"
+            )
         CacheConfig(block_size=self.block_size, watermark=self.watermark)  # validates both
         check_budget_holds_seqs(self.token_budget, self.max_num_seqs)
 
@@ -179,6 +205,8 @@ class ServingConfig:
                 chunk_tokens=self.chunk_tokens,
                 step_budget_s=self.step_budget_s,
                 predictor=predictor if self.step_budget_ms is not None else None,
+                num_speculative_tokens=self.num_speculative_tokens,
+                speculative_rule=self.speculative_rule,
             )
         return make_policy(self.policy, token_budget=self.whole_prompt_cap(model_context))
 

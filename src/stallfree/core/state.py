@@ -6,7 +6,8 @@ only through the methods below, which keep the invariants:
 - a request is in exactly one of ``waiting`` / ``running`` / gone, and ``running_by_id`` indexes
   ``running`` (kept in admission order, oldest first);
 - a running request holds exactly the KV blocks of its computed tokens (plus those scheduled
-  this step); a waiting one holds none, so a preempted request recomputes from token 0, less
+  this step, draft tokens' included: the scheduler trims what rejected drafts took when the
+  step's result comes back); a waiting one holds none, so a preempted request recomputes from token 0, less
   whatever of its prompt is still in the prefix cache when it is admitted again.
 """
 
@@ -29,6 +30,7 @@ class Sequence:
         "num_computed_tokens",
         "num_output_tokens",
         "num_prompt_tokens",
+        "num_proposed_drafts",
         "pending_ids",
         "request",
         "request_id",
@@ -40,6 +42,7 @@ class Sequence:
         self.num_prompt_tokens = request.num_prompt_tokens
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
+        self.num_proposed_drafts = 0  # draft tokens its executor proposed for its next step
         self.block_keys: tuple[int, ...] = ()  # its known full blocks' cache keys (with caching)
         # With caching and a prompt given as token ids: the known token ids after the last keyed
         # block, so generated tokens key the blocks they fill (None: not keyed by token ids).
