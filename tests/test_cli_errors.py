@@ -27,3 +27,40 @@ def test_an_argument_error_names_the_command_and_the_flag_typed(
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(expected) and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["simulate", "--speculative-tokens", "2", "--num-requests", "5"],
+            "stallfree simulate: error: --speculative-tokens needs --acceptance-rate",
+        ),
+        (
+            ["simulate", "--acceptance-rate", "0.5", "--num-requests", "5"],
+            "stallfree simulate: error: --acceptance-rate applies with --speculative-tokens N",
+        ),
+        (
+            ["simulate", "--speculative-tokens", "2", "--acceptance-rate", "0.5,0.7", "--num-requests", "5"],
+            "stallfree simulate: error: --acceptance-rate: acceptance rates by position must not rise",
+        ),
+        (
+            [
+                "simulate",
+                "--speculative-tokens",
+                "2",
+                "--acceptance-rate",
+                "0.5",
+                "--policy",
+                "prefill-first",
+            ],
+            "stallfree simulate: error: --speculative-tokens applies to the chunked policy only",
+        ),
+    ],
+)
+def test_a_wrong_combination_of_flags_is_one_line_and_exit_2(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(expected) and len(err.splitlines()) == 1

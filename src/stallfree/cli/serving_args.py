@@ -21,6 +21,7 @@ from stallfree.cli.common import (
 if TYPE_CHECKING:
     from stallfree.core.serving import ServingConfig
     from stallfree.engine.config import EngineConfig
+    from stallfree.sim.speculative import Acceptance
 
 
 SERVING_FLAGS: dict[str, tuple[str, ...]] = {
@@ -132,6 +133,39 @@ def add_serving_args(parser: argparse._ActionsContainer, *, policy_list: bool = 
             choices=tuple(SPECULATIVE_RULES) if name == "speculative_rule" else None,
             help=_SERVING_HELP[name].format(**fill),
         )
+
+
+def add_acceptance_arg(parser: argparse._ActionsContainer) -> None:
+    """``--acceptance-rate``: how often the simulator's drafts are right (with ``--speculative-tokens``)."""
+    parser.add_argument(
+        "--acceptance-rate",
+        metavar="RATE",
+        help="with --speculative-tokens: the share of draft tokens accepted, each independently (0.7), "
+        "or by position as vLLM's spec-decode metrics report it (0.8,0.6,0.45,0.3: verify steps whose "
+        "i-th draft was accepted)",
+    )
+
+
+def acceptance_arg(args: argparse.Namespace) -> Acceptance | None:
+    """The parsed ``--acceptance-rate`` for ``--speculative-tokens`` (None without either); a
+    :class:`UsageError` if one comes without the other or is wrong."""
+    from stallfree.sim.speculative import Acceptance
+
+    k, rate = args.num_speculative_tokens, args.acceptance_rate
+    if rate is None:
+        if k:
+            raise UsageError(
+                "--speculative-tokens needs --acceptance-rate: the share of draft tokens accepted "
+                "(a server's spec-decode metrics say it: vllm:spec_decode_num_accepted_tokens_total "
+                "over vllm:spec_decode_num_draft_tokens_total)"
+            )
+        return None
+    if not k:
+        raise UsageError("--acceptance-rate applies with --speculative-tokens N")
+    try:
+        return Acceptance.parse(rate, k)
+    except ValueError as exc:
+        raise UsageError(f"--acceptance-rate: {exc}") from None
 
 
 def serving_config(args: argparse.Namespace, policy: str | None = None) -> ServingConfig:

@@ -22,7 +22,13 @@ from stallfree.cli.cost_args import (
     dtype_bytes_arg,
     pick_costs,
 )
-from stallfree.cli.serving_args import add_serving_args, serving_config, serving_configs
+from stallfree.cli.serving_args import (
+    acceptance_arg,
+    add_acceptance_arg,
+    add_serving_args,
+    serving_config,
+    serving_configs,
+)
 from stallfree.cli.workload_args import add_traffic_args, traffic_workload
 from stallfree.core.router import ROUTER_NAMES
 from stallfree.tune.sigint import stop_on_signal  # light: stdlib only
@@ -121,6 +127,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     g = p.add_argument_group("scheduler")
     add_serving_args(g, policy_list=True)
+    add_acceptance_arg(g)
     g.add_argument(
         "--gpu-memory-utilization",
         type=float,
@@ -224,6 +231,7 @@ def _simulate_all(
     pick, cost_model_note = pick_costs(args, **options)
     costs = _fleet_costs(args, options) if args.fleet else pick
     goodput = parse_goodput(args.goodput) if args.goodput else None
+    acceptance = acceptance_arg(args)
     if args.replay:
         from stallfree.workload.bench_result import load_bench_result
 
@@ -251,6 +259,7 @@ def _simulate_all(
                 replicas=1 if args.fleet else args.replicas,
                 router=args.router,
                 route_delay_ms=args.route_delay_ms,
+                acceptance=acceptance if serving.num_speculative_tokens else None,
             )
             result.summary["sim_wall_s"] = time.perf_counter() - started
             results.append(result)
@@ -335,6 +344,9 @@ def _scenario(
         "step_budget_ms": chunked.step_budget_ms,
         "max_num_seqs": chunked.num_seqs_limit,
         "enable_prefix_caching": chunked.enable_prefix_caching,
+        "num_speculative_tokens": chunked.num_speculative_tokens,
+        "speculative_rule": chunked.speculative_rule,
+        "acceptance_rates": list(acceptance.rates) if (acceptance := acceptance_arg(args)) else None,
         "block_size": chunked.block_size,
         "num_blocks": chunked.num_blocks,
         "gpu_memory_utilization": args.gpu_memory_utilization,

@@ -373,7 +373,7 @@ class AicCostModel:
         for chunk in plan.chunks:
             num_tokens += chunk.num_tokens
             num_samples += chunk.emits_token
-            if chunk.is_decode:
+            if chunk.is_decoding:  # drafts too: verifying them reads the KV once, as a decode does
                 num_decodes += 1
                 decode_kv += chunk.context_len
             else:

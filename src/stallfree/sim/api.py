@@ -24,6 +24,7 @@ from stallfree.costs.memory import KvMemory, fixed_kv_memory, kv_memory
 from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.sim.fleet import run_fleet
+from stallfree.sim.speculative import Acceptance, DraftStats, DraftVerifier
 from stallfree.sim.traffic import StepTrace, TrafficRun, run_traffic
 from stallfree.workload import Workload, WorkloadArrays, sample
 
@@ -61,6 +62,7 @@ def simulate(
     replicas: int = 1,
     router: str = "round-robin",
     route_delay_ms: float = 0.0,
+    acceptance: Acceptance | None = None,
 ) -> SimulationResult:
     """Simulate ``workload`` served as ``serving`` says, its steps priced as ``costs`` says.
 
@@ -95,9 +97,21 @@ def simulate(
     replica that long after it arrives (counted in its TTFT). One replica is the run above,
     unchanged. ``costs`` a sequence: one replica per entry (replicas that differ: hardware, TP),
     each with its own KV cache; ``num_kv_blocks`` is then the fleet's total.
+
+    ``serving.num_speculative_tokens`` > 0 (speculative decoding) needs ``acceptance``: how often
+    drafts are right (:class:`~stallfree.sim.speculative.Acceptance`); the drafter guesses k tokens
+    for every request each step and costs nothing (n-gram lookup); the summary adds vLLM's
+    spec-decode counters and rates (:meth:`~stallfree.sim.speculative.DraftStats.summary`).
     """
     picks = _picks(costs, replicas)
     pick, serving = picks[0], serving or ServingConfig()
+    if serving.num_speculative_tokens and acceptance is None:
+        raise ValueError(
+            "speculative decoding needs an acceptance rate: the share of draft tokens verified right "
+            "(a server's spec-decode metrics say it)"
+        )
+    k = serving.num_speculative_tokens
+    drafts = [DraftVerifier(acceptance, k, seed + i) for i in range(len(picks))] if k and acceptance else None
     kv = _kv_memory(pick, serving, gpu_memory_utilization)
     if len(picks) > 1 or route_delay_ms:
         kvs = {id(p): _kv_memory(p, serving, gpu_memory_utilization) for p in picks}
@@ -111,6 +125,7 @@ def simulate(
             goodput,
             (fast, step_noise, step_scales, seed),
             stop,
+            drafts,
         )
     # The cost model is the step-time predictor of a time-budgeted policy (unused otherwise).
     scheduler = serving.make_scheduler(
@@ -124,6 +139,7 @@ def simulate(
         keep_steps=keep_steps,
         step_budget_s=serving.step_budget_s,
         stop=stop,
+        drafts=drafts[0] if drafts else None,
     )
     if not run.records and not run.stopped:
         raise ValueError("no request could run: the workload is empty")
@@ -151,6 +167,7 @@ def _simulate_fleet(
     goodput: Mapping[str, float] | None,
     how: tuple[bool, bool, tuple[float, float] | None, int],
     stop: Callable[[], bool] | None,
+    drafts: list[DraftVerifier] | None,
 ) -> SimulationResult:
     """``replicas``: each one's pricing and KV cache; ``fleet`` = (router, routing delay s); ``how``
     = (fast, step_noise, step_scales, seed)."""
@@ -169,6 +186,7 @@ def _simulate_fleet(
         step_budget_s=serving.step_budget_s,
         stop=stop,
         route_delay_s=delay_s,
+        drafts=drafts,
     )
     if not run.records and not run.stopped:
         raise ValueError("no request could run: the workload is empty")
@@ -193,6 +211,7 @@ def _simulate_fleet(
         max_step_s=max(r.max_step_s for r in run.runs),
         num_steps_over_budget=sum(r.num_steps_over_budget for r in run.runs),
         stopped=run.stopped,
+        drafts=_merged_drafts(run.runs),
     )
     kv = replicas[0][1]
     summary = _summary(whole, serving, schedulers, kv, goodput)
@@ -205,6 +224,16 @@ def _simulate_fleet(
         replicas=each,
     )
     return SimulationResult(serving.policy, summary, run.records, run.itl, kv, None, run.stopped)
+
+
+def _merged_drafts(runs: Iterable[TrafficRun]) -> DraftStats | None:
+    stats = [r.drafts for r in runs if r.drafts is not None]
+    if not stats:
+        return None
+    whole = DraftStats()
+    for part in stats:
+        whole.merge(part)
+    return whole
 
 
 def _merged(counts: Iterable[dict[str, int]]) -> dict[str, int]:
@@ -235,6 +264,18 @@ def _summary(
         "kv_block_size": serving.block_size,
         "rejected_reasons": run.rejected_reasons,
         **_prefix_cache_summary(serving, schedulers, run.records),
+        **_speculative_summary(serving, run.drafts),
+    }
+
+
+def _speculative_summary(serving: ServingConfig, drafts: DraftStats | None) -> dict[str, Any]:
+    """Speculative decoding's settings and counters (nothing without it)."""
+    if not serving.num_speculative_tokens or drafts is None:
+        return {}
+    return {
+        "num_speculative_tokens": serving.num_speculative_tokens,
+        "speculative_rule": serving.speculative_rule,
+        **drafts.summary(),
     }
 
 

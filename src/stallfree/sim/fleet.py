@@ -22,6 +22,7 @@ from stallfree.core.router import Router
 from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord
 from stallfree.sim.driver import SimClock, drive
+from stallfree.sim.speculative import DraftVerifier
 from stallfree.sim.traffic import TrafficReplica, TrafficRun
 
 
@@ -97,16 +98,18 @@ def run_fleet(
     step_budget_s: float | None = None,
     stop: Callable[[], bool] | None = None,
     route_delay_s: float = 0.0,
+    drafts: Sequence[DraftVerifier] | None = None,
 ) -> FleetRun:
     """Route ``requests`` (ordered by arrival) over one replica per scheduler, each priced by its
     cost model, until all are done (or ``stop``); each reaches its replica ``route_delay_s``
-    after it arrives."""
+    after it arrives. ``drafts``: one draft verifier per replica (speculative decoding)."""
     if not (route_delay_s >= 0 and route_delay_s < float("inf")):
         raise ValueError(f"the routing delay must be a finite number >= 0, got {route_delay_s}")
     cuttable = len(schedulers) > 1  # one replica is told each arrival ahead (drive)
+    verifiers: Sequence[DraftVerifier | None] = drafts or [None] * len(schedulers)
     traffic = [
-        TrafficReplica(s, c, fast=fast, step_budget_s=step_budget_s, cuttable=cuttable)
-        for s, c in zip(schedulers, cost_models, strict=True)
+        TrafficReplica(s, c, fast=fast, step_budget_s=step_budget_s, cuttable=cuttable, drafts=d)
+        for s, c, d in zip(schedulers, cost_models, verifiers, strict=True)
     ]
     delayed = [DelayedReplica(r, route_delay_s) for r in traffic] if route_delay_s > 0 else []
     replicas: Sequence[TrafficReplica | DelayedReplica] = delayed or traffic

@@ -61,6 +61,15 @@ def describe_workload(workload: Workload) -> str:
     )
 
 
+def _speculative_line(sc: dict[str, Any]) -> str:
+    rates = sc["acceptance_rates"]
+    shown = ", ".join(f"{r:.0%}" for r in rates[: sc["num_speculative_tokens"]])
+    return (
+        f"speculative decoding (chunked): {sc['num_speculative_tokens']} draft tokens a decode, "
+        f"{sc['speculative_rule']}'s rule, accepted by position {shown}; drafts cost nothing (n-gram)"
+    )
+
+
 _ROWS: tuple[tuple[str, str, str], ...] = (
     # (label, summary key, format)
     ("completed", "completed", "{:,}"),
@@ -84,6 +93,9 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
     ("  requests with a hit", "prefix_cache_hit_requests", "{:.1%}"),
     ("  TTFT p50 ms, >1/2 hit", "median_ttft_ms_mostly_cached", "{:,.1f}"),
     ("  TTFT p50 ms, the rest", "median_ttft_ms_mostly_computed", "{:,.1f}"),
+    ("draft tokens accepted", "spec_decode_draft_acceptance_rate", "{:.1%}"),
+    ("  tokens per verify step", "spec_decode_mean_acceptance_length", "{:.2f}"),
+    ("  draft tokens wasted", "spec_decode_wasted_draft_tokens", "{:,}"),
     ("KV blocks", "num_kv_blocks", "{:,}"),
     ("steps", "num_steps", "{:,}"),
     ("step max (ms)", "max_step_ms", "{:,.1f}"),
@@ -105,6 +117,9 @@ _OPTIONAL_ROWS = {
     "num_guarded_steps",
     "num_decode_overruns",
     "load_imbalance",
+    "spec_decode_draft_acceptance_rate",
+    "spec_decode_mean_acceptance_length",
+    "spec_decode_wasted_draft_tokens",
 }
 
 
@@ -121,6 +136,7 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
         + (", steps varied as the profiled machine's" if sc.get("step_noise") else "")
         + f"); chunked {budget}, "
         f"max {sc['max_num_seqs']} seqs, prefix caching {'on' if sc.get('enable_prefix_caching') else 'off'}",
+        *([_speculative_line(sc)] if sc.get("num_speculative_tokens") else []),
         _kv_line(sc),
         f"{sc['num_requests']:,} requests: {sc['workload']}, seed {sc['seed']}",
         *(_fleet_lines(sc) if sc.get("replicas", 1) > 1 or sc.get("route_delay_ms") else []),

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +38,7 @@ from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord
 from stallfree.sim.driver import SimClock, drive
 from stallfree.sim.itl import ItlSamples
+from stallfree.sim.speculative import DraftStats, DraftVerifier
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -81,6 +82,7 @@ class TrafficRun:
     num_steps_over_budget: int = 0  # steps longer than run_traffic's step_budget_s (0 without one)
     stopped: bool = False  # stop() said so before every request had finished
     busy_s: float = 0.0  # time spent running steps (the rest the replica was idle)
+    drafts: DraftStats | None = None  # speculative decoding's counters (None: no drafts)
 
 
 class _Live:
@@ -123,6 +125,9 @@ class TrafficReplica:
     steady run that an arrival would end is priced whole and applied when it ends, so that
     :meth:`cut` can end it before the first step starting at or after a request that reaches
     this replica; its steps, times and tokens are those of a run told that arrival at its start.
+
+    ``drafts`` (speculative decoding): accepts the drafts each step verifies and proposes the next
+    ones (:class:`~stallfree.sim.speculative.DraftVerifier`).
     """
 
     def __init__(
@@ -134,8 +139,10 @@ class TrafficReplica:
         keep_steps: bool = False,
         step_budget_s: float | None = None,
         cuttable: bool = False,
+        drafts: DraftVerifier | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self._drafts = drafts
         self._cost_model = cost_model
         self._fast = fast
         self._cuttable = cuttable
@@ -211,7 +218,9 @@ class TrafficReplica:
             self._ends = self._durations = None
             duration_s = self._cost_model.step_time_s(plan)
             end_s = now_s + duration_s
-            self._events = scheduler.update_from_output(plan, StepResult(end_s - now_s))
+            drafts = self._drafts
+            result = StepResult(end_s - now_s) if drafts is None else drafts.result(plan, end_s - now_s)
+            self._events = scheduler.update_from_output(plan, result)
             self._first_end_s = self._end_s = end_s
             self._steps = 1
             self.max_step_s = max(self.max_step_s, duration_s)
@@ -267,7 +276,15 @@ class TrafficReplica:
         assert plan is not None and events is not None
         self.num_steps += self._steps
         self.num_plans += 1
-        _record_tokens(plan, self._live, self.itl, self._start_s, self._first_end_s, self._ends)
+        _record_tokens(
+            plan,
+            self._live,
+            self.itl,
+            self._start_s,
+            self._first_end_s,
+            self._ends,
+            events.num_accepted_drafts,
+        )
         for rid, finish_reason in events.finished:
             state = self._live.pop(rid)
             self.records.append(_finished_record(rid, state, end_s, finish_reason.value))
@@ -290,6 +307,7 @@ class TrafficReplica:
             num_steps_over_budget=self.num_over,
             stopped=stopped,
             busy_s=self.busy_s,
+            drafts=None if self._drafts is None else self._drafts.stats,
         )
 
 
@@ -302,6 +320,7 @@ def run_traffic(
     keep_steps: bool = False,
     step_budget_s: float | None = None,
     stop: Callable[[], bool] | None = None,
+    drafts: DraftVerifier | None = None,
 ) -> TrafficRun:
     """Run ``requests`` (ordered by ``arrival_time_s``) through ``scheduler`` until all are done.
 
@@ -310,9 +329,10 @@ def run_traffic(
     ``step_budget_s``: count the steps whose duration exceeds it (``num_steps_over_budget``).
     ``stop`` is asked after each plan's steps; once it returns True the run ends there (``stopped``),
     with the records of the requests finished so far and ``duration_s`` the clock at the stop.
+    ``drafts``: what verifies the drafts of a scheduler that plans them (speculative decoding).
     """
     replica = TrafficReplica(
-        scheduler, cost_model, fast=fast, keep_steps=keep_steps, step_budget_s=step_budget_s
+        scheduler, cost_model, fast=fast, keep_steps=keep_steps, step_budget_s=step_budget_s, drafts=drafts
     )
     clock = SimClock()
     stopped = drive(clock, requests, [replica], stop=stop)
@@ -350,8 +370,10 @@ def _record_tokens(
     start: float,
     first_end: float,
     ends: FloatArray | None,
+    accepted: Mapping[str, int],
 ) -> None:
-    """Timestamp the tokens of one plan run once (``ends`` None) or ``len(ends)`` times."""
+    """Timestamp the tokens of one plan run once (``ends`` None) or ``len(ends)`` times; a chunk
+    whose drafts were accepted got that many tokens more, all at the step's end (``accepted``)."""
     num_continuous = 0  # streams whose previous token came at the end of the previous step
     samplers: list[_Live] = []
     for chunk in plan.chunks:
@@ -373,7 +395,7 @@ def _record_tokens(
             itl.add(gap_s)
             if gap_s > state.max_itl_s:
                 state.max_itl_s = gap_s
-        state.num_output_tokens += 1
+        state.num_output_tokens += 1 + accepted.get(chunk.request_id, 0) if accepted else 1
         state.last_token_s = first_end
     if num_continuous:
         itl.add(first_end - start, num_continuous)
