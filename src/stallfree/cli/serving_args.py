@@ -224,6 +224,14 @@ def add_engine_args(parser: argparse._ActionsContainer) -> None:
         help="a `stallfree profile` of this machine: its measured model predicts step times for "
         "--step-budget-ms (which needs it)",
     )
+    for bound in ("min", "max"):
+        parser.add_argument(
+            f"--prompt-lookup-{bound}",
+            type=positive_int,
+            metavar="N",
+            help=f"with --speculative-tokens: the {'shortest' if bound == 'min' else 'longest'} n-gram the "
+            "drafter looks up in the prompt and output (vLLM's names and defaults: 5 and 5; one given sets both)",
+        )
 
 
 def engine_config(args: argparse.Namespace, **fields: Any) -> EngineConfig:
@@ -247,12 +255,17 @@ def engine_config(args: argparse.Namespace, **fields: Any) -> EngineConfig:
             fields["step_time_predictor"] = MeasuredCostModel.from_file(profile).step_time_s
         except (OSError, ValueError) as exc:
             raise UsageError(f"--profile {profile}: {exc}") from None
-    return EngineConfig(
-        auto_token_budget=True,
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device,
-        quantization=args.quantization,
-        serving=serving,
-        **fields,
-    )
+    try:
+        return EngineConfig(
+            auto_token_budget=True,
+            model=args.model,
+            dtype=args.dtype,
+            device=args.device,
+            quantization=args.quantization,
+            serving=serving,
+            prompt_lookup_min=args.prompt_lookup_min,
+            prompt_lookup_max=args.prompt_lookup_max,
+            **fields,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None

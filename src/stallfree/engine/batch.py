@@ -2,7 +2,8 @@
 
 Rows are ordered single-token chunks first (batched decode attention, shortest context
 first), then each multi-token chunk in plan order. Each sampling chunk contributes one logit row (its last
-token); :attr:`ModelInputs.sample_request_ids` says whose, in logit order.
+token), a chunk that verifies ``d`` drafts ``d + 1`` (its last known token's and each draft's);
+:attr:`ModelInputs.sample_request_ids` says whose, in logit order.
 
 Decodes are split into groups whose gathered K+V stays under ``_GATHER_BYTES``, so each
 group's gather is still in cache when its attention matmuls read it, and memory for the
@@ -96,9 +97,10 @@ def build_inputs(
         ids.extend(token_ids[rid][start : start + n])
         positions.extend(range(start, start + n))
         slots.extend((blocks[chunk_pos // block_size] * block_size + chunk_pos % block_size).tolist())
-        if c.emits_token:
-            logit_rows.append(row + n - 1)
-            sample_ids.append(rid)
+        if c.emits_token:  # a verify chunk: a row for each draft and one after them
+            first = row + n - 1 - c.num_draft_tokens
+            logit_rows.extend(range(first, row + n))
+            sample_ids.extend([rid] * (row + n - first))
         chunk_mask = None
         if start and chunk_kernel is None and not merges_chunk_attention(device):
             # earlier context: all of it visible, causal inside the chunk

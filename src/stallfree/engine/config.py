@@ -28,7 +28,10 @@ class EngineConfig:
     leave free (:mod:`stallfree.engine.cpu_share`); a profile turns it off to measure the machine
     at fixed threads. ``auto_token_budget``: on the CPU, a chunked ``serving`` with no budget,
     chunk size or step-time budget gets the token budget this machine's steps call for
-    (:func:`~stallfree.engine.step_timing.choose_token_budget`), measured at start-up."""
+    (:func:`~stallfree.engine.step_timing.choose_token_budget`), measured at start-up.
+    ``prompt_lookup_min`` / ``prompt_lookup_max``: with ``serving.num_speculative_tokens``, the
+    n-gram lengths the drafter looks up (:mod:`~stallfree.engine.drafts`; vLLM's names and
+    defaults: one given sets the other)."""
 
     model: str = "random:small"
     dtype: str = "auto"
@@ -40,6 +43,25 @@ class EngineConfig:
     step_time_predictor: StepTimePredictor | None = None
     adapt_threads: bool = True
     auto_token_budget: bool = False
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        low, high = self.lookup_range
+        if low > high:
+            raise ValueError(f"prompt_lookup_min {low} must be <= prompt_lookup_max {high}")
+
+    @property
+    def lookup_range(self) -> tuple[int, int]:
+        """The n-gram lengths the drafter tries: vLLM's rule (5 and 5; one given sets the other)."""
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if low is None and high is None:
+            return 5, 5
+        return (low if low is not None else high or 5), (high if high is not None else low or 5)
 
     @classmethod
     def from_options(cls, model: str = "random:small", **options: Any) -> EngineConfig:

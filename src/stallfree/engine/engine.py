@@ -39,12 +39,13 @@ from stallfree.core import (
 from stallfree.core.serving import ServingConfig
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.cpu_share import CoreShare
+from stallfree.engine.drafts import propose_ngram
 from stallfree.engine.dtypes import choose_dtype
 from stallfree.engine.kv_cache import KVCache, free_memory_bytes, kv_bytes_per_block
 from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.native import bf16_dot_products, chunk_kernel_for, kernel_for
 from stallfree.engine.requests import RequestOutput, RequestState
-from stallfree.engine.sampler import sample_tokens
+from stallfree.engine.sampler import sample_tokens, verify_drafts
 from stallfree.engine.step_timing import BudgetChoice, choose_token_budget
 from stallfree.engine.weights import load_model
 
@@ -274,21 +275,87 @@ class LLMEngine:
         return StepOutputs(tuple(outputs), step)
 
     def _execute(self, plan: StepPlan) -> StepResult:
-        """The executor: forward, sample, stop checks; ``duration_s`` is wall time."""
+        """The executor: forward, sample (or verify drafts), stop checks, the next drafts;
+        ``duration_s`` is wall time."""
         if self.config.adapt_threads and self.device.type == "cpu":
             self._fit_threads()
         start = time.perf_counter()
-        token_ids = {c.request_id: self._requests[c.request_id].token_ids for c in plan.chunks}
+        requests = self._requests
+        token_ids = {}
+        verifying: dict[str, int] = {}
+        for c in plan.chunks:
+            state = requests[c.request_id]
+            token_ids[c.request_id] = state.token_ids
+            if c.num_draft_tokens:
+                verifying[c.request_id] = c.num_draft_tokens
+                token_ids[c.request_id] = state.token_ids + state.drafts[: c.num_draft_tokens]
         rids, logits = self.model_runner.execute(plan, token_ids)
-        states = [self._requests[rid] for rid in rids]
+        if verifying:
+            all_rids, verify_logits = rids, logits
+            rows = [i for i, rid in enumerate(rids) if rid not in verifying]
+            rids, logits = tuple(rids[i] for i in rows), logits[rows]
+        states = [requests[rid] for rid in rids]
         picks = sample_tokens(logits, [s.params for s in states], [s.generator for s in states])
-        stopped = frozenset(
+        stopped = {
             s.request_id
             for s, pick in zip(states, picks, strict=True)
             if s.append(pick.token_id, pick.logprob, self.tokenizer, pick.top_logprobs)
-        )
+        }
         sampled = {rid: pick.token_id for rid, pick in zip(rids, picks, strict=True)}
-        return StepResult(time.perf_counter() - start, sampled, stopped)
+        accepted: dict[str, tuple[int, ...]] = {}
+        if verifying:
+            self._verify(verifying, all_rids, verify_logits, sampled, accepted, stopped)
+        proposed = self._propose(sampled, stopped) if self.serving.num_speculative_tokens else {}
+        return StepResult(
+            time.perf_counter() - start,
+            sampled,
+            frozenset(stopped),
+            num_accepted_drafts={rid: len(ids) for rid, ids in accepted.items()},
+            accepted_draft_ids=accepted,
+            num_proposed_drafts=proposed,
+        )
+
+    def _verify(
+        self,
+        verifying: dict[str, int],
+        rids: tuple[str, ...],
+        logits: torch.Tensor,
+        sampled: dict[str, int],
+        accepted: dict[str, tuple[int, ...]],
+        stopped: set[str],
+    ) -> None:
+        """Verify the drafts of the requests in ``verifying`` (request -> drafts run) against
+        their rows of ``logits`` (``rids`` says whose each row is: ``d + 1`` in a row for a request
+        verifying ``d``): the tokens kept go to the request (up to a stop), their last in
+        ``sampled``, the drafts kept before it in ``accepted``."""
+        first_row = {rid: row for row, rid in reversed(list(enumerate(rids)))}
+        for rid, num_drafts in verifying.items():
+            state = self._requests[rid]
+            row = first_row[rid]
+            rows = logits[row : row + num_drafts + 1]
+            tokens = verify_drafts(rows, state.drafts[:num_drafts], state.params, state.generator)
+            for i, token_id in enumerate(tokens):
+                if state.append(token_id, None, self.tokenizer):
+                    stopped.add(rid)
+                    tokens = tokens[: i + 1]
+                    break
+            sampled[rid] = tokens[-1]
+            accepted[rid] = tuple(tokens[:-1])
+
+    def _propose(self, sampled: dict[str, int], stopped: set[str]) -> dict[str, int]:
+        """Next step's drafts for every request that got a token and goes on (none for one that
+        wants logprobs: a verified token has none here); how many each has."""
+        k = self.serving.num_speculative_tokens
+        low, high = self.config.lookup_range
+        proposed = {}
+        for rid in sampled:
+            state = self._requests[rid]
+            if rid in stopped or state.params.logprobs:
+                state.drafts = []
+                continue
+            state.drafts = propose_ngram(state.token_ids, k, low, high)
+            proposed[rid] = len(state.drafts)
+        return proposed
 
     def describe_format(self) -> str:
         """What the engine runs in and why, for a start-up line: activations and KV dtype, the

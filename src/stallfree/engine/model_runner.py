@@ -1,8 +1,8 @@
 """The model runner: a step plan in, logits for the sampling rows out.
 
-It mirrors the scheduler's block tables (appending ``plan.new_block_ids``, dropping
-``plan.freed_request_ids`` first, since a preempted request may be re-admitted in the
-same plan with fresh blocks), builds the flat batch and runs one forward. It owns the KV
+It mirrors the scheduler's block tables (cutting ``plan.trimmed_block_tables``, dropping
+``plan.freed_request_ids``, then appending ``plan.new_block_ids``, since a preempted request may
+be re-admitted in the same plan with fresh blocks), builds the flat batch and runs one forward. It owns the KV
 cache but no request state: token ids come from the caller each step.
 """
 
@@ -42,7 +42,11 @@ class ModelRunner:
     def execute(
         self, plan: StepPlan, token_ids: Mapping[str, Sequence[int]]
     ) -> tuple[tuple[str, ...], torch.Tensor]:
-        """Run ``plan``; return the sampling request ids and their fp32 logits, row for row."""
+        """Run ``plan``; return the sampling request ids and their fp32 logits, row for row (a
+        request verifying ``d`` drafts has ``d + 1`` rows in a row)."""
+        for rid, kept in plan.trimmed_block_tables.items():
+            if (table := self.block_tables.get(rid)) is not None:
+                del table[kept:]
         for rid in plan.freed_request_ids:
             self.block_tables.pop(rid, None)
         for rid, blocks in plan.new_block_ids.items():

@@ -56,6 +56,7 @@ class RequestState:
         self.token_ids = list(prompt_token_ids)  # prompt + generated: what the runner reads
         self.params = params
         self.generator = generator
+        self.drafts: list[int] = []  # draft tokens proposed for its next step (speculative decoding)
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
             stops.update(eos_token_ids)

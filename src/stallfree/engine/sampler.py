@@ -56,7 +56,44 @@ def sample_tokens(
     return [SampledToken(tok, logprobs.get(row), tops.get(row, ())) for row, tok in enumerate(token_ids)]
 
 
+def verify_drafts(
+    logits: torch.Tensor, drafts: Sequence[int], p: SamplingParams, generator: torch.Generator
+) -> list[int]:
+    """The tokens a verify step emits: the drafts accepted, in order, then one more.
+
+    ``logits`` has ``len(drafts) + 1`` rows: row ``i`` is the distribution of the token at draft
+    ``i``'s position (the last row, after every draft). Greedy: a draft is kept while it is the
+    argmax, and the token after the kept ones is the argmax there, so the output is the one
+    decoding without drafts gives. Sampling: a draft ``x`` is kept with probability ``p(x)``
+    (the target distribution after temperature, top-k, top-p; the drafter's own is a point mass
+    on ``x``), and the first one rejected is replaced by a draw from ``p`` without ``x``:
+    speculative sampling's rule, which leaves every token distributed as ``p`` says.
+    """
+    if p.temperature < GREEDY_TEMPERATURE:
+        best = logits.argmax(dim=-1).tolist()
+        kept = 0
+        while kept < len(drafts) and drafts[kept] == best[kept]:
+            kept += 1
+        return [*drafts[:kept], best[kept]]
+    out: list[int] = []
+    for i, draft in enumerate(drafts):
+        probs = _probs(logits[i], p)
+        if torch.rand((), generator=generator, device=probs.device).item() < probs[draft].item():
+            out.append(draft)
+            continue
+        probs[draft] = 0.0
+        out.append(int(torch.multinomial(probs / probs.sum(), 1, generator=generator).item()))
+        return out
+    out.append(int(torch.multinomial(_probs(logits[len(drafts)], p), 1, generator=generator).item()))
+    return out
+
+
 def _sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+    return torch.multinomial(_probs(logits, p), 1, generator=generator).squeeze(0)
+
+
+def _probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution a row samples from: temperature, then top-k, then top-p."""
     scaled = logits / p.temperature
     if 0 < p.top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, p.top_k).values[-1]
@@ -69,5 +106,4 @@ def _sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Genera
         drop_sorted[0] = False  # a tiny top_p rounds to 0 in fp32 and would drop every token
         drop = torch.empty_like(drop_sorted).scatter_(0, order, drop_sorted)
         scaled = scaled.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(0)
+    return torch.softmax(scaled, dim=-1)
