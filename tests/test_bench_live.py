@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from stallfree.cli import main
@@ -184,3 +185,43 @@ def test_unreachable_server_fails_fast(capsys: pytest.CaptureFixture[str]) -> No
     assert time.monotonic() - start_s < 10
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot reach" in err
+
+
+def test_a_speculating_servers_counters_are_recorded(tmp_path: Path) -> None:
+    app = build_server(
+        MODEL,
+        dtype="float32",
+        device="cpu",
+        token_budget=64,
+        num_blocks=2048,
+        num_speculative_tokens=3,
+        prompt_lookup_min=1,
+        prompt_lookup_max=2,
+    )
+    out = tmp_path / "spec.json"
+    with ServerThread(app) as running:
+        argv = ["bench", "--base-url", running.base_url, "--scenario", "poisson", "--qps", "50"]
+        argv += [
+            "--lengths",
+            "fixed:60,40",
+            "--num-requests",
+            "6",
+            "--no-progress",
+            "--save-result",
+            str(out),
+        ]
+        assert main(argv) == 0
+        metrics = httpx.get(f"{running.base_url}/metrics").text
+    result = json.loads(out.read_text())
+    assert result["completed"] == 6 and result["total_output_tokens"] == 6 * 40
+    drafts = result["spec_decode"]
+    assert drafts["num_drafts"] > 0 and drafts["num_draft_tokens"] >= drafts["num_drafts"]
+    assert 1 <= drafts["mean_acceptance_length"] <= 4
+    assert (
+        f'stallfree:spec_decode_num_drafts_total{{model_name="{MODEL}"}} {float(drafts["num_drafts"])}'
+        in metrics
+    )
+    # positions decline: a draft counts only after every one before it was accepted
+    rates = drafts["acceptance_per_position"]
+    assert all(a >= b for a, b in itertools.pairwise(rates))
+    assert sum(rates) * drafts["num_drafts"] == pytest.approx(drafts["num_accepted_tokens"])

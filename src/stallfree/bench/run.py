@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from stallfree.bench import client as bc
+from stallfree.bench import spec_decode
 from stallfree.bench.fleet import fleet_json, list_workers, scrape
 from stallfree.bench.prompts import PromptSizer, calibrate, fallback_target, fit_prompts
 from stallfree.bench.scenarios import (
@@ -91,6 +92,8 @@ async def run_bench(
         workload = spec.workload
         workers = await list_workers(http, spec.base_url)
         before = await scrape(http, workers) if workers else []
+        servers = workers or [spec.base_url]
+        spec_before = await spec_decode.scrape(http, servers)
         started()
         if workload is None:
             run = await _long_prompt(http, endpoint, sizer, spec, stop, note)
@@ -99,6 +102,7 @@ async def run_bench(
         else:
             run = await _workload(http, endpoint, sizer, spec, workload, stop, on_done, note)
         fleet = fleet_json(workers, before, await scrape(http, workers)) if workers else None
+        drafts = spec_decode.moved(spec_before, await spec_decode.scrape(http, servers))
     return {
         "date": datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"),
         "backend": "openai",
@@ -115,6 +119,7 @@ async def run_bench(
         **summarize(run.records, run.itl, run.duration_s, spec.goodput),
         **run.extra,
         **({"fleet": fleet} if fleet is not None else {}),
+        **({"spec_decode": drafts} if drafts is not None else {}),
         **run.per_request(),
     }
 

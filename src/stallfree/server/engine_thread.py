@@ -291,6 +291,8 @@ class EngineThread:
                         step = stepped.step
                         write_step(log, step.plan, start_s, time.perf_counter(), step.result.duration_s)
                     self._after_step(stepped.outputs, deliveries)
+                    if stepped.step is not None and stepped.step.plan.num_draft_tokens:
+                        self.metrics.record_drafts(stepped.step.plan, stepped.step.events.num_accepted_drafts)
                     stalled = not stepped.ran  # nothing could be scheduled: wait for a command
                 self._update_gauges()
                 self._deliver(deliveries)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from stallfree.core import StepPlan
 
 _LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
@@ -103,6 +105,21 @@ class ServerMetrics:
         self.inter_token_latency = histogram(
             "inter_token_latency_seconds", "Gap between two sampled tokens of a request."
         )
+        # vLLM's spec-decode counters: verify steps a request ran, draft tokens, accepted ones,
+        # and accepted ones by draft position.
+        self.spec_decode_drafts = counter("spec_decode_num_drafts", "Draft runs verified.").labels(model_name)
+        self.spec_decode_draft_tokens = counter(
+            "spec_decode_num_draft_tokens", "Draft tokens verified."
+        ).labels(model_name)
+        self.spec_decode_accepted_tokens = counter(
+            "spec_decode_num_accepted_tokens", "Draft tokens accepted."
+        ).labels(model_name)
+        self._spec_decode_per_position = Counter(
+            "stallfree:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by position in the draft.",
+            ("model_name", "position"),
+            registry=self.registry,
+        )
         self._request_success = Counter(
             "stallfree:request_success",
             "Requests that ended, by finish reason.",
@@ -126,6 +143,18 @@ class ServerMetrics:
             self.prompt_tokens.inc(num_prompt_tokens)
         if num_generated_tokens:
             self.generation_tokens.inc(num_generated_tokens)
+
+    def record_drafts(self, plan: StepPlan, accepted: Mapping[str, int]) -> None:
+        """A step's draft verifications: how many ran and how many of each were accepted."""
+        for chunk in plan.chunks:
+            if chunk.num_draft_tokens:
+                self.spec_decode_drafts.inc()
+                self.spec_decode_draft_tokens.inc(chunk.num_draft_tokens)
+                kept = accepted.get(chunk.request_id, 0)
+                if kept:
+                    self.spec_decode_accepted_tokens.inc(kept)
+                for position in range(kept):
+                    self._spec_decode_per_position.labels(self._model_name, str(position)).inc()
 
     def request_finished(self, finish_reason: str) -> None:
         self._request_success.labels(self._model_name, finish_reason).inc()

@@ -10,6 +10,7 @@ EAGLE do) and counts what :class:`DraftStats` reports, in vLLM's terms (its
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,7 @@ class Acceptance:
             raise ValueError("an acceptance model needs at least one position's rate")
         if any(not 0.0 <= r <= 1.0 for r in self.rates):
             raise ValueError(f"acceptance rates must be in [0, 1], got {list(self.rates)}")
-        if any(b > a for a, b in zip(self.rates, self.rates[1:], strict=False)):
+        if any(b > a for a, b in itertools.pairwise(self.rates)):
             raise ValueError(
                 f"acceptance rates by position must not rise (a draft counts only after every earlier "
                 f"one is accepted), got {list(self.rates)}"
