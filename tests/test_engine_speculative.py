@@ -10,7 +10,7 @@ import torch
 
 from stallfree.core import SamplingParams
 from stallfree.engine import LLMEngine
-from stallfree.engine.drafts import propose_ngram
+from stallfree.engine.drafts import DraftCost, DraftHistory, propose_ngram
 from stallfree.engine.sampler import verify_drafts
 
 MODEL = "random:tiny"  # fp32 below: the decode and chunk kernels then round alike
@@ -178,3 +178,19 @@ def test_greedy_verification_keeps_the_argmax_prefix() -> None:
 def test_the_engine_refuses_a_bad_lookup_range(k: int) -> None:
     with pytest.raises(ValueError, match="prompt_lookup_min 4 must be <= prompt_lookup_max 2"):
         LLMEngine("random:tiny", prompt_lookup_min=4, prompt_lookup_max=2, num_speculative_tokens=k)
+
+
+def test_drafts_are_proposed_where_they_pay_for_their_rows() -> None:
+    cost = DraftCost(step_s=0.020, row_s=0.002)
+    assert cost.threshold(1) == pytest.approx(0.1)  # one stream: a row is a tenth of the step
+    assert cost.threshold(16) == pytest.approx(0.032 / 0.050)  # sixteen: rows are most of it
+    history = DraftHistory()  # prior: one in two
+    assert history.length(4, cost.threshold(1)) == 3  # 0.5 ** 3 >= 0.1 > 0.5 ** 4
+    for _ in range(10):
+        history.verified(4, 0)  # every first draft rejected
+    # stopped, but probes with one draft now and then, and recovers once guesses land
+    probes = [history.length(4, cost.threshold(1)) for _ in range(DraftHistory.PROBE_EVERY)]
+    assert probes == [0] * (DraftHistory.PROBE_EVERY - 1) + [1]
+    for _ in range(10):
+        history.verified(4, 4)
+    assert history.length(4, cost.threshold(16)) == 4

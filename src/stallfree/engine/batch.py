@@ -1,9 +1,10 @@
 """Turn a step plan into model inputs: flat token ids, positions, slots, masks.
 
 Rows are ordered single-token chunks first (batched decode attention, shortest context
-first), then each multi-token chunk in plan order. Each sampling chunk contributes one logit row (its last
-token), a chunk that verifies ``d`` drafts ``d + 1`` (its last known token's and each draft's);
-:attr:`ModelInputs.sample_request_ids` says whose, in logit order.
+first; a chunk verifying ``d`` drafts is ``d + 1`` such rows in a row), then each multi-token chunk
+in plan order. Each sampling chunk contributes one logit row (its last token), a verifying one
+``d + 1`` (its last known token's and each draft's); :attr:`ModelInputs.sample_request_ids` says
+whose, in logit order.
 
 Decodes are split into groups whose gathered K+V stays under ``_GATHER_BYTES``, so each
 group's gather is still in cache when its attention matmuls read it, and memory for the
@@ -57,9 +58,14 @@ def build_inputs(
     ``chunk_kernel``: the compiled kernel that attends each multi-token chunk (else: SDPA)."""
     device, dtype = kv_cache.key.device, kv_cache.key.dtype
     block_size, num_blocks, kv_heads = kv_cache.block_size, kv_cache.num_blocks, kv_cache.num_kv_heads
-    # Decodes sorted by context length: each group then pads its contexts only a little.
-    decodes = sorted((c for c in chunks if c.num_tokens == 1), key=lambda c: c.num_computed_tokens)
-    multis = [c for c in chunks if c.num_tokens > 1]
+    # Decodes sorted by context length: each group then pads its contexts only a little. A chunk
+    # verifying drafts is decode rows too, one a position (each attends up to itself: the cache
+    # holds every row's K/V before attention reads it): the batched kernel, and the numbers a
+    # decode at that position gives.
+    decodes = sorted(
+        (c for c in chunks if c.num_tokens == 1 or c.num_draft_tokens), key=lambda c: c.num_computed_tokens
+    )
+    multis = [c for c in chunks if c.num_tokens > 1 and not c.num_draft_tokens]
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -68,15 +74,16 @@ def build_inputs(
 
     tables: list[Sequence[int]] = []
     for c in decodes:
-        rid, pos = c.request_id, c.num_computed_tokens
+        rid = c.request_id
         table = block_tables[rid]
-        if c.emits_token:
-            logit_rows.append(len(ids))
-            sample_ids.append(rid)
-        ids.append(token_ids[rid][pos])
-        positions.append(pos)
-        slots.append(table[pos // block_size] * block_size + pos % block_size)
-        tables.append(table[: pos // block_size + 1])
+        for pos in range(c.num_computed_tokens, c.context_len):
+            if c.emits_token:
+                logit_rows.append(len(ids))
+                sample_ids.append(rid)
+            ids.append(token_ids[rid][pos])
+            positions.append(pos)
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+            tables.append(table[: pos // block_size + 1])
     native = None
     decode_groups: tuple[DecodeGroup, ...] = ()
     if decode_kernel is not None and decodes:
@@ -97,10 +104,9 @@ def build_inputs(
         ids.extend(token_ids[rid][start : start + n])
         positions.extend(range(start, start + n))
         slots.extend((blocks[chunk_pos // block_size] * block_size + chunk_pos % block_size).tolist())
-        if c.emits_token:  # a verify chunk: a row for each draft and one after them
-            first = row + n - 1 - c.num_draft_tokens
-            logit_rows.extend(range(first, row + n))
-            sample_ids.extend([rid] * (row + n - first))
+        if c.emits_token:
+            logit_rows.append(row + n - 1)
+            sample_ids.append(rid)
         chunk_mask = None
         if start and chunk_kernel is None and not merges_chunk_attention(device):
             # earlier context: all of it visible, causal inside the chunk

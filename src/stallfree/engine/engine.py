@@ -46,7 +46,7 @@ from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.native import bf16_dot_products, chunk_kernel_for, kernel_for
 from stallfree.engine.requests import RequestOutput, RequestState
 from stallfree.engine.sampler import sample_tokens, verify_drafts
-from stallfree.engine.step_timing import BudgetChoice, choose_token_budget
+from stallfree.engine.step_timing import BudgetChoice, choose_token_budget, measure_draft_cost
 from stallfree.engine.weights import load_model
 
 # Share of free memory the KV cache takes by default: the CPU is shared with everything else.
@@ -188,6 +188,12 @@ class LLMEngine:
             None
             if step_time_predictor is None or serving.step_budget_s is None
             else CalibratedPredictor(step_time_predictor)
+        )
+        # What a draft costs here decides how many each request gets (engine/drafts.py).
+        self.draft_cost = (
+            measure_draft_cost(self.model_runner, serving.num_speculative_tokens)
+            if serving.num_speculative_tokens
+            else None
         )
         scheduler = serving.make_scheduler(context, num_blocks, predictor=self.predictor)
         self.step_budget_stats = (
@@ -334,6 +340,7 @@ class LLMEngine:
             row = first_row[rid]
             rows = logits[row : row + num_drafts + 1]
             tokens = verify_drafts(rows, state.drafts[:num_drafts], state.params, state.generator)
+            state.draft_history.verified(num_drafts, len(tokens) - 1)
             for i, token_id in enumerate(tokens):
                 if state.append(token_id, None, self.tokenizer):
                     stopped.add(rid)
@@ -343,17 +350,20 @@ class LLMEngine:
             accepted[rid] = tuple(tokens[:-1])
 
     def _propose(self, sampled: dict[str, int], stopped: set[str]) -> dict[str, int]:
-        """Next step's drafts for every request that got a token and goes on (none for one that
-        wants logprobs: a verified token has none here); how many each has."""
+        """Next step's drafts for every request that got a token and goes on, as many as are worth
+        their rows here (none for one that wants logprobs: a verified token has none here); how
+        many each has."""
+        assert self.draft_cost is not None  # measured whenever drafts are on
         k = self.serving.num_speculative_tokens
         low, high = self.config.lookup_range
+        threshold = self.draft_cost.threshold(self.scheduler.num_running)
         proposed = {}
         for rid in sampled:
             state = self._requests[rid]
-            if rid in stopped or state.params.logprobs:
-                state.drafts = []
-                continue
-            state.drafts = propose_ngram(state.token_ids, k, low, high)
+            length = (
+                0 if rid in stopped or state.params.logprobs else state.draft_history.length(k, threshold)
+            )
+            state.drafts = propose_ngram(state.token_ids, length, low, high) if length else []
             proposed[rid] = len(state.drafts)
         return proposed
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from stallfree.core import SamplingParams
+from stallfree.engine.drafts import DraftHistory
 from stallfree.engine.tokenizer import Tokenizer, detokenize_incrementally
 
 # Prompt tokens kept as left context when detokenizing the first generated tokens.
@@ -57,6 +58,7 @@ class RequestState:
         self.params = params
         self.generator = generator
         self.drafts: list[int] = []  # draft tokens proposed for its next step (speculative decoding)
+        self.draft_history = DraftHistory()
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
             stops.update(eos_token_ids)

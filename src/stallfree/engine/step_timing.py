@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from stallfree.core import StepPlan
+from stallfree.core import ScheduledChunk, StepPlan
 from stallfree.core.config import ceil_div
 from stallfree.core.plan import synthetic_plan
+from stallfree.engine.drafts import DraftCost
 from stallfree.engine.model_runner import ModelRunner
 
 
@@ -72,7 +73,8 @@ def plan_times(runner: ModelRunner, plan: StepPlan, repeats: int = 3, warmups: i
     for rid, count in needed.items():
         runner.block_tables[rid] = list(range(next_block, next_block + count))
         next_block += count
-    token_ids = {c.request_id: [3] * c.num_known_tokens for c in plan.chunks}
+    # ids for every known token, and for the drafts a chunk verifies past them
+    token_ids = {c.request_id: [3] * max(c.num_known_tokens, c.context_len) for c in plan.chunks}
     try:
         for _ in range(warmups):
             runner.execute(plan, token_ids)
@@ -166,3 +168,15 @@ def choose_token_budget(
     while tokens < wanted and tokens < bounds[1]:
         tokens *= 2
     return BudgetChoice(tokens, step_s, per_token_s, max_price)
+
+
+def measure_draft_cost(runner: ModelRunner, num_drafts: int, context: int = 128) -> DraftCost:
+    """A one-row decode step and one verifying ``num_drafts`` drafts (``1 + num_drafts`` rows), timed
+    on an idle ``runner`` at ``context`` tokens: what a draft costs here (:class:`DraftCost`)."""
+    one = synthetic_plan(1, context)
+    verify = StepPlan(
+        (ScheduledChunk("verify", context, 1 + num_drafts, context + 1, num_draft_tokens=num_drafts),)
+    )
+    step_s = time_plan(runner, one, repeats=5)
+    row_s = max(0.0, (time_plan(runner, verify, repeats=5) - step_s) / num_drafts)
+    return DraftCost(step_s, row_s)
