@@ -213,6 +213,16 @@ def test_run_explain_is_the_cli_json(capsys: pytest.CaptureFixture[str]) -> None
         (["--engine", "tpu"], {"engine": "tpu"}),
         (["--engine", "torch", "--framework", "vllm"], {"engine": "torch", "framework": "vllm"}),
         (["--engine", "torch", "--step-budget-ms", "5"], {"engine": "torch", "step_budget_ms": 5.0}),
+        (["--engine", "torch", "--speculative-tokens", "2"], {"engine": "torch", "speculative_tokens": 2}),
+        (["--speculative-tokens", "-1"], {"speculative_tokens": -1}),
+        (
+            ["--speculative-tokens", "2", "--acceptance-rate", "1.2"],
+            {"speculative_tokens": 2, "acceptance_rate": "1.2"},
+        ),
+        (
+            ["--speculative-tokens", "2", "--step-budget-ms", "40"],
+            {"speculative_tokens": 2, "step_budget_ms": 40.0},
+        ),
     ],
 )
 def test_options_refuse_what_the_cli_refuses_in_its_words(
@@ -236,3 +246,41 @@ def test_an_unfit_deployment_is_a_value_error_not_a_cli_error() -> None:
 
     with pytest.raises(ValueError, match="do not fit on 1 x a100-40gb"):
         run_explain(ExplainOptions(tp=1))
+
+
+def test_drafts_spend_the_prompts_budget_under_vllms_rule_and_stall_under_sglangs(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    args = (
+        "--speculative-tokens",
+        "4",
+        "--acceptance-rate",
+        "0.7",
+        "--sweep",
+        "256",
+        "--plot",
+        str(tmp_path),
+    )
+    out = explain_json(capsys, *args)
+    assert (tmp_path / "drafts.png").exists() and str(tmp_path / "drafts.svg") in out["figures"]
+    pol, spec = out["policies"], out["speculative"]
+    plain, vllm, sglang = pol["chunked"], pol["chunked + 4 drafts (vllm)"], pol["chunked + 4 drafts (sglang)"]
+    decode_s = out["decode_step_s"]
+    # The issue's arithmetic: 16 streams x (1 + 4) of a 272-token step leave 192 for the prompt.
+    assert spec["token_budget"] == 16 + 256 and spec["sweep"][-1]["prompt_tokens_per_step"] == pytest.approx(
+        192, abs=2
+    )
+    # Below the ridge the weights' read prices the step: drafts ride free, the streams get the
+    # expected tokens per step (1 + 0.7 + 0.49 + 0.343 + 0.24), the prompt fewer tokens per step.
+    tokens_per_step = 1 + sum(0.7**i for i in range(1, 5))
+    assert vllm["stream_tokens_per_s"] / plain["stream_tokens_per_s"] == pytest.approx(
+        tokens_per_step, rel=0.1
+    )
+    assert vllm["max_gap_s"] == pytest.approx(plain["max_gap_s"])
+    ttfts = [p["ttft_s"] for p in spec["sweep"]]
+    speeds = [p["stream_tokens_per_s"] for p in spec["sweep"]]
+    assert ttfts == sorted(ttfts) and speeds == sorted(speeds) and ttfts[-1] > 1.25 * ttfts[0]
+    assert spec["sweep"][0]["ttft_s"] == pytest.approx(plain["ttft_s"])  # 0 drafts: the chunked run
+    # SGLang's rule: the prompt runs in steps of its own, the streams wait for all of it.
+    assert sglang["max_gap_s"] > 0.95 * out["prefill_alone_s"] > 50 * decode_s
+    assert sglang["ttft_s"] < vllm["ttft_s"]

@@ -121,6 +121,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "measured model that predicts",
     )
     add(
+        "--speculative-tokens",
+        type=int,
+        default=0,
+        metavar="K",
+        help="add the streams verifying up to K draft tokens a step, in steps as large as chunked's "
+        "(streams + chunk): a run under vLLM's rule (drafts take the budget before the prompt), one "
+        "under SGLang's (prompts in steps of their own), and a sweep over 0..K drafts (default 0)",
+    )
+    add(
+        "--acceptance-rate",
+        default="0.7",
+        metavar="RATE",
+        help="with --speculative-tokens: the share of draft tokens accepted, each independently, or "
+        "one rate a position as vLLM reports them (0.8,0.6,0.45,0.3) (default %(default)s)",
+    )
+    add(
         "--sweep",
         type=int_list,
         metavar="C1,C2,...",

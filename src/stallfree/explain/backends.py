@@ -69,7 +69,9 @@ def run_explain(options: ExplainOptions) -> Explanation:
     if budget_ms:
         echo["step_budget_ms"] = budget_ms
     if options.engine != "torch" or options.profile is None:
-        return explain(scenario, timer, sweep, echo, warnings=warnings)
+        k = options.speculative_tokens
+        drafts = (k, options.acceptance) if k else None
+        return explain(scenario, timer, sweep, echo, warnings=warnings, speculation=drafts)
     # A real run with a profile: the measured model plans a time budget's chunks, and prices the
     # same scenario beside the run (its error, in the same run).
     from stallfree.explain.roofline import PricedTimer

@@ -15,6 +15,7 @@ from typing import Literal
 
 from stallfree.costs.roofline import COST_MODEL_KINDS, cost_model_kind
 from stallfree.explain.scenario import DEFAULT_SWEEP, Scenario
+from stallfree.sim.speculative import Acceptance
 
 Engine = Literal["roofline", "torch"]
 ENGINES: tuple[Engine, ...] = ("roofline", "torch")
@@ -51,7 +52,8 @@ class ExplainOptions:
     GPUs (:class:`~stallfree.costs.choice.CostChoice`'s). ``profile`` (a ``stallfree profile`` file): on the roofline it
     prices every step (as ``cost_model="measured"``, which needs it); with ``engine="torch"`` it
     prices the same scenario beside the measured run, and predicts the steps of a
-    ``step_budget_ms`` (which the real engine needs it for).
+    ``step_budget_ms`` (which the real engine needs it for). ``speculative_tokens`` (priced steps
+    only): the streams verify up to that many drafts a step, accepted as ``acceptance_rate`` says.
     """
 
     engine: Engine = "roofline"
@@ -73,6 +75,8 @@ class ExplainOptions:
     step_budget_ms: float | None = None
     sweep: tuple[int, ...] | None = None
     cached_prefix_tokens: int = 0
+    speculative_tokens: int = 0
+    acceptance_rate: str = "0.7"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost_model", cost_model_kind(self.cost_model))  # frozen: normalise
@@ -95,10 +99,29 @@ class ExplainOptions:
                 "--engine torch --step-budget-ms needs --profile FILE (a `stallfree profile` of this "
                 "machine): its measured model predicts each candidate step"
             )
+        if self.speculative_tokens:
+            _positive("speculative_tokens", self.speculative_tokens, whole=True)
+            if self.engine == "torch":
+                raise ValueError(
+                    "--speculative-tokens runs on priced steps (the roofline, GPU tables or a --profile): the "
+                    "real engine's drafts come from its own text (stallfree generate/serve --speculative-tokens)"
+                )
+            if self.step_budget_ms:
+                raise ValueError("--speculative-tokens does not combine with --step-budget-ms")
+            try:
+                Acceptance.parse(self.acceptance_rate, self.speculative_tokens)
+            except ValueError as exc:
+                raise ValueError(f"argument --acceptance-rate: {exc}") from None
         if self.framework is not None and (self.engine == "torch" or self.profile is not None):
             raise ValueError("--framework prices steps by GPU tables: not with --engine torch or --profile")
         if self.expert_parallel and (self.engine == "torch" or self.profile is not None):
             raise ValueError("--expert-parallel prices GPU deployments: not with --engine torch or --profile")
+
+    @property
+    def acceptance(self) -> Acceptance:
+        """How often drafts are accepted, by position (``acceptance_rate``: one rate a token, or
+        one a position)."""
+        return Acceptance.parse(self.acceptance_rate, max(self.speculative_tokens, 1))
 
     @property
     def is_priced_by_profile(self) -> bool:

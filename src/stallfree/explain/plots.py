@@ -53,8 +53,12 @@ def _duration(seconds: float) -> str:
 
 
 def plot_explanation(result: Explanation, out_dir: str | Path) -> list[Path]:
-    """Write ``timeline`` and ``sweep`` figures as PNG and SVG; return the paths."""
-    return save_figures((("timeline", timeline_figure(result)), ("sweep", _sweep(result))), out_dir)
+    """Write ``timeline`` and ``sweep`` figures (and ``drafts`` with speculation) as PNG and SVG;
+    return the paths."""
+    figures = [("timeline", timeline_figure(result)), ("sweep", _sweep(result))]
+    if result.speculation is not None:
+        figures.append(("drafts", _drafts(result)))
+    return save_figures(figures, out_dir)
 
 
 def timeline_figure(result: Explanation) -> Figure:
@@ -239,5 +243,36 @@ def _sweep(result: Explanation) -> Figure:
         )
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+def _drafts(result: Explanation) -> Figure:
+    """The budget moving from the prompt's chunk to the streams' drafts: each stream's tokens/s
+    and the prompt's TTFT against the drafts a stream, the prompt's share of a step beside."""
+    spec = result.speculation
+    assert spec is not None
+    drafts = [p.num_speculative_tokens for p in spec.sweep]
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    ax.plot(drafts, [p.stream_tokens_per_s for p in spec.sweep], "o-", color=DECODE_COLOR, gid="stream-speed")
+    ax.set_ylabel("tokens/s a stream", color=DECODE_COLOR)
+    ax.set_xlabel("draft tokens a stream verifies each step (prompt tokens a step below)")
+    ax.set_xticks(drafts)
+    ax.set_xticklabels(
+        [f"{d}\n({p.prompt_tokens_per_step:,.0f})" for d, p in zip(drafts, spec.sweep, strict=True)]
+    )
+    ttft_ax = ax.twinx()
+    ttft_ax.plot(drafts, [p.ttft_s for p in spec.sweep], "s--", color=PROMPT_COLOR, gid="prompt-ttft")
+    ttft_ax.set_ylabel("prompt TTFT (s)", color=PROMPT_COLOR)
+    rates = ", ".join(f"{r:.0%}" for r in spec.acceptance.rates[: spec.num_speculative_tokens])
+    side = "below" if spec.token_budget <= result.ridge_tokens * 1.1 else "past"
+    ax.set_title(
+        f"{spec.token_budget}-token steps ({side} the ridge ≈ {result.ridge_tokens:,.0f}): drafts spend "
+        f"the prompt's share\n(accepted by position {rates})",
+        loc="left",
+        fontsize=10,
+    )
+    ax.spines["top"].set_visible(False)
+    ttft_ax.spines["top"].set_visible(False)
     fig.tight_layout()
     return fig

@@ -29,6 +29,23 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.2f} s"
 
 
+def _speculative_lines(spec: dict[str, Any]) -> list[str]:
+    """The drafts' sweep: the budget moving from the prompt's chunk to the streams' drafts."""
+    rates = ", ".join(f"{r:.0%}" for r in spec["acceptance_rates"][: spec["num_speculative_tokens"]])
+    lines = [
+        "",
+        f"  drafts (accepted by position {rates}; drafting costs nothing, as n-gram lookup), in "
+        f"{spec['token_budget']}-token steps under vLLM's rule:",
+        f"  {'drafts':>8}{'tokens/s a stream':>19}{'longest gap':>14}{'prompt TTFT':>14}{'prompt/step':>13}",
+    ]
+    for p in spec["sweep"]:
+        lines.append(
+            f"  {p['num_speculative_tokens']:>8}{p['stream_tokens_per_s']:>19,.1f}{_ms(p['max_gap_s']):>14}"
+            f"{_ms(p['ttft_s']):>14}{p['prompt_tokens_per_step']:>13,.0f}"
+        )
+    return lines
+
+
 def format_explain(out: dict[str, Any]) -> str:
     """The human-readable report of an explain JSON object (:meth:`Explanation.to_json`)."""
     sc = out["scenario"]
@@ -49,13 +66,17 @@ def format_explain(out: dict[str, Any]) -> str:
         + _RIDGE_NOTES.get(sc["cost_model"], ""),
         *([f"  mixture of experts           {sc['moe']}"] if sc.get("moe") else []),
         "",
-        f"  {'policy':<28}{'longest gap':>14}{'median gap':>14}{'prompt TTFT':>14}{'vs alone':>10}",
+        f"  {'policy':<28}{'longest gap':>14}{'median gap':>14}{'prompt TTFT':>14}{'vs alone':>10}"
+        f"{'tokens/s a stream':>19}",
     ]
     for name, p in out["policies"].items():
         label = f"{name} ({_chunking(sc)})" if name == "chunked" else name
         lines.append(
-            f"  {label:<28}{_ms(p['max_gap_s']):>14}{_ms(p['median_gap_s']):>14}{_ms(p['ttft_s']):>14}{p['ttft_vs_alone']:>9.3f}x"
+            f"  {label:<28}{_ms(p['max_gap_s']):>14}{_ms(p['median_gap_s']):>14}{_ms(p['ttft_s']):>14}"
+            f"{p['ttft_vs_alone']:>9.3f}x{p['stream_tokens_per_s']:>19,.1f}"
         )
+    if out.get("speculative"):
+        lines += _speculative_lines(out["speculative"])
     if out.get("predicted"):
         lines += [
             "",

@@ -35,6 +35,7 @@ from stallfree.core import (
 from stallfree.core.context import StepContext
 from stallfree.core.plan import synthetic_plan
 from stallfree.core.step import StepCostModel
+from stallfree.sim.speculative import Acceptance, DraftVerifier
 from stallfree.sim.timeline import Timeline, TimelineStep, simulate_timeline
 from stallfree.workload.long_prompt import LongPrompt
 
@@ -138,6 +139,12 @@ class PolicyRun:
     def median_gap_s(self) -> float:
         return statistics.median(self.gaps_s)
 
+    @property
+    def stream_tokens_per_s(self) -> float:
+        """A stream's tokens a second over the measured window (mean over the streams)."""
+        streams = [ts for rid, ts in self.token_times_s.items() if rid.startswith("s")]
+        return statistics.mean(len(ts) for ts in streams) / self.steps[-1].end_s
+
     def prompt_chunk_steps(self) -> list[TimelineStep]:
         """The steps that carried a chunk of the prompt, in order."""
         return [s for s in self.steps if any(rid == PROMPT_ID for rid, _ in s.tokens_by_request)]
@@ -147,11 +154,14 @@ class PolicyRun:
         return [n for s in self.steps for rid, n in s.tokens_by_request if rid == PROMPT_ID]
 
 
-def run_scenario(scenario: Scenario, policy: Policy, timer: StepTimer) -> PolicyRun:
+def run_scenario(
+    scenario: Scenario, policy: Policy, timer: StepTimer, drafts: DraftVerifier | None = None
+) -> PolicyRun:
     """Warm up the streams, let the prompt arrive, stop ``tail_steps`` after its first token.
 
     The warm-up prefills every stream in one step whatever the policy (it is cut from the
-    result); then ``policy`` schedules everything that is measured.
+    result); then ``policy`` schedules everything that is measured. ``drafts``: a policy that
+    speculates has its drafts accepted by this model (on a priced timer).
     """
     config = SchedulerConfig(max_num_seqs=scenario.streams + 1)
     policy.check_config(config)
@@ -160,10 +170,11 @@ def run_scenario(scenario: Scenario, policy: Policy, timer: StepTimer) -> Policy
     cache = replace(timer.cache_config(), enable_prefix_caching=True) if cached else timer.cache_config()
     sched = Scheduler(config, cache, warm_up)
     executor = timer.new_executor()
-    streams = [
-        Request(f"s{i}", scenario.context_tokens, scenario.decoder_max_tokens)
-        for i in range(scenario.streams)
-    ]
+    if drafts is not None:
+        priced, verifier = executor, drafts
+        executor = lambda plan: verifier.result(plan, priced(plan).duration_s)  # noqa: E731
+    most = scenario.decoder_max_tokens * (1 + (drafts.num_speculative_tokens if drafts else 0))
+    streams = [Request(f"s{i}", scenario.context_tokens, most) for i in range(scenario.streams)]
     ids = [r.request_id for r in streams]
     # Earlier traffic left the prompt's prefix in the cache: a request that shares it runs (and
     # leaves) in the warm-up, its blocks freed but still cached when the prompt arrives.
@@ -207,7 +218,8 @@ def run_scenario(scenario: Scenario, policy: Policy, timer: StepTimer) -> Policy
         for s in tl.steps[warmup_steps:]
     )
     times = {rid: tuple(t - origin_s for t in ts if t > origin_s) for rid, ts in tl.token_times_s.items()}
-    gaps = tuple(b - a for rid in ids for a, b in itertools.pairwise(times[rid]))
+    # gaps between a stream's deliveries (the tokens of accepted drafts come together)
+    gaps = tuple(b - a for rid in ids for a, b in itertools.pairwise(dict.fromkeys(times[rid])))
     return PolicyRun(policy.name, steps, times, arrival_s - origin_s, times[PROMPT_ID][0], gaps)
 
 
@@ -217,6 +229,30 @@ class SweepPoint:
     max_gap_s: float
     ttft_s: float
     ttft_vs_alone: float
+
+
+@dataclass(frozen=True, slots=True)
+class DraftPoint:
+    """The seed's arrival with ``num_speculative_tokens`` drafts a stream, under vLLM's rule at
+    one token budget: what the streams gain and the prompt pays."""
+
+    num_speculative_tokens: int
+    stream_tokens_per_s: float
+    max_gap_s: float
+    ttft_s: float
+    prompt_tokens_per_step: float
+
+
+@dataclass(frozen=True, slots=True)
+class Speculation:
+    """Speculative decoding in the scenario: up to ``num_speculative_tokens`` drafts a stream,
+    accepted as ``acceptance`` says, in steps of ``token_budget`` tokens (the chunked run's size:
+    the streams plus its chunk); ``sweep`` moves the budget from the prompt to the drafts."""
+
+    num_speculative_tokens: int
+    acceptance: Acceptance
+    token_budget: int
+    sweep: tuple[DraftPoint, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +268,7 @@ class Explanation:
     warnings: tuple[str, ...] = ()  # what a real deployment could not run as shown
     # The same scenario priced by a cost model, beside a measured run (explain --engine torch --profile)
     predicted: dict[str, PolicyRun] | None = None
+    speculation: Speculation | None = None
 
     def to_json(self) -> dict[str, Any]:
         chunked = self.runs["chunked"].prompt_chunk_steps()
@@ -248,8 +285,17 @@ class Explanation:
                     "median_gap_s": run.median_gap_s,
                     "ttft_s": run.ttft_s,
                     "ttft_vs_alone": run.ttft_s / self.prefill_alone_s,
+                    "stream_tokens_per_s": run.stream_tokens_per_s,
                 }
                 for name, run in self.runs.items()
+            },
+            "speculative": None
+            if self.speculation is None
+            else {
+                "num_speculative_tokens": self.speculation.num_speculative_tokens,
+                **self.speculation.acceptance.describe(),
+                "token_budget": self.speculation.token_budget,
+                "sweep": [asdict(p) for p in self.speculation.sweep],
             },
             "prompt_chunks": {
                 "num_steps": len(chunked),
@@ -308,12 +354,17 @@ def explain(
     *,
     warnings: Sequence[str] = (),
     predictor: StepTimePredictor | None = None,
+    speculation: tuple[int, Acceptance] | None = None,
 ) -> Explanation:
     """Run both policies and the chunk sweep on ``timer``.
 
     With ``scenario.step_budget_s`` the chunked run sizes its chunks by time: ``predictor``
     (default: ``timer.step_time_s``, right for a cost model; a real engine's timer runs the plan,
     so it needs a model's prediction) prices each candidate step. The sweep stays fixed chunks.
+
+    ``speculation`` = (k, acceptance): the streams also verify up to k drafts a step, in steps as
+    large as the chunked run's (streams + chunk): a run under vLLM's rule and one under SGLang's,
+    and a sweep over 0..k drafts under vLLM's (a priced ``timer`` only).
     """
     check_size(scenario, timer.cache_config().block_size, sweep_chunks)
     cached = scenario.num_cached_tokens(timer.cache_config().block_size)
@@ -339,6 +390,9 @@ def explain(
             else run_scenario(scenario, make_policy("chunked", chunk_tokens=chunk), timer)
         )
         sweep.append(SweepPoint(chunk, run.max_gap_s, run.ttft_s, run.ttft_s / alone))
+    spec = None
+    if speculation is not None:
+        spec = _speculate(scenario, timer, runs, *speculation)
     echo = {**asdict(scenario), **(scenario_echo or {})}
     return Explanation(
         scenario=echo,
@@ -348,4 +402,33 @@ def explain(
         runs=runs,
         sweep=tuple(sweep),
         warnings=tuple(warnings),
+        speculation=spec,
     )
+
+
+def _speculate(
+    scenario: Scenario, timer: StepTimer, runs: dict[str, PolicyRun], k: int, acceptance: Acceptance
+) -> Speculation:
+    """Add the drafted runs to ``runs`` (k drafts, vLLM's and SGLang's rules) and sweep 0..k."""
+    if scenario.step_budget_s is not None:
+        raise ValueError("--speculative-tokens does not combine with --step-budget-ms")
+    budget = scenario.streams + scenario.chunk_tokens
+
+    def run(num: int, rule: str) -> PolicyRun:
+        policy = make_policy(
+            "chunked", token_budget=budget, num_speculative_tokens=num, speculative_rule=rule
+        )
+        return run_scenario(scenario, policy, timer, DraftVerifier(acceptance, num) if num else None)
+
+    for rule in ("vllm", "sglang"):
+        runs[f"chunked + {k} drafts ({rule})"] = run(k, rule)
+    points = []
+    for num in range(k + 1):
+        drafted = runs[f"chunked + {k} drafts (vllm)"] if num == k else run(num, "vllm")
+        sizes = drafted.prompt_chunk_tokens()
+        points.append(
+            DraftPoint(
+                num, drafted.stream_tokens_per_s, drafted.max_gap_s, drafted.ttft_s, statistics.mean(sizes)
+            )
+        )
+    return Speculation(k, acceptance, budget, tuple(points))

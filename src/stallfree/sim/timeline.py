@@ -83,8 +83,10 @@ class TimelineReplica:
         tl, events = self.timeline, self._events
         assert events is not None
         tl.end_s = tl.steps[-1].end_s
+        accepted = events.num_accepted_drafts
         for rid in events.new_token_request_ids:
-            tl.token_times_s.setdefault(rid, []).append(tl.end_s)
+            # accepted drafts are tokens too, all at the step's end
+            tl.token_times_s.setdefault(rid, []).extend([tl.end_s] * (1 + accepted.get(rid, 0)))
 
 
 def simulate_timeline(
