@@ -69,6 +69,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "roofline ridge, rounded to multiples of 64 (default %(default)s)",
     )
     p.add_argument(
+        "--speculative-tokens",
+        metavar="K1,K2,...",
+        help="also try chunked with speculative decoding: each decode verifies up to K draft tokens "
+        "(n-gram, free to draft), e.g. 0,2,4; needs --acceptance-rate (default: no drafts)",
+    )
+    p.add_argument(
+        "--acceptance-rate",
+        metavar="RATE",
+        help="with --speculative-tokens: the share of draft tokens accepted, each independently (0.7), or "
+        "one rate a position as vLLM's spec-decode metrics report it (0.8,0.6,0.45,0.3)",
+    )
+    p.add_argument(
+        "--speculative-rule",
+        choices=("vllm", "sglang"),
+        default="vllm",
+        help="with --speculative-tokens: whose rule shares a step between drafts and prompt chunks, and so "
+        "whose launch line is printed (default %(default)s)",
+    )
+    p.add_argument(
         "--step-budgets-ms",
         metavar="auto|MS1,MS2,...",
         help="also try chunked with chunks sized by time (--step-budget-ms): these step-time targets; "
@@ -178,11 +197,16 @@ def run_tune(args: argparse.Namespace) -> int:
     from stallfree.tune.trial import DEFAULT_SERVING, TrialSpec
 
     costs, cost_model_note = _tune_costs(args)
+    drafts, rates = _speculation(args)
     base = TrialSpec(
         costs=costs,
         serving=replace(
-            DEFAULT_SERVING, num_blocks=args.num_blocks, enable_prefix_caching=args.enable_prefix_caching
+            DEFAULT_SERVING,
+            num_blocks=args.num_blocks,
+            enable_prefix_caching=args.enable_prefix_caching,
+            speculative_rule=args.speculative_rule,
         ),
+        acceptance_rates=rates,
         lengths=args.lengths,
         arrival=args.arrival,
         burstiness=args.burstiness,
@@ -213,6 +237,7 @@ def run_tune(args: argparse.Namespace) -> int:
             qps_start=args.qps_start,
             step_budgets_ms=_step_budgets(args.step_budgets_ms),
             cost_model_note=cost_model_note,
+            speculative_tokens=drafts,
         )
     )
     with trial_pool(args) as pool:
@@ -250,7 +275,11 @@ def _run_fleet_tune(args: argparse.Namespace, base: TrialSpec, cost_model_note: 
     from stallfree.tune.slo import SLO_FLAGS
     from stallfree.tune.trial import trace_qps
 
-    for flag, value in (("--step-budgets-ms", args.step_budgets_ms), ("--plot", args.plot)):
+    for flag, value in (
+        ("--step-budgets-ms", args.step_budgets_ms),
+        ("--plot", args.plot),
+        ("--speculative-tokens", args.speculative_tokens),
+    ):
         if value:
             raise UsageError(f"{flag} applies to a one-replica tune, not with --router")
     routers = tuple(r.strip() for r in args.router.split(",") if r.strip())
@@ -336,3 +365,32 @@ def _int_list(text: str) -> list[int]:
     if not values:
         raise UsageError("--budgets: give auto or a comma-separated list of token counts")
     return values
+
+
+def _speculation(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """``--speculative-tokens`` and ``--acceptance-rate``: the draft lengths to try and the
+    acceptance by position (empty: no drafts)."""
+    from stallfree.sim.speculative import Acceptance
+
+    if args.speculative_tokens is None:
+        if args.acceptance_rate is not None:
+            raise UsageError("--acceptance-rate applies with --speculative-tokens K1,K2,...")
+        return (), ()
+    try:
+        drafts = tuple(non_negative_int(part) for part in args.speculative_tokens.split(",") if part.strip())
+    except argparse.ArgumentTypeError as error:
+        raise UsageError(f"--speculative-tokens: {error}") from None
+    if not drafts:
+        raise UsageError("--speculative-tokens: give a comma-separated list of draft lengths, e.g. 0,2,4")
+    if len(set(drafts)) != len(drafts):
+        raise UsageError(f"--speculative-tokens: a draft length listed twice in {args.speculative_tokens!r}")
+    if args.acceptance_rate is None:
+        raise UsageError(
+            "--speculative-tokens needs --acceptance-rate: the share of draft tokens accepted (a server's "
+            "spec-decode metrics say it)"
+        )
+    try:
+        acceptance = Acceptance.parse(args.acceptance_rate, max(max(drafts), 1))
+    except ValueError as exc:
+        raise UsageError(f"--acceptance-rate: {exc}") from None
+    return drafts, acceptance.rates

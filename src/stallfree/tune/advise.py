@@ -41,6 +41,7 @@ class TuneRequest:
     qps_start: float | None = None
     step_budgets_ms: tuple[float, ...] | str = ()
     cost_model_note: str | None = None  # why auto picked the cost model's kind, echoed
+    speculative_tokens: tuple[int, ...] = ()  # draft lengths to try with chunked (base: acceptance, rule)
 
 
 def strict_tbt_p99_ms(costs: CostChoice) -> tuple[float, str]:
@@ -100,6 +101,7 @@ def plan_tune(request: TuneRequest) -> TunePlan:
         precision=request.precision,
         qps_start=request.qps_start,
         step_budgets_ms=step_budgets,
+        speculative_tokens=request.speculative_tokens,
     )
     return TunePlan(request, config, ridge, notes)
 

@@ -44,6 +44,7 @@ class TuneConfig:
     precision: float = 0.05
     qps_start: float | None = None  # None: estimated per budget from the roofline
     step_budgets_ms: tuple[float, ...] = ()  # chunked candidates sized by time
+    speculative_tokens: tuple[int, ...] = ()  # chunked candidates verifying this many drafts (base's rule)
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -56,6 +57,14 @@ class TuneConfig:
             raise ValueError("step budgets must not repeat")
         if self.step_budgets_ms and "chunked" not in self.policies:
             raise ValueError("step budgets are chunked candidates: include the chunked policy")
+        if len(set(self.speculative_tokens)) != len(self.speculative_tokens):
+            raise ValueError("draft lengths must not repeat")
+        if any(k < 0 for k in self.speculative_tokens):
+            raise ValueError("draft lengths must be >= 0")
+        if any(self.speculative_tokens) and "chunked" not in self.policies:
+            raise ValueError("draft lengths are chunked candidates: include the chunked policy")
+        if any(self.speculative_tokens) and not self.base.acceptance_rates:
+            raise ValueError("draft lengths need acceptance rates (the base trial's)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,15 +78,20 @@ class CapacityPoint:
     hit_qps_max: bool
     num_trials: int
     step_budget_ms: float | None = None  # a time-budgeted chunked candidate (token_budget: its cap)
+    num_speculative_tokens: int = 0  # drafts each decode verifies
 
 
 def tune_searches(config: TuneConfig) -> list[tuple[TrialSpec, CapacitySearch]]:
     """One capacity search per (policy, budget) and per step budget, checked before anything runs."""
     base, seqs = config.base, config.max_num_seqs
+    drafts = config.speculative_tokens or (0,)
     specs = [
-        base.with_serving(seqs, policy=policy, max_num_batched_tokens=budget, step_budget_ms=None)
+        base.with_serving(
+            seqs, policy=policy, max_num_batched_tokens=budget, step_budget_ms=None, num_speculative_tokens=k
+        )
         for policy in config.policies
         for budget in config.budgets
+        for k in (drafts if policy == "chunked" else (0,))
     ]
     specs += [
         base.with_serving(
@@ -170,6 +184,7 @@ def _points(searches: list[tuple[TrialSpec, CapacitySearch]]) -> list[CapacityPo
                 hit_qps_max=search.hit_qps_max,
                 num_trials=search.num_trials,
                 step_budget_ms=spec.serving.step_budget_ms,
+                num_speculative_tokens=spec.serving.num_speculative_tokens,
             )
         )
     return points
@@ -182,11 +197,16 @@ class TuneResult:
     trials: list[TrialRecord]
 
     def best(self, policy: str) -> CapacityPoint | None:
-        """The fixed budget with the highest capacity (the smaller budget on a tie); None if none met."""
+        """The fixed budget (and draft length) with the highest capacity (on a tie, the smaller
+        budget, then fewer drafts); None if none met."""
         candidates = [
             p for p in self.points if p.policy == policy and p.capacity_qps > 0 and p.step_budget_ms is None
         ]
-        return max(candidates, key=lambda p: (p.capacity_qps, -p.token_budget), default=None)
+        return max(
+            candidates,
+            key=lambda p: (p.capacity_qps, -p.token_budget, -p.num_speculative_tokens),
+            default=None,
+        )
 
     def best_time_budget(self) -> CapacityPoint | None:
         """The step-time target with the highest capacity (the larger target on a tie)."""
@@ -204,13 +224,20 @@ class TuneResult:
         policies: dict[str, Any] = {}
         for policy in self.config.policies:
             best = self.best(policy)
+            drafts = bool(self.config.speculative_tokens) and policy == "chunked"
             entry: dict[str, Any] = {
                 "best_budget": best.token_budget if best else None,
                 "capacity_qps": best.capacity_qps if best else 0.0,
                 "max_num_seqs": best.max_num_seqs if best else None,
+                **(
+                    {"best_speculative_tokens": best.num_speculative_tokens if best else None}
+                    if drafts
+                    else {}
+                ),
                 "curve": [
                     {
                         "token_budget": p.token_budget,
+                        **({"num_speculative_tokens": p.num_speculative_tokens} if drafts else {}),
                         "max_num_seqs": p.max_num_seqs,
                         "capacity_qps": p.capacity_qps,
                         "hit_qps_max": p.hit_qps_max,
@@ -232,6 +259,9 @@ class TuneResult:
                     base.serving.enable_prefix_caching,
                     fp8=costs.dtype_bytes == 1,
                     expert_parallel=costs.expert_parallel,
+                    speculative=(best.num_speculative_tokens, base.serving.speculative_rule)
+                    if best.num_speculative_tokens
+                    else None,
                 )
             policies[policy] = entry
         out: dict[str, Any] = {
@@ -251,6 +281,17 @@ class TuneResult:
             },
             "slos": self.config.slos.as_dict(),
             "precision": self.config.precision,
+            **(
+                {
+                    "speculative": {
+                        "draft_lengths": list(self.config.speculative_tokens),
+                        "acceptance_rates": list(base.acceptance_rates),
+                        "rule": base.serving.speculative_rule,
+                    }
+                }
+                if self.config.speculative_tokens
+                else {}
+            ),
             "policies": policies,
             "trials": [t.to_json() for t in self.trials],
         }
@@ -288,11 +329,14 @@ def serve_commands(
     *,
     fp8: bool = False,
     expert_parallel: bool = False,
+    speculative: tuple[int, str] | None = None,
 ) -> dict[str, str]:
     """The vLLM and SGLang launch lines for a chunked budget (presets and short names by their HF
     repository; ``fp8``: fp8 weights and KV cache, ``expert_parallel``: the experts split whole
     over the ``tp`` GPUs, as the simulation priced them); both cache prefixes by default, so only
-    a run without the cache says so."""
+    a run without the cache says so. ``speculative`` = (k, rule): n-gram drafts, k a step, as
+    simulated under that framework's rule: only its line is given (the other shares a step
+    differently, so the capacity was not simulated for it)."""
     model = HF_REPOS.get(model) or AIC_SHORT_NAMES.get(model, model)
     vllm = (
         f"vllm serve {model} --max-num-batched-tokens {token_budget} --max-num-seqs {max_num_seqs} "
@@ -314,7 +358,18 @@ def serve_commands(
     if fp8:
         vllm += " --quantization fp8 --kv-cache-dtype fp8"
         sglang += " --quantization fp8 --kv-cache-dtype fp8_e4m3"
-    return {"vllm": vllm, "sglang": sglang}
+    if speculative is None:
+        return {"vllm": vllm, "sglang": sglang}
+    k, rule = speculative
+    if rule == "vllm":
+        return {
+            "vllm": vllm + f' --speculative-config \'{{"method": "ngram", "num_speculative_tokens": {k}}}\''
+        }
+    # SGLang counts the verify window (the drafts and the token before them); a chain, not a tree
+    return {
+        "sglang": sglang
+        + f" --speculative-algorithm NGRAM --speculative-num-draft-tokens {k + 1} --speculative-ngram-max-bfs-breadth 1"
+    }
 
 
 TIME_BUDGET_GAP = (

@@ -49,15 +49,21 @@ def format_tune(out: dict[str, Any]) -> str:
             if "interrupted" in out
             else []
         ),
+        *_speculative_header(out),
         "",
-        f"  {'policy':<16}{'budget':>8}{'max seqs':>10}{'capacity (QPS)':>16}{'trials':>8}",
+        f"  {'policy':<16}{'budget':>8}{'drafts' if 'speculative' in out else '':>7}{'max seqs':>10}"
+        f"{'capacity (QPS)':>16}{'trials':>8}",
     ]
     for policy, entry in out["policies"].items():
         for point in entry["curve"]:
-            mark = " *" if point["token_budget"] == entry["best_budget"] else ""
+            drafts = point.get("num_speculative_tokens")
+            best = point["token_budget"] == entry["best_budget"]
+            best = best and drafts == entry.get("best_speculative_tokens")
+            mark = " *" if best else ""
             cap = ("at least " if point["hit_qps_max"] else "") + _qps(point["capacity_qps"])
             lines.append(
-                f"  {policy:<16}{point['token_budget']:>8,}{point['max_num_seqs']:>10}{cap:>16}{point['num_trials']:>8}{mark}"
+                f"  {policy:<16}{point['token_budget']:>8,}{'' if drafts is None else drafts:>7}"
+                f"{point['max_num_seqs']:>10}{cap:>16}{point['num_trials']:>8}{mark}"
             )
     lines += _unfinished_lines(out)
     finished = " of the budgets finished" if "interrupted" in out else ""
@@ -65,7 +71,11 @@ def format_tune(out: dict[str, Any]) -> str:
     lines += ["", f"best budget per policy{finished} (* above):"]
     for policy, entry in out["policies"].items():
         if entry["best_budget"] is not None:
-            lines.append(f"  {policy:<16}budget {entry['best_budget']:,}: {_qps(entry['capacity_qps'])} QPS")
+            drafts = entry.get("best_speculative_tokens")
+            with_drafts = f", {drafts} drafts" if drafts is not None else ""
+            lines.append(
+                f"  {policy:<16}budget {entry['best_budget']:,}{with_drafts}: {_qps(entry['capacity_qps'])} QPS"
+            )
             continue
         if "interrupted" in out and not entry["curve"]:
             lines.append(f"  {policy:<16}no budget finished before the interrupt")
@@ -81,17 +91,23 @@ def format_tune(out: dict[str, Any]) -> str:
         )
     commands = out["policies"].get("chunked", {}).get("commands")
     if commands:
-        lines += [
-            "",
-            "launch flags (chunked, best budget):",
-            f"  {commands['vllm']}",
-            f"  {commands['sglang']}",
-        ]
+        lines += ["", "launch flags (chunked, best budget):", *(f"  {line}" for line in commands.values())]
     lines += _time_budget_lines(out)
     for path in out.get("figures", []):
         if path.endswith(".png"):
             lines.append(f"figure: {path}")
     return "\n".join(lines)
+
+
+def _speculative_header(out: dict[str, Any]) -> list[str]:
+    spec = out.get("speculative")
+    if not spec:
+        return []
+    rates = ", ".join(f"{r:.0%}" for r in spec["acceptance_rates"])
+    return [
+        f"drafts: chunked also tried with {', '.join(map(str, spec['draft_lengths']))} draft tokens a decode "
+        f"({spec['rule']}'s rule; accepted by position {rates}; n-gram drafts, free to make)"
+    ]
 
 
 def _unfinished_lines(out: dict[str, Any]) -> list[str]:

@@ -28,12 +28,14 @@ from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice, CostPick, pick_cost_model
 from stallfree.metrics import Summary
 from stallfree.sim.api import SimulationResult, simulate
+from stallfree.sim.speculative import Acceptance
 from stallfree.workload import Workload, gamma, parse_lengths, sample
 from stallfree.workload.arrivals import ReplayArrivals
 from stallfree.workload.lengths import TraceLengths
 
 ARRIVALS = ("poisson", "gamma", "trace")
 FLEET_DEFAULTS = {"replicas": 1, "router": "round-robin", "route_delay_ms": 0.0}
+SPECULATIVE_FIELDS = ("num_speculative_tokens", "speculative_rule")
 DEFAULT_SERVING = ServingConfig(max_num_batched_tokens=DEFAULT_TOKEN_BUDGET)
 
 
@@ -56,6 +58,7 @@ class TrialSpec:
     replicas: int = 1
     router: str = "round-robin"
     route_delay_ms: float = 0.0
+    acceptance_rates: tuple[float, ...] = ()  # by draft position, with serving.num_speculative_tokens
 
     def __post_init__(self) -> None:
         if self.arrival not in ARRIVALS:
@@ -77,6 +80,8 @@ class TrialSpec:
             raise ValueError(f"replicas must be positive, got {self.replicas}")
         if self.router not in ROUTER_NAMES:
             raise ValueError(f"unknown router {self.router!r}; choose from {', '.join(ROUTER_NAMES)}")
+        if self.serving.num_speculative_tokens and not self.acceptance_rates:
+            raise ValueError("a trial with speculative decoding names its acceptance rates")
 
     @property
     def token_budget(self) -> int:
@@ -105,15 +110,21 @@ class TrialSpec:
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "step_budget_ms": s.step_budget_ms,
             "num_blocks": s.num_blocks,
+            "num_speculative_tokens": s.num_speculative_tokens,
         }
 
     def key(self) -> str:
         """A stable 16-hex-digit name of this trial (same spec, same key, in any process; a lone
-        replica's key leaves the fleet's fields out, so it is what it was before they existed)."""
+        replica's key leaves the fleet's fields out, and one without drafts the speculative ones,
+        so it is what it was before they existed)."""
         fields = dataclasses.asdict(self)
         if all(fields[name] == value for name, value in FLEET_DEFAULTS.items()):
             for name in FLEET_DEFAULTS:
                 del fields[name]
+        if not self.serving.num_speculative_tokens:
+            del fields["acceptance_rates"]
+            for name in SPECULATIVE_FIELDS:
+                del fields["serving"][name]
         text = json.dumps(fields, sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
@@ -162,6 +173,7 @@ def _simulate(spec: TrialSpec) -> SimulationResult:
         replicas=spec.replicas,
         router=spec.router,
         route_delay_ms=spec.route_delay_ms,
+        acceptance=Acceptance(spec.acceptance_rates) if spec.serving.num_speculative_tokens else None,
     )
 
 
