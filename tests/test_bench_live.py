@@ -168,6 +168,26 @@ def _closed_port() -> int:
         ),
         (["--scenario", "long-prompt", "--stream-max-tokens", "10"], "stream_max_tokens"),
         (["--scenario", "poisson", "--qps", "1", "--num-requests", "3", "--streams", "4"], "--streams"),
+        (
+            ["--scenario", "poisson", "--qps", "1", "--num-requests", "3", "--prompts-file", "x.jsonl"],
+            "--output-tokens",
+        ),
+        (
+            [
+                "--scenario",
+                "poisson",
+                "--qps",
+                "1",
+                "--num-requests",
+                "3",
+                "--prompts-file",
+                "/no/such.jsonl",
+                "--output-tokens",
+                "4",
+            ],
+            "/no/such.jsonl",
+        ),
+        (["--scenario", "long-prompt", "--prompts-file", "x.jsonl"], "poisson and gamma"),
     ],
 )
 def test_bad_options_fail_with_one_line(
@@ -199,21 +219,19 @@ def test_a_speculating_servers_counters_are_recorded(tmp_path: Path) -> None:
         prompt_lookup_max=2,
     )
     out = tmp_path / "spec.json"
+    prompts = tmp_path / "prompts.jsonl"  # text that repeats: lookup finds drafts in it
+    prompts.write_text("".join(json.dumps({"prompt": "a b c d e " * n}) + "\n" for n in (4, 8, 12)))
     with ServerThread(app) as running:
         argv = ["bench", "--base-url", running.base_url, "--scenario", "poisson", "--qps", "50"]
-        argv += [
-            "--lengths",
-            "fixed:60,40",
-            "--num-requests",
-            "6",
-            "--no-progress",
-            "--save-result",
-            str(out),
-        ]
+        argv += ["--prompts-file", str(prompts), "--output-tokens", "40", "--num-requests", "6"]
+        argv += ["--no-progress", "--save-result", str(out)]
         assert main(argv) == 0
         metrics = httpx.get(f"{running.base_url}/metrics").text
     result = json.loads(out.read_text())
     assert result["completed"] == 6 and result["total_output_tokens"] == 6 * 40
+    # request i sent line i % 3, counted by the server: 4, 8, 12 repeats of five tokens, and again
+    lens = result["input_lens"]
+    assert lens[:3] == lens[3:] and lens[0] < lens[1] < lens[2] and lens[2] - lens[1] == lens[1] - lens[0]
     drafts = result["spec_decode"]
     assert drafts["num_drafts"] > 0 and drafts["num_draft_tokens"] >= drafts["num_drafts"]
     assert 1 <= drafts["mean_acceptance_length"] <= 4

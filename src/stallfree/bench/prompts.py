@@ -58,6 +58,10 @@ class PromptSizer:
     def num_chars(self, num_tokens: int) -> int:
         return max(1, round((num_tokens - self.fixed_tokens) / self.tokens_per_char))
 
+    def num_tokens(self, num_chars: int) -> int:
+        """About how many tokens ``num_chars`` characters are on the calibrated server."""
+        return max(1, round(self.tokens_per_char * num_chars + self.fixed_tokens))
+
     def prompt(self, num_tokens: int, rng: random.Random) -> str:
         """Random words, about ``num_tokens`` tokens long on the calibrated server."""
         return synthetic_text(self.num_chars(num_tokens), rng)

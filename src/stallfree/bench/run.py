@@ -43,7 +43,9 @@ class BenchSpec:
     fields sent with every request. ``max_tokens`` replaces the workload's output lengths.
     ``chars_per_token`` skips calibration. ``max_model_len`` None: what /v1/models lists.
     ``text_seed``: a sampled workload's prompt text from its own seed (None: ``seed``), so that a
-    run can repeat another's arrivals and lengths with text no prompt cache holds."""
+    run can repeat another's arrivals and lengths with text no prompt cache holds.
+    ``prompt_texts``: the user's own prompts instead of sized text (request ``i`` sends
+    ``prompt_texts[i % len]``)."""
 
     base_url: str
     scenario: str
@@ -62,6 +64,7 @@ class BenchSpec:
     request_rate: float | None = None
     burstiness: float | None = None
     goodput: dict[str, float] | None = None
+    prompt_texts: tuple[str, ...] | None = None  # request i sends prompt_texts[i % len]
 
 
 async def run_bench(
@@ -193,6 +196,15 @@ async def _workload(
     if spec.max_tokens is not None:
         arrays.max_tokens[:] = spec.max_tokens
     text_seed = spec.seed if spec.text_seed is None else spec.text_seed
+    if spec.prompt_texts:
+        given = spec.prompt_texts
+        chosen = [given[i % len(given)] for i in range(len(arrays.max_tokens))]
+        arrays.num_prompt_tokens[:] = [sizer.num_tokens(len(text)) for text in chosen]
+        run = await run_workload(
+            http, endpoint, arrays, sizer, seed=text_seed, on_done=on_done, texts=chosen, stop=stop
+        )
+        run.extra["prompts"] = "from a file"
+        return run
     texts, capped = await _capped_prompts(http, endpoint, sizer, arrays, workload, text_seed, note)
     run = await run_workload(
         http, endpoint, arrays, sizer, seed=text_seed, on_done=on_done, texts=texts, stop=stop

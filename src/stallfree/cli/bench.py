@@ -105,6 +105,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     w.add_argument("--trace", help="trace: name or CSV path whose arrived_at column is replayed")
     w.add_argument("--time-scale", type=positive_float, default=1.0, help="trace: stretch arrival times")
     w.add_argument("--sampling", help="how trace lengths are drawn (with-replacement, in-order, ...)")
+    w.add_argument(
+        "--prompts-file",
+        metavar="JSONL",
+        help='poisson/gamma: your own prompts, one JSON object a line ({"prompt": "..."}), request i '
+        "sending line i (cycling); their lengths are theirs (set only the outputs: --output-tokens or "
+        "--max-tokens)",
+    )
     w.add_argument("--max-prompt-tokens", type=positive_int, help="cap prompt lengths")
     w.add_argument(
         "--max-total-tokens",
@@ -148,6 +155,7 @@ def _spec(args: argparse.Namespace) -> Any:
 
     if args.scenario != "long-prompt" and args.streams is not None:
         raise UsageError("--streams applies only to the long-prompt scenario")
+    prompts = _prompts_file(args) if args.prompts_file else None
     workload = None if args.scenario == "long-prompt" else _workload(args)
     long_prompt = LongPromptOptions(
         streams=args.streams or 16,
@@ -178,6 +186,7 @@ def _spec(args: argparse.Namespace) -> Any:
         request_rate=args.qps,
         burstiness=args.burstiness,
         goodput=parse_goodput(args.goodput) if args.goodput else None,
+        prompt_texts=prompts,
     )
 
 
@@ -195,6 +204,31 @@ async def _run(spec: Any, progress: bool) -> dict[str, Any]:
         return await run_bench(
             spec, stop, on_done=bar.update, started=lambda: loop.add_signal_handler(signal.SIGINT, stop.set)
         )
+
+
+def _prompts_file(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--prompts-file``'s prompts; the workload then samples only arrivals and output lengths."""
+    if args.scenario not in ("poisson", "gamma"):
+        raise UsageError("--prompts-file applies to the poisson and gamma scenarios")
+    for flag, value in (("--lengths", args.lengths), ("--prompt-tokens", args.prompt_tokens)):
+        if value is not None:
+            raise UsageError(f"--prompts-file gives the prompts: not with {flag}")
+    if args.output_tokens is None and args.max_tokens is None:
+        raise UsageError("--prompts-file needs the outputs' length: --output-tokens N (or --max-tokens N)")
+    path = Path(args.prompts_file)
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        prompts = tuple(str(json.loads(line)["prompt"]) for line in lines)
+    except OSError as exc:
+        raise UsageError(f"--prompts-file {path}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError):
+        raise UsageError(f'--prompts-file {path}: every line must be a JSON object with a "prompt"') from None
+    if not prompts:
+        raise UsageError(f"--prompts-file {path}: no prompts in it")
+    # The sampled prompt lengths stand in only where a server reports no usage: say "1" and let
+    # the server count.
+    args.prompt_tokens, args.output_tokens = 1, args.output_tokens or args.max_tokens
+    return prompts
 
 
 def _workload(args: argparse.Namespace) -> Any:
