@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from stallfree.cli.common import (
@@ -144,6 +145,14 @@ def add_acceptance_arg(parser: argparse._ActionsContainer) -> None:
         "or by position as vLLM's spec-decode metrics report it (0.8,0.6,0.45,0.3: verify steps whose "
         "i-th draft was accepted)",
     )
+    parser.add_argument(
+        "--draft-rate",
+        type=float,
+        default=1.0,
+        metavar="SHARE",
+        help="with --speculative-tokens: the share of decode steps that have drafts (n-gram lookup finds "
+        "none where the text does not repeat; a draft model always guesses) (default 1)",
+    )
 
 
 def acceptance_arg(args: argparse.Namespace) -> Acceptance | None:
@@ -152,6 +161,8 @@ def acceptance_arg(args: argparse.Namespace) -> Acceptance | None:
     from stallfree.sim.speculative import Acceptance
 
     k, rate = args.num_speculative_tokens, args.acceptance_rate
+    if args.draft_rate != 1.0 and not k:
+        raise UsageError("--draft-rate applies with --speculative-tokens N")
     if rate is None:
         if k:
             raise UsageError(
@@ -163,9 +174,13 @@ def acceptance_arg(args: argparse.Namespace) -> Acceptance | None:
     if not k:
         raise UsageError("--acceptance-rate applies with --speculative-tokens N")
     try:
-        return Acceptance.parse(rate, k)
+        acceptance = Acceptance.parse(rate, k)
     except ValueError as exc:
         raise UsageError(f"--acceptance-rate: {exc}") from None
+    try:
+        return replace(acceptance, proposal_rate=args.draft_rate)
+    except ValueError as exc:
+        raise UsageError(f"--draft-rate: {exc}") from None
 
 
 def serving_config(args: argparse.Namespace, policy: str | None = None) -> ServingConfig:

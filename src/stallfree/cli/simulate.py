@@ -347,6 +347,7 @@ def _scenario(
         "num_speculative_tokens": chunked.num_speculative_tokens,
         "speculative_rule": chunked.speculative_rule,
         "acceptance_rates": list(acceptance.rates) if (acceptance := acceptance_arg(args)) else None,
+        "draft_rate": acceptance.proposal_rate if acceptance else None,
         "block_size": chunked.block_size,
         "num_blocks": chunked.num_blocks,
         "gpu_memory_utilization": args.gpu_memory_utilization,

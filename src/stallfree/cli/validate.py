@@ -20,18 +20,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stallfree.cli.common import (
     DTYPE_CHOICES,
     ENGINE_MODELS,
+    UsageError,
     positive_int,
 )
-from stallfree.cli.serving_args import add_serving_args, serving_configs
+from stallfree.cli.serving_args import acceptance_arg, add_acceptance_arg, add_serving_args, serving_configs
 from stallfree.cli.workload_args import add_session_args, session_options, session_requests
 from stallfree.core.router import ROUTER_NAMES
 
 if TYPE_CHECKING:
+    from stallfree.sim.speculative import Acceptance
     from stallfree.validate import ValidationOptions
 
 _DESCRIPTION = __doc__.split("\n\n", 1)[1] if __doc__ else ""
@@ -86,6 +89,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     g = p.add_argument_group("scheduler (the same for both sides)")
     add_serving_args(g, policy_list=True)
+    add_acceptance_arg(g)
     g.add_argument(
         "--sampling",
         choices=_SAMPLINGS,
@@ -137,7 +141,30 @@ def validation_options(args: argparse.Namespace) -> ValidationOptions:
         progress=sys.stderr.isatty() and not args.no_progress,
         replicas=args.replicas,
         router=args.router,
+        acceptance=_acceptance(args),
     )
+
+
+def _acceptance(args: argparse.Namespace) -> Acceptance | None:
+    """``--acceptance-rate`` (and ``--draft-rate``), or with ``--speculative-tokens`` and
+    ``--measured`` and neither given: what the bench run's spec-decode counters say."""
+    if not (args.num_speculative_tokens and args.measured and args.acceptance_rate is None):
+        return acceptance_arg(args)
+    from stallfree.sim.speculative import Acceptance
+
+    try:
+        result = json.loads(Path(args.measured).read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--measured {args.measured}: {exc}") from None
+    counters = result.get("spec_decode")
+    if not counters:
+        raise UsageError(
+            f"--measured {args.measured} has no spec-decode counters (its server did not speculate, or "
+            "exports none): give --acceptance-rate"
+        )
+    # decode steps: every token after a request's first, less the accepted drafts (each saved one)
+    steps = result["total_output_tokens"] - result["completed"] - counters["num_accepted_tokens"]
+    return Acceptance.from_counters(counters, steps)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -66,7 +66,9 @@ def _speculative_line(sc: dict[str, Any]) -> str:
     shown = ", ".join(f"{r:.0%}" for r in rates[: sc["num_speculative_tokens"]])
     return (
         f"speculative decoding (chunked): {sc['num_speculative_tokens']} draft tokens a decode, "
-        f"{sc['speculative_rule']}'s rule, accepted by position {shown}; drafts cost nothing (n-gram)"
+        f"{sc['speculative_rule']}'s rule, accepted by position {shown}"
+        + (f", drafts in {sc['draft_rate']:.0%} of decode steps" if sc.get("draft_rate", 1) < 1 else "")
+        + "; drafts cost nothing (n-gram)"
     )
 
 

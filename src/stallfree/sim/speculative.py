@@ -25,10 +25,13 @@ class Acceptance:
     over drafts), so rates never rise with the position."""
 
     rates: tuple[float, ...]
+    proposal_rate: float = 1.0  # the share of decode steps with drafts (n-gram lookup finds none in some)
 
     def __post_init__(self) -> None:
         if not self.rates:
             raise ValueError("an acceptance model needs at least one position's rate")
+        if not 0.0 < self.proposal_rate <= 1.0:
+            raise ValueError(f"the share of steps with drafts must be in (0, 1], got {self.proposal_rate}")
         if any(not 0.0 <= r <= 1.0 for r in self.rates):
             raise ValueError(f"acceptance rates must be in [0, 1], got {list(self.rates)}")
         if any(b > a for a, b in itertools.pairwise(self.rates)):
@@ -59,6 +62,15 @@ class Acceptance:
             raise ValueError(f"acceptance rates {text!r}: one per draft position, {num_positions} needed")
         return acceptance
 
+    @classmethod
+    def from_counters(cls, spec_decode: dict[str, Any], num_decode_steps: int) -> Acceptance:
+        """From a server's spec-decode counters (``bench``'s ``spec_decode``: acceptance by position
+        per verify step) and the decode steps its requests took (tokens after each request's first,
+        less the accepted drafts, each of which saved a step): the share of steps with drafts."""
+        rates = tuple(spec_decode["acceptance_per_position"]) or (0.0,)
+        share = spec_decode["num_drafts"] / num_decode_steps if num_decode_steps > 0 else 1.0
+        return cls(tuple(min(r, 1.0) for r in rates), min(max(share, 1e-6), 1.0))
+
     def rate(self, position: int) -> float:
         """The rate at ``position``; past the last one given, none is accepted."""
         return self.rates[position] if position < len(self.rates) else 0.0
@@ -68,7 +80,7 @@ class Acceptance:
         return sum(self.rate(i) for i in range(num_drafts))
 
     def describe(self) -> dict[str, Any]:
-        return {"acceptance_rates": [round(r, 4) for r in self.rates]}
+        return {"acceptance_rates": [round(r, 4) for r in self.rates], "draft_rate": self.proposal_rate}
 
 
 @dataclass(slots=True)
@@ -134,6 +146,7 @@ class DraftVerifier:
         self.num_speculative_tokens = num_speculative_tokens
         self.stats = DraftStats()
         self._random = random.Random(seed).random
+        self._proposal_rate = acceptance.proposal_rate
         # P(position i accepted | every earlier one accepted)
         rates = [acceptance.rate(i) for i in range(num_speculative_tokens)]
         self._given_earlier = [
@@ -144,10 +157,11 @@ class DraftVerifier:
         accepted: dict[str, int] = {}
         proposed: dict[str, int] = {}
         draw, given_earlier, k = self._random, self._given_earlier, self.num_speculative_tokens
+        always = self._proposal_rate >= 1.0
         for chunk in plan.chunks:
             if not chunk.emits_token:
                 continue
-            proposed[chunk.request_id] = k
+            proposed[chunk.request_id] = k if always or draw() < self._proposal_rate else 0
             if drafted := chunk.num_draft_tokens:
                 n = 0
                 while n < drafted and draw() < given_earlier[n]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal, cast
 
 from stallfree.core.serving import ServingConfig
+from stallfree.sim.speculative import Acceptance
 
 Sampling = Literal["greedy", "temperature", "top-p"]
 SAMPLINGS: tuple[Sampling, ...] = ("greedy", "temperature", "top-p")
@@ -29,7 +30,8 @@ class ValidationOptions:
     ``stallfree bench --save-result`` file as the measured side instead of an engine run (its
     requests and arrival times replace the workload; one policy, with the served engine's
     ``num_blocks``); ``step_log``: with it, the server's ``serve --step-log`` of that run, for the
-    per-step error. ``replicas`` > 1 (with ``measured``): the run went through a router in front of
+    per-step error; ``acceptance``: with speculative decoding (``measured`` only), how the
+    simulator's drafts fare. ``replicas`` > 1 (with ``measured``): the run went through a router in front of
     that many replicas, each as the profile; the prediction routes the same requests with ``router``.
     The workload: Poisson arrivals at ``qps`` (gamma with ``burstiness``),
     ``lengths``, ``num_requests``, ``seed`` (the step noise's too); with ``turns``, the arrivals
@@ -60,6 +62,7 @@ class ValidationOptions:
     progress: bool = False
     replicas: int = 1
     router: str = "round-robin"
+    acceptance: Acceptance | None = None  # with speculative decoding: how the simulated drafts fare
 
     def __post_init__(self) -> None:
         if not self.servings:
@@ -81,6 +84,14 @@ class ValidationOptions:
             raise ValueError("--measured compares one run: give one --policy")
         if self.replicas > 1 and not self.measured:
             raise ValueError("a fleet is measured behind a real router: give --measured (its bench result)")
+        if any(s.num_speculative_tokens for s in self.servings):
+            if not self.measured:
+                raise ValueError(
+                    "speculative decoding is validated against a served run (--measured): the engine's own "
+                    "drafts come from its text, the simulator's from the acceptance that run's counters report"
+                )
+            if self.acceptance is None:
+                raise ValueError("speculative decoding needs the drafts' acceptance (--acceptance-rate)")
         if self.measured and self.servings[0].num_blocks is None:
             raise ValueError("--measured needs --num-blocks (the served engine's KV blocks)")
 

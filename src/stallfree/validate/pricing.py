@@ -15,6 +15,7 @@ from stallfree.core.serving import ServingConfig
 from stallfree.costs import CostChoice, CostPick, pick_cost_model
 from stallfree.costs.measured import MeasuredCostModel
 from stallfree.sim import simulate
+from stallfree.sim.speculative import Acceptance
 from stallfree.specs.step_profile import StepProfile
 from stallfree.validate.result import RunScores
 
@@ -42,11 +43,12 @@ class ProfileCosts:
         step_scales: tuple[float, float] | None = None,
         seed: int = 0,
         fleet: tuple[int, str] = (1, "round-robin"),
+        acceptance: Acceptance | None = None,
     ) -> RunScores:
         """``requests`` simulated as ``serving`` schedules them; ``step_noise`` varies each step as
         the profiled machine's steps varied (drawn from ``seed``), ``step_scales`` prices the
         decode-only steps and those with prompt tokens at those multiples; ``fleet``: (replicas,
-        router), each replica as the profile."""
+        router), each replica as the profile; ``acceptance``: the drafts' (speculative decoding)."""
         sim = simulate(
             requests,
             self.pick,
@@ -56,5 +58,6 @@ class ProfileCosts:
             seed=seed,
             replicas=fleet[0],
             router=fleet[1],
+            acceptance=acceptance if serving.num_speculative_tokens else None,
         )
         return RunScores.of(sim.summary, sim.records, sim.itl)
