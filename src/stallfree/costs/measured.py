@@ -101,11 +101,16 @@ class StepFeatures:
     cache_hits: int = 0  # chunks that are their request's first after a prefix-cache hit
 
 
-def plan_features(chunks: Sequence[ScheduledChunk] | Sequence[tuple[int, int, bool]]) -> StepFeatures:
+def plan_features(
+    chunks: Sequence[ScheduledChunk] | Sequence[tuple[int, int, bool]], *, drafts_as_rows: bool = True
+) -> StepFeatures:
     """Features of a plan's chunks (``ScheduledChunk`` or ``(num_tokens, before, samples)``).
 
     As the engine runs them: a one-token chunk is a decode row (batched attention over its
-    context); longer chunks attend one by one, gathering their context if they have one.
+    context); longer chunks attend one by one, gathering their context if they have one. A chunk
+    verifying drafts: stallfree's engine runs it as a decode row a position, each with its logits
+    (``drafts_as_rows``); vLLM and the like as one sequence whose queries read its KV once, one
+    request's sampling (the per-request part of a server's sampling cost dominates the logits').
     """
     tokens = samples = decodes = num_chunks = kv = pairs = gather = hits = 0
     for chunk in chunks:
@@ -113,6 +118,17 @@ def plan_features(chunks: Sequence[ScheduledChunk] | Sequence[tuple[int, int, bo
             n, before = chunk.num_tokens, chunk.num_computed_tokens
             sampling = chunk.emits_token
             hits += chunk.after_cache_hit
+            if chunk.num_draft_tokens:
+                tokens += n
+                if drafts_as_rows:  # each row its logits and its own read of the cache
+                    samples += n
+                    decodes += n
+                    kv += n * before + n * (n + 1) // 2
+                else:  # one sequence: one read of the cache, one request's sampling
+                    samples += 1
+                    decodes += 1
+                    kv += before + n
+                continue
         else:
             n, before, sampling = chunk
         tokens += n
@@ -407,6 +423,8 @@ class MeasuredCostModel:
         }
         self.overhead = fit_line([(p.rows, p.stats.median_s) for p in profile.overhead])
         self._sampler = self.sampling[sampling]
+        # how the profiled engine runs a chunk that verifies drafts (see plan_features)
+        self.drafts_as_rows = profile.fingerprint.get("server") in (None, "stallfree")
         self._extra_s = overhead_s
         self._base_cache: dict[tuple[int, int, int, int], float] = {}
 
@@ -453,18 +471,18 @@ class MeasuredCostModel:
         return t + self.forward.per_cache_hit_s * f.cache_hits
 
     def step_time_s(self, plan: StepPlan) -> float:
-        return self.features_time_s(plan_features(plan.chunks))
+        return self.features_time_s(plan_features(plan.chunks, drafts_as_rows=self.drafts_as_rows))
 
     def forward_time_s(self, plan: StepPlan) -> float:
         """The model's forward alone (what the profile's step points measured)."""
-        f = plan_features(plan.chunks)
+        f = plan_features(plan.chunks, drafts_as_rows=self.drafts_as_rows)
         return self.forward(f) if f.num_tokens else 0.0
 
     def steady_durations(self, plan: StepPlan, num_steps: int) -> FloatArray:
         """Durations of ``num_steps`` repeats of ``plan``, each chunk advancing by its tokens."""
         if num_steps < 0:
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")
-        f = plan_features(plan.chunks)
+        f = plan_features(plan.chunks, drafts_as_rows=self.drafts_as_rows)
         if f.num_tokens == 0:
             return np.zeros(num_steps)
         steps = np.arange(num_steps, dtype=np.int64)
@@ -474,8 +492,10 @@ class MeasuredCostModel:
         for c in plan.chunks:
             n = c.num_tokens
             before = c.num_computed_tokens + n * steps
-            if n == 1:
-                kv += before + 1
+            if c.num_draft_tokens and not self.drafts_as_rows:  # one sequence, its KV read once
+                kv += before + n
+            elif n == 1 or c.num_draft_tokens:  # decode rows (a verifying chunk: one a position)
+                kv += n * before + n * (n + 1) // 2
             else:
                 pairs += n * before + n * (n + 1) // 2
                 gather += np.where(before > 0, before + n, 0)
