@@ -425,3 +425,21 @@ def test_specs_names_the_terms_the_points_never_showed_apart() -> None:
     lo, hi = params["lm_head_knots"][1:3]
     line = profile_figures_text(params).splitlines()[-1]
     assert line == f"  no cost beyond the other terms (0 above): per decode row, LM head rows {lo}-{hi}"
+
+
+def test_a_verifying_chunk_is_priced_as_its_server_runs_it() -> None:
+    """stallfree's engine: a decode row a draft position, each with its logits; a server such as
+    vLLM: one sequence reading its KV once, one request's sampling; its draft tokens through the
+    linear layers either way."""
+    engine = MeasuredCostModel(synthetic_profile())
+    profile = synthetic_profile()
+    vllm = MeasuredCostModel(
+        dataclasses.replace(profile, fingerprint={**profile.fingerprint, "server": "vllm"})
+    )
+    verify = StepPlan((ScheduledChunk("v", 300, 5, 301, num_draft_tokens=4),))
+    rows = StepPlan(tuple(ScheduledChunk(f"r{i}", 300 + i, 1, 301 + i) for i in range(5)))
+    assert engine.drafts_as_rows and not vllm.drafts_as_rows
+    assert engine.step_time_s(verify) == pytest.approx(engine.step_time_s(rows), rel=1e-12)
+    # four more tokens through the linear layers and four more KV tokens read, one decode, one sample
+    assert plan_features(verify.chunks, drafts_as_rows=False) == StepFeatures(5, 1, 1, 0, 305, 0, 0)
+    assert vllm.step_time_s(verify) < engine.step_time_s(verify)
