@@ -101,6 +101,24 @@ def predicted(profile: Path, result: Path, num_blocks: int, drafts: int) -> dict
     return metrics
 
 
+def per_position(
+    profile: Path, result: Path, num_blocks: int, drafts: int
+) -> tuple[list[float], list[float]]:
+    """The simulator's acceptance by draft position replaying ``result`` (fed the run's own rates
+    and share of steps with drafts), beside the server's counters: the sampling of the acceptance
+    model checked, not an independent prediction."""
+    body = json.loads(result.read_text())
+    spec = body["spec_decode"]
+    steps = body["total_output_tokens"] - body["completed"] - spec["num_accepted_tokens"]
+    rates = ",".join(f"{r:.6f}" for r in spec["acceptance_per_position"])
+    out = stallfree("simulate", "--profile", str(profile), "--replay", str(result), "--policy", "chunked",
+                    "--token-budget", str(BUDGET), "--max-num-seqs", str(SEQS), "--num-blocks", str(num_blocks),
+                    "--speculative-tokens", str(drafts), "--acceptance-rate", rates,
+                    "--draft-rate", f"{min(1.0, spec['num_drafts'] / steps):.6f}", "--json", capture=True)  # fmt: skip
+    simulated = json.loads(out)["policies"]["chunked"]["spec_decode_acceptance_per_position"]
+    return simulated, spec["acceptance_per_position"]
+
+
 ServerStart = Callable[[int], contextlib.AbstractContextManager[tuple[str, int]]]
 
 
@@ -181,6 +199,14 @@ def check_server(name: str, start: ServerStart, model_dir: Path, args: argparse.
                 cells = [_pair(m[k]) for k in ("median_itl_ms", "median_tpot_ms", "output_throughput")]
                 rows.append(f"| {prompts} | {streams} | {drafts} | " + " | ".join(cells)
                             + f" | {per_verify} | {loads[f'{prompts}-{streams}-k{drafts}']} |")  # fmt: skip
+        if drafts:
+            rows.append(f"| acceptance by position (simulated / measured), {drafts} drafts | | | | | | | |")
+            for prompts in files:
+                for streams, _, _ in CASES:
+                    result = out / f"{prompts}-{streams}-k{drafts}.json"
+                    simulated, measured = per_position(profile, result, num_blocks, drafts)
+                    cells = ", ".join(f"{a:.2f} / {b:.2f}" for a, b in zip(simulated, measured, strict=False))
+                    rows.append(f"| {prompts} | {streams} | {drafts} | {cells} | | | | |")
         body = json.loads((out / f"long-prompt-k{drafts}.json").read_text())
         long_rows.append(f"| {drafts} | {body['streams_max_itl_ms']:,.0f} | {body['streams_median_itl_ms']:,.1f} | "
                          f"{body['long_prompt_ttft_ms']:,.0f} |")  # fmt: skip

@@ -64,7 +64,9 @@ def test_vllm_rule_short_budget_drafts_go_to_the_oldest_streams_and_every_stream
 
 
 def test_sglang_rule_runs_prompts_alone_and_drafts_uncapped_otherwise() -> None:
-    sched = make_scheduler(token_budget=64, max_num_seqs=32, num_speculative_tokens=4, speculative_rule="sglang")
+    sched = make_scheduler(
+        token_budget=64, max_num_seqs=32, num_speculative_tokens=4, speculative_rule="sglang"
+    )
     decoding_streams(sched, 16)
     sched.add_request(Request("long", 100, 10))
     step = proposing(4)
@@ -85,7 +87,9 @@ def test_sglang_rule_runs_prompts_alone_and_drafts_uncapped_otherwise() -> None:
 
 
 def test_accepted_drafts_become_output_and_rejected_slots_are_released() -> None:
-    sched = make_scheduler(token_budget=64, max_num_seqs=8, num_blocks=40, block_size=4, num_speculative_tokens=4)
+    sched = make_scheduler(
+        token_budget=64, max_num_seqs=8, num_blocks=40, block_size=4, num_speculative_tokens=4
+    )
     decoding_streams(sched, 2, prompt=7, max_tokens=50)
     s0, s1 = sched.running
     before = {s.request_id: (s.num_computed_tokens, s.num_output_tokens) for s in (s0, s1)}

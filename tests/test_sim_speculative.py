@@ -107,3 +107,28 @@ def test_a_fleet_speculates_on_every_replica() -> None:
 def test_speculation_needs_an_acceptance_model() -> None:
     with pytest.raises(ValueError, match="acceptance rate"):
         simulate([Request("r", 10, 5)], ROOFLINE, ServingConfig(num_speculative_tokens=2))
+
+
+def test_drafting_is_priced_by_method_and_lengthens_the_step() -> None:
+    from stallfree.costs.choice import pick_cost_model
+    from stallfree.sim.speculative import draft_pricer
+
+    target = pick_cost_model(CostChoice(kind="full", model="llama-3.1-70b", hardware="a100-80gb", tp=4))
+    acceptance = Acceptance.per_token(0.7, 3)
+    plan = synthetic_plan(8, 1000)
+    assert DraftVerifier(acceptance, 3, draft_pass=draft_pricer("ngram", target)).drafting_s(plan) == 0.0
+    eagle = DraftVerifier(acceptance, 3, draft_pass=draft_pricer("eagle", target)).drafting_s(plan)
+    # three passes of one of the 80 layers' share of the 8-stream decode step
+    assert eagle == pytest.approx(3 * target.pricer.decode_step_s(8, 1001) / 80)
+    model = DraftVerifier(acceptance, 3, draft_pass=draft_pricer("model:llama-3-8b", target)).drafting_s(plan)
+    draft = pick_cost_model(CostChoice(kind="full", model="llama-3-8b", hardware="a100-80gb", tp=4))
+    assert model == pytest.approx(3 * draft.pricer.decode_step_s(8, 1001)) and model > eagle
+    serving = ServingConfig(max_num_batched_tokens=512, num_speculative_tokens=3)
+    requests = [Request(f"r{i}", 300, 60, 0.0) for i in range(8)]
+    runs = {
+        d: simulate(requests, ROOFLINE, serving, acceptance=acceptance, draft=d).summary["median_tpot_ms"]
+        for d in ("ngram", "eagle", "model:llama-3-8b")
+    }
+    assert runs["ngram"] < runs["eagle"] < runs["model:llama-3-8b"]
+    with pytest.raises(ValueError, match="unknown draft method"):
+        draft_pricer("medusa", target)

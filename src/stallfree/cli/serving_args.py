@@ -136,8 +136,9 @@ def add_serving_args(parser: argparse._ActionsContainer, *, policy_list: bool = 
         )
 
 
-def add_acceptance_arg(parser: argparse._ActionsContainer) -> None:
-    """``--acceptance-rate``: how often the simulator's drafts are right (with ``--speculative-tokens``)."""
+def add_acceptance_arg(parser: argparse._ActionsContainer, *, draft: bool = False) -> None:
+    """``--acceptance-rate`` and ``--draft-rate``: how often the simulator's drafts are right and
+    made (with ``--speculative-tokens``); ``draft``: ``--draft`` too, what drafting costs."""
     parser.add_argument(
         "--acceptance-rate",
         metavar="RATE",
@@ -153,6 +154,16 @@ def add_acceptance_arg(parser: argparse._ActionsContainer) -> None:
         help="with --speculative-tokens: the share of decode steps that have drafts (n-gram lookup finds "
         "none where the text does not repeat; a draft model always guesses) (default 1)",
     )
+    if not draft:
+        return
+    parser.add_argument(
+        "--draft",
+        default="ngram",
+        metavar="METHOD",
+        help="with --speculative-tokens: what drafting costs: ngram (prompt lookup, free), eagle (a head "
+        "of one decoder layer: a layer's share of a decode step each pass) or model:NAME (a draft "
+        "model's decode step each pass, priced as the target's steps) (default ngram)",
+    )
 
 
 def acceptance_arg(args: argparse.Namespace) -> Acceptance | None:
@@ -161,8 +172,13 @@ def acceptance_arg(args: argparse.Namespace) -> Acceptance | None:
     from stallfree.sim.speculative import Acceptance
 
     k, rate = args.num_speculative_tokens, args.acceptance_rate
-    if args.draft_rate != 1.0 and not k:
-        raise UsageError("--draft-rate applies with --speculative-tokens N")
+    if not k:
+        for flag, given in (
+            ("--draft-rate", args.draft_rate != 1.0),
+            ("--draft", getattr(args, "draft", "ngram") != "ngram"),
+        ):
+            if given:
+                raise UsageError(f"{flag} applies with --speculative-tokens N")
     if rate is None:
         if k:
             raise UsageError(

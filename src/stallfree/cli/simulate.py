@@ -127,7 +127,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     g = p.add_argument_group("scheduler")
     add_serving_args(g, policy_list=True)
-    add_acceptance_arg(g)
+    add_acceptance_arg(g, draft=True)
     g.add_argument(
         "--gpu-memory-utilization",
         type=float,
@@ -260,6 +260,7 @@ def _simulate_all(
                 router=args.router,
                 route_delay_ms=args.route_delay_ms,
                 acceptance=acceptance if serving.num_speculative_tokens else None,
+                draft=args.draft,
             )
             result.summary["sim_wall_s"] = time.perf_counter() - started
             results.append(result)
@@ -344,11 +345,22 @@ def _scenario(
         "step_budget_ms": chunked.step_budget_ms,
         "max_num_seqs": chunked.num_seqs_limit,
         "enable_prefix_caching": chunked.enable_prefix_caching,
-        "num_speculative_tokens": chunked.num_speculative_tokens,
-        "speculative_rule": chunked.speculative_rule,
-        "acceptance_rates": list(acceptance.rates) if (acceptance := acceptance_arg(args)) else None,
-        "draft_rate": acceptance.proposal_rate if acceptance else None,
+        **_speculation(args, chunked),
         "block_size": chunked.block_size,
         "num_blocks": chunked.num_blocks,
         "gpu_memory_utilization": args.gpu_memory_utilization,
+    }
+
+
+def _speculation(args: argparse.Namespace, chunked: ServingConfig) -> dict[str, Any]:
+    """The header's speculative decoding (nothing without it)."""
+    acceptance = acceptance_arg(args)
+    if acceptance is None:
+        return {}
+    return {
+        "num_speculative_tokens": chunked.num_speculative_tokens,
+        "speculative_rule": chunked.speculative_rule,
+        "acceptance_rates": list(acceptance.rates),
+        "draft_rate": acceptance.proposal_rate,
+        "draft": args.draft,
     }

@@ -67,13 +67,14 @@ def format_explain(out: dict[str, Any]) -> str:
         *([f"  mixture of experts           {sc['moe']}"] if sc.get("moe") else []),
         "",
         f"  {'policy':<28}{'longest gap':>14}{'median gap':>14}{'prompt TTFT':>14}{'vs alone':>10}"
-        f"{'tokens/s a stream':>19}",
+        + (f"{'tokens/s a stream':>19}" if out.get("speculative") else ""),
     ]
     for name, p in out["policies"].items():
         label = f"{name} ({_chunking(sc)})" if name == "chunked" else name
+        speed = f"{p['stream_tokens_per_s']:>19,.1f}" if "stream_tokens_per_s" in p else ""
         lines.append(
             f"  {label:<28}{_ms(p['max_gap_s']):>14}{_ms(p['median_gap_s']):>14}{_ms(p['ttft_s']):>14}"
-            f"{p['ttft_vs_alone']:>9.3f}x{p['stream_tokens_per_s']:>19,.1f}"
+            f"{p['ttft_vs_alone']:>9.3f}x{speed}"
         )
     if out.get("speculative"):
         lines += _speculative_lines(out["speculative"])

@@ -172,7 +172,7 @@ def run_scenario(
     executor = timer.new_executor()
     if drafts is not None:
         priced, verifier = executor, drafts
-        executor = lambda plan: verifier.result(plan, priced(plan).duration_s)  # noqa: E731
+        executor = lambda plan: verifier.result(plan, priced(plan).duration_s + verifier.drafting_s(plan))  # noqa: E731
     most = scenario.decoder_max_tokens * (1 + (drafts.num_speculative_tokens if drafts else 0))
     streams = [Request(f"s{i}", scenario.context_tokens, most) for i in range(scenario.streams)]
     ids = [r.request_id for r in streams]
@@ -285,18 +285,22 @@ class Explanation:
                     "median_gap_s": run.median_gap_s,
                     "ttft_s": run.ttft_s,
                     "ttft_vs_alone": run.ttft_s / self.prefill_alone_s,
-                    "stream_tokens_per_s": run.stream_tokens_per_s,
+                    **({} if self.speculation is None else {"stream_tokens_per_s": run.stream_tokens_per_s}),
                 }
                 for name, run in self.runs.items()
             },
-            "speculative": None
-            if self.speculation is None
-            else {
-                "num_speculative_tokens": self.speculation.num_speculative_tokens,
-                **self.speculation.acceptance.describe(),
-                "token_budget": self.speculation.token_budget,
-                "sweep": [asdict(p) for p in self.speculation.sweep],
-            },
+            **(
+                {}
+                if self.speculation is None
+                else {
+                    "speculative": {
+                        "num_speculative_tokens": self.speculation.num_speculative_tokens,
+                        **self.speculation.acceptance.describe(),
+                        "token_budget": self.speculation.token_budget,
+                        "sweep": [asdict(p) for p in self.speculation.sweep],
+                    }
+                }
+            ),
             "prompt_chunks": {
                 "num_steps": len(chunked),
                 "first_step_s": chunked[0].duration_s,

@@ -24,7 +24,7 @@ from stallfree.costs.memory import KvMemory, fixed_kv_memory, kv_memory
 from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.sim.fleet import run_fleet
-from stallfree.sim.speculative import Acceptance, DraftStats, DraftVerifier
+from stallfree.sim.speculative import Acceptance, DraftStats, DraftVerifier, draft_pricer
 from stallfree.sim.traffic import StepTrace, TrafficRun, run_traffic
 from stallfree.workload import Workload, WorkloadArrays, sample
 
@@ -63,6 +63,7 @@ def simulate(
     router: str = "round-robin",
     route_delay_ms: float = 0.0,
     acceptance: Acceptance | None = None,
+    draft: str = "ngram",
 ) -> SimulationResult:
     """Simulate ``workload`` served as ``serving`` says, its steps priced as ``costs`` says.
 
@@ -100,8 +101,10 @@ def simulate(
 
     ``serving.num_speculative_tokens`` > 0 (speculative decoding) needs ``acceptance``: how often
     drafts are right (:class:`~stallfree.sim.speculative.Acceptance`); the drafter guesses k tokens
-    for every request each step and costs nothing (n-gram lookup); the summary adds vLLM's
-    spec-decode counters and rates (:meth:`~stallfree.sim.speculative.DraftStats.summary`).
+    for a request in a share of its steps, and ``draft`` says what guessing costs (``ngram``
+    nothing, ``eagle`` a layer's share of a decode step, ``model:NAME`` that model's decode step:
+    :func:`~stallfree.sim.speculative.draft_pricer`); the summary adds vLLM's spec-decode counters
+    and rates (:meth:`~stallfree.sim.speculative.DraftStats.summary`).
     """
     picks = _picks(costs, replicas)
     pick, serving = picks[0], serving or ServingConfig()
@@ -111,7 +114,11 @@ def simulate(
             "(a server's spec-decode metrics say it)"
         )
     k = serving.num_speculative_tokens
-    drafts = [DraftVerifier(acceptance, k, seed + i) for i in range(len(picks))] if k and acceptance else None
+    drafts = (
+        [DraftVerifier(acceptance, k, seed + i, draft_pricer(draft, p)) for i, p in enumerate(picks)]
+        if k and acceptance
+        else None
+    )
     kv = _kv_memory(pick, serving, gpu_memory_utilization)
     if len(picks) > 1 or route_delay_ms:
         kvs = {id(p): _kv_memory(p, serving, gpu_memory_utilization) for p in picks}

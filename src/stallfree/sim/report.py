@@ -61,6 +61,12 @@ def describe_workload(workload: Workload) -> str:
     )
 
 
+_DRAFT_COSTS = {
+    "ngram": "drafts cost nothing (n-gram)",
+    "eagle": "drafted by an EAGLE head, a decoder layer's share of a decode step a pass",
+}
+
+
 def _speculative_line(sc: dict[str, Any]) -> str:
     rates = sc["acceptance_rates"]
     shown = ", ".join(f"{r:.0%}" for r in rates[: sc["num_speculative_tokens"]])
@@ -68,7 +74,10 @@ def _speculative_line(sc: dict[str, Any]) -> str:
         f"speculative decoding (chunked): {sc['num_speculative_tokens']} draft tokens a decode, "
         f"{sc['speculative_rule']}'s rule, accepted by position {shown}"
         + (f", drafts in {sc['draft_rate']:.0%} of decode steps" if sc.get("draft_rate", 1) < 1 else "")
-        + "; drafts cost nothing (n-gram)"
+        + "; "
+        + _DRAFT_COSTS.get(
+            sc.get("draft") or "ngram", f"drafted by {sc.get('draft', '')[6:]}, its decode step a pass"
+        )
     )
 
 

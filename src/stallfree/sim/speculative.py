@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from stallfree.core import StepPlan, StepResult
+from stallfree.costs.choice import CostChoice, CostPick, pick_cost_model
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,12 +136,53 @@ class DraftStats:
         }
 
 
+DRAFT_METHODS = ("ngram", "eagle", "model:NAME")
+DraftPassPrice = Callable[[int, int], float]
+"""Seconds one drafting pass takes for ``num_seqs`` requests at ``context_len`` tokens; a step
+that proposes k drafts runs k passes."""
+
+
+def draft_pricer(method: str, target: CostPick) -> DraftPassPrice | None:
+    """How drafting is priced beside ``target``'s steps: ``ngram`` free (a lookup, None);
+    ``eagle`` a one-layer head on the target's hidden states, one of its decoder layers' share of
+    a decode step (EAGLE / MTP); ``model:NAME`` the draft model NAME's own decode step on the same
+    GPUs, priced the same way (roofline or tables; a profile prices only the model it measured)."""
+    if method == "ngram":
+        return None
+    if method == "eagle":
+        layers = target.model.num_layers
+        decode_step_s = target.pricer.decode_step_s
+        return lambda num_seqs, context_len: decode_step_s(num_seqs, context_len) / layers
+    name = method.removeprefix("model:")
+    if not method.startswith("model:") or not name:
+        raise ValueError(f"unknown draft method {method!r}; choose from: {', '.join(DRAFT_METHODS)}")
+    if target.source == "profile":
+        raise ValueError(
+            f"a draft model ({name}) needs steps priced by the roofline or GPU tables: a profile prices "
+            "only the model it measured"
+        )
+    kind = "full" if target.source == "roofline" else "auto"
+    draft = pick_cost_model(
+        CostChoice(
+            kind=kind, model=name, hardware=target.hardware, tp=target.tp, dtype_bytes=target.dtype_bytes
+        )
+    )
+    return draft.pricer.decode_step_s
+
+
 class DraftVerifier:
     """The simulator's executor half for drafts: accepts each request's drafts position by
     position (``acceptance``, seeded), proposes ``num_speculative_tokens`` for every request that
-    got a token, and counts it all in ``stats``."""
+    got a token, and counts it all in ``stats``. ``draft_pass``: what a drafting pass costs
+    (:func:`draft_pricer`; None: free), added to a step by :meth:`drafting_s`."""
 
-    def __init__(self, acceptance: Acceptance, num_speculative_tokens: int, seed: int = 0) -> None:
+    def __init__(
+        self,
+        acceptance: Acceptance,
+        num_speculative_tokens: int,
+        seed: int = 0,
+        draft_pass: DraftPassPrice | None = None,
+    ) -> None:
         if num_speculative_tokens <= 0:
             raise ValueError(f"num_speculative_tokens must be positive, got {num_speculative_tokens}")
         self.acceptance = acceptance
@@ -147,11 +190,23 @@ class DraftVerifier:
         self.stats = DraftStats()
         self._random = random.Random(seed).random
         self._proposal_rate = acceptance.proposal_rate
+        self._draft_pass = draft_pass
         # P(position i accepted | every earlier one accepted)
         rates = [acceptance.rate(i) for i in range(num_speculative_tokens)]
         self._given_earlier = [
             (r / before if before > 0 else 0.0) for r, before in zip(rates, [1.0, *rates[:-1]], strict=True)
         ]
+
+    def drafting_s(self, plan: StepPlan) -> float:
+        """The time ``plan``'s step spends drafting the next step's guesses: k passes of the
+        drafter over the requests that get a token (0 for n-gram lookup)."""
+        if self._draft_pass is None:
+            return 0.0
+        contexts = [c.context_len for c in plan.chunks if c.emits_token]
+        if not contexts:
+            return 0.0
+        mean = round(sum(contexts) / len(contexts))
+        return self.num_speculative_tokens * self._draft_pass(len(contexts), mean)
 
     def result(self, plan: StepPlan, duration_s: float) -> StepResult:
         accepted: dict[str, int] = {}

@@ -216,9 +216,11 @@ class TrafficReplica:
         self._plan, self._start_s = plan, now_s
         if run.num_steps == 1:
             self._ends = self._durations = None
-            duration_s = self._cost_model.step_time_s(plan)
-            end_s = now_s + duration_s
             drafts = self._drafts
+            duration_s = self._cost_model.step_time_s(plan)
+            if drafts is not None:
+                duration_s += drafts.drafting_s(plan)
+            end_s = now_s + duration_s
             result = StepResult(end_s - now_s) if drafts is None else drafts.result(plan, end_s - now_s)
             self._events = scheduler.update_from_output(plan, result)
             self._first_end_s = self._end_s = end_s
