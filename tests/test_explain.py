@@ -284,3 +284,23 @@ def test_drafts_spend_the_prompts_budget_under_vllms_rule_and_stall_under_sglang
     # SGLang's rule: the prompt runs in steps of its own, the streams wait for all of it.
     assert sglang["max_gap_s"] > 0.95 * out["prefill_alone_s"] > 50 * decode_s
     assert sglang["ttft_s"] < vllm["ttft_s"]
+
+
+def test_disaggregated_the_streams_never_stall_but_the_gpus_double(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = explain_json(capsys, "--disaggregate", "1P1D", "--kv-link", "ib-400", "--sweep", "256")
+    d, decode_s = out["disaggregated"], out["decode_step_s"]
+    assert d["gpus"] == 8 and d["aggregated_gpus"] == 4
+    # the streams' steps hold decodes only (the prompt joins as one more decode): no stall
+    assert d["median_gap_s"] == pytest.approx(decode_s) and d["max_gap_s"] < 1.1 * decode_s
+    assert d["max_gap_s"] < out["policies"]["chunked"]["max_gap_s"]
+    # the prompt's first token from its prefill group alone; its KV (5.37 GB, bf16) over 4 x 50 GB/s
+    assert d["ttft_s"] == pytest.approx(out["prefill_alone_s"])
+    assert d["kv_bytes"] == 5_368_709_120 and d["kv_transfer_s"] == pytest.approx(
+        5e-6 + d["kv_bytes"] / 200e9
+    )
+    assert d["first_decode_token_s"] > d["ttft_s"] + d["kv_transfer_s"]
+    text_argv = ["explain", "--disaggregate", "2P4D", "--sweep", "256"]
+    assert main(text_argv) == 0
+    assert "disaggregated 2P4D" in capsys.readouterr().out

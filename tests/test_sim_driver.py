@@ -119,8 +119,9 @@ def explain_digest(overrides: dict[str, Any]) -> str:
 
     explanation = run_explain(ExplainOptions(**overrides))
     fields = asdict(explanation)
-    if fields["speculation"] is None:  # no drafts: the explanation as it was before drafts existed
-        del fields["speculation"]
+    for name in ("speculation", "disaggregated"):  # not asked for: the explanation as it was before
+        if fields[name] is None:
+            del fields[name]
     return _digest(fields)
 
 

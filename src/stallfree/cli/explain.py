@@ -137,6 +137,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "one rate a position as vLLM reports them (0.8,0.6,0.45,0.3) (default %(default)s)",
     )
     add(
+        "--disaggregate",
+        metavar="xPyD",
+        help="add the prompt served disaggregated: x prefill and y decode groups of --tp GPUs each, the "
+        "prompt's KV shipped over --kv-link to the streams' group (1P1D, 2P4D; the roofline or GPU tables)",
+    )
+    add(
+        "--kv-link",
+        default="nvlink",
+        metavar="LINK",
+        help="with --disaggregate: nvlink (the hardware's GPU-to-GPU figure), ib-400, roce-200, ethernet-100, "
+        "or a number of GB/s a GPU (default %(default)s)",
+    )
+    add(
         "--sweep",
         type=int_list,
         metavar="C1,C2,...",

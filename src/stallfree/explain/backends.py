@@ -61,6 +61,7 @@ def run_explain(options: ExplainOptions) -> Explanation:
         cached_prefix_tokens=options.cached_prefix_tokens,
     )
     warnings = _deployment_warnings(roofline.cost_model.config, scenario) if roofline else []
+    deployment = roofline.cost_model.config if roofline else None
     if options.is_priced_by_gpu_tables:  # the roofline said what the deployment holds, not how fast
         roofline = None
     if options.is_priced_by_profile:  # a PricedTimer over the profile's measured model
@@ -71,7 +72,25 @@ def run_explain(options: ExplainOptions) -> Explanation:
     if options.engine != "torch" or options.profile is None:
         k = options.speculative_tokens
         drafts = (k, options.acceptance) if k else None
-        return explain(scenario, timer, sweep, echo, warnings=warnings, speculation=drafts)
+        result = explain(scenario, timer, sweep, echo, warnings=warnings, speculation=drafts)
+        if options.disaggregate is None or deployment is None:
+            return result
+        from stallfree.costs.kv_transfer import kv_link
+        from stallfree.explain.disaggregate import disaggregated
+
+        row = disaggregated(
+            options.disaggregate,
+            timer,
+            deployment.model,
+            deployment.dtype_bytes,
+            deployment.tp,
+            kv_link(options.kv_link, deployment.hardware),
+            streams=scenario.streams,
+            context_tokens=scenario.context_tokens,
+            prompt_tokens=scenario.prompt_tokens,
+            prefill_alone_s=result.prefill_alone_s,
+        )
+        return replace(result, disaggregated=row)
     # A real run with a profile: the measured model plans a time budget's chunks, and prices the
     # same scenario beside the run (its error, in the same run).
     from stallfree.explain.roofline import PricedTimer

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from stallfree.costs.roofline import COST_MODEL_KINDS, cost_model_kind
+from stallfree.explain.disaggregate import parse_pools
 from stallfree.explain.scenario import DEFAULT_SWEEP, Scenario
 from stallfree.sim.speculative import Acceptance
 
@@ -54,6 +55,8 @@ class ExplainOptions:
     prices the same scenario beside the measured run, and predicts the steps of a
     ``step_budget_ms`` (which the real engine needs it for). ``speculative_tokens`` (priced steps
     only): the streams verify up to that many drafts a step, accepted as ``acceptance_rate`` says.
+    ``disaggregate`` (``xPyD``, priced GPU deployments only): a row with the prompt on prefill GPUs
+    and its KV shipped over ``kv_link`` to the streams' decode GPUs.
     """
 
     engine: Engine = "roofline"
@@ -77,6 +80,8 @@ class ExplainOptions:
     cached_prefix_tokens: int = 0
     speculative_tokens: int = 0
     acceptance_rate: str = "0.7"
+    disaggregate: str | None = None
+    kv_link: str = "nvlink"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost_model", cost_model_kind(self.cost_model))  # frozen: normalise
@@ -112,6 +117,13 @@ class ExplainOptions:
                 Acceptance.parse(self.acceptance_rate, self.speculative_tokens)
             except ValueError as exc:
                 raise ValueError(f"argument --acceptance-rate: {exc}") from None
+        if self.disaggregate is not None:
+            parse_pools(self.disaggregate)
+            if self.engine == "torch" or self.profile is not None:
+                raise ValueError(
+                    "--disaggregate prices a deployment's GPUs and links: the roofline or GPU tables, not "
+                    "--engine torch or --profile"
+                )
         if self.framework is not None and (self.engine == "torch" or self.profile is not None):
             raise ValueError("--framework prices steps by GPU tables: not with --engine torch or --profile")
         if self.expert_parallel and (self.engine == "torch" or self.profile is not None):

@@ -29,6 +29,22 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.2f} s"
 
 
+def _disaggregated_lines(d: dict[str, Any], with_speed: bool) -> list[str]:
+    """The disaggregated row, and what it costs: GPUs, the KV's trip."""
+    label = f"disaggregated {d['pools']}"
+    gb = d["kv_bytes"] / 1e9
+    rate = d["kv_links"] * d["kv_link_bytes_per_s"] / 1e9
+    return [
+        f"  {label:<28}{_ms(d['max_gap_s']):>14}{_ms(d['median_gap_s']):>14}{_ms(d['ttft_s']):>14}"
+        f"{d['ttft_vs_alone']:>9.3f}x" + (f"{'-':>19}" if with_speed else ""),
+        f"    on {d['gpus']} GPUs where the rows above use {d['aggregated_gpus']}: the prompt's first token "
+        f"comes from its prefill group; its {gb:,.2f} GB of KV cross {d['kv_link']} ({d['kv_links']} x "
+        f"{d['kv_link_bytes_per_s'] / 1e9:,.1f} GB/s = {rate:,.0f} GB/s) in {_ms(d['kv_transfer_s'])} "
+        f"({_ms(d['kv_transfer_after_prefill_layerwise_s'])} past the prefill if sent layer by layer); "
+        f"its first decode token at {_ms(d['first_decode_token_s'])}",
+    ]
+
+
 def _speculative_lines(spec: dict[str, Any]) -> list[str]:
     """The drafts' sweep: the budget moving from the prompt's chunk to the streams' drafts."""
     rates = ", ".join(f"{r:.0%}" for r in spec["acceptance_rates"][: spec["num_speculative_tokens"]])
@@ -76,6 +92,8 @@ def format_explain(out: dict[str, Any]) -> str:
             f"  {label:<28}{_ms(p['max_gap_s']):>14}{_ms(p['median_gap_s']):>14}{_ms(p['ttft_s']):>14}"
             f"{p['ttft_vs_alone']:>9.3f}x{speed}"
         )
+    if out.get("disaggregated"):
+        lines += _disaggregated_lines(out["disaggregated"], out.get("speculative") is not None)
     if out.get("speculative"):
         lines += _speculative_lines(out["speculative"])
     if out.get("predicted"):
