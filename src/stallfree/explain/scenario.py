@@ -269,7 +269,9 @@ class Explanation:
     # The same scenario priced by a cost model, beside a measured run (explain --engine torch --profile)
     predicted: dict[str, PolicyRun] | None = None
     speculation: Speculation | None = None
-    disaggregated: dict[str, Any] | None = None  # the prompt on prefill GPUs, its KV shipped (disaggregate.py)
+    disaggregated: dict[str, Any] | None = (
+        None  # the prompt on prefill GPUs, its KV shipped (disaggregate.py)
+    )
 
     def to_json(self) -> dict[str, Any]:
         chunked = self.runs["chunked"].prompt_chunk_steps()
