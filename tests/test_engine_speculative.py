@@ -57,6 +57,7 @@ def run(
         num_speculative_tokens=k,
         prompt_lookup_min=1,
         prompt_lookup_max=3,
+        adaptive_drafts=False,  # every draft a lookup finds, whatever this machine's load
         **options,
     )
     ids = [engine.add_request(prompt=p, sampling_params=params) for p in prompts]
@@ -111,6 +112,7 @@ def test_drafts_shorten_the_run_where_lookup_pays() -> None:
             num_speculative_tokens=k,
             prompt_lookup_min=1,
             prompt_lookup_max=3,
+            adaptive_drafts=False,
         )
         engine.add_request(prompt=REPEATING[2], sampling_params=params)
         n = accepted = 0
@@ -194,3 +196,13 @@ def test_drafts_are_proposed_where_they_pay_for_their_rows() -> None:
     for _ in range(10):
         history.verified(4, 4)
     assert history.length(4, cost.threshold(16)) == 4
+
+
+def test_adaptive_drafts_measure_a_rows_cost_and_start_from_the_prior() -> None:
+    engine = LLMEngine(MODEL, dtype="float32", device="cpu", num_blocks=64, num_speculative_tokens=3)
+    cost = engine.draft_cost
+    assert cost is not None and cost.step_s > 0 and cost.row_s >= 0
+    fixed = LLMEngine(
+        MODEL, dtype="float32", device="cpu", num_blocks=64, num_speculative_tokens=3, adaptive_drafts=False
+    )
+    assert fixed.draft_cost is None

@@ -31,7 +31,8 @@ class EngineConfig:
     (:func:`~stallfree.engine.step_timing.choose_token_budget`), measured at start-up.
     ``prompt_lookup_min`` / ``prompt_lookup_max``: with ``serving.num_speculative_tokens``, the
     n-gram lengths the drafter looks up (:mod:`~stallfree.engine.drafts`; vLLM's names and
-    defaults: one given sets the other)."""
+    defaults: one given sets the other). ``adaptive_drafts``: propose a request only the drafts
+    worth their rows here, from its recent acceptance (else every draft a lookup finds, as vLLM)."""
 
     model: str = "random:small"
     dtype: str = "auto"
@@ -45,6 +46,7 @@ class EngineConfig:
     auto_token_budget: bool = False
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    adaptive_drafts: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prompt_lookup_min", "prompt_lookup_max"):
