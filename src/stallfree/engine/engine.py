@@ -192,7 +192,7 @@ class LLMEngine:
         # What a draft costs here decides how many each request gets (engine/drafts.py).
         self.draft_cost = (
             measure_draft_cost(self.model_runner, serving.num_speculative_tokens)
-            if serving.num_speculative_tokens
+            if serving.num_speculative_tokens and config.adaptive_drafts
             else None
         )
         scheduler = serving.make_scheduler(context, num_blocks, predictor=self.predictor)
@@ -353,16 +353,17 @@ class LLMEngine:
         """Next step's drafts for every request that got a token and goes on, as many as are worth
         their rows here (none for one that wants logprobs: a verified token has none here); how
         many each has."""
-        assert self.draft_cost is not None  # measured whenever drafts are on
         k = self.serving.num_speculative_tokens
         low, high = self.config.lookup_range
-        threshold = self.draft_cost.threshold(self.scheduler.num_running)
+        cost = self.draft_cost  # None: every draft a lookup finds
+        threshold = 0.0 if cost is None else cost.threshold(self.scheduler.num_running)
         proposed = {}
         for rid in sampled:
             state = self._requests[rid]
-            length = (
-                0 if rid in stopped or state.params.logprobs else state.draft_history.length(k, threshold)
-            )
+            if rid in stopped or state.params.logprobs:
+                length = 0
+            else:
+                length = k if cost is None else state.draft_history.length(k, threshold)
             state.drafts = propose_ngram(state.token_ids, length, low, high) if length else []
             proposed[rid] = len(state.drafts)
         return proposed
