@@ -267,3 +267,30 @@ def test_the_compiled_engine_spec_is_kept_per_machine(
     kept.write_bytes(b"damaged")
     assert AicCostModel(LLAMA_8B, "h100_sxm", "vllm").step_time_s(plan) == first.step_time_s(plan)
     assert kept.read_bytes() == spec
+
+
+def test_table_points_are_kept_per_machine_and_price_without_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each table point a run reads is kept on disk at exit: the next model of the same arguments
+    prices those steps from the file, the package's engine never made, with the same floats."""
+    from stallfree.costs.aiconfigurator import AicCostModel
+
+    monkeypatch.setenv("STALLFREE_CACHE_DIR", str(tmp_path))
+    plans = [synthetic_plan(8, 900, 256, 128), synthetic_plan(3, 4000), synthetic_plan(0, 0, 2048)]
+    first = AicCostModel(LLAMA_8B, "h100_sxm", "vllm")
+    priced = [first.step_time_s(p) for p in plans]
+    steady = first.steady_durations(plans[1], 50)
+    first._write_memo()  # what atexit does
+    (memo,) = (tmp_path / "aiconfigurator-points").iterdir()
+    second = AicCostModel(LLAMA_8B, "h100_sxm", "vllm")
+    assert [second.step_time_s(p) for p in plans] == priced
+    assert second.steady_durations(plans[1], 50).tolist() == steady.tolist()
+    assert second._engine is None  # every point came from the file
+    assert (
+        second.step_time_s(synthetic_plan(5, 777, 100)) > 0 and second._engine is not None
+    )  # a new one: read
+    memo.write_text("{damaged")
+    assert [AicCostModel(LLAMA_8B, "h100_sxm", "vllm").step_time_s(p) for p in plans] == priced
+    memo.write_text('{"chunk": {"1,2": 3.0}, "context_ops": ["x"]}')  # wrong shapes: read the tables again
+    assert [AicCostModel(LLAMA_8B, "h100_sxm", "vllm").step_time_s(p) for p in plans] == priced

@@ -34,6 +34,7 @@ equals :meth:`step_time_s` on the shifted plans, bit for bit.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import hashlib
@@ -179,22 +180,28 @@ def _keep(path: Path, data: bytes) -> None:
         tmp.replace(path)
 
 
-def _compiled_spec(
-    model_id: str, system: str, framework: str, options: dict[str, Any], *, fresh: bool = False
-) -> bytes:
-    """aiconfigurator-core's compiled engine spec for the model on the system (~1 s: it resolves
-    every attention kernel's table), kept on disk per machine, keyed by the package's version, the
-    arguments and, for a local folder, its config.json; ``fresh``: compile even if one is kept."""
+def _spec_key(model_id: str, system: str, framework: str, options: dict[str, Any]) -> str:
+    """A name for what prices the same: the package's version, the arguments and, for a local
+    folder, its config.json."""
     from importlib.metadata import version as installed
-
-    from aiconfigurator_core.sdk.engine import compile_engine
 
     config = Path(model_id) / "config.json"
     key = json.dumps(
         [installed("aiconfigurator-core"), model_id, system, framework, sorted(options.items()),
          config.read_text() if config.is_file() else None],
     )  # fmt: skip
-    path = cache_dir() / "aiconfigurator-specs" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.bin"
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _compiled_spec(
+    model_id: str, system: str, framework: str, options: dict[str, Any], *, fresh: bool = False
+) -> bytes:
+    """aiconfigurator-core's compiled engine spec for the model on the system (~1 s: it resolves
+    every attention kernel's table), kept on disk per machine under :func:`_spec_key`; ``fresh``:
+    compile even if one is kept."""
+    from aiconfigurator_core.sdk.engine import compile_engine
+
+    path = cache_dir() / "aiconfigurator-specs" / f"{_spec_key(model_id, system, framework, options)}.bin"
     if not fresh:
         with contextlib.suppress(OSError):
             return path.read_bytes()
@@ -260,8 +267,6 @@ class AicCostModel:
                 "local folder holding config.json"
             )
         _quiet()
-        from aiconfigurator_core.sdk.engine import EngineHandle
-
         self.model_id, self.system, self.framework, self.tp = model_id, system, framework, tp
         self.version = version or _latest_version(system, framework)
         self.overhead_s = overhead_s
@@ -277,13 +282,18 @@ class AicCostModel:
         self.fp8 = fp8
         if fp8:  # fp8 weights (GEMMs and experts) and KV cache; a checkpoint's own quantisation otherwise
             options |= {"gemm_quant_mode": "fp8", "moe_quant_mode": "fp8", "kvcache_quant_mode": "fp8"}
+        self._options = options
+        self._engine: Any = None
+        self._memo_path = (
+            cache_dir() / "aiconfigurator-points" / f"{_spec_key(model_id, system, framework, options)}.json"
+        )
+        memo = self._read_memo()
         try:
-            try:
-                self._handle = EngineHandle(_compiled_spec(model_id, system, framework, options))
-            except ValueError:  # a damaged spec kept on disk (or none compiles): compile it again
-                self._handle = EngineHandle(_compiled_spec(model_id, system, framework, options, fresh=True))
-            context = _op_names(self._handle.evaluate_context_ops, batch_size=1, s=1)
-            generation = _op_names(self._handle.evaluate_generation_ops, batch_size=1, s=2)
+            context: list[str] = memo.get("context_ops") or []
+            generation: list[str] = memo.get("generation_ops") or []
+            if not (_names(context) and _names(generation)):
+                context = _op_names(self._handle.evaluate_context_ops, batch_size=1, s=1)
+                generation = _op_names(self._handle.evaluate_generation_ops, batch_size=1, s=2)
         except (ValueError, RuntimeError, KeyError, AssertionError) as exc:
             # its messages run on with the lanes it tried and the folder it read: the first clause says it
             reason = (str(exc).splitlines() or [type(exc).__name__])[0].split(": tried ")[0]
@@ -300,11 +310,81 @@ class AicCostModel:
         )
         self._logits_op = generation.index("generation_logits_gemm")
         self.ops = tuple(context)
+        self._context_ops, self._generation_ops = context, generation
         self._body: dict[int, float] = {}
         self._decode_body: dict[int, float] = {}
         self._logits: dict[int, float] = {0: 0.0}
         self._chunk: dict[tuple[int, int, int], float] = {}
         self._decode: dict[tuple[int, int], float] = {}
+        try:
+            self._recall(memo)
+        except (ValueError, TypeError, AttributeError):  # a damaged file: read the tables again
+            self._body, self._decode_body, self._logits, self._chunk, self._decode = {}, {}, {0: 0.0}, {}, {}
+        self._num_memo_points = self._num_points()
+        atexit.register(self._write_memo)
+
+    # -- the package's engine, made on the first point not kept on disk ---------------------
+
+    @property
+    def _handle(self) -> Any:
+        if self._engine is None:
+            from aiconfigurator_core.sdk.engine import EngineHandle
+
+            args = (self.model_id, self.system, self.framework, self._options)
+            try:
+                self._engine = EngineHandle(_compiled_spec(*args))
+            except ValueError:  # a damaged spec kept on disk (or none compiles): compile it again
+                self._engine = EngineHandle(_compiled_spec(*args, fresh=True))
+        return self._engine
+
+    def _num_points(self) -> int:
+        return (
+            len(self._body)
+            + len(self._decode_body)
+            + len(self._logits)
+            + len(self._chunk)
+            + len(self._decode)
+        )
+
+    def _read_memo(self) -> dict[str, Any]:
+        """The table points earlier runs read for this model, system and options (their floats,
+        exactly: JSON keeps a float's shortest repr); {} if none or unreadable."""
+        try:
+            memo = json.loads(self._memo_path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return memo if isinstance(memo, dict) else {}
+
+    def _recall(self, memo: dict[str, Any]) -> None:
+        """Take the points ``memo`` keeps (:meth:`_write_memo`'s shape)."""
+        for table, name in (
+            (self._body, "body"),
+            (self._decode_body, "decode_body"),
+            (self._logits, "logits"),
+        ):
+            table.update({int(k): float(v) for k, v in memo.get(name, {}).items()})
+        for key, value in memo.get("chunk", {}).items():
+            tokens, before, count = _int_tuple(key)
+            self._chunk[tokens, before, count] = float(value)
+        for key, value in memo.get("decode", {}).items():
+            num_decodes, kv_len = _int_tuple(key)
+            self._decode[num_decodes, kv_len] = float(value)
+
+    def _write_memo(self) -> None:
+        """Keep the points this process read (and those it found kept), at exit: the next run
+        prices them without the package."""
+        if self._num_points() == self._num_memo_points:
+            return
+        memo = {
+            "context_ops": self._context_ops,
+            "generation_ops": self._generation_ops,
+            "body": self._body,
+            "decode_body": self._decode_body,
+            "logits": self._logits,
+            "chunk": {",".join(map(str, k)): v for k, v in self._chunk.items()},
+            "decode": {",".join(map(str, k)): v for k, v in self._decode.items()},
+        }
+        _keep(self._memo_path, json.dumps(memo).encode())
 
     # -- the tables, in seconds ------------------------------------------------------------
 
@@ -462,6 +542,15 @@ class AicCostModel:
             "overhead_s": self.overhead_s,
             "by_tokens_per_step": {str(n): {"step_s": self.prefill_time_s(n)} for n in DESCRIBE_TOKENS},
         }
+
+
+def _names(value: Any) -> bool:
+    """A non-empty list of strings (a memo's op names)."""
+    return isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
+
+
+def _int_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(","))
 
 
 def _grid_bracket(x: float) -> tuple[int, int]:
