@@ -292,5 +292,5 @@ def test_table_points_are_kept_per_machine_and_price_without_the_package(
     )  # a new one: read
     memo.write_text("{damaged")
     assert [AicCostModel(LLAMA_8B, "h100_sxm", "vllm").step_time_s(p) for p in plans] == priced
-    memo.write_text('{"chunk": {"1,2": 3.0}, "context_ops": ["x"]}')  # wrong shapes: read the tables again
+    memo.write_text('{"chunk": [[1, 2, 3.0]], "context_ops": ["x"]}')  # wrong shapes: read the tables again
     assert [AicCostModel(LLAMA_8B, "h100_sxm", "vllm").step_time_s(p) for p in plans] == priced

@@ -363,12 +363,8 @@ class AicCostModel:
             (self._logits, "logits"),
         ):
             table.update({int(k): float(v) for k, v in memo.get(name, {}).items()})
-        for key, value in memo.get("chunk", {}).items():
-            tokens, before, count = _int_tuple(key)
-            self._chunk[tokens, before, count] = float(value)
-        for key, value in memo.get("decode", {}).items():
-            num_decodes, kv_len = _int_tuple(key)
-            self._decode[num_decodes, kv_len] = float(value)
+        self._chunk.update({(int(n), int(b), int(c)): float(v) for n, b, c, v in memo.get("chunk", ())})
+        self._decode.update({(int(n), int(kv)): float(v) for n, kv, v in memo.get("decode", ())})
 
     def _write_memo(self) -> None:
         """Keep the points this process read (and those it found kept), at exit: the next run
@@ -381,8 +377,8 @@ class AicCostModel:
             "body": self._body,
             "decode_body": self._decode_body,
             "logits": self._logits,
-            "chunk": {",".join(map(str, k)): v for k, v in self._chunk.items()},
-            "decode": {",".join(map(str, k)): v for k, v in self._decode.items()},
+            "chunk": [[*k, v] for k, v in self._chunk.items()],  # rows: JSON reads them faster than keys
+            "decode": [[*k, v] for k, v in self._decode.items()],
         }
         _keep(self._memo_path, json.dumps(memo).encode())
 
@@ -547,10 +543,6 @@ class AicCostModel:
 def _names(value: Any) -> bool:
     """A non-empty list of strings (a memo's op names)."""
     return isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
-
-
-def _int_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split(","))
 
 
 def _grid_bracket(x: float) -> tuple[int, int]:
