@@ -111,3 +111,20 @@ def test_bad_draft_flags_are_one_line(
     assert main(["tune", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
+
+
+def test_launch_lines_name_the_drafter() -> None:
+    vllm = serve_commands("llama-3.1-70b", 4, 512, 64, speculative=(3, "vllm"), draft="model:llama-3-8b")
+    config = json.loads(vllm["vllm"].split("--speculative-config ", 1)[1].strip("'"))
+    assert config == {
+        "method": "draft_model",
+        "model": "meta-llama/Meta-Llama-3-8B",
+        "num_speculative_tokens": 3,
+    }
+    eagle = serve_commands("llama-3.1-70b", 4, 512, 64, speculative=(3, "sglang"), draft="eagle")["sglang"]
+    assert "--speculative-algorithm EAGLE --speculative-draft-model-path PATH/TO/EAGLE-HEAD" in eagle
+    assert "--speculative-num-steps 3" in eagle and "--speculative-num-draft-tokens 4" in eagle
+    # the drafter names a trial with drafts (another price), not one without
+    spec = BASE.with_serving(256, num_speculative_tokens=2)
+    assert dataclasses.replace(spec, draft="eagle").key() != spec.key()
+    assert dataclasses.replace(BASE, draft="eagle").key() == BASE.key()  # no drafts: the field unused

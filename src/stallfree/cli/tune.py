@@ -81,6 +81,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "one rate a position as vLLM's spec-decode metrics report it (0.8,0.6,0.45,0.3)",
     )
     p.add_argument(
+        "--draft",
+        default="ngram",
+        metavar="METHOD",
+        help="with --speculative-tokens: what drafting costs: ngram (free), eagle (a decoder layer's share "
+        "of a decode step a pass) or model:NAME (the draft model's decode step a pass) (default ngram)",
+    )
+    p.add_argument(
         "--speculative-rule",
         choices=("vllm", "sglang"),
         default="vllm",
@@ -207,6 +214,7 @@ def run_tune(args: argparse.Namespace) -> int:
             speculative_rule=args.speculative_rule,
         ),
         acceptance_rates=rates,
+        draft=args.draft,
         lengths=args.lengths,
         arrival=args.arrival,
         burstiness=args.burstiness,
@@ -373,8 +381,12 @@ def _speculation(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[float
     from stallfree.sim.speculative import Acceptance
 
     if args.speculative_tokens is None:
-        if args.acceptance_rate is not None:
-            raise UsageError("--acceptance-rate applies with --speculative-tokens K1,K2,...")
+        for flag, given in (
+            ("--acceptance-rate", args.acceptance_rate is not None),
+            ("--draft", args.draft != "ngram"),
+        ):
+            if given:
+                raise UsageError(f"{flag} applies with --speculative-tokens K1,K2,...")
         return (), ()
     try:
         drafts = tuple(non_negative_int(part) for part in args.speculative_tokens.split(",") if part.strip())

@@ -11,6 +11,7 @@ pool (see :mod:`stallfree.tune.jobs`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -262,6 +263,7 @@ class TuneResult:
                     speculative=(best.num_speculative_tokens, base.serving.speculative_rule)
                     if best.num_speculative_tokens
                     else None,
+                    draft=base.draft,
                 )
             policies[policy] = entry
         out: dict[str, Any] = {
@@ -287,6 +289,7 @@ class TuneResult:
                         "draft_lengths": list(self.config.speculative_tokens),
                         "acceptance_rates": list(base.acceptance_rates),
                         "rule": base.serving.speculative_rule,
+                        "draft": base.draft,
                     }
                 }
                 if self.config.speculative_tokens
@@ -330,13 +333,15 @@ def serve_commands(
     fp8: bool = False,
     expert_parallel: bool = False,
     speculative: tuple[int, str] | None = None,
+    draft: str = "ngram",
 ) -> dict[str, str]:
     """The vLLM and SGLang launch lines for a chunked budget (presets and short names by their HF
     repository; ``fp8``: fp8 weights and KV cache, ``expert_parallel``: the experts split whole
     over the ``tp`` GPUs, as the simulation priced them); both cache prefixes by default, so only
-    a run without the cache says so. ``speculative`` = (k, rule): n-gram drafts, k a step, as
-    simulated under that framework's rule: only its line is given (the other shares a step
-    differently, so the capacity was not simulated for it)."""
+    a run without the cache says so. ``speculative`` = (k, rule): k drafts a step, as simulated
+    under that framework's rule: only its line is given (the other shares a step differently, so
+    the capacity was not simulated for it); ``draft``: n-gram lookup, an EAGLE head (its path is
+    yours: ``PATH/TO/EAGLE-HEAD``) or ``model:NAME``."""
     model = HF_REPOS.get(model) or AIC_SHORT_NAMES.get(model, model)
     vllm = (
         f"vllm serve {model} --max-num-batched-tokens {token_budget} --max-num-seqs {max_num_seqs} "
@@ -361,15 +366,26 @@ def serve_commands(
     if speculative is None:
         return {"vllm": vllm, "sglang": sglang}
     k, rule = speculative
+    head = "PATH/TO/EAGLE-HEAD"
+    name = draft.removeprefix("model:")
+    drafter = (HF_REPOS.get(name) or AIC_SHORT_NAMES.get(name, name)) if draft.startswith("model:") else head
     if rule == "vllm":
+        config = {"ngram": {"method": "ngram"}, "eagle": {"method": "eagle", "model": head}}.get(
+            draft, {"method": "draft_model", "model": drafter}
+        )
         return {
-            "vllm": vllm + f' --speculative-config \'{{"method": "ngram", "num_speculative_tokens": {k}}}\''
+            "vllm": vllm + f" --speculative-config '{json.dumps({**config, 'num_speculative_tokens': k})}'"
         }
     # SGLang counts the verify window (the drafts and the token before them); a chain, not a tree
-    return {
-        "sglang": sglang
-        + f" --speculative-algorithm NGRAM --speculative-num-draft-tokens {k + 1} --speculative-ngram-max-bfs-breadth 1"
-    }
+    if draft == "ngram":
+        flags = f"--speculative-algorithm NGRAM --speculative-num-draft-tokens {k + 1} --speculative-ngram-max-bfs-breadth 1"
+    else:
+        algorithm = "EAGLE" if draft == "eagle" else "STANDALONE"
+        flags = (
+            f"--speculative-algorithm {algorithm} --speculative-draft-model-path {drafter} "
+            f"--speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}"
+        )
+    return {"sglang": f"{sglang} {flags}"}
 
 
 TIME_BUDGET_GAP = (

@@ -106,7 +106,12 @@ def _speculative_header(out: dict[str, Any]) -> list[str]:
     rates = ", ".join(f"{r:.0%}" for r in spec["acceptance_rates"])
     return [
         f"drafts: chunked also tried with {', '.join(map(str, spec['draft_lengths']))} draft tokens a decode "
-        f"({spec['rule']}'s rule; accepted by position {rates}; n-gram drafts, free to make)"
+        f"({spec['rule']}'s rule; accepted by position {rates}; "
+        + (
+            "n-gram drafts, free to make)"
+            if spec.get("draft", "ngram") == "ngram"
+            else f"drafted by {spec['draft']})"
+        )
     ]
 
 

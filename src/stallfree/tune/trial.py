@@ -59,6 +59,7 @@ class TrialSpec:
     router: str = "round-robin"
     route_delay_ms: float = 0.0
     acceptance_rates: tuple[float, ...] = ()  # by draft position, with serving.num_speculative_tokens
+    draft: str = "ngram"  # what drafting costs (sim.speculative.draft_pricer)
 
     def __post_init__(self) -> None:
         if self.arrival not in ARRIVALS:
@@ -123,6 +124,7 @@ class TrialSpec:
                 del fields[name]
         if not self.serving.num_speculative_tokens:
             del fields["acceptance_rates"]
+            del fields["draft"]
             for name in SPECULATIVE_FIELDS:
                 del fields["serving"][name]
         text = json.dumps(fields, sort_keys=True)
@@ -174,6 +176,7 @@ def _simulate(spec: TrialSpec) -> SimulationResult:
         router=spec.router,
         route_delay_ms=spec.route_delay_ms,
         acceptance=Acceptance(spec.acceptance_rates) if spec.serving.num_speculative_tokens else None,
+        draft=spec.draft,
     )
 
 
