@@ -93,9 +93,9 @@ def long_prompt(eng: LLMEngine, prompt_words: int) -> tuple[float, float]:
                 eng.step()
             last = {rid: time.perf_counter() for rid in streams}
             arrived = time.perf_counter()
-            eng.add_request(
-                "long", prompt=" ".join(["word"] * prompt_words), sampling_params=SamplingParams(max_tokens=1)
-            )
+            # the prompt's tokens, at most what the model's context holds beside its one output token
+            ids = eng.tokenizer.encode(" ".join(["word"] * prompt_words))[: eng.max_model_len - 1]
+            eng.add_request("long", prompt_token_ids=ids, sampling_params=SamplingParams(max_tokens=1))
         if ttft is not None:
             break
     for rid in streams:
