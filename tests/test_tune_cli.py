@@ -56,6 +56,9 @@ def test_table_and_an_slo_no_budget_meets(capsys: pytest.CaptureFixture[str]) ->
     assert "no budget meets the SLOs" in out
     assert "closest: budget 256 at" in out and "P99 TBT" in out and "(SLO 1 ms)" in out
     assert "each trial 150 requests" in out
+    # without draft lengths searched the table is as it was before drafts existed: no drafts column
+    header = f"  {'policy':<16}{'budget':>8}{'max seqs':>10}{'capacity (QPS)':>16}{'trials':>8}"
+    assert header in out.splitlines()
 
 
 def test_default_tbt_slo_is_sarathi_strict(capsys: pytest.CaptureFixture[str]) -> None:

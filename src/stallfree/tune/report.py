@@ -30,6 +30,7 @@ def format_tune(out: dict[str, Any]) -> str:
     gaps = min(
         (t["metrics"]["total_output_tokens"] - t["metrics"]["completed"] for t in out["trials"]), default=0
     )
+    drafts_header = f"{'drafts':>7}" if "speculative" in out else ""  # draft lengths searched: their column
     lines = [
         f"{out['model']} on {on_gpus(out)} (cost model {out['cost_model']}"
         + (f" ({out['cost_model_note']})" if out.get("cost_model_note") else "")
@@ -51,18 +52,18 @@ def format_tune(out: dict[str, Any]) -> str:
         ),
         *_speculative_header(out),
         "",
-        f"  {'policy':<16}{'budget':>8}{'drafts' if 'speculative' in out else '':>7}{'max seqs':>10}"
-        f"{'capacity (QPS)':>16}{'trials':>8}",
+        f"  {'policy':<16}{'budget':>8}{drafts_header}{'max seqs':>10}{'capacity (QPS)':>16}{'trials':>8}",
     ]
     for policy, entry in out["policies"].items():
         for point in entry["curve"]:
             drafts = point.get("num_speculative_tokens")
+            drafts_cell = f"{'' if drafts is None else drafts:>7}" if drafts_header else ""
             best = point["token_budget"] == entry["best_budget"]
             best = best and drafts == entry.get("best_speculative_tokens")
             mark = " *" if best else ""
             cap = ("at least " if point["hit_qps_max"] else "") + _qps(point["capacity_qps"])
             lines.append(
-                f"  {policy:<16}{point['token_budget']:>8,}{'' if drafts is None else drafts:>7}"
+                f"  {policy:<16}{point['token_budget']:>8,}{drafts_cell}"
                 f"{point['max_num_seqs']:>10}{cap:>16}{point['num_trials']:>8}{mark}"
             )
     lines += _unfinished_lines(out)
