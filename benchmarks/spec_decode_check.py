@@ -34,6 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from llama_cpp_side_by_side import machine
 from server_overhead import serving
+from stallfree.sim.speculative import Acceptance
 from validate_cpu import load, stallfree
 from vllm_side_by_side import vllm_server
 
@@ -107,16 +108,14 @@ def per_position(
     """The simulator's acceptance by draft position replaying ``result`` (fed the run's own rates
     and share of steps with drafts), beside the server's counters: the sampling of the acceptance
     model checked, not an independent prediction."""
-    body = json.loads(result.read_text())
-    spec = body["spec_decode"]
-    steps = body["total_output_tokens"] - body["completed"] - spec["num_accepted_tokens"]
-    rates = ",".join(f"{r:.6f}" for r in spec["acceptance_per_position"])
+    acceptance = Acceptance.from_bench_result(json.loads(result.read_text()))
+    rates = ",".join(f"{r:.6f}" for r in acceptance.rates)
     out = stallfree("simulate", "--profile", str(profile), "--replay", str(result), "--policy", "chunked",
                     "--token-budget", str(BUDGET), "--max-num-seqs", str(SEQS), "--num-blocks", str(num_blocks),
                     "--speculative-tokens", str(drafts), "--acceptance-rate", rates,
-                    "--draft-rate", f"{min(1.0, spec['num_drafts'] / steps):.6f}", "--json", capture=True)  # fmt: skip
+                    "--draft-rate", f"{acceptance.proposal_rate:.6f}", "--json", capture=True)  # fmt: skip
     simulated = json.loads(out)["policies"]["chunked"]["spec_decode_acceptance_per_position"]
-    return simulated, spec["acceptance_per_position"]
+    return simulated, list(acceptance.rates)
 
 
 ServerStart = Callable[[int], contextlib.AbstractContextManager[tuple[str, int]]]

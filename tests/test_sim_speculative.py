@@ -132,3 +132,17 @@ def test_drafting_is_priced_by_method_and_lengthens_the_step() -> None:
     assert runs["ngram"] < runs["eagle"] < runs["model:llama-3-8b"]
     with pytest.raises(ValueError, match="unknown draft method"):
         draft_pricer("medusa", target)
+
+
+def test_acceptance_from_a_bench_results_counters() -> None:
+    # 4 requests, 100 tokens each: 396 tokens after the first ones, 96 of them accepted drafts, so
+    # 300 decode steps; 60 of them verified drafts
+    result = {
+        "total_output_tokens": 400,
+        "completed": 4,
+        "spec_decode": {"num_drafts": 60, "num_accepted_tokens": 96, "acceptance_per_position": [0.9, 0.7]},
+    }
+    acceptance = Acceptance.from_bench_result(result)
+    assert acceptance.rates == (0.9, 0.7) and acceptance.proposal_rate == pytest.approx(60 / 300)
+    with pytest.raises(ValueError, match="no spec-decode counters"):
+        Acceptance.from_bench_result({"total_output_tokens": 10, "completed": 1})

@@ -156,15 +156,10 @@ def _acceptance(args: argparse.Namespace) -> Acceptance | None:
         result = json.loads(Path(args.measured).read_text())
     except (OSError, ValueError) as exc:
         raise UsageError(f"--measured {args.measured}: {exc}") from None
-    counters = result.get("spec_decode")
-    if not counters:
-        raise UsageError(
-            f"--measured {args.measured} has no spec-decode counters (its server did not speculate, or "
-            "exports none): give --acceptance-rate"
-        )
-    # decode steps: every token after a request's first, less the accepted drafts (each saved one)
-    steps = result["total_output_tokens"] - result["completed"] - counters["num_accepted_tokens"]
-    return Acceptance.from_counters(counters, steps)
+    try:
+        return Acceptance.from_bench_result(result)
+    except ValueError as exc:
+        raise UsageError(f"--measured {args.measured}: {exc}: give --acceptance-rate") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,9 +3,9 @@
 The scheduler plans drafts (:class:`~stallfree.core.plan.ScheduledChunk.num_draft_tokens`); an
 executor says how many were right. The engine verifies them; the simulator draws them from an
 :class:`Acceptance` model with :class:`DraftVerifier`, which also proposes the next step's
-drafts (k for every request that got a token: a drafter that always guesses, as draft models and
-EAGLE do) and counts what :class:`DraftStats` reports, in vLLM's terms (its
-``vllm:spec_decode_*`` counters).
+drafts (k for a request that got a token, in a share of the steps: a draft model or EAGLE always
+guesses, n-gram lookup only where it finds a match), adds what drafting costs (:func:`draft_pricer`)
+and counts what :class:`DraftStats` reports, in vLLM's terms (its ``vllm:spec_decode_*`` counters).
 """
 
 from __future__ import annotations
@@ -65,12 +65,17 @@ class Acceptance:
         return acceptance
 
     @classmethod
-    def from_counters(cls, spec_decode: dict[str, Any], num_decode_steps: int) -> Acceptance:
-        """From a server's spec-decode counters (``bench``'s ``spec_decode``: acceptance by position
-        per verify step) and the decode steps its requests took (tokens after each request's first,
-        less the accepted drafts, each of which saved a step): the share of steps with drafts."""
-        rates = tuple(spec_decode["acceptance_per_position"]) or (0.0,)
-        share = spec_decode["num_drafts"] / num_decode_steps if num_decode_steps > 0 else 1.0
+    def from_bench_result(cls, result: dict[str, Any]) -> Acceptance:
+        """What a ``bench`` result's spec-decode counters say (its ``spec_decode``: acceptance by
+        position per verify step), with the share of decode steps that had drafts: the verify steps
+        over the decode steps its requests took (tokens after each request's first, less the
+        accepted drafts, each of which saved a step). ValueError if it has no such counters."""
+        counters = result.get("spec_decode")
+        if not counters:
+            raise ValueError("it has no spec-decode counters (its server did not speculate, or exports none)")
+        steps = result["total_output_tokens"] - result["completed"] - counters["num_accepted_tokens"]
+        rates = tuple(counters["acceptance_per_position"]) or (0.0,)
+        share = counters["num_drafts"] / steps if steps > 0 else 1.0
         return cls(tuple(min(r, 1.0) for r in rates), min(max(share, 1e-6), 1.0))
 
     def rate(self, position: int) -> float:
