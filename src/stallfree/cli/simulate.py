@@ -36,6 +36,7 @@ from stallfree.tune.sigint import stop_on_signal  # light: stdlib only
 if TYPE_CHECKING:
     from stallfree.core.serving import ServingConfig
     from stallfree.sim import SimulationResult
+    from stallfree.sim.speculative import Acceptance
 
 _DESCRIPTION = """\
 Simulate a serving replica under continuous traffic: requests arrive (Poisson, gamma, all at
@@ -179,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--step-noise needs --profile: it is how the profiled machine's steps varied")
     if not args.step_overhead_ms >= 0:
         raise UsageError(f"--step-overhead-ms must be >= 0, got {args.step_overhead_ms}")
-    workload, requests, results, cost_model_note = _simulate_all(args, servings)
+    acceptance = acceptance_arg(args)
+    workload, requests, results, cost_model_note = _simulate_all(args, servings, acceptance)
     interrupted = len(results) < len(policies) or any(r.partial for r in results)
     outputs = write_outputs(results, len(policies), args.requests_out, args.trace_out)
     if args.plot and not interrupted:
@@ -187,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
 
         outputs += [str(path) for path in plot_traffic(results, args.plot)]
     fingerprint = step_profile.fingerprint if step_profile is not None else None
-    scenario = _scenario(args, workload, len(requests), cost_model_note, fingerprint)
+    scenario = _scenario(args, workload, len(requests), cost_model_note, fingerprint, acceptance)
     stopped = summarize_interruption(results, policies, len(requests)) if interrupted else None
     if args.json:
         # One shape whether one policy ran or several.
@@ -214,10 +216,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _simulate_all(
-    args: argparse.Namespace, servings: list[ServingConfig]
+    args: argparse.Namespace, servings: list[ServingConfig], acceptance: Acceptance | None
 ) -> tuple[Any, Any, list[SimulationResult], str | None]:
     """The workload, its sampled requests, one result per serving config (fewer after a Ctrl-C
-    or SIGTERM, which stops the simulation between steps) and why auto picked the cost model."""
+    or SIGTERM, which stops the simulation between steps) and why auto picked the cost model;
+    ``acceptance``: how the chunked run's drafts fare (speculative decoding)."""
     from stallfree.metrics.io import parse_goodput
     from stallfree.sim import simulate
     from stallfree.workload import sample
@@ -231,7 +234,6 @@ def _simulate_all(
     pick, cost_model_note = pick_costs(args, **options)
     costs = _fleet_costs(args, options) if args.fleet else pick
     goodput = parse_goodput(args.goodput) if args.goodput else None
-    acceptance = acceptance_arg(args)
     if args.replay:
         from stallfree.workload.bench_result import load_bench_result
 
@@ -310,6 +312,7 @@ def _scenario(
     num_requests: int,
     cost_model_note: str | None,
     fingerprint: Mapping[str, Any] | None,
+    acceptance: Acceptance | None,
 ) -> dict[str, Any]:
     from stallfree.sim.report import describe_workload
     from stallfree.specs import HARDWARE_PRESETS, load_hardware_spec
@@ -345,16 +348,17 @@ def _scenario(
         "step_budget_ms": chunked.step_budget_ms,
         "max_num_seqs": chunked.num_seqs_limit,
         "enable_prefix_caching": chunked.enable_prefix_caching,
-        **_speculation(args, chunked),
+        **_speculation(args, chunked, acceptance),
         "block_size": chunked.block_size,
         "num_blocks": chunked.num_blocks,
         "gpu_memory_utilization": args.gpu_memory_utilization,
     }
 
 
-def _speculation(args: argparse.Namespace, chunked: ServingConfig) -> dict[str, Any]:
+def _speculation(
+    args: argparse.Namespace, chunked: ServingConfig, acceptance: Acceptance | None
+) -> dict[str, Any]:
     """The header's speculative decoding (nothing without it)."""
-    acceptance = acceptance_arg(args)
     if acceptance is None:
         return {}
     return {
