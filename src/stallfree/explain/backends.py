@@ -89,6 +89,7 @@ def run_explain(options: ExplainOptions) -> Explanation:
             context_tokens=scenario.context_tokens,
             prompt_tokens=scenario.prompt_tokens,
             prefill_alone_s=result.prefill_alone_s,
+            decode_step_s=result.decode_step_s,
         )
         return replace(result, disaggregated=row)
     # A real run with a profile: the measured model plans a time budget's chunks, and prices the
