@@ -61,9 +61,7 @@ class EngineConfig:
     def lookup_range(self) -> tuple[int, int]:
         """The n-gram lengths the drafter tries: vLLM's rule (5 and 5; one given sets the other)."""
         low, high = self.prompt_lookup_min, self.prompt_lookup_max
-        if low is None and high is None:
-            return 5, 5
-        return (low if low is not None else high or 5), (high if high is not None else low or 5)
+        return low or high or 5, high or low or 5
 
     @classmethod
     def from_options(cls, model: str = "random:small", **options: Any) -> EngineConfig:
