@@ -194,14 +194,14 @@ def _spec_key(model_id: str, system: str, framework: str, options: dict[str, Any
 
 
 def _compiled_spec(
-    model_id: str, system: str, framework: str, options: dict[str, Any], *, fresh: bool = False
+    model_id: str, system: str, framework: str, options: dict[str, Any], key: str, *, fresh: bool = False
 ) -> bytes:
     """aiconfigurator-core's compiled engine spec for the model on the system (~1 s: it resolves
-    every attention kernel's table), kept on disk per machine under :func:`_spec_key`; ``fresh``:
-    compile even if one is kept."""
+    every attention kernel's table), kept on disk per machine under ``key`` (:func:`_spec_key` of
+    the same arguments); ``fresh``: compile even if one is kept."""
     from aiconfigurator_core.sdk.engine import compile_engine
 
-    path = cache_dir() / "aiconfigurator-specs" / f"{_spec_key(model_id, system, framework, options)}.bin"
+    path = cache_dir() / "aiconfigurator-specs" / f"{key}.bin"
     if not fresh:
         with contextlib.suppress(OSError):
             return path.read_bytes()
@@ -284,9 +284,8 @@ class AicCostModel:
             options |= {"gemm_quant_mode": "fp8", "moe_quant_mode": "fp8", "kvcache_quant_mode": "fp8"}
         self._options = options
         self._engine: Any = None
-        self._memo_path = (
-            cache_dir() / "aiconfigurator-points" / f"{_spec_key(model_id, system, framework, options)}.json"
-        )
+        self._key = _spec_key(model_id, system, framework, options)  # the spec's file and the points'
+        self._memo_path = cache_dir() / "aiconfigurator-points" / f"{self._key}.json"
         memo = self._read_memo()
         try:
             context: list[str] = memo.get("context_ops") or []
@@ -310,7 +309,7 @@ class AicCostModel:
         )
         self._logits_op = generation.index("generation_logits_gemm")
         self.ops = tuple(context)
-        self._context_ops, self._generation_ops = context, generation
+        self._generation_ops = generation
         self._body: dict[int, float] = {}
         self._decode_body: dict[int, float] = {}
         self._logits: dict[int, float] = {0: 0.0}
@@ -330,7 +329,7 @@ class AicCostModel:
         if self._engine is None:
             from aiconfigurator_core.sdk.engine import EngineHandle
 
-            args = (self.model_id, self.system, self.framework, self._options)
+            args = (self.model_id, self.system, self.framework, self._options, self._key)
             try:
                 self._engine = EngineHandle(_compiled_spec(*args))
             except ValueError:  # a damaged spec kept on disk (or none compiles): compile it again
@@ -372,7 +371,7 @@ class AicCostModel:
         if self._num_points() == self._num_memo_points:
             return
         memo = {
-            "context_ops": self._context_ops,
+            "context_ops": list(self.ops),
             "generation_ops": self._generation_ops,
             "body": self._body,
             "decode_body": self._decode_body,
