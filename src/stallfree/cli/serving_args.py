@@ -136,9 +136,12 @@ def add_serving_args(parser: argparse._ActionsContainer, *, policy_list: bool = 
         )
 
 
-def add_acceptance_arg(parser: argparse._ActionsContainer, *, draft: bool = False) -> None:
-    """``--acceptance-rate`` and ``--draft-rate``: how often the simulator's drafts are right and
-    made (with ``--speculative-tokens``); ``draft``: ``--draft`` too, what drafting costs."""
+def add_acceptance_arg(
+    parser: argparse._ActionsContainer, *, draft_rate: bool = True, draft: bool = False
+) -> None:
+    """``--acceptance-rate`` (and with ``draft_rate`` ``--draft-rate``): how often the simulator's
+    drafts are right and made (with ``--speculative-tokens``); ``draft``: ``--draft`` too, what
+    drafting costs."""
     parser.add_argument(
         "--acceptance-rate",
         metavar="RATE",
@@ -146,14 +149,15 @@ def add_acceptance_arg(parser: argparse._ActionsContainer, *, draft: bool = Fals
         "or by position as vLLM's spec-decode metrics report it (0.8,0.6,0.45,0.3: verify steps whose "
         "i-th draft was accepted)",
     )
-    parser.add_argument(
-        "--draft-rate",
-        type=float,
-        default=1.0,
-        metavar="SHARE",
-        help="with --speculative-tokens: the share of decode steps that have drafts (n-gram lookup finds "
-        "none where the text does not repeat; a draft model always guesses) (default 1)",
-    )
+    if draft_rate:
+        parser.add_argument(
+            "--draft-rate",
+            type=float,
+            default=1.0,
+            metavar="SHARE",
+            help="with --speculative-tokens: the share of decode steps that have drafts (n-gram lookup "
+            "finds none where the text does not repeat; a draft model always guesses) (default 1)",
+        )
     if not draft:
         return
     parser.add_argument(

@@ -26,7 +26,7 @@ from stallfree.cli.cost_args import (
     measured_profile,
     resolve_cost_model,
 )
-from stallfree.cli.serving_args import add_prefix_caching_arg
+from stallfree.cli.serving_args import add_acceptance_arg, add_prefix_caching_arg
 from stallfree.cli.sweep import add_run_args, make_dir, show_progress, trial_pool
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ DEFAULT_MODEL = "mistral-7b"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from stallfree.core.policy import SPECULATIVE_RULES  # light
     from stallfree.core.router import ROUTER_NAMES  # light
     from stallfree.tune.slo import (  # light
         SLO_FLAGS,
@@ -74,22 +75,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="also try chunked with speculative decoding: each decode verifies up to K draft tokens "
         "(n-gram, free to draft), e.g. 0,2,4; needs --acceptance-rate (default: no drafts)",
     )
-    p.add_argument(
-        "--acceptance-rate",
-        metavar="RATE",
-        help="with --speculative-tokens: the share of draft tokens accepted, each independently (0.7), or "
-        "one rate a position as vLLM's spec-decode metrics report it (0.8,0.6,0.45,0.3)",
-    )
-    p.add_argument(
-        "--draft",
-        default="ngram",
-        metavar="METHOD",
-        help="with --speculative-tokens: what drafting costs: ngram (free), eagle (a decoder layer's share "
-        "of a decode step a pass) or model:NAME (the draft model's decode step a pass) (default ngram)",
-    )
+    add_acceptance_arg(p, draft_rate=False, draft=True)
     p.add_argument(
         "--speculative-rule",
-        choices=("vllm", "sglang"),
+        choices=tuple(SPECULATIVE_RULES),
         default="vllm",
         help="with --speculative-tokens: whose rule shares a step between drafts and prompt chunks, and so "
         "whose launch line is printed (default %(default)s)",
