@@ -36,6 +36,7 @@ from stallfree.tune.sigint import stop_on_signal  # light: stdlib only
 if TYPE_CHECKING:
     from stallfree.core.serving import ServingConfig
     from stallfree.sim import SimulationResult
+    from stallfree.sim.disagg import Disaggregation
     from stallfree.sim.speculative import Acceptance
 
 _DESCRIPTION = """\
@@ -105,6 +106,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=0.0,
         help="time from the router's choice to the replica's queue, counted in TTFT (default 0)",
     )
+    d = p.add_argument_group("disaggregation")
+    d.add_argument(
+        "--disaggregate",
+        metavar="xPyD",
+        help="serve from x prefill and y decode replicas, each request's KV moved between them over "
+        "--kv-link (same as --policy disagg:xPyD; list it beside chunked to compare on the same GPUs)",
+    )
+    d.add_argument(
+        "--kv-link",
+        default="nvlink",
+        metavar="LINK",
+        help="between the pools: nvlink (the hardware's GPU-to-GPU figure), ib-400, roce-200, ethernet-100, "
+        "or a number of GB/s a GPU (default %(default)s)",
+    )
+    for pool in ("prefill", "decode"):
+        d.add_argument(
+            f"--{pool}-tp", type=positive_int, metavar="N", help=f"GPUs a {pool} replica (default --tp)"
+        )
+    d.add_argument(
+        "--prefill-token-budget",
+        type=positive_int,
+        metavar="N",
+        help="tokens a prefill replica's step may hold (default --token-budget)",
+    )
     g = p.add_argument_group("model and hardware")
     add_roofline_args(g)
     add_roofline_dtype_arg(g, None)
@@ -167,8 +192,8 @@ def run(args: argparse.Namespace) -> int:
     from stallfree.sim.outputs import write_outputs
     from stallfree.sim.report import format_table, interrupted_text, summarize_interruption
 
-    servings = serving_configs(args)
-    policies = [serving.policy for serving in servings]
+    servings = _runs(args)
+    policies = [_label(serving, disagg) for serving, disagg in servings]
     step_profile = None  # the model default and the header's fingerprint
     if args.profile is not None:
         from stallfree.specs.step_profile import load_profile
@@ -215,8 +240,63 @@ def run(args: argparse.Namespace) -> int:
     return 130
 
 
+def _label(serving: ServingConfig, disagg: Disaggregation | None) -> str:
+    return serving.policy if disagg is None else f"disagg:{disagg.shape}"
+
+
+def _runs(args: argparse.Namespace) -> list[tuple[ServingConfig, Disaggregation | None]]:
+    """One (serving config, disaggregation) per entry of ``--policy`` (``disagg:xPyD`` entries, or
+    ``--disaggregate``, run chunked pools); aggregated entries beside a disaggregated one default to
+    its GPUs (``--replicas``: their GPUs over --tp)."""
+    from stallfree.costs.kv_transfer import PoolShape
+    from stallfree.sim.disagg import Disaggregation
+
+    names = [name.strip() for name in args.policy.split(",") if name.strip()]
+    if args.disaggregate is not None:
+        if args.policy != "chunked":
+            raise UsageError("give --disaggregate xPyD or list disagg:xPyD in --policy, not both")
+        names = [f"disagg:{args.disaggregate}"]
+    shapes = []
+    for name in (n for n in names if n.startswith("disagg:")):
+        try:
+            shapes.append(PoolShape.parse(name[7:], args.prefill_tp or args.tp, args.decode_tp or args.tp))
+        except ValueError as exc:
+            raise UsageError(f"--policy {name}: {exc}") from None
+    if not shapes:
+        for flag in ("kv_link", "prefill_tp", "decode_tp", "prefill_token_budget"):
+            if getattr(args, flag) not in (None, "nvlink"):
+                raise UsageError(f"--{flag.replace('_', '-')} applies with --disaggregate xPyD")
+        return [(serving, None) for serving in serving_configs(args)]
+    if len({str(shape) for shape in shapes}) != len(shapes):
+        raise UsageError(f"policy listed twice in {args.policy!r}")
+    if args.fleet or args.route_delay_ms or args.num_speculative_tokens:
+        raise UsageError("--disaggregate runs pools of --tp GPUs: no --fleet, --route-delay-ms or drafts yet")
+    aggregated = [n for n in names if not n.startswith("disagg:")]
+    chunked = serving_config(args, "chunked")
+    runs: list[tuple[ServingConfig, Disaggregation | None]] = []
+    if aggregated:
+        runs += [
+            (serving, None)
+            for serving in serving_configs(
+                argparse.Namespace(**{**vars(args), "policy": ",".join(aggregated)})
+            )
+        ]
+        if args.replicas == 1:  # the same GPUs as the (first) disaggregated deployment
+            gpus = shapes[0].num_gpus
+            if gpus % args.tp:
+                raise UsageError(
+                    f"{shapes[0]} has {gpus} GPUs, not a whole number of --tp {args.tp} replicas: give --replicas"
+                )
+            args.replicas = gpus // args.tp
+    budget = args.prefill_token_budget
+    runs += [(chunked, Disaggregation(shape, args.kv_link, budget)) for shape in shapes]
+    return runs
+
+
 def _simulate_all(
-    args: argparse.Namespace, servings: list[ServingConfig], acceptance: Acceptance | None
+    args: argparse.Namespace,
+    servings: list[tuple[ServingConfig, Disaggregation | None]],
+    acceptance: Acceptance | None,
 ) -> tuple[Any, Any, list[SimulationResult], str | None]:
     """The workload, its sampled requests, one result per serving config (fewer after a Ctrl-C
     or SIGTERM, which stops the simulation between steps) and why auto picked the cost model;
@@ -243,13 +323,13 @@ def _simulate_all(
         requests = sample(workload, num_requests, args.seed)
     results: list[SimulationResult] = []
     with stop_on_signal() as stop:
-        for serving in servings:
+        for serving, disagg in servings:
             if stop.is_set():
                 break
             started = time.perf_counter()
             result = simulate(
                 requests,
-                costs,
+                costs if disagg is None else cost_choice(args, **options),
                 serving,
                 gpu_memory_utilization=args.gpu_memory_utilization,
                 goodput=goodput,
@@ -263,6 +343,7 @@ def _simulate_all(
                 route_delay_ms=args.route_delay_ms,
                 acceptance=acceptance if serving.num_speculative_tokens else None,
                 draft=args.draft,
+                disaggregate=disagg,
             )
             result.summary["sim_wall_s"] = time.perf_counter() - started
             results.append(result)

@@ -86,10 +86,12 @@ class StepContext:
         return seq.num_known_tokens - self._start(seq)
 
     def _start(self, seq: Sequence) -> int:
-        """The computed tokens ``seq``'s next chunk starts after (a waiting one's cache hit)."""
+        """The computed tokens ``seq``'s next chunk starts after (a waiting one's cache hit, or
+        the KV that came with it)."""
         if seq.request_id in self._state.running_by_id:
             return seq.num_computed_tokens
-        return len(self._state.cached_prefix(seq)) * self._state.block_manager.block_size
+        cached = len(self._state.cached_prefix(seq)) * self._state.block_manager.block_size
+        return max(cached, _external(seq))
 
     # -- actions ----------------------------------------------------------------
     def schedule_running(self, seq: Sequence, num_tokens: int, *, preempt: bool) -> int:
@@ -204,8 +206,8 @@ class StepContext:
     def admit(self, num_tokens: int) -> int:
         """Move the head of the waiting queue to running with a first chunk.
 
-        Its cached prefix (with prefix caching) counts as computed and costs no budget: the
-        chunk starts after it. Admits only if a sequence slot is free and the blocks of the
+        Its cached prefix (with prefix caching), or the KV that came with it (disaggregated
+        serving), counts as computed and costs no budget: the chunk starts after it. Admits only if a sequence slot is free and the blocks of the
         whole prompt (or recompute) fit above the watermark, though only the chunk's are
         allocated now; returns the tokens scheduled (0: not admitted).
         """
@@ -216,7 +218,8 @@ class StepContext:
         bm = state.block_manager
         hits = state.cached_prefix(seq)
         num_cached = len(hits) * bm.block_size
-        num_tokens = min(num_tokens, seq.num_known_tokens - num_cached)
+        start = max(num_cached, _external(seq))  # KV that came with it costs no budget either
+        num_tokens = min(num_tokens, seq.num_known_tokens - start)
         if num_tokens <= 0:
             return 0
         # Checking the first chunk alone would admit prompts whose later chunks find no room:
@@ -231,9 +234,9 @@ class StepContext:
             state.num_prefix_hit_tokens += num_cached
         if hits:
             bm.take_cached(seq.request_id, hits)
-            seq.num_computed_tokens = num_cached
-        target = num_cached + num_tokens
-        self._add(seq, num_tokens, (*hits, *bm.allocate(seq.request_id, target)), after_cache_hit=bool(hits))
+        seq.num_computed_tokens = start
+        target = start + num_tokens
+        self._add(seq, num_tokens, (*hits, *bm.allocate(seq.request_id, target)), after_cache_hit=start > 0)
         state.cache_computed(seq, target)
         return num_tokens
 
@@ -263,3 +266,9 @@ class StepContext:
             freed_request_ids=freed + tuple(self._preempted),
             trimmed_block_tables=trimmed if trimmed else _NOTHING_TRIMMED,
         )
+
+
+def _external(seq: Sequence) -> int:
+    """The tokens of ``seq``'s KV that came with it, short of its last known token (run again for
+    its logits, as vLLM's decode server does after a remote prefill)."""
+    return min(seq.num_external_tokens, seq.num_known_tokens - 1)

@@ -93,6 +93,13 @@ class Request:
     prompt_blocks: PromptBlocks | None = field(default=None, compare=False, repr=False)
     # the conversation it belongs to (a session-affine router keys on it); None: none said
     session_id: str | None = field(default=None, compare=False, repr=False)
+    # Disaggregated serving. On a decode server: the KV of this many prompt tokens arrives with the
+    # request (a prefill server computed them; vLLM's remote prefill), so it starts after them as
+    # after a prefix-cache hit, its last prompt token run again for logits. On a prefill server:
+    # ``sends_kv``, its KV goes to a decode server, so its blocks stay held once it finishes,
+    # until :meth:`~stallfree.core.scheduler.Scheduler.release_kv`.
+    num_external_tokens: int = field(default=0, compare=False, repr=False)
+    sends_kv: bool = field(default=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens <= 0:
@@ -101,3 +108,7 @@ class Request:
             raise ValueError(f"request {self.request_id}: max_tokens must be positive")
         if not (math.isfinite(self.arrival_time_s) and self.arrival_time_s >= 0):
             raise ValueError(f"request {self.request_id}: arrival_time_s must be finite and >= 0")
+        if not 0 <= self.num_external_tokens <= self.num_prompt_tokens:
+            raise ValueError(
+                f"request {self.request_id}: num_external_tokens must be in [0, num_prompt_tokens]"
+            )

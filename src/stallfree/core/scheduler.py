@@ -11,7 +11,8 @@ plan to an executor, and give the executor's :class:`StepResult` back through
    token, admits within ``max_num_seqs`` and the watermark, and preempts the newest running
    request when blocks run out;
 3. ``update_from_output`` advances every scheduled request and finishes those that stopped or
-   reached ``max_tokens``; their blocks are freed and announced in the next plan. A decode that
+   reached ``max_tokens``; their blocks are freed and announced in the next plan (held instead,
+   for a request whose KV goes to a decode server, until :meth:`Scheduler.release_kv`). A decode that
    verified draft tokens keeps the accepted ones (and the token after them); the KV slots of the
    rejected ones are released, their blocks announced as trimmed in the next plan.
 
@@ -94,12 +95,18 @@ class Scheduler:
         self._known_ids.discard(request_id)
         if request_id in self.state.running_by_id:
             self.state.finish((request_id,))
+            if request_id in self.state.held:  # aborted: no decode server will read it
+                self.state.release(request_id)
             self._freed.append(request_id)
         else:
             self.state.drop_waiting(request_id)
         return True
 
     # -- state ------------------------------------------------------------------
+    def has_request(self, request_id: str) -> bool:
+        """``request_id`` waits or runs here."""
+        return request_id in self._known_ids
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.state.waiting or self.state.running)
 
@@ -187,9 +194,23 @@ class Scheduler:
             self._trimmed[seq.request_id] = kept
 
     def _finish(self, request_ids: list[str]) -> None:
-        self.state.finish(request_ids)
+        state = self.state
+        state.finish(request_ids)
         self._known_ids.difference_update(request_ids)
-        self._freed.extend(request_ids)
+        self._freed.extend(rid for rid in request_ids if rid not in state.held)
+
+    def release_kv(self, request_id: str) -> None:
+        """A decode server has the KV of finished ``request_id`` (``Request.sends_kv``): free its
+        blocks, announced in the next plan."""
+        if request_id not in self.state.held:
+            raise ValueError(f"request {request_id!r} holds no KV for a transfer")
+        self.state.release(request_id)
+        self._freed.append(request_id)
+
+    @property
+    def num_held_kv(self) -> int:
+        """Finished requests whose blocks wait for a decode server to take their KV."""
+        return len(self.state.held)
 
     # -- steady runs (the simulator's fast path) ------------------------------------------
     def steady_run(self, plan: StepPlan) -> SteadyRun:

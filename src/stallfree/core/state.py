@@ -8,7 +8,9 @@ only through the methods below, which keep the invariants:
 - a running request holds exactly the KV blocks of its computed tokens (plus those scheduled
   this step, draft tokens' included: the scheduler trims what rejected drafts took when the
   step's result comes back); a waiting one holds none, so a preempted request recomputes from token 0, less
-  whatever of its prompt is still in the prefix cache when it is admitted again.
+  whatever of its prompt is still in the prefix cache when it is admitted again;
+- a finished request that sends its KV away (``Request.sends_kv``) keeps its blocks, listed in
+  ``held``, until :meth:`release`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class Sequence:
     __slots__ = (
         "block_keys",
         "num_computed_tokens",
+        "num_external_tokens",
         "num_output_tokens",
         "num_prompt_tokens",
         "num_proposed_drafts",
@@ -41,6 +44,8 @@ class Sequence:
         self.request_id = request.request_id
         self.num_prompt_tokens = request.num_prompt_tokens
         self.num_computed_tokens = 0
+        # KV that came with it (disaggregated serving), until a preemption loses it
+        self.num_external_tokens = request.num_external_tokens
         self.num_output_tokens = 0
         self.num_proposed_drafts = 0  # draft tokens its executor proposed for its next step
         self.block_keys: tuple[int, ...] = ()  # its known full blocks' cache keys (with caching)
@@ -75,6 +80,7 @@ class SchedulerState:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.running_by_id: dict[str, Sequence] = {}
+        self.held: set[str] = set()  # finished, blocks kept for a decode server to read
         self.num_preemptions = 0
         # vLLM's prefix-cache counters: known tokens looked up at each admission, and found.
         self.num_prefix_queried_tokens = 0
@@ -134,17 +140,24 @@ class SchedulerState:
             self.running.remove(seq)
         del self.running_by_id[seq.request_id]
         self.block_manager.free(seq.request_id)
-        seq.num_computed_tokens = 0
+        seq.num_computed_tokens = seq.num_external_tokens = 0
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
     def finish(self, request_ids: Iterable[str]) -> None:
-        """Drop running requests and free their blocks."""
+        """Drop running requests and free their blocks (hold them, for those that send their KV)."""
         by_id = self.running_by_id
         for rid in request_ids:
-            del by_id[rid]
-            self.block_manager.free(rid)
+            if by_id.pop(rid).request.sends_kv:
+                self.held.add(rid)
+            else:
+                self.block_manager.free(rid)
         self.running = [s for s in self.running if s.request_id in by_id]
+
+    def release(self, request_id: str) -> None:
+        """Free the blocks a finished request held for its KV's transfer."""
+        self.held.remove(request_id)
+        self.block_manager.free(request_id)
 
     def drop_waiting(self, request_id: str) -> None:
         self.waiting = deque(s for s in self.waiting if s.request_id != request_id)

@@ -10,6 +10,7 @@ and LMCache's layer-wise send), so only what outlasts the prefill's compute stay
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from stallfree.specs import HardwareSpec, ModelSpec
@@ -104,3 +105,36 @@ def kv_transfer(
     layers = model.num_layers
     exposed_s = max(wire_s / layers, wire_s - prefill_s * (layers - 1) / layers)
     return KvTransfer(num_bytes, links, wire_s, exposed_s)
+
+
+_SHAPE = re.compile(r"([1-9]\d*)P([1-9]\d*)D")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolShape:
+    """``num_prefill`` prefill replicas of ``tp_prefill`` GPUs and ``num_decode`` decode replicas of
+    ``tp_decode`` ("xPyD")."""
+
+    num_prefill: int
+    num_decode: int
+    tp_prefill: int = 1
+    tp_decode: int = 1
+
+    def __post_init__(self) -> None:
+        if min(self.num_prefill, self.num_decode, self.tp_prefill, self.tp_decode) < 1:
+            raise ValueError(f"{self}: every pool needs a replica and every replica a GPU")
+
+    @classmethod
+    def parse(cls, text: str, tp_prefill: int = 1, tp_decode: int = 1) -> PoolShape:
+        """``2P4D`` -> 2 prefill and 4 decode replicas."""
+        match = _SHAPE.fullmatch(text.strip())
+        if match is None:
+            raise ValueError(f"give prefill and decode replicas as xPyD (1P1D, 2P4D), got {text!r}")
+        return cls(int(match[1]), int(match[2]), tp_prefill, tp_decode)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_prefill * self.tp_prefill + self.num_decode * self.tp_decode
+
+    def __str__(self) -> str:
+        return f"{self.num_prefill}P{self.num_decode}D"

@@ -9,25 +9,21 @@ price is GPUs: ``x`` prefill and ``y`` decode groups of ``tp`` each, where the o
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from stallfree.core import ScheduledChunk, StepPlan, synthetic_plan
 from stallfree.core.step import StepCostModel
-from stallfree.costs.kv_transfer import KvLink, kv_transfer
+from stallfree.costs.kv_transfer import KvLink, PoolShape, kv_transfer
 from stallfree.specs import ModelSpec
-
-_POOLS = re.compile(r"^([1-9]\d*)P([1-9]\d*)D$")
 
 
 def parse_pools(text: str) -> tuple[int, int]:
     """``2P4D`` -> (2, 4): prefill and decode groups."""
-    found = _POOLS.match(text)
-    if found is None:
-        raise ValueError(
-            f"argument --disaggregate: give prefill and decode groups as xPyD (1P1D, 2P4D), got {text!r}"
-        )
-    return int(found[1]), int(found[2])
+    try:
+        shape = PoolShape.parse(text)
+    except ValueError as exc:
+        raise ValueError(f"argument --disaggregate: {exc}") from None
+    return shape.num_prefill, shape.num_decode
 
 
 def disaggregated(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import numpy as np
@@ -19,10 +19,12 @@ from stallfree.core import ChunkedPolicy, Request, Scheduler
 from stallfree.core.router import Router, make_router
 from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice, CostPick, pick_cost_model
+from stallfree.costs.kv_transfer import kv_link, kv_transfer_bytes
 from stallfree.costs.measured import VariedSteps
 from stallfree.costs.memory import KvMemory, fixed_kv_memory, kv_memory
 from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
+from stallfree.sim.disagg import Disaggregation, disaggregated_summary, run_disaggregated
 from stallfree.sim.fleet import run_fleet
 from stallfree.sim.speculative import Acceptance, DraftStats, DraftVerifier, draft_pricer
 from stallfree.sim.traffic import StepTrace, TrafficRun, run_traffic
@@ -64,6 +66,7 @@ def simulate(
     route_delay_ms: float = 0.0,
     acceptance: Acceptance | None = None,
     draft: str = "ngram",
+    disaggregate: Disaggregation | None = None,
 ) -> SimulationResult:
     """Simulate ``workload`` served as ``serving`` says, its steps priced as ``costs`` says.
 
@@ -105,7 +108,26 @@ def simulate(
     nothing, ``eagle`` a layer's share of a decode step, ``model:NAME`` that model's decode step:
     :func:`~stallfree.sim.speculative.draft_pricer`); the summary adds vLLM's spec-decode counters
     and rates (:meth:`~stallfree.sim.speculative.DraftStats.summary`).
+
+    ``disaggregate``: a prefill pool and a decode pool joined by KV links instead
+    (:mod:`stallfree.sim.disagg`), each replica priced by ``costs`` (a choice, its TP the pool's)
+    and scheduled by ``serving`` (the prefill pool's token budget its own); ``router`` picks a
+    replica in each pool. The summary is the client's, plus ``disaggregation`` (the pools and the
+    KV's trips: :func:`disaggregated_summary`).
     """
+    if disaggregate is not None:
+        return _simulate_disaggregated(
+            disaggregate,
+            costs,
+            serving or ServingConfig(),
+            _requests(workload, num_requests, seed),
+            router,
+            seed,
+            goodput,
+            gpu_memory_utilization,
+            fast,
+            stop,
+        )
     picks = _picks(costs, replicas)
     pick, serving = picks[0], serving or ServingConfig()
     if serving.num_speculative_tokens and acceptance is None:
@@ -231,6 +253,76 @@ def _simulate_fleet(
         replicas=each,
     )
     return SimulationResult(serving.policy, summary, run.records, run.itl, kv, None, run.stopped)
+
+
+def _simulate_disaggregated(
+    plan: Disaggregation,
+    costs: CostChoice | CostPick | Sequence[CostChoice | CostPick],
+    serving: ServingConfig,
+    requests: Iterable[Request],
+    router: str,
+    seed: int,
+    goodput: Mapping[str, float] | None,
+    gpu_memory_utilization: float,
+    fast: bool,
+    stop: Callable[[], bool] | None,
+) -> SimulationResult:
+    shape = plan.shape
+    if not isinstance(costs, CostChoice):
+        raise ValueError("a disaggregated run prices each pool from one cost choice (its TP the pool's)")
+    if serving.num_speculative_tokens or serving.policy != "chunked":
+        raise ValueError("a disaggregated run's pools schedule as the chunked policy, without drafts")
+    prefill_serving = plan.prefill_serving(serving)
+    pools = []
+    for tp, pool_serving, count in (
+        (shape.tp_prefill, prefill_serving, shape.num_prefill),
+        (shape.tp_decode, serving, shape.num_decode),
+    ):
+        pick = pick_cost_model(replace(costs, tp=tp))
+        kv = _kv_memory(pick, pool_serving, gpu_memory_utilization)
+        schedulers = [
+            pool_serving.make_scheduler(pick.model.max_position_embeddings, kv.num_blocks)
+            for _ in range(count)
+        ]
+        pools.append((pick, kv, schedulers, [pick.pricer] * count))
+    (ppick, pkv, pschedulers, pcosts), (_, dkv, dschedulers, dcosts) = pools
+    link = kv_link(plan.kv_link, ppick.hardware)
+    model, dtype_bytes = ppick.model, ppick.dtype_bytes
+    routers = (make_router(router, shape.num_prefill, seed), make_router(router, shape.num_decode, seed + 1))
+    run = run_disaggregated(
+        shape,
+        (pschedulers, pcosts),
+        (dschedulers, dcosts),
+        routers,
+        link,
+        lambda n: kv_transfer_bytes(model, n, dtype_bytes),
+        requests,
+        fast=fast,
+        stop=stop,
+    )
+    if not run.records and not run.stopped:
+        raise ValueError("no request could run: the workload is empty")
+    runs = [*run.prefill, *run.decode]
+    whole = TrafficRun(
+        records=run.records,
+        itl=run.itl,
+        duration_s=run.duration_s,
+        num_steps=sum(r.num_steps for r in runs),
+        num_plans=sum(r.num_plans for r in runs),
+        num_preemptions=sum(r.num_preemptions for r in runs),
+        rejected_reasons=_merged(r.rejected_reasons for r in runs),
+        steps=None,
+        max_step_s=max(r.max_step_s for r in run.decode),
+        stopped=run.stopped,
+    )
+    summary = _summary(whole, serving, pschedulers, dkv, goodput)
+    summary.update(
+        policy=f"disagg:{shape}",
+        num_kv_blocks=shape.num_prefill * pkv.num_blocks + shape.num_decode * dkv.num_blocks,
+        router=router,
+        disaggregation=disaggregated_summary(run, shape, link, (prefill_serving, serving), (pkv, dkv)),
+    )
+    return SimulationResult(f"disagg:{shape}", summary, run.records, run.itl, dkv, None, run.stopped)
 
 
 def _merged_drafts(runs: Iterable[TrafficRun]) -> DraftStats | None:

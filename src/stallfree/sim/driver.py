@@ -85,8 +85,9 @@ class Replica(Protocol):
         ...
 
     def cut(self, at_s: float) -> float | None:
-        """A request was just added while a step is in flight; it reaches the scheduler at
-        ``at_s``: the step's new end if it was a steady run that request ends sooner, else None."""
+        """A request was just added (or something else changed) while a step is in flight; it
+        reaches the scheduler at ``at_s``: the step's new end if that changes it (a steady run the
+        request ends sooner; a link's transfers slowed by a new one), else None."""
         ...
 
     def finish_step(self) -> None:
@@ -95,6 +96,9 @@ class Replica(Protocol):
 
 
 Route = Callable[[Request], int]
+Handoff = tuple[int, Callable[[float], None]]
+"""Participant ``i`` changed at the current instant by calling ``f(now_s)`` (a request handed to
+it, blocks freed in it): it is then woken, or its step in flight cut, as for an arrival."""
 
 
 def drive(
@@ -104,6 +108,7 @@ def drive(
     *,
     route: Route | None = None,
     stop: Callable[[], bool] | None = None,
+    handoffs: list[Handoff] | None = None,
 ) -> bool:
     """Run ``requests`` (ordered by ``arrival_time_s``) through ``replicas`` until all is done.
 
@@ -116,6 +121,10 @@ def drive(
     routed to it (:meth:`Replica.cut`: a fleet's replicas must be able to, e.g. a cuttable
     :class:`~stallfree.sim.traffic.TrafficReplica`); the steps in flight wait in a heap by their
     end, and an idle replica is not asked again until a request reaches it.
+
+    ``handoffs``: a list the participants append to as their steps end (a prefill replica hands a
+    request to a KV link, the link to a decode replica); the loop applies them at that instant,
+    before the arrivals due, waking or cutting each participant changed.
     """
     pending = iter(requests)
     upcoming = next(pending, None)
@@ -137,6 +146,12 @@ def drive(
             stepped = True
         if stepped and stop is not None and stop() and _work_left(upcoming, replicas):
             return True
+        while handoffs:
+            batch = handoffs[:]
+            del handoffs[: len(batch)]
+            for i, change in batch:  # a change may hand on more: the next turn takes them
+                change(now_s)
+                _touched(i, now_s, replicas, ends_s, due, ready)
         while upcoming is not None and upcoming.arrival_time_s <= now_s:
             if upcoming.arrival_time_s < last_arrival_s:
                 raise ValueError(f"request {upcoming.request_id} arrives before the one before it")
@@ -146,10 +161,7 @@ def drive(
             if ends_s[i] is None:
                 ready.append(i)
             elif not lone:
-                cut_s = replicas[i].cut(now_s)
-                if cut_s is not None:
-                    ends_s[i] = cut_s
-                    heapq.heappush(due, (cut_s, i))
+                _touched(i, now_s, replicas, ends_s, due, ready)
             upcoming = next(pending, None)
         next_arrival_s = upcoming.arrival_time_s if upcoming is not None else None
         for i in sorted(set(ready)):
@@ -158,6 +170,8 @@ def drive(
                 if started_end_s is not None:
                     heapq.heappush(due, (started_end_s, i))
         ready.clear()
+        if handoffs:
+            continue  # a step that started changed another participant: apply it at this instant
         while due and ends_s[due[0][1]] != due[0][0]:
             heapq.heappop(due)  # stale: its replica's step was cut
         next_s = due[0][0] if due else next_arrival_s
@@ -166,6 +180,24 @@ def drive(
         if next_arrival_s is not None and next_arrival_s < next_s:
             next_s = next_arrival_s
         clock.wait_until(next_s)
+
+
+def _touched(
+    i: int,
+    now_s: float,
+    replicas: Sequence[Replica],
+    ends_s: list[float | None],
+    due: list[tuple[float, int]],
+    ready: list[int],
+) -> None:
+    """Replica ``i`` just changed: start it if idle, else let it cut (or move) its step's end."""
+    if ends_s[i] is None:
+        ready.append(i)
+        return
+    cut_s = replicas[i].cut(now_s)
+    if cut_s is not None:
+        ends_s[i] = cut_s
+        heapq.heappush(due, (cut_s, i))
 
 
 def _work_left(upcoming: Request | None, replicas: Sequence[Replica]) -> bool:

@@ -170,7 +170,7 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
                 else f"  {s['policy']}: no request completed, so it has no latencies (-)"
             )
     for s in summaries:
-        lines += _replica_lines(s)
+        lines += _replica_lines(s) + _disagg_lines(s)
     if outputs:
         lines += ["", "  wrote: " + ", ".join(outputs)]
     return "\n".join(lines)
@@ -202,6 +202,30 @@ def _replica_lines(summary: dict[str, Any]) -> list[str]:
             f"  {'replica ' + str(i):<12}{str(r['tp']) + ' x ' + r['hardware']:>16}{r['completed'] + r['rejected']:>10,}{hits:>12}{r['busy_s']:>11,.1f}{ttft:>15}"
         )
     return lines
+
+
+def _disagg_lines(summary: dict[str, Any]) -> list[str]:
+    """A disaggregated run's pools, KV link and each request's way through them."""
+    d = summary.get("disaggregation")
+    if not d:
+        return []
+
+    def pool(name: str) -> str:
+        p = d[name]
+        budget = f", token budget {p['token_budget']:,}" if name == "prefill" else ""
+        return f"{p['replicas']} {name} replicas ({p['tp']} GPU{'s' if p['tp'] > 1 else ''} each{budget}) busy {p['busy']:.0%}"
+
+    def stage(name: str) -> str:
+        return " / ".join(format_metric(d.get(f"{q}_{name}_ms"), "{:,.1f}") for q in ("median", "p90", "p99"))
+
+    return [
+        "",
+        f"  {summary['policy']}: {pool('prefill')}, {pool('decode')}; {d['gpus']:,} GPUs",
+        f"  KV over {d['kv_link']} ({d['kv_link_bytes_per_s'] / 1e9:,.0f} GB/s a GPU): {d['num_kv_transfers']:,} "
+        f"transfers, {d['kv_bytes'] / 1e9:,.1f} GB, the links busy {d['link_busy']:.1%} of the time",
+        f"  a request's way (ms, p50 / p90 / p99): arrival to prefill done {stage('prefill')}; "
+        f"KV transfer {stage('kv_transfer')}; wait for a decode slot {stage('decode_queue')}",
+    ]
 
 
 def summarize_interruption(

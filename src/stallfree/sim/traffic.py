@@ -127,7 +127,8 @@ class TrafficReplica:
     this replica; its steps, times and tokens are those of a run told that arrival at its start.
 
     ``drafts`` (speculative decoding): accepts the drafts each step verifies and proposes the next
-    ones (:class:`~stallfree.sim.speculative.DraftVerifier`).
+    ones (:class:`~stallfree.sim.speculative.DraftVerifier`). ``on_finished(request_id, end_s)`` is
+    called for each request a step finishes (a prefill replica hands it to a KV link).
     """
 
     def __init__(
@@ -140,8 +141,10 @@ class TrafficReplica:
         step_budget_s: float | None = None,
         cuttable: bool = False,
         drafts: DraftVerifier | None = None,
+        on_finished: Callable[[str, float], None] | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self._on_finished = on_finished
         self._drafts = drafts
         self._cost_model = cost_model
         self._fast = fast
@@ -206,7 +209,8 @@ class TrafficReplica:
         scheduler = self.scheduler
         plan = scheduler.schedule()
         if not plan.chunks:
-            if scheduler.has_unfinished_requests():  # pragma: no cover - a scheduler bug
+            # Waiting requests may wait for the blocks finished ones hold for a KV transfer.
+            if scheduler.has_unfinished_requests() and not scheduler.num_held_kv:  # pragma: no cover
                 raise RuntimeError("the scheduler has requests but plans nothing")
             return None
         for rid in plan.preempted_request_ids:
@@ -291,6 +295,8 @@ class TrafficReplica:
             state = self._live.pop(rid)
             self.records.append(_finished_record(rid, state, end_s, finish_reason.value))
             self._arrival_order.append(state.arrival_index)
+            if self._on_finished is not None:
+                self._on_finished(rid, end_s)
         self._plan = self._events = None
 
     def result(self, duration_s: float, stopped: bool) -> TrafficRun:
