@@ -109,6 +109,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=0.0,
         help="time from the router's choice to the replica's queue, counted in TTFT (default 0)",
     )
+    m = p.add_argument_group(
+        "modes",
+        "with --gpus: every layout of that many GPUs, aggregated replicas and prefill/decode pools "
+        "(--mode), ranked by goodput per GPU (the highest QPS meeting every SLO, over the GPUs)",
+    )
+    m.add_argument("--gpus", type=positive_int, help="GPUs to lay out")
+    m.add_argument(
+        "--mode", default="agg,disagg", metavar="agg,disagg", help="layouts to try (default %(default)s)"
+    )
+    m.add_argument(
+        "--tp-sizes",
+        metavar="K1,K2,...",
+        help="GPUs a replica may have, in either pool (default: --tp)",
+    )
+    m.add_argument(
+        "--kv-link",
+        default="nvlink",
+        metavar="LINK",
+        help="between the pools: nvlink, ib-400, roce-200, ethernet-100, or GB/s a GPU (default %(default)s)",
+    )
     p.add_argument(
         "--max-num-seqs",
         type=positive_int,
@@ -211,6 +231,11 @@ def run_tune(args: argparse.Namespace) -> int:
         seed=args.seed,
         gpu_memory_utilization=args.gpu_memory_utilization,
     )
+    if args.gpus is not None:
+        return _run_mode_tune(args, base, cost_model_note)
+    for flag, value in (("--tp-sizes", args.tp_sizes), ("--kv-link", args.kv_link != "nvlink")):
+        if value:
+            raise UsageError(f"{flag} applies with --gpus N")
     if args.router is not None:
         return _run_fleet_tune(args, base, cost_model_note)
     if args.qps is not None or args.arrival == "trace":
@@ -321,6 +346,66 @@ def _run_fleet_tune(args: argparse.Namespace, base: TrialSpec, cost_model_note: 
     out["slo_notes"] = dict(plan.slo_notes)
     out["cost_model_note"] = cost_model_note
     print(json.dumps(out, indent=2) if args.json else format_fleet(out))
+    if interrupted:
+        print("stallfree tune: interrupted; the searches that finished are on stdout", file=sys.stderr)
+        return 130
+    return 0 if out["best"] is not None else 1
+
+
+def _run_mode_tune(args: argparse.Namespace, base: TrialSpec, cost_model_note: str | None) -> int:
+    """``tune --gpus N --mode agg,disagg``: every layout of N GPUs ranked by goodput per GPU."""
+    from stallfree.core.router import ROUTER_NAMES
+    from stallfree.tune.advise import TuneRequest, plan_tune
+    from stallfree.tune.modes import ModeTuneConfig, tune_modes
+    from stallfree.tune.report import format_modes
+    from stallfree.tune.slo import SLO_FLAGS
+
+    for flag, value in (
+        ("--step-budgets-ms", args.step_budgets_ms),
+        ("--plot", args.plot),
+        ("--speculative-tokens", args.speculative_tokens),
+        ("--qps", args.qps),
+        ("--route-delay-ms", args.route_delay_ms),
+    ):
+        if value:
+            raise UsageError(f"{flag} does not apply with --gpus (each layout's capacity is searched)")
+    router = args.router or "round-robin"
+    if router not in ROUTER_NAMES:
+        raise UsageError(f"--router: with --gpus give one of {', '.join(ROUTER_NAMES)}")
+    plan = plan_tune(
+        TuneRequest(
+            base=base,
+            policies=("chunked",),
+            budgets=None if args.budgets == "auto" else tuple(_int_list(args.budgets)),
+            slos={
+                name: getattr(args, f"slo_{name}")
+                for name in SLO_FLAGS
+                if getattr(args, f"slo_{name}") is not None
+            },
+            max_num_seqs=args.max_num_seqs,
+        )
+    )
+    try:
+        config = ModeTuneConfig(
+            base=replace(base, router=router),
+            gpus=args.gpus,
+            modes=tuple(m.strip() for m in args.mode.split(",") if m.strip()),
+            tp_sizes=tuple(_int_list(args.tp_sizes)) if args.tp_sizes else (args.tp,),
+            budgets=plan.config.budgets,
+            ridge_tokens=plan.ridge_tokens,
+            slos=plan.config.slos,
+            kv_link=args.kv_link,
+            max_num_seqs=args.max_num_seqs,
+            precision=args.precision,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    with trial_pool(args) as pool:
+        out, interrupted = tune_modes(config, pool, progress=show_progress(args))
+        out["backend"] = {"name": args.backend, "workers": pool.workers}
+    out["slo_notes"] = dict(plan.slo_notes)
+    out["cost_model_note"] = cost_model_note
+    print(json.dumps(out, indent=2) if args.json else format_modes(out))
     if interrupted:
         print("stallfree tune: interrupted; the searches that finished are on stdout", file=sys.stderr)
         return 130

@@ -8,6 +8,7 @@ cache, builds a scheduler with one policy and runs the workload through
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -30,7 +31,10 @@ from stallfree.sim.speculative import Acceptance, DraftStats, DraftVerifier, dra
 from stallfree.sim.traffic import StepTrace, TrafficRun, run_traffic
 from stallfree.workload import Workload, WorkloadArrays, sample
 
-ROOFLINE = CostChoice(kind="full")  # simulate's default: the full roofline of the default model
+ROOFLINE = CostChoice(kind="full")
+_pick = functools.lru_cache(maxsize=8)(
+    pick_cost_model
+)  # a disaggregated run's pools, once a process  # simulate's default: the full roofline of the default model
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +282,7 @@ def _simulate_disaggregated(
         (shape.tp_prefill, prefill_serving, shape.num_prefill),
         (shape.tp_decode, serving, shape.num_decode),
     ):
-        pick = pick_cost_model(replace(costs, tp=tp))
+        pick = _pick(replace(costs, tp=tp))
         kv = _kv_memory(pick, pool_serving, gpu_memory_utilization)
         schedulers = [
             pool_serving.make_scheduler(pick.model.max_position_embeddings, kv.num_blocks)

@@ -213,7 +213,8 @@ def _disagg_lines(summary: dict[str, Any]) -> list[str]:
     def pool(name: str) -> str:
         p = d[name]
         budget = f", token budget {p['token_budget']:,}" if name == "prefill" else ""
-        return f"{p['replicas']} {name} replicas ({p['tp']} GPU{'s' if p['tp'] > 1 else ''} each{budget}) busy {p['busy']:.0%}"
+        plural = "s" if p["replicas"] > 1 else ""
+        return f"{p['replicas']} {name} replica{plural} ({p['tp']} GPU{'s' if p['tp'] > 1 else ''} each{budget}) busy {p['busy']:.0%}"
 
     def stage(name: str) -> str:
         return " / ".join(format_metric(d.get(f"{q}_{name}_ms"), "{:,.1f}") for q in ("median", "p90", "p99"))

@@ -86,6 +86,16 @@ class TrialRecord:
             **(
                 {"replicas": self.spec.replicas, "router": self.spec.router} if self.spec.replicas > 1 else {}
             ),
+            **(
+                {
+                    "tp": self.spec.costs.tp,
+                    "disaggregate": self.spec.disaggregate,
+                    "decode_tp": self.spec.decode_tp,
+                    "prefill_token_budget": self.spec.prefill_token_budget,
+                }
+                if self.spec.disaggregate is not None
+                else {}
+            ),
             "passed": self.passed,
             "violations": list(self.violations),
             "key": self.spec.key(),

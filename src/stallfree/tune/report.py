@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stallfree.metrics import format_metric
 from stallfree.sim.report import on_gpus
 from stallfree.tune.slo import SLO_FLAGS, Slo
 
@@ -273,4 +274,63 @@ def format_fleet(out: dict[str, Any]) -> str:
             f"  SGLang, on each replica's host:  {commands['sglang']['replica']}",
             f"  in front:  {commands['sglang']['router']}",
         ]
+    return "\n".join(lines)
+
+
+def format_modes(out: dict[str, Any]) -> str:
+    """The human-readable report of ``tune --gpus N --mode agg,disagg``: every layout ranked by
+    goodput per GPU, what gave out first above each one's capacity, and the winner's launch lines."""
+    wl = out["workload"]
+    slo_text = ", ".join(
+        f"{SLO_FLAGS[name].label} <= {limit:g} {SLO_FLAGS[name].unit}"
+        + (f" [{out['slo_notes'][name]}]" if name in out.get("slo_notes", {}) else "")
+        for name, limit in out["slos"].items()
+    )
+    lines = [
+        f"{out['model']} on {out['gpus']} x {out['hardware']} (cost model {out['cost_model']}); "
+        f"{' and '.join(out['modes'])} layouts, TP {', '.join(map(str, out['tp_sizes']))}, "
+        f"KV between pools over {out['kv_link']}, {out['router']} routing",
+        f"workload: {wl['lengths']} lengths, {wl['arrival']} arrivals; each trial {wl['num_requests']:,} "
+        f"requests, seed {wl['seed']}",
+        f"SLOs: {slo_text}",
+        f"capacity = the highest QPS meeting every SLO (doubling then bisection); {len(out['trials'])} trials "
+        f"in {duration(out['wall_s'])} on {out['backend']['workers']} {out['backend']['name']} worker(s)",
+        *(["INTERRUPTED: only the searches that finished are ranked"] if out.get("partial") else []),
+        "",
+        f"  {'layout':<18}{'budget':>8}{'QPS':>9}{'QPS/GPU':>9}{'TTFT p99':>10}{'TPOT p99':>10}  above capacity, first missed",
+    ]
+    for row in out["layouts"]:
+        at = row["at_capacity"] or {}
+        qps = "-" if row["capacity_qps"] is None else _qps(row["capacity_qps"])
+        per = "-" if row["qps_per_gpu"] is None else f"{row['qps_per_gpu']:.3g}"
+        busy = ""
+        if row["mode"] == "disagg" and at:
+            busy = f"; busy P {at['prefill_busy']:.0%} D {at['decode_busy']:.0%} link {at['link_busy']:.1%}"
+        binds = ", ".join(SLO_FLAGS[n].label for n in row["binds"]) or (
+            "-" if row["finished"] else "unfinished"
+        )
+        lines.append(
+            f"  {row['layout']:<18}{row['token_budget']:>8,}{qps:>9}{per:>9}"
+            f"{format_metric(at.get('p99_ttft_ms'), '{:,.0f}'):>10}{format_metric(at.get('p99_tpot_ms'), '{:.1f}'):>10}"
+            f"  {binds}{busy}"
+        )
+    best = out["best"]
+    if best is None:
+        lines += ["", "no layout meets the SLOs at any QPS tried"]
+        return "\n".join(lines)
+    lines += [
+        "",
+        f"best: {best['mode']} {best['layout']} at budget {best['token_budget']:,}: {_qps(best['capacity_qps'])} QPS, {best['qps_per_gpu']:.3g} a GPU",
+    ]
+    other = best.get("runner_up")
+    if other is not None:
+        ratio = best["qps_per_gpu"] / other["qps_per_gpu"]
+        lines.append(
+            f"  {ratio:.2f}x the best {other['mode']} layout ({other['layout']}, budget {other['token_budget']:,}: "
+            f"{_qps(other['capacity_qps'])} QPS), which above its capacity misses "
+            f"{', '.join(SLO_FLAGS[n].label for n in other['binds']) or 'nothing tried'} first"
+        )
+    for framework, commands in best["commands"].items():
+        lines.append(f"  {framework}:")
+        lines += [f"    {role}: {line}" for role, line in commands.items()]
     return "\n".join(lines)

@@ -26,8 +26,10 @@ from stallfree.core import DEFAULT_TOKEN_BUDGET
 from stallfree.core.router import ROUTER_NAMES
 from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice, CostPick, pick_cost_model
+from stallfree.costs.kv_transfer import PoolShape
 from stallfree.metrics import Summary
 from stallfree.sim.api import SimulationResult, simulate
+from stallfree.sim.disagg import Disaggregation
 from stallfree.sim.speculative import Acceptance
 from stallfree.workload import Workload, gamma, parse_lengths, sample
 from stallfree.workload.arrivals import ReplayArrivals
@@ -36,6 +38,7 @@ from stallfree.workload.lengths import TraceLengths
 ARRIVALS = ("poisson", "gamma", "trace")
 FLEET_DEFAULTS = {"replicas": 1, "router": "round-robin", "route_delay_ms": 0.0}
 SPECULATIVE_FIELDS = ("num_speculative_tokens", "speculative_rule")
+DISAGG_DEFAULTS = {"disaggregate": None, "decode_tp": None, "kv_link": "nvlink", "prefill_token_budget": None}
 DEFAULT_SERVING = ServingConfig(max_num_batched_tokens=DEFAULT_TOKEN_BUDGET)
 
 
@@ -60,6 +63,12 @@ class TrialSpec:
     route_delay_ms: float = 0.0
     acceptance_rates: tuple[float, ...] = ()  # by draft position, with serving.num_speculative_tokens
     draft: str = "ngram"  # what drafting costs (sim.speculative.draft_pricer)
+    # disaggregated ("xPyD"): prefill replicas of costs.tp GPUs at prefill_token_budget (None: the
+    # serving budget), decode replicas of decode_tp (None: costs.tp), KV over kv_link
+    disaggregate: str | None = None
+    decode_tp: int | None = None
+    kv_link: str = "nvlink"
+    prefill_token_budget: int | None = None
 
     def __post_init__(self) -> None:
         if self.arrival not in ARRIVALS:
@@ -83,6 +92,20 @@ class TrialSpec:
             raise ValueError(f"unknown router {self.router!r}; choose from {', '.join(ROUTER_NAMES)}")
         if self.serving.num_speculative_tokens and not self.acceptance_rates:
             raise ValueError("a trial with speculative decoding names its acceptance rates")
+        if self.disaggregate is not None:
+            self.pools()  # a shape that parses
+            if self.replicas != 1:
+                raise ValueError("a disaggregated trial's replicas are its pools (xPyD)")
+
+    def pools(self) -> PoolShape:
+        """The disaggregated deployment's pools (ValueError when the trial is aggregated)."""
+        if self.disaggregate is None:
+            raise ValueError("an aggregated trial has no pools")
+        return PoolShape.parse(self.disaggregate, self.costs.tp, self.decode_tp or self.costs.tp)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.replicas * self.costs.tp if self.disaggregate is None else self.pools().num_gpus
 
     @property
     def token_budget(self) -> int:
@@ -119,9 +142,10 @@ class TrialSpec:
         replica's key leaves the fleet's fields out, and one without drafts the speculative ones,
         so it is what it was before they existed)."""
         fields = dataclasses.asdict(self)
-        if all(fields[name] == value for name, value in FLEET_DEFAULTS.items()):
-            for name in FLEET_DEFAULTS:
-                del fields[name]
+        for defaults in (FLEET_DEFAULTS, DISAGG_DEFAULTS):
+            if all(fields[name] == value for name, value in defaults.items()):
+                for name in defaults:
+                    del fields[name]
         if not self.serving.num_speculative_tokens:
             del fields["acceptance_rates"]
             del fields["draft"]
@@ -157,14 +181,34 @@ def run_trial(spec: TrialSpec) -> Summary:
     """Simulate ``spec``; its numeric summary (keys as :func:`stallfree.metrics.summarize`, plus
     ``num_steps`` and ``num_kv_blocks``)."""
     summary = _simulate(spec).summary
-    return {
+    numbers = {
         k: v
         for k, v in summary.items()
         if v is None or (isinstance(v, int | float) and not isinstance(v, bool))
     }
+    if (pools := summary.get("disaggregation")) is not None:  # what says why a layout wins
+        numbers.update(
+            prefill_busy=pools["prefill"]["busy"],
+            decode_busy=pools["decode"]["busy"],
+            link_busy=pools["link_busy"],
+            p99_kv_transfer_ms=pools["p99_kv_transfer_ms"],
+            p99_prefill_ms=pools["p99_prefill_ms"],
+        )
+    return numbers
 
 
 def _simulate(spec: TrialSpec) -> SimulationResult:
+    if spec.disaggregate is not None:
+        return simulate(
+            _workload(spec),
+            spec.costs,
+            spec.serving,
+            gpu_memory_utilization=spec.gpu_memory_utilization,
+            num_requests=spec.num_requests,
+            seed=spec.seed,
+            router=spec.router,
+            disaggregate=Disaggregation(spec.pools(), spec.kv_link, spec.prefill_token_budget),
+        )
     return simulate(
         _workload(spec),
         pick(spec.costs),
