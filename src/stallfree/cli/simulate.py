@@ -125,6 +125,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             f"--{pool}-tp", type=positive_int, metavar="N", help=f"GPUs a {pool} replica (default --tp)"
         )
     d.add_argument(
+        "--kv-connector",
+        choices=("nixl", "shared-storage"),
+        default="nixl",
+        help="what moves: nixl, every prompt token's KV; shared-storage, its full blocks short of the last "
+        "token (vLLM's ExampleConnector: the decode replica computes the rest again) (default %(default)s)",
+    )
+    d.add_argument(
+        "--prefill-profile",
+        metavar="FILE",
+        help="with --profile: the prefill replicas' own profile (default: --profile for both pools)",
+    )
+    d.add_argument(
         "--prefill-token-budget",
         type=positive_int,
         metavar="N",
@@ -263,8 +275,15 @@ def _runs(args: argparse.Namespace) -> list[tuple[ServingConfig, Disaggregation 
         except ValueError as exc:
             raise UsageError(f"--policy {name}: {exc}") from None
     if not shapes:
-        for flag in ("kv_link", "prefill_tp", "decode_tp", "prefill_token_budget"):
-            if getattr(args, flag) not in (None, "nvlink"):
+        for flag in (
+            "kv_link",
+            "prefill_tp",
+            "decode_tp",
+            "prefill_token_budget",
+            "kv_connector",
+            "prefill_profile",
+        ):
+            if getattr(args, flag) not in (None, "nvlink", "nixl"):
                 raise UsageError(f"--{flag.replace('_', '-')} applies with --disaggregate xPyD")
         return [(serving, None) for serving in serving_configs(args)]
     if len({str(shape) for shape in shapes}) != len(shapes):
@@ -289,7 +308,12 @@ def _runs(args: argparse.Namespace) -> list[tuple[ServingConfig, Disaggregation 
                 )
             args.replicas = gpus // args.tp
     budget = args.prefill_token_budget
-    runs += [(chunked, Disaggregation(shape, args.kv_link, budget)) for shape in shapes]
+    if args.prefill_profile and not args.profile:
+        raise UsageError("--prefill-profile goes with --profile (the decode replicas')")
+    runs += [
+        (chunked, Disaggregation(shape, args.kv_link, budget, args.kv_connector, args.prefill_profile))
+        for shape in shapes
+    ]
     return runs
 
 

@@ -41,7 +41,8 @@ def _disaggregated_lines(d: dict[str, Any], with_speed: bool) -> list[str]:
         f"comes from its prefill group; its {gb:,.2f} GB of KV cross {d['kv_link']} ({d['kv_links']} x "
         f"{d['kv_link_bytes_per_s'] / 1e9:,.1f} GB/s = {rate:,.0f} GB/s) in {_ms(d['kv_transfer_s'])} "
         f"({_ms(d['kv_transfer_after_prefill_layerwise_s'])} past the prefill if sent layer by layer); "
-        f"its first decode token at {_ms(d['first_decode_token_s'])}",
+        f"its first decode token at {_ms(d['first_decode_token_s'])} (the first token a client sees through "
+        "vLLM's KV connectors, whose decode server samples it again; simulate --disaggregate's TTFT)",
     ]
 
 

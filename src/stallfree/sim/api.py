@@ -31,10 +31,18 @@ from stallfree.sim.speculative import Acceptance, DraftStats, DraftVerifier, dra
 from stallfree.sim.traffic import StepTrace, TrafficRun, run_traffic
 from stallfree.workload import Workload, WorkloadArrays, sample
 
-ROOFLINE = CostChoice(kind="full")
-_pick = functools.lru_cache(maxsize=8)(
-    pick_cost_model
-)  # a disaggregated run's pools, once a process  # simulate's default: the full roofline of the default model
+ROOFLINE = CostChoice(kind="full")  # simulate's default: the full roofline of the default model
+_picked = functools.lru_cache(maxsize=8)(pick_cost_model)
+
+
+def _pick(choice: CostChoice) -> CostPick:
+    """A disaggregated run's pool pricing, once a process per choice (tune runs many); a choice
+    holding a loaded profile, not a path, is resolved each time."""
+    try:
+        hash(choice)
+    except TypeError:
+        return pick_cost_model(choice)
+    return _picked(choice)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,11 +286,15 @@ def _simulate_disaggregated(
         raise ValueError("a disaggregated run's pools schedule as the chunked policy, without drafts")
     prefill_serving = plan.prefill_serving(serving)
     pools = []
-    for tp, pool_serving, count in (
-        (shape.tp_prefill, prefill_serving, shape.num_prefill),
-        (shape.tp_decode, serving, shape.num_decode),
+    for choice, pool_serving, count in (
+        (
+            replace(costs, tp=shape.tp_prefill, profile=plan.prefill_profile or costs.profile),
+            prefill_serving,
+            shape.num_prefill,
+        ),
+        (replace(costs, tp=shape.tp_decode), serving, shape.num_decode),
     ):
-        pick = _pick(replace(costs, tp=tp))
+        pick = _pick(choice)
         kv = _kv_memory(pick, pool_serving, gpu_memory_utilization)
         schedulers = [
             pool_serving.make_scheduler(pick.model.max_position_embeddings, kv.num_blocks)
@@ -301,6 +313,7 @@ def _simulate_disaggregated(
         link,
         lambda n: kv_transfer_bytes(model, n, dtype_bytes),
         requests,
+        lambda n: plan.external_tokens(n, serving.block_size),
         fast=fast,
         stop=stop,
     )
@@ -324,7 +337,10 @@ def _simulate_disaggregated(
         policy=f"disagg:{shape}",
         num_kv_blocks=shape.num_prefill * pkv.num_blocks + shape.num_decode * dkv.num_blocks,
         router=router,
-        disaggregation=disaggregated_summary(run, shape, link, (prefill_serving, serving), (pkv, dkv)),
+        disaggregation={
+            **disaggregated_summary(run, shape, link, (prefill_serving, serving), (pkv, dkv)),
+            "kv_connector": plan.kv_connector,
+        },
     )
     return SimulationResult(f"disagg:{shape}", summary, run.records, run.itl, dkv, None, run.stopped)
 

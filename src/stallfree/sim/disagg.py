@@ -43,6 +43,12 @@ from stallfree.metrics import ItlAccumulator, RequestRecord
 from stallfree.sim.driver import Handoff, Replica, SimClock, drive
 from stallfree.sim.traffic import TrafficReplica, TrafficRun
 
+KV_CONNECTORS = {
+    "nixl": "every prompt token's KV moves (vLLM's NixlConnector; SGLang's transfer backends)",
+    "shared-storage": "the prompt's full blocks short of its last token move through files, the rest is "
+    "computed again (vLLM's ExampleConnector)",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Disaggregation:
@@ -53,6 +59,20 @@ class Disaggregation:
     shape: PoolShape
     kv_link: str = "nvlink"
     prefill_token_budget: int | None = None
+    kv_connector: str = "nixl"
+    prefill_profile: str | None = None  # the prefill replicas' own profile (None: the cost choice's)
+
+    def __post_init__(self) -> None:
+        if self.kv_connector not in KV_CONNECTORS:
+            raise ValueError(
+                f"unknown KV connector {self.kv_connector!r}; choose from {', '.join(KV_CONNECTORS)}"
+            )
+
+    def external_tokens(self, num_prompt_tokens: int, block_size: int) -> int:
+        """The prompt tokens whose KV the decode replica gets (the rest it computes again)."""
+        if self.kv_connector == "nixl":
+            return num_prompt_tokens
+        return (num_prompt_tokens - 1) // block_size * block_size
 
     def prefill_serving(self, serving: ServingConfig) -> ServingConfig:
         """How the prefill replicas schedule: as ``serving``, with their own budget if given."""
@@ -233,12 +253,14 @@ def run_disaggregated(
     link: KvLink,
     kv_bytes: Callable[[int], int],
     requests: Iterable[Request],
+    external_tokens: Callable[[int], int] = lambda n: n,
     *,
     fast: bool = True,
     stop: Callable[[], bool] | None = None,
 ) -> DisaggRun:
     """Run ``requests`` (ordered by arrival) through a prefill pool and a decode pool (one scheduler
-    and cost model a replica) joined by ``link``; ``kv_bytes(num_prompt_tokens)`` is a request's KV."""
+    and cost model a replica) joined by ``link``; ``external_tokens(num_prompt_tokens)``: the tokens
+    whose KV moves, ``kv_bytes`` of them."""
     handoffs: list[Handoff] = []
     num_p = shape.num_prefill
     owner: dict[str, int] = {}  # request -> its prefill replica, until that frees its copy
@@ -253,12 +275,12 @@ def run_disaggregated(
         dst = routers[1].route(
             request, [d.inner.num_in_flight + links.num_to(i) for i, d in enumerate(dsides)]
         )
-        nbytes = kv_bytes(request.num_prompt_tokens)
+        nbytes = kv_bytes(external_tokens(request.num_prompt_tokens))
         handoffs.append((num_p, lambda now_s: links.send(request, owner[rid], dst, nbytes, now_s)))
 
     def kv_arrived(request: Request, dst: int, now_s: float) -> None:
         arrived_s[request.request_id] = now_s
-        handed = replace(request, num_external_tokens=request.num_prompt_tokens)
+        handed = replace(request, num_external_tokens=external_tokens(request.num_prompt_tokens))
         handoffs.append((num_p + 1 + dst, lambda t: dsides[dst].add_request(handed, t)))
 
     def release(rid: str) -> None:
