@@ -87,8 +87,15 @@ def main() -> None:
     results: dict[str, dict] = {}
     for trace in args.traces.split(","):
         base = TrialSpec(costs=costs, lengths=trace, num_requests=args.num_requests)
-        lines += ["", f"### {trace}: the better mode's capacity a GPU over the other's (rows P99 TTFT, columns P99 TPOT)", ""]
-        lines += ["| TTFT \\ TPOT | " + " | ".join(f"{t:g} ms" for t in tpots) + " |", "|---" * (len(tpots) + 1) + "|"]
+        lines += [
+            "",
+            f"### {trace}: the better mode's capacity a GPU over the other's (rows P99 TTFT, columns P99 TPOT)",
+            "",
+        ]
+        lines += [
+            "| TTFT \\ TPOT | " + " | ".join(f"{t:g} ms" for t in tpots) + " |",
+            "|---" * (len(tpots) + 1) + "|",
+        ]
         for ttft in ttfts:
             row = []
             for tpot in tpots:
@@ -99,7 +106,9 @@ def main() -> None:
                     tp_sizes=(args.tp,),
                     budgets=tuple(int(b) for b in args.budgets.split(",")),
                     ridge_tokens=ridge_tokens(costs),
-                    slos=Slos.from_mapping({"ttft_p99_ms": ttft, "tpot_p99_ms": tpot, "sched_delay_p50_s": 2.0}),
+                    slos=Slos.from_mapping(
+                        {"ttft_p99_ms": ttft, "tpot_p99_ms": tpot, "sched_delay_p50_s": 2.0}
+                    ),
                     precision=0.1,
                 )
                 found = cell(config, args.workers)

@@ -170,16 +170,16 @@ class KvLinks:
 class _PrefillReplica:
     """A prefill replica: runs an arrival's prompt for one token and keeps its KV to send."""
 
-    def __init__(self, inner: TrafficReplica, handed: dict[str, Request], owner: dict[str, int]) -> None:
+    def __init__(self, inner: TrafficReplica, originals: dict[str, Request], owner: dict[str, int]) -> None:
         self.inner = inner
-        self._handed = handed
+        self._originals = originals  # the run's books of the requests on their way
         self._owner = owner
 
     def add_request(self, request: Request, now_s: float) -> None:
         rid = request.request_id
         self.inner.add_request(replace(request, max_tokens=1, sends_kv=True), now_s)
         if not self.inner.scheduler.has_request(rid):  # refused: it goes no further
-            del self._handed[rid], self._owner[rid]
+            del self._originals[rid], self._owner[rid]
 
     def has_unfinished_requests(self) -> bool:
         return self.inner.has_unfinished_requests()
