@@ -275,6 +275,7 @@ def _runs(args: argparse.Namespace) -> list[tuple[ServingConfig, Disaggregation 
         except ValueError as exc:
             raise UsageError(f"--policy {name}: {exc}") from None
     if not shapes:
+        defaults = {"kv_link": "nvlink", "kv_connector": "nixl"}  # the others default to None
         for flag in (
             "kv_link",
             "prefill_tp",
@@ -283,7 +284,7 @@ def _runs(args: argparse.Namespace) -> list[tuple[ServingConfig, Disaggregation 
             "kv_connector",
             "prefill_profile",
         ):
-            if getattr(args, flag) not in (None, "nvlink", "nixl"):
+            if getattr(args, flag) != defaults.get(flag):
                 raise UsageError(f"--{flag.replace('_', '-')} applies with --disaggregate xPyD")
         return [(serving, None) for serving in serving_configs(args)]
     if len({str(shape) for shape in shapes}) != len(shapes):

@@ -207,9 +207,10 @@ class StepContext:
         """Move the head of the waiting queue to running with a first chunk.
 
         Its cached prefix (with prefix caching), or the KV that came with it (disaggregated
-        serving), counts as computed and costs no budget: the chunk starts after it. Admits only if a sequence slot is free and the blocks of the
-        whole prompt (or recompute) fit above the watermark, though only the chunk's are
-        allocated now; returns the tokens scheduled (0: not admitted).
+        serving), counts as computed and costs no budget: the chunk starts after it. Admits only
+        if a sequence slot is free and the blocks of the whole prompt (or recompute) fit above
+        the watermark, though only the chunk's are allocated now; returns the tokens scheduled
+        (0: not admitted).
         """
         state = self._state
         if not state.waiting or len(state.running) >= self._config.max_num_seqs:

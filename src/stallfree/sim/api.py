@@ -297,7 +297,9 @@ def _simulate_disaggregated(
         pick = _pick(choice)
         kv = _kv_memory(pick, pool_serving, gpu_memory_utilization)
         schedulers = [
-            pool_serving.make_scheduler(pick.model.max_position_embeddings, kv.num_blocks)
+            pool_serving.make_scheduler(
+                pick.model.max_position_embeddings, kv.num_blocks, predictor=pick.pricer.step_time_s
+            )
             for _ in range(count)
         ]
         pools.append((pick, kv, schedulers, [pick.pricer] * count))
