@@ -152,3 +152,5 @@ def test_cli_modes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--mode" in capsys.readouterr().err
     assert main([*argv, "--kv-link", "ib-400"]) == 2
     assert "applies with --gpus" in capsys.readouterr().err
+    assert main([*argv, "--gpus", "2", "--policy", "prefill-first"]) == 2
+    assert "--policy does not apply with --gpus" in capsys.readouterr().err

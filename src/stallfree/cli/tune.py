@@ -366,9 +366,12 @@ def _run_mode_tune(args: argparse.Namespace, base: TrialSpec, cost_model_note: s
         ("--speculative-tokens", args.speculative_tokens),
         ("--qps", args.qps),
         ("--route-delay-ms", args.route_delay_ms),
+        ("--policy", args.policy not in ("chunked,prefill-first", "chunked")),
     ):
         if value:
-            raise UsageError(f"{flag} does not apply with --gpus (each layout's capacity is searched)")
+            raise UsageError(
+                f"{flag} does not apply with --gpus (each layout's capacity is searched, every replica chunked)"
+            )
     router = args.router or "round-robin"
     if router not in ROUTER_NAMES:
         raise UsageError(f"--router: with --gpus give one of {', '.join(ROUTER_NAMES)}")
