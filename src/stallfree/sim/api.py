@@ -331,7 +331,7 @@ def _simulate_disaggregated(
         num_preemptions=sum(r.num_preemptions for r in runs),
         rejected_reasons=_merged(r.rejected_reasons for r in runs),
         steps=None,
-        max_step_s=max(r.max_step_s for r in run.decode),
+        max_step_s=max(r.max_step_s for r in runs),
         stopped=run.stopped,
     )
     summary = _summary(whole, serving, pschedulers, dkv, goodput)
