@@ -86,10 +86,13 @@ def add_prefix_caching_arg(parser: argparse._ActionsContainer) -> None:
     )
 
 
-def add_serving_args(parser: argparse._ActionsContainer, *, policy_list: bool = False) -> None:
+def add_serving_args(
+    parser: argparse._ActionsContainer, *, policy_list: bool = False, more_policies: str = ""
+) -> None:
     """One flag per :class:`ServingConfig` field (:data:`SERVING_FLAGS`), defaults from the config.
 
-    ``policy_list``: ``--policy`` takes a comma list (simulate compares policies).
+    ``policy_list``: ``--policy`` takes a comma list (simulate compares policies), and also what
+    ``more_policies`` says (simulate's ``disagg:xPyD``).
     """
     from stallfree.core import DEFAULT_STEP_TOKEN_CAP, DEFAULT_TOKEN_BUDGET, POLICIES
     from stallfree.core.policy import SPECULATIVE_RULES
@@ -109,7 +112,7 @@ def add_serving_args(parser: argparse._ActionsContainer, *, policy_list: bool = 
         parser.add_argument(
             "--policy",
             default=defaults.policy,
-            help=f"policy or comma list: {', '.join(POLICIES)} (default %(default)s)",
+            help=f"policy or comma list: {', '.join(POLICIES)}{more_policies} (default %(default)s)",
         )
     else:
         parser.add_argument(

@@ -164,7 +164,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "and reference steps; seeded by --seed): the tails of a noisy host",
     )
     g = p.add_argument_group("scheduler")
-    add_serving_args(g, policy_list=True)
+    add_serving_args(
+        g, policy_list=True, more_policies=", disagg:xPyD (prefill and decode pools: --disaggregate)"
+    )
     add_acceptance_arg(g, draft=True)
     g.add_argument(
         "--gpu-memory-utilization",
@@ -260,10 +262,16 @@ def _runs(args: argparse.Namespace) -> list[tuple[ServingConfig, Disaggregation 
     """One (serving config, disaggregation) per entry of ``--policy`` (``disagg:xPyD`` entries, or
     ``--disaggregate``, run chunked pools); aggregated entries beside a disaggregated one default to
     its GPUs (``--replicas``: their GPUs over --tp)."""
+    from stallfree.core import POLICIES
     from stallfree.costs.kv_transfer import PoolShape
     from stallfree.sim.disagg import Disaggregation
 
     names = [name.strip() for name in args.policy.split(",") if name.strip()]
+    unknown = [name for name in names if name not in POLICIES and not name.startswith("disagg:")]
+    if unknown:
+        raise UsageError(
+            f"unknown policy {', '.join(map(repr, unknown))}; choose from: {', '.join(POLICIES)}, disagg:xPyD"
+        )
     if args.disaggregate is not None:
         if args.policy != "chunked":
             raise UsageError("give --disaggregate xPyD or list disagg:xPyD in --policy, not both")
