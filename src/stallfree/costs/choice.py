@@ -18,6 +18,7 @@ pickles (a tune trial carries one to its workers); the pick is the same in any p
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -108,6 +109,16 @@ class CostPick:
     def measured(self) -> MeasuredCostModel | None:
         """The profile's model (whose KV cache is the profiled engine's, not ``hardware``'s)."""
         return self.pricer if isinstance(self.pricer, MeasuredCostModel) else None
+
+
+def pick_once(choice: CostChoice) -> CostPick:
+    """:func:`pick_cost_model`, once per choice in a process (tune's trials and a disaggregated run's
+    pools ask again and again); a choice holding a loaded profile, not a path, is resolved each time."""
+    try:
+        hash(choice)
+    except TypeError:
+        return pick_cost_model(choice)
+    return _picked(choice)
 
 
 def pick_cost_model(choice: CostChoice) -> CostPick:
@@ -270,3 +281,6 @@ def resolve_model(model: str | ModelSpec) -> ModelSpec:
     if config is not None:  # a Hugging Face id whose config aiconfigurator-core ships
         return ModelSpec.from_hf_config(config, name=model)
     return load_model_spec(model)
+
+
+_picked = functools.lru_cache(maxsize=16)(pick_cost_model)

@@ -8,7 +8,6 @@ cache, builds a scheduler with one policy and runs the workload through
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -19,7 +18,7 @@ import numpy as np
 from stallfree.core import ChunkedPolicy, Request, Scheduler
 from stallfree.core.router import Router, make_router
 from stallfree.core.serving import ServingConfig
-from stallfree.costs.choice import CostChoice, CostPick, pick_cost_model
+from stallfree.costs.choice import CostChoice, CostPick, pick_cost_model, pick_once
 from stallfree.costs.kv_transfer import kv_link, kv_transfer_bytes
 from stallfree.costs.measured import VariedSteps
 from stallfree.costs.memory import KvMemory, fixed_kv_memory, kv_memory
@@ -32,17 +31,6 @@ from stallfree.sim.traffic import StepTrace, TrafficRun, run_traffic
 from stallfree.workload import Workload, WorkloadArrays, sample
 
 ROOFLINE = CostChoice(kind="full")  # simulate's default: the full roofline of the default model
-_picked = functools.lru_cache(maxsize=8)(pick_cost_model)
-
-
-def _pick(choice: CostChoice) -> CostPick:
-    """A disaggregated run's pool pricing, once a process per choice (tune runs many); a choice
-    holding a loaded profile, not a path, is resolved each time."""
-    try:
-        hash(choice)
-    except TypeError:
-        return pick_cost_model(choice)
-    return _picked(choice)
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +282,7 @@ def _simulate_disaggregated(
         ),
         (replace(costs, tp=shape.tp_decode), serving, shape.num_decode),
     ):
-        pick = _pick(choice)
+        pick = pick_once(choice)
         kv = _kv_memory(pick, pool_serving, gpu_memory_utilization)
         schedulers = [
             pool_serving.make_scheduler(

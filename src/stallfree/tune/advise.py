@@ -16,13 +16,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stallfree.costs.choice import CostChoice
+from stallfree.costs.choice import CostChoice, pick_once
 from stallfree.specs.step_profile import machine_label
 from stallfree.tune.candidates import TILE_TOKENS, budget_candidates
 from stallfree.tune.capacity import TuneConfig, TuneInterrupted, time_budget_commands, tune
 from stallfree.tune.pools import TrialPool
 from stallfree.tune.slo import STRICT_TBT_BATCH, STRICT_TBT_CONTEXT, STRICT_TBT_MULTIPLE, Slos
-from stallfree.tune.trial import TrialSpec, decode_step_ms, full_step_ms, pick, ridge_tokens
+from stallfree.tune.trial import TrialSpec, decode_step_ms, full_step_ms, ridge_tokens
 
 STEP_BUDGET_FRACTIONS = (0.5, 0.75, 1.0)  # of the P99 TBT SLO, for ``step_budgets_ms="auto"``
 
@@ -126,7 +126,7 @@ def advise(
             "searches": interrupted.num_searches,
             "unfinished": [search.to_json() for search in interrupted.unfinished],
         }
-    measured = pick(costs).measured
+    measured = pick_once(costs).measured
     if measured is not None:  # steps priced as the profiled machine ran them, not on the preset
         out["hardware"] = machine_label(measured.profile.fingerprint)
     out["cost_model_note"] = request.cost_model_note

@@ -25,7 +25,7 @@ import numpy as np
 from stallfree.core import DEFAULT_TOKEN_BUDGET
 from stallfree.core.router import ROUTER_NAMES
 from stallfree.core.serving import ServingConfig
-from stallfree.costs.choice import CostChoice, CostPick, pick_cost_model
+from stallfree.costs.choice import CostChoice, pick_once
 from stallfree.costs.kv_transfer import PoolShape
 from stallfree.metrics import Summary
 from stallfree.sim.api import SimulationResult, simulate
@@ -198,20 +198,10 @@ def run_trial(spec: TrialSpec) -> Summary:
 
 
 def _simulate(spec: TrialSpec) -> SimulationResult:
-    if spec.disaggregate is not None:
-        return simulate(
-            _workload(spec),
-            spec.costs,
-            spec.serving,
-            gpu_memory_utilization=spec.gpu_memory_utilization,
-            num_requests=spec.num_requests,
-            seed=spec.seed,
-            router=spec.router,
-            disaggregate=Disaggregation(spec.pools(), spec.kv_link, spec.prefill_token_budget),
-        )
+    pools = None if spec.disaggregate is None else spec.pools()
     return simulate(
         _workload(spec),
-        pick(spec.costs),
+        pick_once(spec.costs) if pools is None else spec.costs,  # pools price each at its own TP
         spec.serving,
         gpu_memory_utilization=spec.gpu_memory_utilization,
         num_requests=spec.num_requests,
@@ -221,6 +211,9 @@ def _simulate(spec: TrialSpec) -> SimulationResult:
         route_delay_ms=spec.route_delay_ms,
         acceptance=Acceptance(spec.acceptance_rates) if spec.serving.num_speculative_tokens else None,
         draft=spec.draft,
+        disaggregate=None
+        if pools is None
+        else Disaggregation(pools, spec.kv_link, spec.prefill_token_budget),
     )
 
 
@@ -230,7 +223,7 @@ def estimate_qps(spec: TrialSpec) -> float:
     A step full of ``token_budget`` tokens moves ``token_budget / step time`` tokens per second
     and a request needs its prompt plus output tokens; latency SLOs cut capacity below that.
     """
-    cost = pick(spec.costs).pricer
+    cost = pick_once(spec.costs).pricer
     arrays = sample(_workload(spec), min(spec.num_requests, 1000), spec.seed)
     tokens_per_request = float(arrays.num_prompt_tokens.mean() + arrays.max_tokens.mean())
     tokens_per_s = spec.token_budget / cost.prefill_time_s(spec.token_budget)
@@ -238,7 +231,7 @@ def estimate_qps(spec: TrialSpec) -> float:
 
 
 def ridge_tokens(costs: CostChoice) -> float:
-    return pick(costs).pricer.ridge_tokens()
+    return pick_once(costs).pricer.ridge_tokens()
 
 
 def decode_step_ms(costs: CostChoice, num_seqs: int, context_len: int) -> float:
@@ -246,19 +239,13 @@ def decode_step_ms(costs: CostChoice, num_seqs: int, context_len: int) -> float:
     roofline's ``full`` kind unless the steps are measured."""
     if costs.kind != "measured" and costs.profile is None:
         costs = dataclasses.replace(costs, kind="full")
-    return pick(costs).pricer.decode_step_s(num_seqs, context_len) * 1000
+    return pick_once(costs).pricer.decode_step_s(num_seqs, context_len) * 1000
 
 
 def full_step_ms(costs: CostChoice, token_budget: int) -> float:
     """One step filled with ``token_budget`` prompt tokens: the gap a full chunk puts between
     two tokens of every running stream."""
-    return pick(costs).pricer.prefill_time_s(token_budget) * 1000
-
-
-@functools.lru_cache(maxsize=16)
-def pick(choice: CostChoice) -> CostPick:
-    """:func:`~stallfree.costs.choice.pick_cost_model`, once per choice in a process."""
-    return pick_cost_model(choice)
+    return pick_once(costs).pricer.prefill_time_s(token_budget) * 1000
 
 
 def _workload(spec: TrialSpec) -> Workload:
