@@ -228,20 +228,7 @@ def _simulate_fleet(
         }
         for r, s, (p, kv) in zip(run.runs, schedulers, replicas, strict=True)
     ]
-    whole = TrafficRun(
-        records=run.records,
-        itl=run.itl,
-        duration_s=run.duration_s,
-        num_steps=sum(r.num_steps for r in run.runs),
-        num_plans=sum(r.num_plans for r in run.runs),
-        num_preemptions=sum(r.num_preemptions for r in run.runs),
-        rejected_reasons=_merged(r.rejected_reasons for r in run.runs),
-        steps=None,
-        max_step_s=max(r.max_step_s for r in run.runs),
-        num_steps_over_budget=sum(r.num_steps_over_budget for r in run.runs),
-        stopped=run.stopped,
-        drafts=_merged_drafts(run.runs),
-    )
+    whole = _combined(run.runs, run.records, run.itl, run.duration_s, run.stopped)
     kv = replicas[0][1]
     summary = _summary(whole, serving, schedulers, kv, goodput)
     summary.update(
@@ -309,19 +296,7 @@ def _simulate_disaggregated(
     )
     if not run.records and not run.stopped:
         raise ValueError("no request could run: the workload is empty")
-    runs = [*run.prefill, *run.decode]
-    whole = TrafficRun(
-        records=run.records,
-        itl=run.itl,
-        duration_s=run.duration_s,
-        num_steps=sum(r.num_steps for r in runs),
-        num_plans=sum(r.num_plans for r in runs),
-        num_preemptions=sum(r.num_preemptions for r in runs),
-        rejected_reasons=_merged(r.rejected_reasons for r in runs),
-        steps=None,
-        max_step_s=max(r.max_step_s for r in runs),
-        stopped=run.stopped,
-    )
+    whole = _combined([*run.prefill, *run.decode], run.records, run.itl, run.duration_s, run.stopped)
     summary = _summary(whole, serving, pschedulers, dkv, goodput)
     summary.update(
         policy=f"disagg:{shape}",
@@ -333,6 +308,31 @@ def _simulate_disaggregated(
         },
     )
     return SimulationResult(f"disagg:{shape}", summary, run.records, run.itl, dkv, None, run.stopped)
+
+
+def _combined(
+    runs: Sequence[TrafficRun],
+    records: list[RequestRecord],
+    itl: ItlAccumulator,
+    duration_s: float,
+    stopped: bool,
+) -> TrafficRun:
+    """Several replicas' runs as one (a fleet's, or both pools'): their client records and ITL,
+    their counters summed."""
+    return TrafficRun(
+        records=records,
+        itl=itl,
+        duration_s=duration_s,
+        num_steps=sum(r.num_steps for r in runs),
+        num_plans=sum(r.num_plans for r in runs),
+        num_preemptions=sum(r.num_preemptions for r in runs),
+        rejected_reasons=_merged(r.rejected_reasons for r in runs),
+        steps=None,
+        max_step_s=max(r.max_step_s for r in runs),
+        num_steps_over_budget=sum(r.num_steps_over_budget for r in runs),
+        stopped=stopped,
+        drafts=_merged_drafts(runs),
+    )
 
 
 def _merged_drafts(runs: Iterable[TrafficRun]) -> DraftStats | None:
