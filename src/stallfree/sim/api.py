@@ -292,13 +292,15 @@ def _simulate_disaggregated(
         requests,
         lambda n: plan.external_tokens(n, serving.block_size),
         fast=fast,
+        step_budget_s=serving.step_budget_s,
         stop=stop,
     )
     if not run.records and not run.stopped:
         raise ValueError("no request could run: the workload is empty")
     whole = _combined([*run.prefill, *run.decode], run.records, run.itl, run.duration_s, run.stopped)
-    summary = _summary(whole, serving, pschedulers, dkv, goodput)
+    summary = _summary(whole, serving, pschedulers, dkv, goodput)  # the prefix cache: the prefill pool's
     summary.update(
+        **_step_budget_summary(serving, [*pschedulers, *dschedulers], whole.num_steps_over_budget),
         policy=f"disagg:{shape}",
         num_kv_blocks=shape.num_prefill * pkv.num_blocks + shape.num_decode * dkv.num_blocks,
         router=router,

@@ -256,11 +256,12 @@ def run_disaggregated(
     external_tokens: Callable[[int], int] = lambda n: n,
     *,
     fast: bool = True,
+    step_budget_s: float | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> DisaggRun:
     """Run ``requests`` (ordered by arrival) through a prefill pool and a decode pool (one scheduler
     and cost model a replica) joined by ``link``; ``external_tokens(num_prompt_tokens)``: the tokens
-    whose KV moves, ``kv_bytes`` of them."""
+    whose KV moves, ``kv_bytes`` of them; ``step_budget_s``: count the steps longer than that."""
     handoffs: list[Handoff] = []
     num_p = shape.num_prefill
     owner: dict[str, int] = {}  # request -> its prefill replica, until that frees its copy
@@ -289,12 +290,12 @@ def run_disaggregated(
 
     pschedulers, pcosts = prefill
     psides = [
-        TrafficReplica(s, c, fast=fast, cuttable=True, on_finished=prefill_done)
+        TrafficReplica(s, c, fast=fast, step_budget_s=step_budget_s, cuttable=True, on_finished=prefill_done)
         for s, c in zip(pschedulers, pcosts, strict=True)
     ]
     links = KvLinks(link, shape, kv_arrived)
     dsides = [
-        _DecodeReplica(TrafficReplica(s, c, fast=fast, cuttable=True), release)
+        _DecodeReplica(TrafficReplica(s, c, fast=fast, step_budget_s=step_budget_s, cuttable=True), release)
         for s, c in zip(*decode, strict=True)
     ]
     if len(psides) != num_p or len(dsides) != shape.num_decode:
