@@ -304,10 +304,7 @@ def _simulate_disaggregated(
         policy=f"disagg:{shape}",
         num_kv_blocks=shape.num_prefill * pkv.num_blocks + shape.num_decode * dkv.num_blocks,
         router=router,
-        disaggregation={
-            **disaggregated_summary(run, shape, link, (prefill_serving, serving), (pkv, dkv)),
-            "kv_connector": plan.kv_connector,
-        },
+        disaggregation=disaggregated_summary(run, plan, link, (prefill_serving, serving), (pkv, dkv)),
     )
     return SimulationResult(f"disagg:{shape}", summary, run.records, run.itl, dkv, None, run.stopped)
 

@@ -167,19 +167,15 @@ class KvLinks:
             self._arrived(t.request, t.dst, now_s)
 
 
-class _PrefillReplica:
-    """A prefill replica: runs an arrival's prompt for one token and keeps its KV to send."""
+class _PoolReplica:
+    """A pool's traffic replica, as the driver sees it; the pools' subclasses change what a
+    request and a step's start mean."""
 
-    def __init__(self, inner: TrafficReplica, originals: dict[str, Request], owner: dict[str, int]) -> None:
+    def __init__(self, inner: TrafficReplica) -> None:
         self.inner = inner
-        self._originals = originals  # the run's books of the requests on their way
-        self._owner = owner
 
     def add_request(self, request: Request, now_s: float) -> None:
-        rid = request.request_id
-        self.inner.add_request(replace(request, max_tokens=1, sends_kv=True), now_s)
-        if not self.inner.scheduler.has_request(rid):  # refused: it goes no further
-            del self._originals[rid], self._owner[rid]
+        self.inner.add_request(request, now_s)
 
     def has_unfinished_requests(self) -> bool:
         return self.inner.has_unfinished_requests()
@@ -194,11 +190,26 @@ class _PrefillReplica:
         self.inner.finish_step()
 
 
-class _DecodeReplica:
+class _PrefillReplica(_PoolReplica):
+    """A prefill replica: runs an arrival's prompt for one token and keeps its KV to send."""
+
+    def __init__(self, inner: TrafficReplica, originals: dict[str, Request], owner: dict[str, int]) -> None:
+        super().__init__(inner)
+        self._originals = originals  # the run's books of the requests on their way
+        self._owner = owner
+
+    def add_request(self, request: Request, now_s: float) -> None:
+        rid = request.request_id
+        self.inner.add_request(replace(request, max_tokens=1, sends_kv=True), now_s)
+        if not self.inner.scheduler.has_request(rid):  # refused: it goes no further
+            del self._originals[rid], self._owner[rid]
+
+
+class _DecodeReplica(_PoolReplica):
     """A decode replica that frees each request's prefill copy once it admits the request."""
 
     def __init__(self, inner: TrafficReplica, release: Callable[[str], None]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self._release = release
         self._queued: deque[str] = deque()  # handed over, not yet admitted: in admission order
 
@@ -209,9 +220,6 @@ class _DecodeReplica:
         else:  # refused: no decode replica will read the prefill's copy
             self._release(request.request_id)
 
-    def has_unfinished_requests(self) -> bool:
-        return self.inner.has_unfinished_requests()
-
     def start_step(self, now_s: float, next_arrival_s: float | None) -> float | None:
         end_s = self.inner.start_step(now_s, next_arrival_s)
         scheduler, queued = self.inner.scheduler, self._queued
@@ -219,12 +227,6 @@ class _DecodeReplica:
         while queued and (queued[0] in scheduler.state.running_by_id or not scheduler.has_request(queued[0])):
             self._release(queued.popleft())
         return end_s
-
-    def cut(self, at_s: float) -> float | None:
-        return self.inner.cut(at_s)
-
-    def finish_step(self) -> None:
-        self.inner.finish_step()
 
 
 @dataclass(slots=True)
@@ -342,7 +344,7 @@ def run_disaggregated(
 
 def disaggregated_summary(
     run: DisaggRun,
-    shape: PoolShape,
+    plan: Disaggregation,
     link: KvLink,
     servings: tuple[ServingConfig, ServingConfig],
     kvs: tuple[KvMemory, KvMemory],
@@ -350,7 +352,7 @@ def disaggregated_summary(
     """The pools (each one's replicas, TP, budget, KV blocks a replica, busy share: the time its
     replicas ran steps over theirs), and each request's way through: its prefill (from arrival,
     queueing included), its KV's trip, its wait for a decode slot (ms: median, p90, p99)."""
-    duration_s = run.duration_s
+    duration_s, shape = run.duration_s, plan.shape
 
     def pool(runs: list[TrafficRun], tp: int, serving: ServingConfig, kv: KvMemory) -> dict[str, Any]:
         return {
@@ -380,4 +382,5 @@ def disaggregated_summary(
             for stage, values in stages.items()
             for stat, q in (("median", 50), ("p90", 90), ("p99", 99))
         },
+        "kv_connector": plan.kv_connector,
     }
