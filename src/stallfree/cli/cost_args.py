@@ -6,10 +6,12 @@ choice's own defaults, and parsed into a choice here, once."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stallfree.cli.common import UsageError, positive_int
 from stallfree.costs.choice import DEFAULT_HARDWARE, DEFAULT_MODEL
+from stallfree.costs.kv_transfer import DEFAULT_KV_LINK, LINKS
 
 if TYPE_CHECKING:
     from stallfree.costs.choice import CostChoice, CostPick
@@ -197,3 +199,15 @@ def cost_model_arg(text: str) -> str:
     from stallfree.costs.roofline import cost_model_kind
 
     return cost_model_kind(text)
+
+
+def add_kv_link_arg(add: Callable[..., Any], when: str) -> None:
+    """``--kv-link`` (``add``: a parser's or group's ``add_argument``); ``when`` opens its help."""
+    others = ", ".join(name for name in LINKS if name != "nvlink")
+    add(
+        "--kv-link",
+        default=DEFAULT_KV_LINK,
+        metavar="LINK",
+        help=f"{when}: nvlink (the hardware's GPU-to-GPU figure), {others}, or a number of GB/s a GPU "
+        "(default %(default)s)",
+    )

@@ -23,6 +23,7 @@ from stallfree.cli.common import (
 )
 from stallfree.cli.cost_args import (
     add_gpu_table_args,
+    add_kv_link_arg,
     cost_model_arg,
 )
 from stallfree.cli.device import check_device
@@ -142,13 +143,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="add the prompt served disaggregated: x prefill and y decode groups of --tp GPUs each, the "
         "prompt's KV shipped over --kv-link to the streams' group (1P1D, 2P4D; the roofline or GPU tables)",
     )
-    add(
-        "--kv-link",
-        default="nvlink",
-        metavar="LINK",
-        help="with --disaggregate: nvlink (the hardware's GPU-to-GPU figure), ib-400, roce-200, ethernet-100, "
-        "or a number of GB/s a GPU (default %(default)s)",
-    )
+    add_kv_link_arg(add, "with --disaggregate")
     add(
         "--sweep",
         type=int_list,

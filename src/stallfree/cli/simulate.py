@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from stallfree.cli.common import UsageError, non_negative_float, positive_int
 from stallfree.cli.cost_args import (
+    add_kv_link_arg,
     add_roofline_args,
     add_roofline_dtype_arg,
     cost_choice,
@@ -31,6 +32,7 @@ from stallfree.cli.serving_args import (
 )
 from stallfree.cli.workload_args import add_traffic_args, traffic_workload
 from stallfree.core.router import ROUTER_NAMES
+from stallfree.costs.kv_transfer import DEFAULT_KV_LINK, KV_CONNECTORS
 from stallfree.tune.sigint import stop_on_signal  # light: stdlib only
 
 if TYPE_CHECKING:
@@ -113,21 +115,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="serve from x prefill and y decode replicas, each request's KV moved between them over "
         "--kv-link (same as --policy disagg:xPyD; list it beside chunked to compare on the same GPUs)",
     )
-    d.add_argument(
-        "--kv-link",
-        default="nvlink",
-        metavar="LINK",
-        help="between the pools: nvlink (the hardware's GPU-to-GPU figure), ib-400, roce-200, ethernet-100, "
-        "or a number of GB/s a GPU (default %(default)s)",
-    )
+    add_kv_link_arg(d.add_argument, "between the pools")
     for pool in ("prefill", "decode"):
         d.add_argument(
             f"--{pool}-tp", type=positive_int, metavar="N", help=f"GPUs a {pool} replica (default --tp)"
         )
     d.add_argument(
         "--kv-connector",
-        choices=("nixl", "shared-storage"),
-        default="nixl",
+        choices=tuple(KV_CONNECTORS),
+        default=next(iter(KV_CONNECTORS)),
         help="what moves: nixl, every prompt token's KV; shared-storage, its full blocks short of the last "
         "token (vLLM's ExampleConnector: the decode replica computes the rest again) (default %(default)s)",
     )
@@ -283,7 +279,7 @@ def _runs(args: argparse.Namespace) -> list[tuple[ServingConfig, Disaggregation 
         except ValueError as exc:
             raise UsageError(f"--policy {name}: {exc}") from None
     if not shapes:
-        defaults = {"kv_link": "nvlink", "kv_connector": "nixl"}  # the others default to None
+        defaults = {"kv_link": DEFAULT_KV_LINK, "kv_connector": next(iter(KV_CONNECTORS))}  # others: None
         for flag in (
             "kv_link",
             "prefill_tp",

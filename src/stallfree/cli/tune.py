@@ -19,6 +19,7 @@ from stallfree.cli.common import (
     positive_int,
 )
 from stallfree.cli.cost_args import (
+    add_kv_link_arg,
     add_roofline_args,
     add_roofline_dtype_arg,
     cost_choice,
@@ -28,6 +29,7 @@ from stallfree.cli.cost_args import (
 )
 from stallfree.cli.serving_args import add_acceptance_arg, add_prefix_caching_arg
 from stallfree.cli.sweep import add_run_args, make_dir, show_progress, trial_pool
+from stallfree.costs.kv_transfer import DEFAULT_KV_LINK
 
 if TYPE_CHECKING:
     from stallfree.costs.choice import CostChoice
@@ -123,12 +125,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="K1,K2,...",
         help="GPUs a replica may have, in either pool (default: --tp)",
     )
-    m.add_argument(
-        "--kv-link",
-        default="nvlink",
-        metavar="LINK",
-        help="between the pools: nvlink, ib-400, roce-200, ethernet-100, or GB/s a GPU (default %(default)s)",
-    )
+    add_kv_link_arg(m.add_argument, "between the pools")
     p.add_argument(
         "--max-num-seqs",
         type=positive_int,
@@ -233,7 +230,7 @@ def run_tune(args: argparse.Namespace) -> int:
     )
     if args.gpus is not None:
         return _run_mode_tune(args, base, cost_model_note)
-    for flag, value in (("--tp-sizes", args.tp_sizes), ("--kv-link", args.kv_link != "nvlink")):
+    for flag, value in (("--tp-sizes", args.tp_sizes), ("--kv-link", args.kv_link != DEFAULT_KV_LINK)):
         if value:
             raise UsageError(f"{flag} applies with --gpus N")
     if args.router is not None:

@@ -25,6 +25,14 @@ LINKS: dict[str, tuple[float | None, float, str]] = {
     "ethernet-100": (100 * _GBIT, 50e-6, "TCP over 100 Gb/s Ethernet a GPU"),
 }
 """The ``--kv-link`` presets; a number instead names a link of that many GB/s a GPU."""
+DEFAULT_KV_LINK = "nvlink"
+
+KV_CONNECTORS = {
+    "nixl": "every prompt token's KV moves (vLLM's NixlConnector; SGLang's transfer backends)",
+    "shared-storage": "the prompt's full blocks short of its last token move through files, the rest is "
+    "computed again (vLLM's ExampleConnector)",
+}
+"""What crosses the link (``--kv-connector``); the first is the default."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from stallfree.costs.kv_transfer import DEFAULT_KV_LINK
 from stallfree.costs.roofline import COST_MODEL_KINDS, cost_model_kind
 from stallfree.explain.disaggregate import parse_pools
 from stallfree.explain.scenario import DEFAULT_SWEEP, Scenario
@@ -81,7 +82,7 @@ class ExplainOptions:
     speculative_tokens: int = 0
     acceptance_rate: str = "0.7"
     disaggregate: str | None = None
-    kv_link: str = "nvlink"
+    kv_link: str = DEFAULT_KV_LINK
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost_model", cost_model_kind(self.cost_model))  # frozen: normalise

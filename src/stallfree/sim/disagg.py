@@ -36,18 +36,12 @@ import numpy as np
 from stallfree.core import Request, Scheduler
 from stallfree.core.router import Router
 from stallfree.core.serving import ServingConfig
-from stallfree.costs.kv_transfer import KvLink, PoolShape
+from stallfree.costs.kv_transfer import DEFAULT_KV_LINK, KV_CONNECTORS, KvLink, PoolShape
 from stallfree.costs.memory import KvMemory
 from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord
 from stallfree.sim.driver import Handoff, Replica, SimClock, drive
 from stallfree.sim.traffic import TrafficReplica, TrafficRun
-
-KV_CONNECTORS = {
-    "nixl": "every prompt token's KV moves (vLLM's NixlConnector; SGLang's transfer backends)",
-    "shared-storage": "the prompt's full blocks short of its last token move through files, the rest is "
-    "computed again (vLLM's ExampleConnector)",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +51,7 @@ class Disaggregation:
     token budget (None: the decode replicas')."""
 
     shape: PoolShape
-    kv_link: str = "nvlink"
+    kv_link: str = DEFAULT_KV_LINK
     prefill_token_budget: int | None = None
     kv_connector: str = "nixl"
     prefill_profile: str | None = None  # the prefill replicas' own profile (None: the cost choice's)

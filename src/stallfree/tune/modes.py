@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from stallfree.costs.kv_transfer import DEFAULT_KV_LINK
 from stallfree.tune.capacity import QPS_RANGE_FACTOR, serve_commands
 from stallfree.tune.fleet import SGLANG_ROUTER_POLICY, VLLM_ROUTER_POLICY
 from stallfree.tune.jobs import Job, JobsInterrupted, TrialRecord, run_jobs
@@ -53,7 +54,7 @@ class ModeTuneConfig:
     budgets: tuple[int, ...]
     ridge_tokens: float
     slos: Slos
-    kv_link: str = "nvlink"
+    kv_link: str = DEFAULT_KV_LINK
     max_num_seqs: int = 256
     precision: float = 0.05
 

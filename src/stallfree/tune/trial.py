@@ -26,7 +26,7 @@ from stallfree.core import DEFAULT_TOKEN_BUDGET
 from stallfree.core.router import ROUTER_NAMES
 from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice, pick_once
-from stallfree.costs.kv_transfer import PoolShape
+from stallfree.costs.kv_transfer import DEFAULT_KV_LINK, PoolShape
 from stallfree.metrics import Summary
 from stallfree.sim.api import SimulationResult, simulate
 from stallfree.sim.disagg import Disaggregation
@@ -38,7 +38,12 @@ from stallfree.workload.lengths import TraceLengths
 ARRIVALS = ("poisson", "gamma", "trace")
 FLEET_DEFAULTS = {"replicas": 1, "router": "round-robin", "route_delay_ms": 0.0}
 SPECULATIVE_FIELDS = ("num_speculative_tokens", "speculative_rule")
-DISAGG_DEFAULTS = {"disaggregate": None, "decode_tp": None, "kv_link": "nvlink", "prefill_token_budget": None}
+DISAGG_DEFAULTS = {
+    "disaggregate": None,
+    "decode_tp": None,
+    "kv_link": DEFAULT_KV_LINK,
+    "prefill_token_budget": None,
+}
 DEFAULT_SERVING = ServingConfig(max_num_batched_tokens=DEFAULT_TOKEN_BUDGET)
 
 
@@ -67,7 +72,7 @@ class TrialSpec:
     # serving budget), decode replicas of decode_tp (None: costs.tp), KV over kv_link
     disaggregate: str | None = None
     decode_tp: int | None = None
-    kv_link: str = "nvlink"
+    kv_link: str = DEFAULT_KV_LINK
     prefill_token_budget: int | None = None
 
     def __post_init__(self) -> None:
