@@ -17,13 +17,12 @@ from stallfree.costs.kv_transfer import KvLink, PoolShape, kv_transfer
 from stallfree.specs import ModelSpec
 
 
-def parse_pools(text: str) -> tuple[int, int]:
-    """``2P4D`` -> (2, 4): prefill and decode groups."""
+def parse_pools(text: str, tp: int = 1) -> PoolShape:
+    """``2P4D`` -> 2 prefill and 4 decode groups of ``tp`` GPUs each."""
     try:
-        shape = PoolShape.parse(text)
+        return PoolShape.parse(text, tp, tp)
     except ValueError as exc:
         raise ValueError(f"argument --disaggregate: {exc}") from None
-    return shape.num_prefill, shape.num_decode
 
 
 def disaggregated(
@@ -42,7 +41,7 @@ def disaggregated(
 ) -> dict[str, Any]:
     """The disaggregated row of the scenario, as explain's JSON carries it (``decode_step_s``: the
     streams' step, which the rows before priced)."""
-    num_prefill, num_decode = parse_pools(pools)
+    shape = parse_pools(pools, tp)
     move = kv_transfer(model, prompt_tokens, dtype_bytes, link, tp_prefill=tp, tp_decode=tp)
     layerwise = kv_transfer(
         model,
@@ -64,7 +63,7 @@ def disaggregated(
     joined_s = timer.step_time_s(joined)
     return {
         "pools": pools,
-        "gpus": (num_prefill + num_decode) * tp,
+        "gpus": shape.num_gpus,
         "aggregated_gpus": tp,
         "kv_link": link.name,
         "kv_link_bytes_per_s": link.bytes_per_s,
