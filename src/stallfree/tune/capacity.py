@@ -104,14 +104,21 @@ def tune_searches(config: TuneConfig) -> list[tuple[TrialSpec, CapacitySearch]]:
     for spec in specs:
         check_spec(spec)
         start = config.qps_start if config.qps_start is not None else estimate_qps(spec)
-        search = SearchConfig(
-            qps_start=start,
-            precision=config.precision,
-            qps_min=start / QPS_RANGE_FACTOR,
-            qps_max=start * QPS_RANGE_FACTOR,
-        )
-        searches.append((spec, CapacitySearch(search)))
+        searches.append((spec, capacity_search(start, config.precision)))
     return searches
+
+
+def capacity_search(start_qps: float, precision: float) -> CapacitySearch:
+    """A search for the highest QPS meeting the SLOs, from ``start_qps`` and within
+    :data:`QPS_RANGE_FACTOR` of it either way."""
+    return CapacitySearch(
+        SearchConfig(
+            qps_start=start_qps,
+            precision=precision,
+            qps_min=start_qps / QPS_RANGE_FACTOR,
+            qps_max=start_qps * QPS_RANGE_FACTOR,
+        )
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from stallfree.tune.capacity import serve_commands
-from stallfree.tune.jobs import Job, JobsInterrupted, TrialRecord, run_jobs
+from stallfree.tune.jobs import Job, TrialRecord, searched
 from stallfree.tune.pools import TrialPool
 from stallfree.tune.search import ReplicaSearch
 from stallfree.tune.slo import Slos
@@ -81,18 +80,14 @@ def tune_fleet(
 ) -> tuple[dict[str, Any], bool]:
     """Run the searches; the result as JSON and whether a Ctrl-C cut it short (then it holds the
     searches that finished, ``partial: true``)."""
-    started = time.perf_counter()
-    jobs = fleet_searches(config)
-    interrupted = False
-    try:
-        trials = run_jobs(jobs, pool, config.slos, progress=progress, desc="tune fleet")
-    except JobsInterrupted as error:
-        trials, interrupted = error.records, True
-    out = _to_json(config, jobs, trials)
-    if interrupted:
-        out["partial"] = True
-    out["wall_s"] = time.perf_counter() - started
-    return out, interrupted
+    return searched(
+        lambda: fleet_searches(config),
+        pool,
+        config.slos,
+        lambda jobs, trials: _to_json(config, jobs, trials),
+        progress=progress,
+        desc="tune fleet",
+    )
 
 
 def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]) -> dict[str, Any]:

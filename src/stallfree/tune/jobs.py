@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -183,3 +184,28 @@ def run_jobs(
     finally:
         bar.close()
     return sorted(records, key=lambda r: (r.job, r.index))
+
+
+def searched(
+    make_jobs: Callable[[], list[Job]],
+    pool: TrialPool,
+    slos: Slos,
+    to_json: Callable[[list[Job], list[TrialRecord]], dict[str, Any]],
+    *,
+    progress: bool,
+    desc: str,
+) -> tuple[dict[str, Any], bool]:
+    """Make the jobs and run them (:func:`run_jobs`); ``to_json`` of them and their trials, with
+    ``wall_s`` and, when a Ctrl-C cut the run short (the second value), ``partial: true``."""
+    started = time.perf_counter()
+    jobs = make_jobs()
+    interrupted = False
+    try:
+        trials = run_jobs(jobs, pool, slos, progress=progress, desc=desc)
+    except JobsInterrupted as error:
+        trials, interrupted = error.records, True
+    out = to_json(jobs, trials)
+    if interrupted:
+        out["partial"] = True
+    out["wall_s"] = time.perf_counter() - started
+    return out, interrupted

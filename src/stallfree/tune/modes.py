@@ -15,16 +15,15 @@ Invariant: as every tune, the same config gives the same result on every pool.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from stallfree.costs.kv_transfer import DEFAULT_KV_LINK
-from stallfree.tune.capacity import QPS_RANGE_FACTOR, serve_commands
+from stallfree.tune.capacity import capacity_search, serve_commands
 from stallfree.tune.fleet import SGLANG_ROUTER_POLICY, VLLM_ROUTER_POLICY
-from stallfree.tune.jobs import Job, JobsInterrupted, TrialRecord, run_jobs
+from stallfree.tune.jobs import Job, TrialRecord, searched
 from stallfree.tune.pools import TrialPool
-from stallfree.tune.search import CapacitySearch, SearchConfig
+from stallfree.tune.search import CapacitySearch
 from stallfree.tune.slo import Slos
 from stallfree.tune.trial import TrialSpec, check_spec, estimate_qps
 
@@ -130,14 +129,7 @@ def mode_searches(config: ModeTuneConfig) -> list[Job]:
     jobs = []
     for spec in layouts(config):
         check_spec(dataclasses.replace(spec, replicas=1) if spec.disaggregate is None else spec)
-        start = _start_qps(spec)
-        search = SearchConfig(
-            qps_start=start,
-            precision=config.precision,
-            qps_min=start / QPS_RANGE_FACTOR,
-            qps_max=start * QPS_RANGE_FACTOR,
-        )
-        jobs.append(Job(spec, CapacitySearch(search)))
+        jobs.append(Job(spec, capacity_search(_start_qps(spec), config.precision)))
     return jobs
 
 
@@ -146,18 +138,14 @@ def tune_modes(
 ) -> tuple[dict[str, Any], bool]:
     """Run the searches; the result as JSON and whether a Ctrl-C cut it short (then it ranks the
     searches that finished, ``partial: true``)."""
-    started = time.perf_counter()
-    jobs = mode_searches(config)
-    interrupted = False
-    try:
-        trials = run_jobs(jobs, pool, config.slos, progress=progress, desc="tune modes")
-    except JobsInterrupted as error:
-        trials, interrupted = error.records, True
-    out = _to_json(config, jobs, trials)
-    if interrupted:
-        out["partial"] = True
-    out["wall_s"] = time.perf_counter() - started
-    return out, interrupted
+    return searched(
+        lambda: mode_searches(config),
+        pool,
+        config.slos,
+        lambda jobs, trials: _to_json(config, jobs, trials),
+        progress=progress,
+        desc="tune modes",
+    )
 
 
 def layout_name(spec: TrialSpec) -> str:
