@@ -62,10 +62,8 @@ def static_batches() -> None:
     )
     for model, system, framework, tp, ep, batch, isl, osl in STATIC:
         cost = AicCostModel(model, system, framework, tp=tp, expert_parallel=ep)
-        prefill = StepPlan(tuple(c for i in range(batch) for c in _named(synthetic_plan(0, 0, isl), i)))
-        ttft = cost.step_time_s(prefill) * 1e3
-        decode = [cost.decode_step_s(batch, isl + i) for i in range(osl - 1)]
-        tpot = sum(decode) / len(decode) * 1e3
+        ttft = static_prefill_s(cost, batch, isl) * 1e3
+        tpot = static_tpot_s(cost, batch, isl, osl) * 1e3
         ctx_ms, gen_ms, _ = cost._handle.run_static(batch_size=batch, isl=isl, osl=osl, stride=1)
         ref_tpot = gen_ms / (osl - 1)
         print(
@@ -73,6 +71,18 @@ def static_batches() -> None:
             f"{ttft:>8.2f} / {ctx_ms:>7.2f}{ttft / ctx_ms:>5.2f}x"
             f"{tpot:>8.3f} / {ref_tpot:>6.3f}{tpot / ref_tpot:>5.2f}x"
         )
+
+
+def static_prefill_s(cost: AicCostModel, batch: int, isl: int) -> float:
+    """One step of ``batch`` prompts of ``isl`` tokens (aiconfigurator's static context phase)."""
+    return cost.step_time_s(
+        StepPlan(tuple(c for i in range(batch) for c in _named(synthetic_plan(0, 0, isl), i)))
+    )
+
+
+def static_tpot_s(cost: AicCostModel, batch: int, isl: int, osl: int) -> float:
+    """The mean of the OSL - 1 decode steps of ``batch`` requests after their prompts."""
+    return sum(cost.decode_step_s(batch, isl + i) for i in range(osl - 1)) / (osl - 1)
 
 
 def _named(plan: StepPlan, i: int) -> tuple:  # type: ignore[type-arg]
@@ -257,9 +267,8 @@ def disaggregated() -> None:
         ref = json.loads(done.stdout.strip().splitlines()[-1])
         prefill = AicCostModel(model, system, fw, tp=tp_p)
         decode = AicCostModel(model, system, fw, tp=tp_d)
-        batch = StepPlan(tuple(c for i in range(bp) for c in _named(synthetic_plan(0, 0, isl), i)))
-        prefill_s = prefill.step_time_s(batch)
-        tpot_s = sum(decode.decode_step_s(bd, isl + i) for i in range(osl - 1)) / (osl - 1)
+        prefill_s = static_prefill_s(prefill, bp, isl)
+        tpot_s = static_tpot_s(decode, bd, isl, osl)
         seq_s = min(x * bp / prefill_s * PREFILL_RATE, y * bd / (tpot_s * (osl - 1)) * DECODE_RATE)
         ttft_ms = prefill_s * 1e3 * TTFT_QUEUEING
         hardware = system.replace("_", "-")
