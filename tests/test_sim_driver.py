@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +102,7 @@ def simulate_digest(case: Case) -> str:
     )
     steps = result.steps
     assert steps is not None
-    columns = {name: list(getattr(steps, name)) for name in steps.__slots__}  # type: ignore[attr-defined]
+    columns = {f.name: list(getattr(steps, f.name)) for f in fields(steps)}
     return _digest(
         {
             "records": [asdict(r) for r in result.records],

@@ -26,6 +26,8 @@ import abc
 import enum
 from typing import ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from stallfree.core.config import DEFAULT_TOKEN_BUDGET, SchedulerConfig
 from stallfree.core.context import StepContext
 from stallfree.core.plan import StepPlan
@@ -53,6 +55,7 @@ class Steadiness(enum.Enum):
     IGNORES_ARRIVALS = "ignores-arrivals"  # repeats even if requests arrive (they only queue)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # users write policies (compiled build)
 class Policy(abc.ABC):
     name: ClassVar[str]
 

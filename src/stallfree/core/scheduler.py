@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from mypy_extensions import mypyc_attr
+
 from stallfree.core.block_manager import BlockManager
 from stallfree.core.config import CacheConfig, SchedulerConfig
 from stallfree.core.context import StepContext
@@ -47,6 +49,7 @@ class StepEvents:
     num_accepted_drafts: Mapping[str, int] = field(default_factory=dict)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # tests check it by subclassing (compiled build)
 class Scheduler:
     """Owns the queues and KV blocks; asks its policy what each step runs."""
 

@@ -1,0 +1,96 @@
+"""The optional compiled build: the simulator's hot modules compiled by mypyc, beside their source.
+
+The same typed Python, compiled to C extensions that Python imports in place of the ``.py`` files
+(``src/stallfree/core/scheduler.cpython-*.so`` beside ``scheduler.py``); the pure-Python package
+stays the reference and works without it. ``make compiled`` builds it (mypyc from ``.[dev]`` and
+a C compiler), ``make pure`` removes it, and ``make test`` refuses a build older than its sources.
+
+    python scripts/compiled.py build [--src DIR]   # compile in place (DIR: a copy of src/)
+    python scripts/compiled.py clean [--src DIR]
+    python scripts/compiled.py check [--src DIR]   # exit 1 if a compiled module is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+# The modules a simulation spends its time in (the scheduler core, the driver, the cost models).
+MODULES = [
+    "stallfree/core/block_manager.py",
+    "stallfree/core/config.py",
+    "stallfree/core/context.py",
+    "stallfree/core/plan.py",
+    "stallfree/core/policy.py",
+    "stallfree/core/request.py",
+    "stallfree/core/router.py",
+    "stallfree/core/scheduler.py",
+    "stallfree/core/state.py",
+    "stallfree/core/steady.py",
+    "stallfree/core/step.py",
+    "stallfree/costs/roofline.py",
+    "stallfree/costs/vidur.py",
+    "stallfree/sim/driver.py",
+    "stallfree/sim/itl.py",
+    "stallfree/sim/traffic.py",
+]
+
+
+def extensions(src: Path) -> list[Path]:
+    """The compiled modules under ``src`` (and mypyc's shared runtime beside the package)."""
+    found = [p for m in MODULES for p in (src / m).parent.glob(Path(m).stem + ".*.so")]
+    return found + sorted(src.glob("*__mypyc.*.so"))
+
+
+def build(src: Path) -> None:
+    mypyc = Path(sys.executable).parent / "mypyc"
+    if not mypyc.exists():
+        sys.exit("mypyc is not installed: pip install -e '.[dev]' (it comes with mypy)")
+    clean(src)
+    subprocess.run([str(mypyc), *MODULES], cwd=src, check=True, stdout=subprocess.DEVNULL)
+    shutil.rmtree(src / "build", ignore_errors=True)
+    print(f"compiled {len(MODULES)} modules in {src}")
+
+
+def clean(src: Path) -> None:
+    for path in extensions(src):
+        path.unlink()
+
+
+def stale(src: Path) -> list[str]:
+    """Compiled modules older than their source (Python would import the stale build)."""
+    out = []
+    for module in MODULES:
+        source = src / module
+        for ext in source.parent.glob(source.stem + ".*.so"):
+            if ext.stat().st_mtime < source.stat().st_mtime:
+                out.append(module)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("action", choices=["build", "clean", "check"])
+    parser.add_argument(
+        "--src", type=Path, default=SRC, help="the source tree (default: this checkout's src/)"
+    )
+    args = parser.parse_args()
+    if args.action == "build":
+        build(args.src)
+    elif args.action == "clean":
+        clean(args.src)
+    elif old := stale(args.src):
+        print(f"the compiled build is older than {', '.join(old)}: run `make compiled` or `make pure`")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The optional compiled build (``make compiled``, scripts/compiled.py): the simulator's modules
+compiled by mypyc into a copy of src/, and the simulator's tests run against that copy. The
+golden digests (test_sim_driver) hold the compiled build to the very outputs of the pure one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import compiled  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("compiled")]  # one build for the module
+
+TESTS = [
+    "tests/test_sim_driver.py",
+    "tests/test_sim_traffic.py",
+    "tests/test_sim_fleet.py",
+    "tests/test_core_scheduler.py",
+    "tests/test_core_prefix_cache.py",
+    "tests/test_core_router.py",
+    "tests/test_explain.py",
+]
+
+
+@pytest.fixture(scope="module")
+def compiled_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not (Path(sys.executable).parent / "mypyc").exists() or shutil.which("cc") is None:
+        pytest.skip("mypyc or a C compiler is missing")
+    src = tmp_path_factory.mktemp("compiled") / "src"
+    shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("*.so", "__pycache__", "*.egg-info"))
+    compiled.build(src)
+    return src
+
+
+def test_the_build_is_imported_and_a_changed_source_makes_it_stale(compiled_src: Path) -> None:
+    assert len(compiled.extensions(compiled_src)) == len(compiled.MODULES) + 1  # + mypyc's runtime
+    env = {**os.environ, "PYTHONPATH": str(compiled_src)}
+    where = subprocess.run(
+        [sys.executable, "-c", "import stallfree.core.scheduler as s; print(s.__file__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert where.strip().endswith(".so") and where.startswith(str(compiled_src))
+    assert compiled.stale(compiled_src) == []
+    source = compiled_src / compiled.MODULES[0]
+    built = max(ext.stat().st_mtime for ext in compiled.extensions(compiled_src))
+    os.utime(source, (built + 10, built + 10))  # edited after the build
+    assert compiled.stale(compiled_src) == [compiled.MODULES[0]]
+
+
+def test_the_simulators_tests_pass_compiled(compiled_src: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(compiled_src)}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "0", *TESTS],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
