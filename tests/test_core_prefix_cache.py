@@ -3,6 +3,8 @@ does with them (property tests under memory pressure, over every policy)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -19,6 +21,7 @@ from stallfree.core import (
 )
 from stallfree.core.block_manager import BlockManager, block_keys
 from tests.factories import run_on_step_counter
+from tests.reference_block_manager import ReferenceBlockManager
 from tests.strategies import policy_cases
 
 BLOCK = 4
@@ -297,3 +300,62 @@ def test_caching_never_computes_more_prompt_tokens(
     _, cached = drive(policy, kw, config, big, reqs, caching=True)
     _, plain = drive(policy, kw, config, big, reqs, caching=False)
     assert sum(p.num_tokens for p in cached) <= sum(p.num_tokens for p in plain)
+
+
+def _same(run: BlockManager, ref: ReferenceBlockManager, op: str, *args: object) -> object:
+    got, want = getattr(run, op)(*args), getattr(ref, op)(*args)
+    assert got == want, (op, args)
+    state = (run.num_free_blocks, run.num_used_blocks, run.num_cached_blocks)
+    assert state == (ref.num_free_blocks, ref.num_used_blocks, ref.num_cached_blocks), op
+    return got
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_runs_of_blocks_behave_as_a_block_at_a_time(seed: int) -> None:
+    """The block manager keeps runs of blocks; the reference one block at a time. Random requests
+    sharing prefixes (of a 3-token alphabet, so chains meet and part) are admitted on their hits
+    (or a prefix of them), computed in random chunks, preempted when short of blocks, and
+    freed: every answer (block ids, hits, counts) is the reference's."""
+    rng = random.Random(seed)
+    block_size = rng.choice([1, 2, 4])
+    num_blocks = rng.choice([None, 8, 16, 40])
+    run = BlockManager(block_size, num_blocks, enable_prefix_caching=True)
+    ref = ReferenceBlockManager(block_size, num_blocks, enable_prefix_caching=True)
+    prefixes = [[rng.randrange(3) for _ in range(rng.randrange(30))] for _ in range(4)]
+    live: dict[str, tuple[tuple[int, ...], int]] = {}  # request -> (its keys, its tokens)
+    computed: dict[str, int] = {}
+    for n in range(250):
+        op = rng.random()
+        if op < 0.3 and len(live) < 8:
+            rid = f"r{n}"
+            tokens = rng.choice(prefixes)[: rng.randrange(31)] + [
+                rng.randrange(3) for _ in range(rng.randrange(1, 20))
+            ]
+            keys = block_keys(PromptBlocks(tuple(tokens)), len(tokens), block_size)
+            hits = _same(run, ref, "match", keys, (len(tokens) - 1) // block_size)
+            assert isinstance(hits, list)
+            if hits and rng.random() < 0.3:
+                hits = hits[: rng.randrange(1, len(hits) + 1)]
+            need = run.blocks_for(len(tokens)) - len(hits) + _same(run, ref, "num_evictable", hits)  # type: ignore[operator]
+            if _same(run, ref, "can_allocate", need):
+                if hits:
+                    _same(run, ref, "take_cached", rid, hits)
+                live[rid], computed[rid] = (keys, len(tokens)), len(hits) * block_size
+        elif op < 0.75 and live:
+            rid = rng.choice(sorted(live))
+            keys, total = live[rid]
+            target = min(total, computed[rid] + rng.randrange(1, 12))
+            if _same(run, ref, "can_allocate", run.num_new_blocks(rid, target)):
+                _same(run, ref, "allocate", rid, target)
+                _same(run, ref, "cache_blocks", rid, keys, target)
+                computed[rid] = target
+            else:  # preempted
+                _same(run, ref, "free", rid)
+                del live[rid]
+        elif live:
+            rid = rng.choice(sorted(live))
+            _same(run, ref, "free", rid)
+            del live[rid]
+    for rid in live:
+        _same(run, ref, "free", rid)
+    assert run.num_used_blocks == 0

@@ -15,11 +15,19 @@ takes the least recently freed of all; keeping cached blocks until no other is f
 when memory is short, and keeps a request without a known prompt as cheap as without caching.) Only full blocks are cached, so a block written by one request is
 never written by another; the executor writes a step's KV before any attention reads it, so a
 block cached by one chunk may be read by another chunk of the same step.
+
+The cache keeps *runs*, not blocks: the blocks one request cached one after another (its prompt,
+chunk by chunk), indexed by the key of their first block, with one reference count per holder
+rather than per block. Since a key chains every key before it, a cached key is either the first
+of a run or follows the one before it in the same run: a lookup walks from run to run. Holders
+hold a prefix of a run (a hit always starts at a run's first block), so a run's evictable blocks
+are its last ones. Caching, freeing and evicting cost a few operations per run, not per block: a
+simulated fleet caches every ~8K-token prompt (~500 blocks) and evicts it later.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Sequence
 
 from stallfree.core.config import ceil_div
@@ -48,12 +56,42 @@ def block_keys(content: PromptBlocks, num_tokens: int, block_size: int) -> tuple
             keys.append(parent)
     else:
         # one hash per id; its blocks' keys are that hash plus their offset in it
-        offsets = range(0, per_id, block_size)
+        parents = []
         for block_id in ids[: ceil_div(num_blocks * block_size, per_id)]:
             parent = hash((parent, block_id))
-            keys += [parent + offset for offset in offsets]
+            parents.append(parent)
+        offsets = range(0, per_id, block_size)
+        keys = [parent + offset for parent in parents for offset in offsets]
         del keys[num_blocks:]
     return tuple(keys)
+
+
+class _Run:
+    """Cached blocks and their keys, at ``start``.. of their chain of keys (evictions take its last
+    ones); ``holders`` maps each request holding some to how many of its first blocks it holds;
+    ``queued``: its evictable ranges in the LRU queue."""
+
+    __slots__ = ("blocks", "holders", "keys", "queued", "start")
+
+    def __init__(self, start: int, keys: list[int], blocks: list[int], holder: str) -> None:
+        self.start = start
+        self.keys = keys
+        self.blocks = blocks
+        self.holders = {holder: len(blocks)}
+        self.queued: list[_Range] = []
+
+    def held(self) -> int:
+        """How many of its first blocks some request holds (the rest are evictable)."""
+        return max(self.holders.values(), default=0)
+
+
+class _Range:
+    """Blocks ``lo``..``hi - 1`` of ``run``, evictable, in the LRU queue (evicted from the last)."""
+
+    __slots__ = ("hi", "lo", "run")
+
+    def __init__(self, run: _Run, lo: int, hi: int) -> None:
+        self.run, self.lo, self.hi = run, lo, hi
 
 
 class BlockManager:
@@ -74,12 +112,18 @@ class BlockManager:
         self._next_unbounded_id = 0
         self._tables: dict[str, list[int]] = {}
         self.num_used_blocks = 0
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, held by no one: LRU first
-        self._refs: dict[int, int] = {}  # cached blocks in use: how many requests hold each
-        self._cached: dict[int, int] = {}  # key -> block id
-        self._key_of: dict[int, int] = {}  # cached block id -> its key
-        # How many of a request's first blocks are settled: taken from the cache or offered to it.
+        self._heads: dict[int, _Run] = {}  # a run's first key -> the run
+        self._run_at: dict[int, _Run] = {}  # a run's first block -> the run
+        self._num_cached = 0
+        self._queue: deque[_Range] = deque()  # evictable ranges, least recently freed first
+        self._num_evictable = 0
+        # How many of a request's first blocks are settled: taken from the cache or offered to it;
+        # the runs it holds, in table order; its settled blocks left uncached (their key was); the
+        # run that cached the key of its last settled block (where to look for the next key).
         self._num_keyed: dict[str, int] = {}
+        self._holds: dict[str, list[_Run]] = {}
+        self._duplicates: dict[str, list[int]] = {}
+        self._tip: dict[str, _Run] = {}
 
     def blocks_for(self, num_tokens: int) -> int:
         return ceil_div(num_tokens, self.block_size)
@@ -87,12 +131,12 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int | None:
         """Free blocks, evictable cached ones included, or ``None`` for an unbounded pool."""
-        return len(self._free) + len(self._evictable) if self.num_blocks is not None else None
+        return len(self._free) + self._num_evictable if self.num_blocks is not None else None
 
     @property
     def num_cached_blocks(self) -> int:
         """Blocks the prefix cache holds (in use or evictable)."""
-        return len(self._cached)
+        return self._num_cached
 
     def num_new_blocks(self, request_id: str, num_tokens: int) -> int:
         """Blocks ``request_id`` must add to hold ``num_tokens`` tokens in total."""
@@ -140,17 +184,35 @@ class BlockManager:
 
     def _evict(self, num_blocks: int) -> tuple[int, ...]:
         """The ``num_blocks`` least recently freed cached blocks, dropped from the cache."""
-        evictable, cached = self._evictable, self._cached
-        blocks = tuple(evictable.popitem(last=False)[0] for _ in range(num_blocks))
-        for key in map(self._key_of.pop, blocks):
-            del cached[key]
-        return blocks
+        out: list[int] = []
+        queue = self._queue
+        while num_blocks:
+            oldest = queue[0]
+            run, hi = oldest.run, oldest.hi
+            cut = max(oldest.lo, hi - num_blocks)
+            if cut < hi:
+                # A run's oldest range is its last blocks: evicting shortens the run.
+                out += run.blocks[cut:hi][::-1]
+                if not cut:
+                    del self._heads[run.keys[0]], self._run_at[run.blocks[0]]
+                del run.keys[cut:], run.blocks[cut:]
+                num_blocks -= hi - cut
+                self._num_evictable -= hi - cut
+                self._num_cached -= hi - cut
+                oldest.hi = cut
+            if cut == oldest.lo:
+                queue.popleft()
+                run.queued.remove(oldest)
+        return tuple(out)
 
     def free(self, request_id: str) -> None:
         """Release every block of ``request_id`` (no-op if it holds none); cached blocks no one
         else holds become evictable, its last blocks first."""
         table = self._tables.pop(request_id, None)
         num_keyed = self._num_keyed.pop(request_id, 0)
+        holds = self._holds.pop(request_id, [])
+        duplicates = self._duplicates.pop(request_id, [])
+        self._tip.pop(request_id, None)
         if not table:
             return
         self.num_used_blocks -= len(table)
@@ -159,23 +221,16 @@ class BlockManager:
         # Only the first num_keyed blocks can be cached; the rest go back uncached.
         if self.num_blocks is not None:
             self._free.extend(reversed(table[num_keyed:]))
-        refs, key_of = self._refs, self._key_of
-        keyed = table[num_keyed - 1 :: -1] if num_keyed else []
-        if all(refs.get(block) == 1 for block in keyed):  # cached, and held by this request alone
-            for block in keyed:
-                del refs[block]
-            self._evictable.update(dict.fromkeys(keyed))
-            return
-        for block in keyed:
-            if block not in key_of:  # a duplicate of a block cached earlier: never shared
-                if self.num_blocks is not None:
-                    self._free.append(block)
-            elif refs[block] > 1:
-                refs[block] -= 1
-                self.num_used_blocks += 1  # still held by another request
-            else:
-                del refs[block]
-                self._evictable[block] = None
+            self._free.extend(reversed(duplicates))
+        for run in reversed(holds):
+            num = run.holders.pop(request_id)
+            rest = run.held()
+            self.num_used_blocks += min(num, rest)  # still held by another request
+            if num > rest:
+                evictable = _Range(run, rest, num)
+                self._queue.append(evictable)
+                run.queued.append(evictable)
+                self._num_evictable += num - rest
 
     def block_table(self, request_id: str) -> tuple[int, ...]:
         return tuple(self._tables.get(request_id, ()))
@@ -189,32 +244,50 @@ class BlockManager:
     def match(self, keys: Sequence[int], max_blocks: int) -> list[int]:
         """The cached blocks of the longest prefix of ``keys`` (at most ``max_blocks``)."""
         hits: list[int] = []
-        cached = self._cached
-        for key in keys[:max_blocks]:
-            block = cached.get(key)
-            if block is None:
+        limit = min(len(keys), max_blocks)
+        while len(hits) < limit:
+            # keys[i] is cached only as a run's first key (the run before ended or left the chain)
+            run = self._heads.get(keys[len(hits)])
+            if run is None:
                 break
-            hits.append(block)
+            hits += run.blocks[: _common_prefix(keys[len(hits) : limit], run.keys)]
         return hits
+
+    def _spans(self, blocks: Sequence[int]) -> list[tuple[_Run, int]]:
+        """The runs a hit from :meth:`match` (or a prefix of one) takes, with how many of the
+        first blocks of each (a hit leaves a run where its chain of keys leaves the run's)."""
+        spans: list[tuple[_Run, int]] = []
+        i = 0
+        while i < len(blocks):
+            run = self._run_at[blocks[i]]
+            num = _common_prefix(blocks[i:], run.blocks)
+            spans.append((run, num))
+            i += num
+        return spans
 
     def num_evictable(self, blocks: Sequence[int]) -> int:
         """How many of ``blocks`` no request holds (taking them uses up free blocks)."""
-        return sum(1 for b in blocks if b in self._evictable)
+        return sum(max(0, num - run.held()) for run, num in self._spans(blocks))
 
     def take_cached(self, request_id: str, blocks: Sequence[int]) -> None:
         """Start ``request_id``'s (empty) table with cached ``blocks`` from :meth:`match`."""
         if self._tables.get(request_id):
             raise RuntimeError(f"request {request_id}: cached blocks go first in an empty table")
-        refs = self._refs
-        for block in blocks:
-            if block in refs:
-                refs[block] += 1
-            else:
-                del self._evictable[block]
-                refs[block] = 1
-                self.num_used_blocks += 1
+        holds = []
+        for run, num in self._spans(blocks):
+            taken = num - run.held()
+            if taken > 0:  # blocks no one held: out of their evictable ranges, into use
+                for evictable in run.queued:
+                    evictable.lo = max(evictable.lo, min(evictable.hi, num))
+                self.num_used_blocks += taken
+                self._num_evictable -= taken
+            run.holders[request_id] = num
+            holds.append(run)
         self._tables[request_id] = list(blocks)
         self._num_keyed[request_id] = len(blocks)
+        self._holds[request_id] = holds
+        if holds:
+            self._tip[request_id] = holds[-1]
 
     def cache_blocks(self, request_id: str, keys: Sequence[int], num_tokens: int) -> None:
         """Cache ``request_id``'s blocks that ``num_tokens`` tokens fill (those with a key in
@@ -226,16 +299,70 @@ class BlockManager:
         upto = min(num_tokens // self.block_size, len(keys), len(table))
         if upto <= done:
             return
-        cached, key_of, refs = self._cached, self._key_of, self._refs
-        new_keys, blocks = keys[done:upto], table[done:upto]
-        if cached.keys().isdisjoint(new_keys):  # the usual case: none of them cached yet
-            cached.update(zip(new_keys, blocks, strict=True))
-            key_of.update(zip(blocks, new_keys, strict=True))
-            refs.update(dict.fromkeys(blocks, 1))
-        else:
-            for key, block in zip(new_keys, blocks, strict=True):
-                if key not in cached:
-                    cached[key] = block
-                    key_of[block] = key
-                    refs[block] = 1
+        heads, duplicates = self._heads, self._duplicates
+        tip = self._tip.get(request_id)
+        i = done
+        while i < upto:
+            run = self._run_caching(keys, i, tip)
+            if run is not None:  # cached already: its blocks stay uncached as far as run goes on
+                num = _common_prefix(keys[i:upto], run.keys[i - run.start :])
+                assert num, "the run found does not cache the key"
+                duplicates.setdefault(request_id, []).extend(table[i : i + num])
+            elif heads.keys().isdisjoint(keys[i + 1 : upto]):  # the usual case: all new
+                num = upto - i
+                run = self._add_run(request_id, i, list(keys[i:upto]), table[i:upto])
+            else:  # new up to the next key that starts a run (none between is cached)
+                num = next(j for j in range(i + 1, upto) if keys[j] in heads) - i
+                run = self._add_run(request_id, i, list(keys[i : i + num]), table[i : i + num])
+            tip = run
+            i += num
+        assert tip is not None
+        self._tip[request_id] = tip
         self._num_keyed[request_id] = upto
+
+    def _run_caching(self, keys: Sequence[int], i: int, tip: _Run | None) -> _Run | None:
+        """The run that caches ``keys[i]``, if one does; ``tip``: a run that may cache ``keys[i - 1]``."""
+        at = i - tip.start if tip is not None else -1
+        if tip is not None and 0 < at <= len(tip.keys) and tip.keys[at - 1] == keys[i - 1]:
+            # keys[i] is then the tip's next key or some run's first key
+            return tip if at < len(tip.keys) and tip.keys[at] == keys[i] else self._heads.get(keys[i])
+        # The run caching keys[i] caches every key from its first to keys[i]: the first key at or
+        # before i that starts a run is that one, or no run caches keys[i].
+        for j in range(i, -1, -1):
+            run = self._heads.get(keys[j])
+            if run is not None:
+                return run if i - j < len(run.keys) and run.keys[i - j] == keys[i] else None
+        return None
+
+    def _add_run(self, request_id: str, start: int, keys: list[int], blocks: list[int]) -> _Run:
+        """Cache ``blocks`` (keys ``keys``, at ``start`` in the chain) for ``request_id``: the end
+        of the run it holds whole, if they continue it, else a run of their own."""
+        holds = self._holds.setdefault(request_id, [])
+        last = holds[-1] if holds else None
+        if last is not None and last.holders[request_id] == len(last.blocks) == start - last.start:
+            run = last
+            run.keys += keys
+            run.blocks += blocks
+            run.holders[request_id] = len(run.blocks)
+        else:
+            run = _Run(start, keys, blocks, request_id)
+            holds.append(run)
+            self._heads[keys[0]] = run
+            self._run_at[blocks[0]] = run
+        self._num_cached += len(blocks)
+        return run
+
+
+def _common_prefix(items: Sequence[int], run_items: list[int]) -> int:
+    """How many first ``items`` equal the first of ``run_items`` (a run's keys or blocks)."""
+    head = list(items[: len(run_items)])
+    if head == run_items[: len(head)]:
+        return len(head)
+    low, high = 0, len(head) - 1  # binary search on the longest equal prefix
+    while low < high:
+        mid = (low + high + 1) // 2
+        if head[:mid] == run_items[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
