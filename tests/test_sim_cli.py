@@ -265,3 +265,20 @@ def test_no_arguments_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> 
     assert main([]) == 2
     err = capsys.readouterr().err
     assert "simulate" in err and "bench" in err and "tune" in err and "usage: stallfree" in err
+
+
+def test_a_command_imports_its_own_module_and_help_lists_them_all() -> None:
+    """`stallfree simulate` builds its own parser only (a short run does not wait for the other
+    commands' imports); with no command, or an unknown one, every command is listed."""
+    code = (
+        "import sys, io, contextlib\n"
+        "from stallfree.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['simulate', '--num-requests', '2', '--json'])\n"
+        "print(sorted(m for m in ('explain', 'tune', 'serve', 'bench') if 'stallfree.cli.' + m in sys.modules))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "[]"
+    stallfree = str(Path(sys.executable).parent / "stallfree")
+    listed = subprocess.run([stallfree, "nonsense"], capture_output=True, text=True)
+    assert listed.returncode == 2 and "'explain'" in listed.stderr and "'save-model'" in listed.stderr

@@ -29,6 +29,7 @@ from stallfree.workload import (
     parse_lengths,
     poisson,
     sample,
+    traces,
     workload_from_options,
 )
 
@@ -104,6 +105,22 @@ def test_existing_path_wins_over_name(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "sharegpt", "num_prefill_tokens,num_decode_tokens\n3,4\n")
     assert len(load_trace("sharegpt")) == 1
+
+
+@pytest.mark.parametrize("name", [n for n in TRACE_NAMES if not n.startswith("mooncake")])
+def test_csv_traces_read_the_same_by_numpy_and_row_by_row(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = traces._load_cached(traces.resolve_trace_path(name).resolve(), 0)
+    monkeypatch.setattr(traces, "_numbers", lambda content, num_columns: None)
+    slow = traces._load_cached(traces.resolve_trace_path(name).resolve(), 1)
+    for column in ("num_prompt_tokens", "num_output_tokens", "arrival_time_s"):
+        a, b = getattr(fast, column), getattr(slow, column)
+        assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), column
+
+
+def test_blank_lines_and_quotes_are_read_row_by_row(tmp_path: Path) -> None:
+    path = write(tmp_path / "t.csv", 'num_prefill_tokens,num_decode_tokens\n1,2\n\n"3",4\n')
+    trace = load_trace(path)
+    assert trace.num_prompt_tokens.tolist() == [1, 3] and trace.num_output_tokens.tolist() == [2, 4]
 
 
 def test_missing_trace_names_the_path(tmp_path: Path) -> None:

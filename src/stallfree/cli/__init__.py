@@ -49,7 +49,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of ``command`` alone (its module alone is imported: a short
+    run does not wait for the imports of the other commands)."""
     parser = _Parser(
         prog="stallfree",
         description="LLM serving without stalls: explain, simulate, run and tune stall-free batching.",
@@ -57,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"stallfree {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
+    for name in COMMAND_MODULES if command is None else (command,):
         importlib.import_module(f"stallfree.cli.{name}").register(sub)
     parser.set_defaults(command_parsers=sub.choices)  # so an error can be said by the command's parser
     return parser
@@ -76,8 +78,9 @@ def _run(argv: Sequence[str] | None) -> int:
         # it would be printed and dropped ("Exception ignored"), so it is only recorded there and
         # raised once the arguments are parsed.
         with SigintGuard() as guard:
-            parser = build_parser()
-            if not (sys.argv[1:] if argv is None else argv):
+            words = list(sys.argv[1:] if argv is None else argv)
+            parser = build_parser(words[0] if words and words[0] in COMMAND_MODULES else None)
+            if not words:
                 parser.print_help(sys.stderr)  # no command: show them all, not only "arguments are required"
                 return 2
             args, unknown = parser.parse_known_args(argv)

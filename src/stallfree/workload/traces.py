@@ -91,34 +91,39 @@ def _load_cached(path: Path, mtime_ns: int) -> Trace:
     if path.name.endswith((".jsonl", ".jsonl.gz")):
         return _load_jsonl(path)
     with _open_text(path) as text:
-        reader = csv.reader(text)
-        header = [name.strip() for name in next(reader, [])]
-        missing = [name for name in (PROMPT_COLUMN, OUTPUT_COLUMN) if name not in header]
-        if missing:
-            raise ValueError(
-                f"{path}: missing column(s) {', '.join(missing)}; found {', '.join(header) or 'no header'}"
-            )
-        prompt_at = header.index(PROMPT_COLUMN)
-        output_at = header.index(OUTPUT_COLUMN)
-        arrival_at = header.index(ARRIVAL_COLUMN) if ARRIVAL_COLUMN in header else None
-        prompts: list[int] = []
-        outputs: list[int] = []
-        arrivals: list[float] = []
-        for row in reader:
-            if not row:
-                continue  # blank line, e.g. at the end of the file
-            where = f"{path}, line {reader.line_num}"
-            if len(row) != len(header):
-                raise ValueError(f"{where}: expected {len(header)} fields, got {len(row)}")
-            prompts.append(_positive_int(row[prompt_at], PROMPT_COLUMN, where))
-            outputs.append(_positive_int(row[output_at], OUTPUT_COLUMN, where))
-            if arrival_at is not None:
-                arrival_s = _arrival(row[arrival_at], where)
-                if arrivals and arrival_s < arrivals[-1]:
-                    raise ValueError(
-                        f"{where}: {ARRIVAL_COLUMN} goes back in time ({arrival_s} < {arrivals[-1]})"
-                    )
-                arrivals.append(arrival_s)
+        content = text.read()
+    reader = csv.reader(io.StringIO(content, newline=""))
+    header = [name.strip() for name in next(reader, [])]
+    missing = [name for name in (PROMPT_COLUMN, OUTPUT_COLUMN) if name not in header]
+    if missing:
+        raise ValueError(
+            f"{path}: missing column(s) {', '.join(missing)}; found {', '.join(header) or 'no header'}"
+        )
+    prompt_at = header.index(PROMPT_COLUMN)
+    output_at = header.index(OUTPUT_COLUMN)
+    arrival_at = header.index(ARRIVAL_COLUMN) if ARRIVAL_COLUMN in header else None
+    table = _numbers(content, len(header))
+    if table is not None and (fast := _checked(table, prompt_at, output_at, arrival_at)) is not None:
+        return Trace(path, *fast)
+    # a row the fast path cannot take: read them one by one, to name the bad line
+    prompts: list[int] = []
+    outputs: list[int] = []
+    arrivals: list[float] = []
+    for row in reader:
+        if not row:
+            continue  # blank line, e.g. at the end of the file
+        where = f"{path}, line {reader.line_num}"
+        if len(row) != len(header):
+            raise ValueError(f"{where}: expected {len(header)} fields, got {len(row)}")
+        prompts.append(_positive_int(row[prompt_at], PROMPT_COLUMN, where))
+        outputs.append(_positive_int(row[output_at], OUTPUT_COLUMN, where))
+        if arrival_at is not None:
+            arrival_s = _arrival(row[arrival_at], where)
+            if arrivals and arrival_s < arrivals[-1]:
+                raise ValueError(
+                    f"{where}: {ARRIVAL_COLUMN} goes back in time ({arrival_s} < {arrivals[-1]})"
+                )
+            arrivals.append(arrival_s)
     if not prompts:
         raise ValueError(f"{path}: no rows")
     return Trace(
@@ -127,6 +132,38 @@ def _load_cached(path: Path, mtime_ns: int) -> Trace:
         num_output_tokens=_frozen(np.array(outputs, dtype=np.int64)),
         arrival_time_s=_frozen(np.array(arrivals, dtype=np.float64)) if arrival_at is not None else None,
     )
+
+
+def _numbers(content: str, num_columns: int) -> npt.NDArray[np.float64] | None:
+    """The rows under the header as a table of numbers, parsed by numpy (~5x faster than row by
+    row); None unless every row is ``num_columns`` plain numbers (no quotes, no blank lines)."""
+    body = content[content.find("\n") + 1 :] if "\n" in content else ""
+    if not body.strip() or '"' in body or "\r" in body or "\n\n" in body.rstrip("\n"):
+        return None
+    try:
+        table = np.loadtxt(io.StringIO(body), delimiter=",", dtype=np.float64, ndmin=2, comments=None)
+    except ValueError:
+        return None
+    num_rows = body.rstrip("\n").count("\n") + 1
+    return table if table.shape == (num_rows, num_columns) else None
+
+
+def _checked(
+    table: npt.NDArray[np.float64], prompt_at: int, output_at: int, arrival_at: int | None
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64] | None] | None:
+    """The trace's columns from a numeric table, or None if a value is one the row-by-row reader
+    refuses (it then says which line)."""
+    lengths = table[:, [prompt_at, output_at]]
+    if not (np.isfinite(lengths).all() and (lengths > 0).all() and (lengths == np.floor(lengths)).all()):
+        return None
+    arrivals = None
+    if arrival_at is not None:
+        arrivals = np.ascontiguousarray(table[:, arrival_at])
+        if not (np.isfinite(arrivals).all() and (arrivals >= 0).all() and (np.diff(arrivals) >= 0).all()):
+            return None
+        arrivals = _frozen(arrivals)
+    prompts, outputs = (_frozen(lengths[:, i].astype(np.int64)) for i in (0, 1))
+    return prompts, outputs, arrivals
 
 
 def _load_jsonl(path: Path) -> Trace:
