@@ -15,7 +15,8 @@ and run offline as ``PROFILING/README.md`` describes: the operator profiles from
 ``PROFILING/tools/make_synth_attention.py`` (so Vidur's numbers here are "Vidur with modelled
 attention"), predictors trained on the small grid. A first, short Vidur run trains and caches
 the predictors; the timed run is warm. Wall time and peak RSS come from ``/usr/bin/time``
-around each whole process.
+around each whole process. With mypyc installed (``.[dev]``), a last row runs the measured model
+on the optional compiled build (``make compiled``), built into a copy under ``--workdir``.
 
     .venv/bin/python benchmarks/vidur_side_by_side.py ../shared/vidur-profiling
     .venv/bin/python benchmarks/vidur_side_by_side.py ../shared/vidur-profiling --num-requests 1000
@@ -35,6 +36,9 @@ from pathlib import Path
 import numpy as np
 
 from stallfree.workload import TraceLengths, Workload, poisson, sample
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import compiled
 
 MAX_TOKENS = 4096
 BUDGET = 512
@@ -90,6 +94,13 @@ def main() -> None:
     ):
         wall_s, rss_mb, out = run_stallfree(trace, hardware, args.workdir, cost_model)
         rows.append((label, wall_s, rss_mb, stallfree_metrics(out)))
+    if (Path(sys.executable).parent / "mypyc").exists():  # the optional compiled build (make compiled)
+        compiled_src = compiled.build_copy(args.workdir / "compiled")
+        env = {**os.environ, "PYTHONPATH": str(compiled_src)}
+        wall_s, rss_mb, out = run_stallfree(trace, "a100-80gb", args.workdir, "measured", env)
+        rows.append(
+            ("stallfree (measured, compiled: `make compiled`)", wall_s, rss_mb, stallfree_metrics(out))
+        )
     report(rows, args)
 
 
@@ -184,7 +195,7 @@ def run_vidur(python: Path, trace: Path, workdir: Path, name: str) -> tuple[floa
 
 
 def run_stallfree(
-    trace: Path, hardware: str, workdir: Path, cost_model: str = "full"
+    trace: Path, hardware: str, workdir: Path, cost_model: str = "full", env: dict[str, str] | None = None
 ) -> tuple[float, float, Path]:
     """stallfree reads the same rows: its trace reader wants its own column names."""
     ours = trace.with_name(trace.stem + "-stallfree.csv")
@@ -205,7 +216,7 @@ def run_stallfree(
         str(out),
         "--json",
     ]
-    wall_s, rss_mb, _ = timed(cmd, workdir)
+    wall_s, rss_mb, _ = timed(cmd, workdir, env)
     return wall_s, rss_mb, out
 
 

@@ -22,10 +22,14 @@ TESTS = [
     "tests/test_sim_driver.py",
     "tests/test_sim_traffic.py",
     "tests/test_sim_fleet.py",
+    "tests/test_sim_speculative.py",
+    "tests/test_sim_time_budget.py",
     "tests/test_core_scheduler.py",
     "tests/test_core_prefix_cache.py",
     "tests/test_core_router.py",
+    "tests/test_costs_aiconfigurator.py",
     "tests/test_explain.py",
+    "tests/test_tune_runner.py",  # configs and results cross to worker processes
 ]
 
 
@@ -33,10 +37,7 @@ TESTS = [
 def compiled_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not (Path(sys.executable).parent / "mypyc").exists() or shutil.which("cc") is None:
         pytest.skip("mypyc or a C compiler is missing")
-    src = tmp_path_factory.mktemp("compiled") / "src"
-    shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("*.so", "__pycache__", "*.egg-info"))
-    compiled.build(src)
-    return src
+    return compiled.build_copy(tmp_path_factory.mktemp("compiled"))
 
 
 def test_the_build_is_imported_and_a_changed_source_makes_it_stale(compiled_src: Path) -> None:
