@@ -356,13 +356,12 @@ class BlockManager:
 def _common_prefix(items: Sequence[int], run_items: list[int]) -> int:
     """How many first ``items`` equal the first of ``run_items`` (a run's keys or blocks)."""
     head = list(items[: len(run_items)])
-    if head == run_items[: len(head)]:
-        return len(head)
-    low, high = 0, len(head) - 1  # binary search on the longest equal prefix
-    while low < high:
-        mid = (low + high + 1) // 2
-        if head[:mid] == run_items[:mid]:
-            low = mid
-        else:
-            high = mid - 1
-    return low
+    num = len(head)
+    if head == run_items[:num]:
+        return num
+    i = 0
+    while head[i : i + 64] == run_items[i : i + 64]:  # 64 at a time, then one by one
+        i += 64
+    while head[i] == run_items[i]:
+        i += 1
+    return i
