@@ -42,10 +42,10 @@ DEPLOYMENT = [
 SLOS = ["--slo-ttft-p99-ms", "10000"]
 
 
-def stallfree(*argv: str) -> tuple[dict, float]:
+def stallfree(*argv: str, env: dict[str, str] | None = None) -> tuple[dict, float]:
     started = time.perf_counter()
     done = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "stallfree"), *argv, "--json"], capture_output=True, text=True
+        [str(ROOT / ".venv" / "bin" / "stallfree"), *argv, "--json"], capture_output=True, text=True, env=env
     )
     wall_s = time.perf_counter() - started
     if done.returncode not in (0, 1):

@@ -290,6 +290,16 @@ def test_table_points_are_kept_per_machine_and_price_without_the_package(
     assert (
         second.step_time_s(synthetic_plan(5, 777, 100)) > 0 and second._engine is not None
     )  # a new one: read
+    # a memo that kept its big tables as rows (before the base64 columns) is read, and kept again
+    kept = json.loads(memo.read_text())
+    for name in ("chunk", "decode"):
+        points = getattr(second, f"_{name}")
+        kept[name] = [[*key, value] for key, value in points.items()]
+    memo.write_text(json.dumps(kept))
+    third = AicCostModel(LLAMA_8B, "h100_sxm", "vllm")
+    assert [third.step_time_s(p) for p in plans] == priced and third._engine is None
+    third._write_memo()
+    assert all(isinstance(column, str) for column in json.loads(memo.read_text())["chunk"])
     memo.write_text("{damaged")
     assert [AicCostModel(LLAMA_8B, "h100_sxm", "vllm").step_time_s(p) for p in plans] == priced
     memo.write_text('{"chunk": [[1, 2, 3.0]], "context_ops": ["x"]}')  # wrong shapes: read the tables again
