@@ -304,3 +304,13 @@ def test_table_points_are_kept_per_machine_and_price_without_the_package(
     assert [AicCostModel(LLAMA_8B, "h100_sxm", "vllm").step_time_s(p) for p in plans] == priced
     memo.write_text('{"chunk": [[1, 2, 3.0]], "context_ops": ["x"]}')  # wrong shapes: read the tables again
     assert [AicCostModel(LLAMA_8B, "h100_sxm", "vllm").step_time_s(p) for p in plans] == priced
+
+
+def test_kept_points_round_trip_exactly_and_refuse_another_width() -> None:
+    from stallfree.costs.aiconfigurator import _pack, _unpack
+
+    points = {(n, 2 * n, 7 * n): 1 / (n + 3) for n in range(1000)} | {(2**40, 0, 1): 5e-324}
+    assert _unpack(_pack(points), 3) == points and _unpack(_pack({}), 3) == {}
+    assert _unpack([[*key, value] for key, value in points.items()], 3) == points  # rows, as kept before
+    with pytest.raises(ValueError):
+        _unpack(_pack(points), 2)

@@ -188,18 +188,20 @@ class BlockManager:
         queue = self._queue
         while num_blocks:
             oldest = queue[0]
+            if oldest.lo == oldest.hi:  # emptied by a hit (which dropped it from its run's list)
+                queue.popleft()
+                continue
             run, hi = oldest.run, oldest.hi
             cut = max(oldest.lo, hi - num_blocks)
-            if cut < hi:
-                # A run's oldest range is its last blocks: evicting shortens the run.
-                out += run.blocks[cut:hi][::-1]
-                if not cut:
-                    del self._heads[run.keys[0]], self._run_at[run.blocks[0]]
-                del run.keys[cut:], run.blocks[cut:]
-                num_blocks -= hi - cut
-                self._num_evictable -= hi - cut
-                self._num_cached -= hi - cut
-                oldest.hi = cut
+            # A run's oldest range is its last blocks: evicting shortens the run.
+            out += run.blocks[cut:hi][::-1]
+            if not cut:
+                del self._heads[run.keys[0]], self._run_at[run.blocks[0]]
+            del run.keys[cut:], run.blocks[cut:]
+            num_blocks -= hi - cut
+            self._num_evictable -= hi - cut
+            self._num_cached -= hi - cut
+            oldest.hi = cut
             if cut == oldest.lo:
                 queue.popleft()
                 run.queued.remove(oldest)
@@ -279,6 +281,7 @@ class BlockManager:
             if taken > 0:  # blocks no one held: out of their evictable ranges, into use
                 for evictable in run.queued:
                     evictable.lo = max(evictable.lo, min(evictable.hi, num))
+                run.queued = [evictable for evictable in run.queued if evictable.lo < evictable.hi]
                 self.num_used_blocks += taken
                 self._num_evictable -= taken
             run.holders[request_id] = num
