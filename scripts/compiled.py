@@ -60,7 +60,8 @@ def build(src: Path) -> None:
         sys.exit("mypyc is not installed: pip install -e '.[dev]' (it comes with mypy)")
     clean(src)
     subprocess.run([str(mypyc), *MODULES], cwd=src, check=True, stdout=subprocess.DEVNULL)
-    shutil.rmtree(src / "build", ignore_errors=True)
+    for scratch in ("build", ".mypy_cache"):
+        shutil.rmtree(src / scratch, ignore_errors=True)
     print(f"compiled {len(MODULES)} modules in {src}")
 
 

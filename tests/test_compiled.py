@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -35,8 +36,13 @@ TESTS = [
 
 @pytest.fixture(scope="module")
 def compiled_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not (Path(sys.executable).parent / "mypyc").exists() or shutil.which("cc") is None:
-        pytest.skip("mypyc or a C compiler is missing")
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if (
+        not (Path(sys.executable).parent / "mypyc").exists()
+        or shutil.which("cc") is None
+        or not headers.exists()
+    ):
+        pytest.skip("mypyc, a C compiler or Python's headers are missing")
     return compiled.build_copy(tmp_path_factory.mktemp("compiled"))
 
 
