@@ -59,9 +59,17 @@ def test_the_build_is_imported_and_a_changed_source_makes_it_stale(compiled_src:
     assert where.strip().endswith(".so") and where.startswith(str(compiled_src))
     assert compiled.stale(compiled_src) == []
     source = compiled_src / compiled.MODULES[0]
+    before = source.stat().st_mtime
     built = max(ext.stat().st_mtime for ext in compiled.extensions(compiled_src))
     os.utime(source, (built + 10, built + 10))  # edited after the build
-    assert compiled.stale(compiled_src) == [compiled.MODULES[0]]
+    try:
+        assert compiled.stale(compiled_src) == [compiled.MODULES[0]]
+        said = subprocess.run(
+            [sys.executable, "-c", "import stallfree"], env=env, capture_output=True, text=True, check=True
+        ).stderr
+        assert "core/block_manager.py changed after `make compiled`" in said
+    finally:
+        os.utime(source, (before, before))
 
 
 def test_the_simulators_tests_pass_compiled(compiled_src: Path) -> None:
