@@ -27,6 +27,7 @@ simulated fleet caches every ~8K-token prompt (~500 blocks) and evicts it later.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Sequence
 
@@ -113,6 +114,8 @@ class BlockManager:
         self._tables: dict[str, list[int]] = {}
         self.num_used_blocks = 0
         self._heads: dict[int, _Run] = {}  # a run's first key -> the run
+        self._starts: list[int] = []  # where runs start in their chains, sorted (few: hits end at few places)
+        self._num_starting: dict[int, int] = {}  # how many runs start at each of those
         self._run_at: dict[int, _Run] = {}  # a run's first block -> the run
         self._num_cached = 0
         self._queue: deque[_Range] = deque()  # evictable ranges, least recently freed first
@@ -197,6 +200,9 @@ class BlockManager:
             out += run.blocks[cut:hi][::-1]
             if not cut:
                 del self._heads[run.keys[0]], self._run_at[run.blocks[0]]
+                self._num_starting[run.start] -= 1
+                if not self._num_starting[run.start]:
+                    del self._num_starting[run.start], self._starts[bisect_left(self._starts, run.start)]
             del run.keys[cut:], run.blocks[cut:]
             num_blocks -= hi - cut
             self._num_evictable -= hi - cut
@@ -302,7 +308,7 @@ class BlockManager:
         upto = min(num_tokens // self.block_size, len(keys), len(table))
         if upto <= done:
             return
-        heads, duplicates = self._heads, self._duplicates
+        duplicates = self._duplicates
         tip = self._tip.get(request_id)
         i = done
         while i < upto:
@@ -311,17 +317,23 @@ class BlockManager:
                 num = _common_prefix(keys[i:upto], run.keys[i - run.start :])
                 assert num, "the run found does not cache the key"
                 duplicates.setdefault(request_id, []).extend(table[i : i + num])
-            elif heads.keys().isdisjoint(keys[i + 1 : upto]):  # the usual case: all new
-                num = upto - i
-                run = self._add_run(request_id, i, list(keys[i:upto]), table[i:upto])
             else:  # new up to the next key that starts a run (none between is cached)
-                num = next(j for j in range(i + 1, upto) if keys[j] in heads) - i
+                num = self._next_start(keys, i + 1, upto) - i
                 run = self._add_run(request_id, i, list(keys[i : i + num]), table[i : i + num])
             tip = run
             i += num
         assert tip is not None
         self._tip[request_id] = tip
         self._num_keyed[request_id] = upto
+
+    def _next_start(self, keys: Sequence[int], lo: int, hi: int) -> int:
+        """The first of ``keys[lo:hi]`` that starts a run (a run starting at ``j`` starts at key
+        position ``j`` of every chain it is in: only those places are looked at), else ``hi``."""
+        starts = self._starts
+        for j in starts[bisect_left(starts, lo) : bisect_left(starts, hi)]:
+            if keys[j] in self._heads:
+                return j
+        return hi
 
     def _run_caching(self, keys: Sequence[int], i: int, tip: _Run | None) -> _Run | None:
         """The run that caches ``keys[i]``, if one does; ``tip``: a run that may cache ``keys[i - 1]``."""
@@ -352,6 +364,9 @@ class BlockManager:
             holds.append(run)
             self._heads[keys[0]] = run
             self._run_at[blocks[0]] = run
+            if start not in self._num_starting:
+                insort(self._starts, start)
+            self._num_starting[start] = self._num_starting.get(start, 0) + 1
         self._num_cached += len(blocks)
         return run
 
