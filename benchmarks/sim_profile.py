@@ -77,7 +77,7 @@ def profile(argv: list[str]) -> tuple[float, float, dict[str, float]]:
     return wall_s, sum(parts.values()), parts
 
 
-def main_() -> int:
+def report() -> int:
     names = [p for p, _ in PARTS] + ["rest"]
     print("| run | wall (s) | profiled (s) | " + " | ".join(names) + " |")
     print("|---|---:|---:|" + "---:|" * len(names))
@@ -89,4 +89,4 @@ def main_() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main_())
+    sys.exit(report())

@@ -59,7 +59,15 @@ def build(src: Path) -> None:
     if not mypyc.exists():
         sys.exit("mypyc is not installed: pip install -e '.[dev]' (it comes with mypy)")
     clean(src)
-    subprocess.run([str(mypyc), *MODULES], cwd=src, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run([str(mypyc), *MODULES], cwd=src, capture_output=True, text=True)
+    if done.returncode:
+        clean(src)
+        said = (done.stdout + done.stderr).strip().splitlines()
+        sys.exit(
+            "\n".join(
+                [*said[-15:], "mypyc could not compile the modules (above); the pure package is unchanged"]
+            )
+        )
     for scratch in ("build", ".mypy_cache"):
         shutil.rmtree(src / scratch, ignore_errors=True)
     print(f"compiled {len(MODULES)} modules in {src}")
