@@ -57,6 +57,9 @@ def test_the_build_is_imported_and_a_changed_source_makes_it_stale(compiled_src:
         check=True,
     ).stdout
     assert where.strip().endswith(".so") and where.startswith(str(compiled_src))
+    stallfree = str(Path(sys.executable).parent / "stallfree")
+    version = subprocess.run([stallfree, "--version"], env=env, capture_output=True, text=True, check=True)
+    assert version.stdout.strip().endswith("(compiled)")
     assert compiled.stale(compiled_src) == []
     source = compiled_src / compiled.MODULES[0]
     before = source.stat().st_mtime

@@ -6,6 +6,13 @@ from pathlib import Path
 __version__ = "0.1.0"
 
 
+def build() -> str:
+    """``compiled`` where the scheduler core imports as mypyc's build (``make compiled``), else
+    ``pure Python``."""
+    compiled = any((Path(__file__).parent / "core").glob("scheduler.*.so"))
+    return "compiled" if compiled else "pure Python"
+
+
 def _warn_if_the_compiled_build_is_stale() -> None:
     """Python imports a compiled module (``make compiled``) in place of its source even after the
     source is edited: say so rather than run the old code silently."""

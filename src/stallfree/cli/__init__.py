@@ -17,7 +17,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from stallfree import __version__
+from stallfree import __version__, build
 from stallfree.cli.common import UsageError
 from stallfree.tune.sigint import SigintGuard, sigterm_as_sigint, stop_exit_code  # stdlib only
 
@@ -56,7 +56,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="stallfree",
         description="LLM serving without stalls: explain, simulate, run and tune stall-free batching.",
     )
-    parser.add_argument("--version", action="version", version=f"stallfree {__version__}")
+    parser.add_argument("--version", action="version", version=f"stallfree {__version__} ({build()})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES if command is None else (command,):
