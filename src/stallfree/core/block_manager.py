@@ -27,7 +27,7 @@ simulated fleet caches every ~8K-token prompt (~500 blocks) and evicts it later.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Sequence
 
@@ -199,10 +199,7 @@ class BlockManager:
             # A run's oldest range is its last blocks: evicting shortens the run.
             out += run.blocks[cut:hi][::-1]
             if not cut:
-                del self._heads[run.keys[0]], self._run_at[run.blocks[0]]
-                self._num_starting[run.start] -= 1
-                if not self._num_starting[run.start]:
-                    del self._num_starting[run.start], self._starts[bisect_left(self._starts, run.start)]
+                self._unindex(run)
             del run.keys[cut:], run.blocks[cut:]
             num_blocks -= hi - cut
             self._num_evictable -= hi - cut
@@ -341,9 +338,10 @@ class BlockManager:
         if tip is not None and 0 < at <= len(tip.keys) and tip.keys[at - 1] == keys[i - 1]:
             # keys[i] is then the tip's next key or some run's first key
             return tip if at < len(tip.keys) and tip.keys[at] == keys[i] else self._heads.get(keys[i])
-        # The run caching keys[i] caches every key from its first to keys[i]: the first key at or
-        # before i that starts a run is that one, or no run caches keys[i].
-        for j in range(i, -1, -1):
+        # The run caching keys[i] caches every key from its first to keys[i]: the last key at or
+        # before i that starts a run (looked for where runs start) is that one, or none caches it.
+        starts = self._starts
+        for j in reversed(starts[: bisect_right(starts, i)]):
             run = self._heads.get(keys[j])
             if run is not None:
                 return run if i - j < len(run.keys) and run.keys[i - j] == keys[i] else None
@@ -362,13 +360,24 @@ class BlockManager:
         else:
             run = _Run(start, keys, blocks, request_id)
             holds.append(run)
-            self._heads[keys[0]] = run
-            self._run_at[blocks[0]] = run
-            if start not in self._num_starting:
-                insort(self._starts, start)
-            self._num_starting[start] = self._num_starting.get(start, 0) + 1
+            self._index(run)
         self._num_cached += len(blocks)
         return run
+
+    def _index(self, run: _Run) -> None:
+        """Find ``run`` by its first key and first block, and look for keys where it starts."""
+        self._heads[run.keys[0]] = run
+        self._run_at[run.blocks[0]] = run
+        if run.start not in self._num_starting:
+            insort(self._starts, run.start)
+        self._num_starting[run.start] = self._num_starting.get(run.start, 0) + 1
+
+    def _unindex(self, run: _Run) -> None:
+        """:meth:`_index` undone, as ``run``'s last cached block is evicted."""
+        del self._heads[run.keys[0]], self._run_at[run.blocks[0]]
+        self._num_starting[run.start] -= 1
+        if not self._num_starting[run.start]:
+            del self._num_starting[run.start], self._starts[bisect_left(self._starts, run.start)]
 
 
 def _common_prefix(items: Sequence[int], run_items: list[int]) -> int:
