@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from stallfree import stale_modules
+
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 # The modules a simulation spends its time in (the scheduler core, the driver, the cost models).
@@ -88,17 +90,6 @@ def clean(src: Path) -> None:
         path.unlink()
 
 
-def stale(src: Path) -> list[str]:
-    """Compiled modules older than their source (Python would import the stale build)."""
-    out = []
-    for module in MODULES:
-        source = src / module
-        for ext in source.parent.glob(source.stem + ".*.so"):
-            if ext.stat().st_mtime < source.stat().st_mtime:
-                out.append(module)
-    return out
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -112,7 +103,7 @@ def main() -> int:
         build(args.src)
     elif args.action == "clean":
         clean(args.src)
-    elif old := stale(args.src):
+    elif old := stale_modules(args.src / "stallfree"):
         print(f"the compiled build is older than {', '.join(old)}: run `make compiled` or `make pure`")
         return 1
     return 0

@@ -13,19 +13,20 @@ def build() -> str:
     return "compiled" if compiled else "pure Python"
 
 
-def _warn_if_the_compiled_build_is_stale() -> None:
-    """Python imports a compiled module (``make compiled``) in place of its source even after the
-    source is edited: say so rather than run the old code silently."""
-    here = Path(__file__).parent
-    for compiled in (*here.glob("core/*.so"), *here.glob("costs/*.so"), *here.glob("sim/*.so")):
+def stale_modules(package: Path = Path(__file__).parent) -> list[str]:
+    """The modules of ``package`` (this one by default) compiled by ``make compiled`` whose source
+    changed after: Python imports the old build in place of the source all the same."""
+    stale = []
+    for compiled in sorted(package.glob("*/*.so")):
         source = compiled.with_name(compiled.name.split(".")[0] + ".py")
         if source.exists() and source.stat().st_mtime > compiled.stat().st_mtime:
-            warnings.warn(
-                f"stallfree: {source.relative_to(here)} changed after `make compiled`: the old build "
-                "runs until `make compiled` (or `make pure`)",
-                stacklevel=2,
-            )
-            return
+            stale.append(source.relative_to(package.parent).as_posix())
+    return stale
 
 
-_warn_if_the_compiled_build_is_stale()
+if _stale := stale_modules():
+    warnings.warn(
+        f"stallfree: {_stale[0]} changed after `make compiled`: the old build runs until `make compiled` "
+        "(or `make pure`)",
+        stacklevel=2,
+    )
