@@ -191,10 +191,17 @@ def _pack(points: dict[Any, float]) -> list[str]:
     return [base64.b64encode(c.tobytes()).decode() for c in [*columns, array("d", points.values())]]
 
 
+def _as_rows(points: Any) -> bool:
+    """A table kept as rows, as memos did before :func:`_pack` (an empty one is neither)."""
+    return bool(points) and not isinstance(points[0], str)
+
+
 def _unpack(columns: list[Any], width: int) -> dict[Any, float]:
     """:func:`_pack`'s points of keys of ``width`` ints, or a list of rows (the key's ints, the
     value) as memos kept them before; ValueError if they are not that."""
-    if not columns or not isinstance(columns[0], str):
+    if not columns:
+        return {}
+    if _as_rows(columns):
         if any(len(row) != width + 1 for row in columns):
             raise ValueError("rows of another width")
         return {tuple(int(x) for x in row[:-1]): float(row[-1]) for row in columns}
@@ -391,9 +398,7 @@ class AicCostModel:
             table.update({int(k): float(v) for k, v in memo.get(name, {}).items()})
         self._chunk.update(_unpack(memo.get("chunk", ()), 3))
         self._decode.update(_unpack(memo.get("decode", ()), 2))
-        return not any(
-            points and not isinstance(points[0], str) for points in (memo.get("chunk"), memo.get("decode"))
-        )
+        return not (_as_rows(memo.get("chunk")) or _as_rows(memo.get("decode")))
 
     def _write_memo(self) -> None:
         """Keep the points this process read (and those it found kept), at exit: the next run
