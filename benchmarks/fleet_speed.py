@@ -53,7 +53,7 @@ def main() -> None:
     builds: dict[str, dict[str, str] | None] = {"pure Python": None}
     if (Path(sys.executable).parent / "mypyc").exists():
         src = compiled.build_copy(Path(tempfile.gettempdir()) / "stallfree-compiled")
-        builds["compiled"] = {**os.environ, "PYTHONPATH": str(src)}
+        builds["compiled"] = compiled.environ(src)
     full, shipped = TRACES["conversation"]
     trace = str(full) if full.exists() else shipped
     one = ["--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--tp", "8", "--lengths", "mooncake-conversation",

@@ -96,7 +96,7 @@ def main() -> None:
         rows.append((label, wall_s, rss_mb, stallfree_metrics(out)))
     if (Path(sys.executable).parent / "mypyc").exists():  # the optional compiled build (make compiled)
         compiled_src = compiled.build_copy(args.workdir / "compiled")
-        env = {**os.environ, "PYTHONPATH": str(compiled_src)}
+        env = compiled.environ(compiled_src)
         wall_s, rss_mb, out = run_stallfree(trace, "a100-80gb", args.workdir, "measured", env)
         rows.append(
             ("stallfree (measured, compiled: `make compiled`)", wall_s, rss_mb, stallfree_metrics(out))

@@ -13,6 +13,7 @@ a C compiler), ``make pure`` removes it, and ``make test`` refuses a build older
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -83,6 +84,11 @@ def build_copy(dest: Path) -> Path:
     shutil.copytree(SRC, src, ignore=shutil.ignore_patterns("*.so", "__pycache__", "*.egg-info"))
     build(src)
     return src
+
+
+def environ(src: Path) -> dict[str, str]:
+    """This process's environment with ``src`` (a :func:`build_copy`) first on PYTHONPATH."""
+    return {**os.environ, "PYTHONPATH": str(src)}
 
 
 def clean(src: Path) -> None:

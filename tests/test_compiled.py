@@ -50,7 +50,7 @@ def compiled_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_build_is_imported_and_a_changed_source_makes_it_stale(compiled_src: Path) -> None:
     assert len(compiled.extensions(compiled_src)) == len(compiled.MODULES) + 1  # + mypyc's runtime
-    env = {**os.environ, "PYTHONPATH": str(compiled_src)}
+    env = compiled.environ(compiled_src)
     where = subprocess.run(
         [sys.executable, "-c", "import stallfree.core.scheduler as s; print(s.__file__)"],
         env=env,
@@ -78,7 +78,7 @@ def test_the_build_is_imported_and_a_changed_source_makes_it_stale(compiled_src:
 
 
 def test_the_simulators_tests_pass_compiled(compiled_src: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(compiled_src)}
+    env = compiled.environ(compiled_src)
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "0", *TESTS],
         cwd=ROOT,
