@@ -95,20 +95,24 @@ def test_validate_runs_both_sides_on_the_same_requests(
 def test_multi_turn_sessions_hit_the_same_blocks_in_the_engine_and_the_simulator(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Each turn repeats the conversation so far, the engine's own answers included: with turns
-    far enough apart that each answer is back before the next turn, the engine's prefix cache
-    (the core's block manager) hits exactly the tokens the simulator's does."""
+    """Each turn repeats the conversation so far, the engine's own answers included: with sessions
+    and turns far enough apart that each request is answered before the next arrives (a second
+    apart, nearly regular: gamma shape 400), the engine's prefix cache (the core's block manager)
+    hits exactly the tokens the simulator's does, on a busy machine too."""
     profile = tiny_profile(tmp_path / "tiny.json")
-    args = ["validate", "--profile", str(profile), "--sessions", "3", "--turns", "3", "--qps", "10"]
-    args += ["--system-prompt-tokens", "24", "--think-time-s", "2", "--lengths", "fixed:10,6"]
+    args = ["validate", "--profile", str(profile), "--sessions", "3", "--turns", "3", "--qps", "1"]
+    args += ["--burstiness", "400", "--system-prompt-tokens", "24", "--think-time-s", "3"]
+    args += ["--lengths", "fixed:10,6"]
     assert main([*args, "--token-budget", "16", "--json"]) == 0
     body = json.loads(capsys.readouterr().out)
     assert body["scenario"]["sessions"].startswith("3 sessions x 3 turns, system prompt 24 tokens")
     result = body["policies"]["chunked"]
     assert result["completed"] == {"measured": 9, "predicted": 9, "requests": 9}
     hits = result["metrics"]["prefix_cache_hit_rate"]
-    # block size 4: a session's later turns find all but their last few tokens
-    assert 0.4 < hits["measured"] < 1 and hits["predicted"] == pytest.approx(hits["measured"])
+    # 16-token blocks: a session's first turn finds the system prompt's whole block (but the first
+    # session's); a later turn the whole blocks of the conversation before its new message (the
+    # answer's last token has no KV): 39 and 55 tokens; of 3 x (34 + 50 + 66) prompt tokens
+    assert hits["measured"] == hits["predicted"] == pytest.approx((2 * 16 + 3 * (32 + 48)) / (3 * 150))
     assert main([*args, "--no-enable-prefix-caching"]) == 0
     assert "prefix cache hits" not in capsys.readouterr().out
 
