@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from stallfree.core import ServingConfig
-from stallfree.core.plan import StepPlan, synthetic_plan
+from stallfree.core.plan import ScheduledChunk, StepPlan, synthetic_plan
 from stallfree.costs import CostChoice
 from stallfree.costs.aiconfigurator import AicCostModel
 from stallfree.costs.choice import pick_cost_model
@@ -85,10 +85,11 @@ def static_tpot_s(cost: AicCostModel, batch: int, isl: int, osl: int) -> float:
     return sum(cost.decode_step_s(batch, isl + i) for i in range(osl - 1)) / (osl - 1)
 
 
-def _named(plan: StepPlan, i: int) -> tuple:  # type: ignore[type-arg]
-    from dataclasses import replace
-
-    return tuple(replace(c, request_id=f"{c.request_id}-{i}") for c in plan.chunks)
+def _named(plan: StepPlan, i: int) -> tuple[ScheduledChunk, ...]:
+    return tuple(
+        ScheduledChunk(f"{c.request_id}-{i}", c.num_computed_tokens, c.num_tokens, c.num_known_tokens)
+        for c in plan.chunks
+    )
 
 
 def mean_context() -> None:

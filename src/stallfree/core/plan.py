@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Final
 
 _EMPTY_BLOCKS: Mapping[str, tuple[int, ...]] = MappingProxyType({})
 _NO_TOKENS: Mapping[str, int] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
 class ScheduledChunk:
     """``num_tokens`` tokens of one request, starting after ``num_computed_tokens``::
 
@@ -35,14 +35,59 @@ class ScheduledChunk:
     guesses that follow the last known token, run to be verified; ``num_tokens`` counts them
     (they take the step's budget and KV slots). The step keeps as many as the executor accepts
     and gives one more token after them.
+
+    Immutable as a frozen dataclass would be (the attributes are ``Final``: mypy refuses an
+    assignment) and equal by value, but a plain class: every simulated step builds one per running
+    request, and a frozen dataclass takes ~0.8 µs to build, this ~0.2 µs (~0.03 µs compiled).
     """
 
-    request_id: str
-    num_computed_tokens: int
-    num_tokens: int
-    num_known_tokens: int
-    after_cache_hit: bool = False
-    num_draft_tokens: int = 0
+    __slots__ = (
+        "after_cache_hit",
+        "num_computed_tokens",
+        "num_draft_tokens",
+        "num_known_tokens",
+        "num_tokens",
+        "request_id",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        num_computed_tokens: int,
+        num_tokens: int,
+        num_known_tokens: int,
+        after_cache_hit: bool = False,
+        num_draft_tokens: int = 0,
+    ) -> None:
+        self.request_id: Final = request_id
+        self.num_computed_tokens: Final = num_computed_tokens
+        self.num_tokens: Final = num_tokens
+        self.num_known_tokens: Final = num_known_tokens
+        self.after_cache_hit: Final = after_cache_hit
+        self.num_draft_tokens: Final = num_draft_tokens
+
+    def _fields(self) -> tuple[str, int, int, int, bool, int]:
+        return (
+            self.request_id,
+            self.num_computed_tokens,
+            self.num_tokens,
+            self.num_known_tokens,
+            self.after_cache_hit,
+            self.num_draft_tokens,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ScheduledChunk) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (
+            f"ScheduledChunk(request_id={self.request_id!r}, num_computed_tokens={self.num_computed_tokens}, "
+            f"num_tokens={self.num_tokens}, num_known_tokens={self.num_known_tokens}, "
+            f"after_cache_hit={self.after_cache_hit}, num_draft_tokens={self.num_draft_tokens})"
+        )
 
     @property
     def context_len(self) -> int:
