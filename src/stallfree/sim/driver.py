@@ -20,6 +20,7 @@ with its executor and caches, and whatever each driver records about its request
 
 from __future__ import annotations
 
+import gc
 import heapq
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -125,7 +126,30 @@ def drive(
     ``handoffs``: a list the participants append to as their steps end (a prefill replica hands a
     request to a KV link, the link to a decode replica); the loop applies them at that instant,
     before the arrivals due, waking or cutting each participant changed.
+
+    On the simulated clock Python's cycle collector looks at young objects every 50,000
+    allocations instead of every 700: a simulation makes millions of short-lived objects, and
+    the passes over those still alive (a prefix cache's runs, a router's tree) took ~12% of a
+    cached Mooncake run. (A wall-clock run keeps Python's default.)
     """
+    if not isinstance(clock, SimClock):
+        return _drive(clock, requests, replicas, route, stop, handoffs)
+    thresholds = gc.get_threshold()
+    gc.set_threshold(max(thresholds[0], 50_000), *thresholds[1:])
+    try:
+        return _drive(clock, requests, replicas, route, stop, handoffs)
+    finally:
+        gc.set_threshold(*thresholds)
+
+
+def _drive(
+    clock: Clock,
+    requests: Iterable[Request],
+    replicas: Sequence[Replica],
+    route: Route | None,
+    stop: Callable[[], bool] | None,
+    handoffs: list[Handoff] | None,
+) -> bool:
     pending = iter(requests)
     upcoming = next(pending, None)
     lone = len(replicas) == 1
