@@ -25,7 +25,7 @@ def test_merging_sums_counts_whatever_the_order_and_buffer() -> None:
         small.add(v, c)
     order = rng.permutation(5000)
     for i in order:
-        big.add_many(values[i : i + 1], int(counts[i]))
+        big.add_many(values[i : i + 1].tolist(), int(counts[i]))
     a, b = small.accumulator(), big.accumulator()
     assert np.array_equal(a.values_s, b.values_s) and np.array_equal(a.counts, b.counts)
     assert a.num_samples == counts.sum()

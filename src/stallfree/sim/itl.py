@@ -47,9 +47,9 @@ class ItlSamples:
         if len(self._values_s) >= self._max_buffered:
             self._merge()
 
-    def add_many(self, values_s: npt.NDArray[np.float64], count: int) -> None:
+    def add_many(self, values_s: list[float], count: int) -> None:
         """Every value in ``values_s`` seen by ``count`` streams."""
-        self._values_s.frombytes(values_s.tobytes())
+        self._values_s.extend(values_s)
         self._counts.extend([count] * len(values_s))
         if len(self._values_s) >= self._max_buffered:
             self._merge()
