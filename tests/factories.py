@@ -3,7 +3,6 @@ one-second clock the hand-worked timelines use, and a step-counter replay with i
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -12,6 +11,7 @@ from stallfree.core import (
     CacheConfig,
     Policy,
     Request,
+    ScheduledChunk,
     Scheduler,
     SchedulerConfig,
     StepEvents,
@@ -109,11 +109,13 @@ def shifted_plans(plan: StepPlan, num_steps: int) -> list[StepPlan]:
     return [
         StepPlan(
             tuple(
-                dataclasses.replace(
-                    c,
-                    num_computed_tokens=c.num_computed_tokens + c.num_tokens * j,
-                    num_known_tokens=c.num_known_tokens + c.num_tokens * j,
-                    after_cache_hit=c.after_cache_hit and j == 0,
+                ScheduledChunk(
+                    c.request_id,
+                    c.num_computed_tokens + c.num_tokens * j,
+                    c.num_tokens,
+                    c.num_known_tokens + c.num_tokens * j,
+                    c.after_cache_hit and j == 0,
+                    c.num_draft_tokens,
                 )
                 for c in plan.chunks
             )

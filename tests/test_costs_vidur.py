@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 
@@ -11,10 +10,17 @@ import pytest
 
 from stallfree.core.plan import StepPlan, synthetic_plan
 from stallfree.costs.choice import CostChoice
-from stallfree.costs.vidur import GPU_FAMILIES, GpuMeasuredCostModel, gpu_family, load_gpu_table
+from stallfree.costs.vidur import (
+    GPU_FAMILIES,
+    SHORT_RUN_STEPS,
+    GpuMeasuredCostModel,
+    gpu_family,
+    load_gpu_table,
+)
 from stallfree.sim import simulate
 from stallfree.specs import load_hardware_spec, load_model_spec
 from stallfree.workload import Workload, parse_lengths, poisson
+from tests.factories import shifted_plans
 
 
 def _model(name: str = "llama-3-8b", hw: str = "a100-80gb", tp: int = 1) -> GpuMeasuredCostModel:
@@ -57,20 +63,11 @@ def test_soft_knee_not_max() -> None:
 def test_steady_durations_equal_shifted_step_times() -> None:
     cost = _model(tp=2)
     plan = synthetic_plan(12, 900, 256)
-    steps = 9
-    got = cost.steady_durations(plan, steps)
-    for j in range(steps):
-        shifted = StepPlan(
-            tuple(
-                dataclasses.replace(
-                    c,
-                    num_computed_tokens=c.num_computed_tokens + j * c.num_tokens,
-                    num_known_tokens=c.num_known_tokens + j * c.num_tokens,
-                )
-                for c in plan.chunks
-            )
-        )
-        assert got[j] == cost.step_time_s(shifted)
+    for steps in (9, SHORT_RUN_STEPS + 7):  # priced step by step, and with numpy
+        got = cost.steady_durations(plan, steps)
+        assert len(got) == steps
+        for j, shifted in enumerate(shifted_plans(plan, steps)):
+            assert got[j] == cost.step_time_s(shifted)
     assert cost.steady_durations(StepPlan(()), 3).tolist() == [0.0, 0.0, 0.0]
 
 

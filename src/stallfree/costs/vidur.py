@@ -59,6 +59,7 @@ ATTENTION_FLOPS_EFFICIENCY = 0.6
 ATTENTION_BANDWIDTH_EFFICIENCY = 0.7
 DEFAULT_OVERHEAD_S = 0.0
 DESCRIBE_TOKENS = (1, 64, 256, 512, 2048, 8192)  # tokens per step that describe() reports
+SHORT_RUN_STEPS = 32  # steady_durations prices runs up to this many steps one by one, not with numpy
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -300,12 +301,28 @@ class GpuMeasuredCostModel:
         return self._fixed_s(num_tokens, num_samples) + attention + self.overhead_s
 
     def steady_durations(self, plan: StepPlan, num_steps: int) -> FloatArray:
-        """Element ``j`` equals :meth:`step_time_s` of ``plan`` shifted by ``j`` steps, exactly."""
+        """Element ``j`` equals :meth:`step_time_s` of ``plan`` shifted by ``j`` steps, exactly.
+        A short run (most are ~10 steps) is priced step by step: there numpy's cost a call (~1 µs,
+        a dozen calls) outweighs its speed."""
         if num_steps < 0:
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")
         num_tokens, num_samples, num_keys, num_context, square = plan_sums(plan)
         if num_tokens == 0:
             return np.zeros(num_steps)
+        if num_steps <= SHORT_RUN_STEPS:  # step_time_s's operations, step by step
+            fixed = self._fixed_s(num_tokens, num_samples)
+            fpk, kvb, peak, bw = self._flops_per_key, self._kv_bytes_per_token, self._attn_peak, self._attn_bw
+            return np.array(
+                [
+                    fixed
+                    + max(
+                        fpk * (num_keys + square * j) / peak,
+                        kvb * (num_context + num_tokens * j + num_tokens) / bw,
+                    )
+                    + self.overhead_s
+                    for j in range(num_steps)
+                ]
+            )
         steps = np.arange(num_steps, dtype=np.int64)
         keys = num_keys + square * steps
         context = num_context + num_tokens * steps
