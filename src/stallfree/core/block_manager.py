@@ -160,6 +160,8 @@ class BlockManager:
         if self.num_blocks is None:
             new = tuple(range(self._next_unbounded_id, self._next_unbounded_id + need))
             self._next_unbounded_id += need
+        elif need == 1 and self._free:  # most allocations: a decode or a chunk crossing into a block
+            new = (self._free.pop(),)
         else:
             free = self._free
             plain = min(need, len(free))

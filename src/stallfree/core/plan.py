@@ -110,7 +110,6 @@ class ScheduledChunk:
         return self.num_known_tokens - self.num_computed_tokens == 1 and self.num_computed_tokens > 0
 
 
-@dataclass(frozen=True, slots=True)
 class StepPlan:
     """One step: the chunks to run, plus the KV-block bookkeeping executors mirror.
 
@@ -121,13 +120,51 @@ class StepPlan:
     ``trimmed_block_tables`` maps a request to how many of its blocks it keeps, the rest released
     since the last plan (the slots of draft tokens the last step rejected). Executors cut their
     tables to it first, then drop the freed ones, then append the new blocks.
+
+    Immutable (``Final`` attributes) and a plain class, as :class:`ScheduledChunk` is and for the
+    same reason; equal by value (not hashable: its mappings are not).
     """
 
-    chunks: tuple[ScheduledChunk, ...]
-    new_block_ids: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: _EMPTY_BLOCKS)
-    preempted_request_ids: tuple[str, ...] = ()
-    freed_request_ids: tuple[str, ...] = ()
-    trimmed_block_tables: Mapping[str, int] = field(default_factory=lambda: _NO_TOKENS)
+    __slots__ = (
+        "chunks",
+        "freed_request_ids",
+        "new_block_ids",
+        "preempted_request_ids",
+        "trimmed_block_tables",
+    )
+
+    def __init__(
+        self,
+        chunks: tuple[ScheduledChunk, ...],
+        new_block_ids: Mapping[str, tuple[int, ...]] = _EMPTY_BLOCKS,
+        preempted_request_ids: tuple[str, ...] = (),
+        freed_request_ids: tuple[str, ...] = (),
+        trimmed_block_tables: Mapping[str, int] = _NO_TOKENS,
+    ) -> None:
+        self.chunks: Final = chunks
+        self.new_block_ids: Final = new_block_ids
+        self.preempted_request_ids: Final = preempted_request_ids
+        self.freed_request_ids: Final = freed_request_ids
+        self.trimmed_block_tables: Final = trimmed_block_tables
+
+    def _fields(self) -> tuple[object, ...]:
+        return (
+            self.chunks,
+            self.new_block_ids,
+            self.preempted_request_ids,
+            self.freed_request_ids,
+            self.trimmed_block_tables,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StepPlan) and self._fields() == other._fields()
+
+    def __repr__(self) -> str:
+        return (
+            f"StepPlan(chunks={self.chunks!r}, new_block_ids={dict(self.new_block_ids)!r}, "
+            f"preempted_request_ids={self.preempted_request_ids!r}, freed_request_ids={self.freed_request_ids!r}, "
+            f"trimmed_block_tables={dict(self.trimmed_block_tables)!r})"
+        )
 
     @property
     def num_tokens(self) -> int:

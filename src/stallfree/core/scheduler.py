@@ -24,7 +24,8 @@ that prices many steps at once (the simulator) uses :meth:`steady_run` / :meth:`
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final
 
 from mypy_extensions import mypyc_attr
 
@@ -37,16 +38,26 @@ from stallfree.core.request import FinishReason, Request
 from stallfree.core.state import SchedulerState, Sequence
 from stallfree.core.steady import SteadyRun, apply_steady, steady_run
 
+_NO_DRAFTS: Mapping[str, int] = MappingProxyType({})
 
-@dataclass(frozen=True, slots=True)
+
 class StepEvents:
     """What a step changed, for drivers that timestamp tokens: each request in
     ``new_token_request_ids`` got one token, plus ``num_accepted_drafts`` more where it verified
-    drafts (speculative decoding)."""
+    drafts (speculative decoding). Immutable (``Final`` attributes), a plain class as
+    :class:`~stallfree.core.plan.StepPlan` is: one is made every step."""
 
-    new_token_request_ids: tuple[str, ...]
-    finished: tuple[tuple[str, FinishReason], ...]
-    num_accepted_drafts: Mapping[str, int] = field(default_factory=dict)
+    __slots__ = ("finished", "new_token_request_ids", "num_accepted_drafts")
+
+    def __init__(
+        self,
+        new_token_request_ids: tuple[str, ...],
+        finished: tuple[tuple[str, FinishReason], ...],
+        num_accepted_drafts: Mapping[str, int] = _NO_DRAFTS,
+    ) -> None:
+        self.new_token_request_ids: Final = new_token_request_ids
+        self.finished: Final = finished
+        self.num_accepted_drafts: Final = num_accepted_drafts
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # tests check it by subclassing (compiled build)
