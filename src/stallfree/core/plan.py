@@ -76,21 +76,11 @@ class ScheduledChunk:
             num_tokens == 1 and num_known_tokens - num_computed_tokens == 1 and num_computed_tokens > 0
         )
 
-    def _fields(self) -> tuple[str, int, int, int, bool, int]:
-        return (
-            self.request_id,
-            self.num_computed_tokens,
-            self.num_tokens,
-            self.num_known_tokens,
-            self.after_cache_hit,
-            self.num_draft_tokens,
-        )
-
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ScheduledChunk) and self._fields() == other._fields()
+        return isinstance(other, ScheduledChunk) and _chunk_fields(self) == _chunk_fields(other)
 
     def __hash__(self) -> int:
-        return hash(self._fields())
+        return hash(_chunk_fields(self))
 
     def __repr__(self) -> str:
         return (
@@ -147,17 +137,8 @@ class StepPlan:
         self.freed_request_ids: Final = freed_request_ids
         self.trimmed_block_tables: Final = trimmed_block_tables
 
-    def _fields(self) -> tuple[object, ...]:
-        return (
-            self.chunks,
-            self.new_block_ids,
-            self.preempted_request_ids,
-            self.freed_request_ids,
-            self.trimmed_block_tables,
-        )
-
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, StepPlan) and self._fields() == other._fields()
+        return isinstance(other, StepPlan) and _plan_fields(self) == _plan_fields(other)
 
     def __repr__(self) -> str:
         return (
@@ -200,6 +181,21 @@ class StepPlan:
                 raise ValueError(f"request {c.request_id}: chunk runs past its known tokens")
             if c.num_draft_tokens and not (0 < c.num_draft_tokens < c.num_tokens and c.emits_token):
                 raise ValueError(f"request {c.request_id}: drafts must follow a chunk's last known token")
+
+
+def _chunk_fields(c: ScheduledChunk) -> tuple[str, int, int, int, bool, int]:
+    return (
+        c.request_id,
+        c.num_computed_tokens,
+        c.num_tokens,
+        c.num_known_tokens,
+        c.after_cache_hit,
+        c.num_draft_tokens,
+    )
+
+
+def _plan_fields(p: StepPlan) -> tuple[object, ...]:
+    return (p.chunks, p.new_block_ids, p.preempted_request_ids, p.freed_request_ids, p.trimmed_block_tables)
 
 
 @dataclass(frozen=True, slots=True)
