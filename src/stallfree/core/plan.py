@@ -9,7 +9,6 @@ verify guesses after its last known token); the plan's ``num_tokens`` is the sum
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
@@ -198,7 +197,6 @@ def _plan_fields(p: StepPlan) -> tuple[object, ...]:
     return (p.chunks, p.new_block_ids, p.preempted_request_ids, p.freed_request_ids, p.trimmed_block_tables)
 
 
-@dataclass(frozen=True, slots=True)
 class StepResult:
     """What an executor did with a plan.
 
@@ -213,14 +211,34 @@ class StepResult:
     chunk not listed accepted none), ``accepted_draft_ids`` their ids where the executor knows
     them (the engine: so generated blocks are keyed for the prefix cache), and
     ``num_proposed_drafts`` how many drafts each request has for its next step.
+
+    Immutable (``Final`` attributes), a plain class as :class:`StepPlan` is: one is made every step.
     """
 
-    duration_s: float
-    sampled_token_ids: Mapping[str, int] = field(default_factory=lambda: _NO_TOKENS)
-    stopped_request_ids: frozenset[str] = frozenset()
-    num_accepted_drafts: Mapping[str, int] = field(default_factory=lambda: _NO_TOKENS)
-    accepted_draft_ids: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: _EMPTY_BLOCKS)
-    num_proposed_drafts: Mapping[str, int] = field(default_factory=lambda: _NO_TOKENS)
+    __slots__ = (
+        "accepted_draft_ids",
+        "duration_s",
+        "num_accepted_drafts",
+        "num_proposed_drafts",
+        "sampled_token_ids",
+        "stopped_request_ids",
+    )
+
+    def __init__(
+        self,
+        duration_s: float,
+        sampled_token_ids: Mapping[str, int] = _NO_TOKENS,
+        stopped_request_ids: frozenset[str] = frozenset(),
+        num_accepted_drafts: Mapping[str, int] = _NO_TOKENS,
+        accepted_draft_ids: Mapping[str, tuple[int, ...]] = _EMPTY_BLOCKS,
+        num_proposed_drafts: Mapping[str, int] = _NO_TOKENS,
+    ) -> None:
+        self.duration_s: Final = duration_s
+        self.sampled_token_ids: Final = sampled_token_ids
+        self.stopped_request_ids: Final = stopped_request_ids
+        self.num_accepted_drafts: Final = num_accepted_drafts
+        self.accepted_draft_ids: Final = accepted_draft_ids
+        self.num_proposed_drafts: Final = num_proposed_drafts
 
 
 def synthetic_plan(

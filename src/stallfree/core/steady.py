@@ -8,7 +8,7 @@ steps in one go. Invariant: the state afterwards equals scheduling and updating 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Final
 
 from stallfree.core.config import ceil_div
 from stallfree.core.plan import StepPlan
@@ -16,13 +16,16 @@ from stallfree.core.policy import Policy, Steadiness
 from stallfree.core.state import SchedulerState
 
 
-@dataclass(frozen=True, slots=True)
 class SteadyRun:
     """``num_steps`` repeats of a plan (this step included); ``ends_at_arrival``: an arrival
-    would end the run sooner (the driver cuts it at the first step starting at or after it)."""
+    would end the run sooner (the driver cuts it at the first step starting at or after it).
+    Immutable (``Final`` attributes), a plain class: one is made every plan."""
 
-    num_steps: int
-    ends_at_arrival: bool
+    __slots__ = ("ends_at_arrival", "num_steps")
+
+    def __init__(self, num_steps: int, ends_at_arrival: bool) -> None:
+        self.num_steps: Final = num_steps
+        self.ends_at_arrival: Final = ends_at_arrival
 
 
 SINGLE_STEP = SteadyRun(1, False)
