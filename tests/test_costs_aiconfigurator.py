@@ -15,6 +15,7 @@ import pytest
 from stallfree.cli import main
 from stallfree.core import ServingConfig
 from stallfree.core.plan import ScheduledChunk, StepPlan, synthetic_plan
+from stallfree.costs.aiconfigurator import _Kept, _pack, _unpack
 from stallfree.costs.choice import CostChoice, pick_cost_model
 from stallfree.sim import simulate
 from stallfree.workload import FixedLengths, Workload, poisson
@@ -290,26 +291,40 @@ def test_table_points_are_kept_per_machine_and_price_without_the_package(
     assert (
         second.step_time_s(synthetic_plan(5, 777, 100)) > 0 and second._engine is not None
     )  # a new one: read
-    # a memo that kept its big tables as rows (before the base64 columns) is read, and kept again
+    second._write_memo()
     kept = json.loads(memo.read_text())
-    for name in ("chunk", "decode"):
-        points = getattr(second, f"_{name}")
-        kept[name] = [[*key, value] for key, value in points.items()]
-    memo.write_text(json.dumps(kept))
-    third = AicCostModel(LLAMA_8B, "h100_sxm", "vllm")
-    assert [third.step_time_s(p) for p in plans] == priced and third._engine is None
-    third._write_memo()
-    assert all(isinstance(column, str) for column in json.loads(memo.read_text())["chunk"])
+    assert set(kept["chunk"]) == {"codes", "values"}  # sorted codes, looked up as needed
+    # a memo that kept its big tables in an older form (rows; columns in the order found) is read
+    # whole, and kept again sorted
+    points = {name: second_points(memo, name) for name in ("chunk", "decode")}
+    for old in (lambda p: [[*key, value] for key, value in p.items()], _pack):
+        memo.write_text(json.dumps(kept | {name: old(p) for name, p in points.items()}))
+        third = AicCostModel(LLAMA_8B, "h100_sxm", "vllm")
+        assert [third.step_time_s(p) for p in plans] == priced and third._engine is None
+        third._write_memo()
+        assert json.loads(memo.read_text()) == kept
     memo.write_text("{damaged")
     assert [AicCostModel(LLAMA_8B, "h100_sxm", "vllm").step_time_s(p) for p in plans] == priced
     memo.write_text('{"chunk": [[1, 2, 3.0]], "context_ops": ["x"]}')  # wrong shapes: read the tables again
     assert [AicCostModel(LLAMA_8B, "h100_sxm", "vllm").step_time_s(p) for p in plans] == priced
 
 
+def second_points(memo: Path, name: str) -> dict[tuple[int, ...], float]:
+    kept = json.loads(memo.read_text())[name]
+    return _Kept.read(kept, 3 if name == "chunk" else 2).points()
+
+
 def test_kept_points_round_trip_exactly_and_refuse_another_width() -> None:
-    from stallfree.costs.aiconfigurator import _pack, _unpack
+    sorted_points = {(n, 2 * n, 7 * n): 1 / (n + 3) for n in range(1000)} | {(2**20, 0, 1): 5e-324}
+    written = _Kept.write(sorted_points)
+    assert isinstance(written, dict)
+    kept = _Kept.read(written, 3)
+    assert kept.points() == sorted_points and len(kept) == 1001
+    assert all(kept.get(key) == value for key, value in sorted_points.items())
+    assert kept.get((1, 2, 3)) is None and kept.get((2**40, 0, 0)) is None  # not kept; too big for a code
 
     points = {(n, 2 * n, 7 * n): 1 / (n + 3) for n in range(1000)} | {(2**40, 0, 1): 5e-324}
+    assert _Kept.write(points) == _pack(points)  # a key too big for a code: kept as columns
     assert _unpack(_pack(points), 3) == points and _unpack(_pack({}), 3) == {}
     assert _unpack([[*key, value] for key, value in points.items()], 3) == points  # rows, as kept before
     with pytest.raises(ValueError):

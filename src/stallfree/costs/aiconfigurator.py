@@ -45,6 +45,7 @@ import logging
 import math
 import os
 from array import array
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -183,8 +184,9 @@ def _keep(path: Path, data: bytes) -> None:
 
 
 def _pack(points: dict[Any, float]) -> list[str]:
-    """A table's points as base64 columns (each place of the keys, then the values, exact): read
-    back ~10x faster than JSON rows, so a short run does not wait for a fleet's points."""
+    """A table's points as base64 columns (each place of the keys, then the values, exact), in the
+    order they were found: how memos kept them before :class:`_Kept`, and still do a table whose
+    keys do not fit its codes."""
     if not points:
         return []
     columns = [array("q", column) for column in zip(*points, strict=True)]
@@ -209,6 +211,76 @@ def _unpack(columns: list[Any], width: int) -> dict[Any, float]:
         raise ValueError("columns of another width")
     *keys, values = (base64.b64decode(c) for c in columns)
     return dict(zip(zip(*(array("q", k) for k in keys), strict=True), array("d", values), strict=True))
+
+
+def _code(key: tuple[int, ...]) -> int | None:
+    """A table key as one int64 that sorts as the key does (each int in ``63 // len(key)`` bits:
+    tokens, contexts and batch sizes fit), or None if it does not fit."""
+    bits = 63 // len(key)
+    code = 0
+    for k in key:
+        if not 0 <= k < 1 << bits:
+            return None
+        code = code << bits | k
+    return code
+
+
+def _decoded(code: int, width: int) -> tuple[int, ...]:
+    bits = 63 // width
+    mask = (1 << bits) - 1
+    return tuple((code >> (bits * (width - 1 - i))) & mask for i in range(width))
+
+
+class _Kept:
+    """A table's points kept on disk, sorted by :func:`_code`: found a key at a time by bisection,
+    so a short run does not build a dict of a fleet's ~200,000 points (~0.25 s) to read a few."""
+
+    __slots__ = ("_codes", "_found", "_values", "width")
+
+    def __init__(
+        self, width: int, codes: array[int] | None = None, values: array[float] | None = None
+    ) -> None:
+        self.width = width
+        self._codes: array[int] = codes if codes is not None else array("q")
+        self._values: array[float] = values if values is not None else array("d")
+        self._found: dict[tuple[int, ...], float] = {}
+        if len(self._codes) != len(self._values):  # (unsorted ones would only be missed, and read again)
+            raise ValueError("kept points: codes and values of different lengths")
+
+    def __len__(self) -> int:
+        return len(self._codes)
+
+    def get(self, key: tuple[int, ...]) -> float | None:
+        found = self._found.get(key)
+        if found is None and (code := _code(key)) is not None:
+            i = bisect_left(self._codes, code)
+            if i < len(self._codes) and self._codes[i] == code:
+                found = self._found[key] = self._values[i]
+        return found
+
+    def points(self) -> dict[tuple[int, ...], float]:
+        return {_decoded(c, self.width): v for c, v in zip(self._codes, self._values, strict=True)}
+
+    @staticmethod
+    def read(kept: dict[str, str], width: int) -> _Kept:
+        return _Kept(
+            width, array("q", base64.b64decode(kept["codes"])), array("d", base64.b64decode(kept["values"]))
+        )
+
+    @staticmethod
+    def write(points: dict[Any, float]) -> dict[str, str] | list[str]:
+        """``points`` as :meth:`read` takes them, or as :func:`_pack`'s columns if a key does not fit
+        a code."""
+        coded = [(_code(key), value) for key, value in points.items()]
+        if any(code is None for code, _ in coded):
+            return _pack(points)
+        coded.sort()
+        codes = array("q", [code for code, _ in coded if code is not None])
+        values = array("d", [value for _, value in coded])
+        return {
+            "codes": base64.b64encode(codes.tobytes()).decode(),
+            "values": base64.b64encode(values.tobytes()).decode(),
+        }
 
 
 def _spec_key(model_id: str, system: str, framework: str, options: dict[str, Any]) -> str:
@@ -346,12 +418,14 @@ class AicCostModel:
         self._logits: dict[int, float] = {0: 0.0}
         self._chunk: dict[tuple[int, int, int], float] = {}
         self._decode: dict[tuple[int, int], float] = {}
+        self._kept_chunk, self._kept_decode = _Kept(3), _Kept(2)  # points kept on disk, looked up as needed
         try:
             current = self._recall(memo)
-        except (ValueError, TypeError, AttributeError):  # a damaged file: read the tables again
+        except (ValueError, TypeError, AttributeError, KeyError):  # a damaged file: read the tables again
             self._body, self._decode_body, self._logits, self._chunk, self._decode = {}, {}, {0: 0.0}, {}, {}
+            self._kept_chunk, self._kept_decode = _Kept(3), _Kept(2)
             current = True
-        # a memo kept as rows (before the columns) is kept again at exit
+        # a memo that kept a big table in an older form is kept again, sorted, at exit
         self._num_memo_points = self._num_points() if current else -1
         atexit.register(self._write_memo)
 
@@ -376,6 +450,8 @@ class AicCostModel:
             + len(self._logits)
             + len(self._chunk)
             + len(self._decode)
+            + len(self._kept_chunk)
+            + len(self._kept_decode)
         )
 
     def _read_memo(self) -> dict[str, Any]:
@@ -388,17 +464,24 @@ class AicCostModel:
         return memo if isinstance(memo, dict) else {}
 
     def _recall(self, memo: dict[str, Any]) -> bool:
-        """Take the points ``memo`` keeps (:meth:`_write_memo`'s shape); False if it kept its big
-        tables as rows (as before :func:`_pack`)."""
+        """Take the points ``memo`` keeps (:meth:`_write_memo`'s shape); False if it kept a big
+        table in an older form (rows, or columns in the order they were found), read whole."""
         for table, name in (
             (self._body, "body"),
             (self._decode_body, "decode_body"),
             (self._logits, "logits"),
         ):
             table.update({int(k): float(v) for k, v in memo.get(name, {}).items()})
-        self._chunk.update(_unpack(memo.get("chunk", ()), 3))
-        self._decode.update(_unpack(memo.get("decode", ()), 2))
-        return not (_as_rows(memo.get("chunk")) or _as_rows(memo.get("decode")))
+        chunk, decode = memo.get("chunk") or [], memo.get("decode") or []
+        if isinstance(chunk, dict):
+            self._kept_chunk = _Kept.read(chunk, 3)
+        else:
+            self._chunk.update(_unpack(chunk, 3))
+        if isinstance(decode, dict):
+            self._kept_decode = _Kept.read(decode, 2)
+        else:
+            self._decode.update(_unpack(decode, 2))
+        return not (chunk and isinstance(chunk, list)) and not (decode and isinstance(decode, list))
 
     def _write_memo(self) -> None:
         """Keep the points this process read (and those it found kept), at exit: the next run
@@ -411,8 +494,8 @@ class AicCostModel:
             "body": self._body,
             "decode_body": self._decode_body,
             "logits": self._logits,
-            "chunk": _pack(self._chunk),  # a fleet's run keeps ~100,000 of them
-            "decode": _pack(self._decode),
+            "chunk": _Kept.write(self._kept_chunk.points() | self._chunk),  # a fleet's: ~200,000
+            "decode": _Kept.write(self._kept_decode.points() | self._decode),
         }
         _keep(self._memo_path, json.dumps(memo).encode())
 
@@ -445,7 +528,7 @@ class AicCostModel:
         """``count`` prompt chunks of ``num_tokens`` new tokens after ``num_before`` each: one kernel."""
         key = (num_tokens, num_before, count)
         cached = self._chunk.get(key)
-        if cached is None:
+        if cached is None and (cached := self._kept_chunk.get(key)) is None:
             ops = self._handle.evaluate_context_ops(
                 self._context_attention, batch_size=count, s=num_tokens, prefix=num_before
             )
@@ -462,7 +545,7 @@ class AicCostModel:
     def _decode_point(self, num_decodes: int, kv_len: int) -> float:
         key = (num_decodes, kv_len)
         cached = self._decode.get(key)
-        if cached is None:
+        if cached is None and (cached := self._kept_decode.get(key)) is None:
             ops = self._handle.evaluate_generation_ops(
                 self._decode_attention, batch_size=num_decodes, s=kv_len
             )
