@@ -297,12 +297,15 @@ def test_table_points_are_kept_per_machine_and_price_without_the_package(
     # a memo that kept its big tables in an older form (rows; columns in the order found) is read
     # whole, and kept again sorted
     points = {name: second_points(memo, name) for name in ("chunk", "decode")}
+    legacy = memo.with_name(memo.name.replace(".sorted.json", ".json"))  # where they were kept
     for old in (lambda p: [[*key, value] for key, value in p.items()], _pack):
-        memo.write_text(json.dumps(kept | {name: old(p) for name, p in points.items()}))
+        memo.unlink()
+        legacy.write_text(json.dumps(kept | {name: old(p) for name, p in points.items()}))
         third = AicCostModel(LLAMA_8B, "h100_sxm", "vllm")
         assert [third.step_time_s(p) for p in plans] == priced and third._engine is None
         third._write_memo()
         assert json.loads(memo.read_text()) == kept
+        assert json.loads(legacy.read_text()) != kept  # an older stallfree still reads its own file
     memo.write_text("{damaged")
     assert [AicCostModel(LLAMA_8B, "h100_sxm", "vllm").step_time_s(p) for p in plans] == priced
     memo.write_text('{"chunk": [[1, 2, 3.0]], "context_ops": ["x"]}')  # wrong shapes: read the tables again

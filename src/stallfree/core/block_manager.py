@@ -57,12 +57,9 @@ def block_keys(content: PromptBlocks, num_tokens: int, block_size: int) -> tuple
             keys.append(parent)
     else:
         # one hash per id; its blocks' keys are that hash plus their offset in it
-        parents = []
         for block_id in ids[: ceil_div(num_blocks * block_size, per_id)]:
             parent = hash((parent, block_id))
-            parents.append(parent)
-        offsets = range(0, per_id, block_size)
-        keys = [parent + offset for parent in parents for offset in offsets]
+            keys += range(parent, parent + per_id, block_size)  # (a list grown by a range: C's speed)
         del keys[num_blocks:]
     return tuple(keys)
 

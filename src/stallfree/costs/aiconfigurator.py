@@ -388,7 +388,9 @@ class AicCostModel:
         self._options = options
         self._engine: Any = None
         self._key = _spec_key(model_id, system, framework, options)  # the spec's file and the points'
-        self._memo_path = cache_dir() / "aiconfigurator-points" / f"{self._key}.json"
+        # sorted tables in a file of their own (an older stallfree cannot read them); an older
+        # file is read once, and its points kept in the new one
+        self._memo_path = cache_dir() / "aiconfigurator-points" / f"{self._key}.sorted.json"
         memo = self._read_memo()
         try:
             context: list[str] = memo.get("context_ops") or []
@@ -458,7 +460,10 @@ class AicCostModel:
         """The table points earlier runs read for this model, system and options (their floats,
         exactly: JSON keeps a float's shortest repr); {} if none or unreadable."""
         try:
-            memo = json.loads(self._memo_path.read_text())
+            path = self._memo_path
+            if not path.exists():
+                path = path.with_name(f"{self._key}.json")
+            memo = json.loads(path.read_text())
         except (OSError, ValueError):
             return {}
         return memo if isinstance(memo, dict) else {}
