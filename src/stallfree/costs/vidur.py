@@ -294,11 +294,15 @@ class GpuMeasuredCostModel:
         num_tokens, num_samples, num_keys, num_context, _ = plan_sums(plan)
         if num_tokens == 0:
             return 0.0
-        attention = max(
-            self._flops_per_key * num_keys / self._attn_peak,
-            self._kv_bytes_per_token * (num_context + num_tokens) / self._attn_bw,
-        )
+        attention = self._attention_s(num_keys, num_context + num_tokens)
         return self._fixed_s(num_tokens, num_samples) + attention + self.overhead_s
+
+    def _attention_s(self, num_keys: int, num_kv: int) -> float:
+        """A step's attention: ``num_keys`` query-key pairs, ``num_kv`` tokens of KV read or written."""
+        return max(
+            self._flops_per_key * num_keys / self._attn_peak,
+            self._kv_bytes_per_token * num_kv / self._attn_bw,
+        )
 
     def steady_durations(self, plan: StepPlan, num_steps: int) -> FloatArray:
         """Element ``j`` equals :meth:`step_time_s` of ``plan`` shifted by ``j`` steps, exactly.
@@ -309,16 +313,12 @@ class GpuMeasuredCostModel:
         num_tokens, num_samples, num_keys, num_context, square = plan_sums(plan)
         if num_tokens == 0:
             return np.zeros(num_steps)
-        if num_steps <= SHORT_RUN_STEPS:  # step_time_s's operations, step by step
+        if num_steps <= SHORT_RUN_STEPS:  # step_time_s, step by step
             fixed = self._fixed_s(num_tokens, num_samples)
-            fpk, kvb, peak, bw = self._flops_per_key, self._kv_bytes_per_token, self._attn_peak, self._attn_bw
             return np.array(
                 [
                     fixed
-                    + max(
-                        fpk * (num_keys + square * j) / peak,
-                        kvb * (num_context + num_tokens * j + num_tokens) / bw,
-                    )
+                    + self._attention_s(num_keys + square * j, num_context + num_tokens * (j + 1))
                     + self.overhead_s
                     for j in range(num_steps)
                 ]
