@@ -190,7 +190,11 @@ def _pack(points: dict[Any, float]) -> list[str]:
     if not points:
         return []
     columns = [array("q", column) for column in zip(*points, strict=True)]
-    return [base64.b64encode(c.tobytes()).decode() for c in [*columns, array("d", points.values())]]
+    return [_b64(c) for c in [*columns, array("d", points.values())]]
+
+
+def _b64(column: array[Any]) -> str:
+    return base64.b64encode(column.tobytes()).decode()
 
 
 def _as_rows(points: Any) -> bool:
@@ -277,10 +281,16 @@ class _Kept:
         coded.sort()
         codes = array("q", [code for code, _ in coded if code is not None])
         values = array("d", [value for _, value in coded])
-        return {
-            "codes": base64.b64encode(codes.tobytes()).decode(),
-            "values": base64.b64encode(values.tobytes()).decode(),
-        }
+        return {"codes": _b64(codes), "values": _b64(values)}
+
+
+def _kept_table(kept: Any, width: int, found: dict[Any, float]) -> _Kept:
+    """A big table as a memo keeps it: sorted (looked up as needed), or in an older form (rows, or
+    columns in the order they were found), read whole into ``found``."""
+    if isinstance(kept, dict):
+        return _Kept.read(kept, width)
+    found.update(_unpack(kept, width))
+    return _Kept(width)
 
 
 def _spec_key(model_id: str, system: str, framework: str, options: dict[str, Any]) -> str:
@@ -478,15 +488,9 @@ class AicCostModel:
         ):
             table.update({int(k): float(v) for k, v in memo.get(name, {}).items()})
         chunk, decode = memo.get("chunk") or [], memo.get("decode") or []
-        if isinstance(chunk, dict):
-            self._kept_chunk = _Kept.read(chunk, 3)
-        else:
-            self._chunk.update(_unpack(chunk, 3))
-        if isinstance(decode, dict):
-            self._kept_decode = _Kept.read(decode, 2)
-        else:
-            self._decode.update(_unpack(decode, 2))
-        return not (chunk and isinstance(chunk, list)) and not (decode and isinstance(decode, list))
+        self._kept_chunk = _kept_table(chunk, 3, self._chunk)
+        self._kept_decode = _kept_table(decode, 2, self._decode)
+        return not any(table and isinstance(table, list) for table in (chunk, decode))
 
     def _write_memo(self) -> None:
         """Keep the points this process read (and those it found kept), at exit: the next run
