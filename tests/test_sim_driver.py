@@ -4,9 +4,12 @@
 step trace) and of explain's scenarios, written by the code before the driver existed (commit
 bacf5ca, ``python -m tests.test_sim_driver --write`` there): several workloads (Poisson,
 Mooncake's trace with prefix-block hashes, multi-turn sessions, all at once), policies, prefix
-caching on and off, a step-time budget, a KV cache small enough to preempt, both cost models, the
-fast path on and off. Floats are hashed at 9 significant digits (numpy's vectorised sums may
-differ in the last bit between CPUs). A change that moves any output changes a digest.
+caching on and off, a step-time budget, a KV cache small enough to preempt, both roofline cost
+models, the fast path on and off. The two ``poisson-measured`` digests (Vidur's A100 tables) were
+written by the code of commit 4ed46e3 (ab7b3aa gives the same), before short steady runs were
+priced step by step and a steady run's ends kept as lists. Floats are hashed at 9 significant
+digits (numpy's vectorised sums may differ in the last bit between CPUs). A change that moves any
+output changes a digest.
 """
 
 from __future__ import annotations
@@ -61,6 +64,17 @@ CASES = [
     Case("sessions-budget-preempt", SESSIONS, 60, ServingConfig(step_budget_ms=20.0, num_blocks=200)),
     Case("at-once-chunked", AT_ONCE, 64, ServingConfig(max_num_seqs=16)),
     Case("at-once-prefill-first", AT_ONCE, 64, ServingConfig(policy="prefill-first", max_num_seqs=16)),
+    # Vidur's tables (the default hardware: an A100)
+    Case("poisson-measured", POISSON, 300, ServingConfig(), kind="measured", model="llama-3-8b"),
+    Case(
+        "poisson-measured-slow",
+        POISSON,
+        120,
+        ServingConfig(),
+        kind="measured",
+        fast=False,
+        model="llama-3-8b",
+    ),
 ]
 
 EXPLAIN = {
