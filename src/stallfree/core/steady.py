@@ -64,25 +64,29 @@ def _steps_within_free_blocks(state: SchedulerState, plan: StepPlan, num_steps: 
     bm = state.block_manager
     free = bm.num_free_blocks or 0
     bs = bm.block_size
-
-    def extra_blocks(k: int) -> int:
-        # Blocks held after k steps minus those held after the first: c.context_len is a + c.
-        return sum(
-            ceil_div(c.num_computed_tokens + k * c.num_tokens, bs) - ceil_div(c.context_len, bs)
-            for c in plan.chunks
-        )
-
     # ceil((a + k c) / bs) - ceil((a + c) / bs) <= ceil((k - 1) c / bs): usually enough.
     if sum(ceil_div((num_steps - 1) * c.num_tokens, bs) for c in plan.chunks) <= free:
         return num_steps
-    low, high = 1, num_steps  # extra_blocks(1) == 0 <= free; find the largest k that fits
+    low, high = 1, num_steps  # _extra_blocks(1) == 0 <= free; find the largest k that fits
     while low < high:
         mid = (low + high + 1) // 2
-        if extra_blocks(mid) <= free:
+        if _extra_blocks(plan, mid, bs) <= free:
             low = mid
         else:
             high = mid - 1
     return low
+
+
+def _extra_blocks(plan: StepPlan, num_steps: int, block_size: int) -> int:
+    """Blocks held after ``num_steps`` steps minus those held after the first (``context_len``
+    is a chunk's context after its first step). A module function, not a closure: a compiled
+    closure and its environment refer to each other, a cycle only the collector frees, and it
+    would keep every plan it saw alive until then."""
+    return sum(
+        ceil_div(c.num_computed_tokens + num_steps * c.num_tokens, block_size)
+        - ceil_div(c.context_len, block_size)
+        for c in plan.chunks
+    )
 
 
 def apply_steady(state: SchedulerState, plan: StepPlan, num_steps: int) -> tuple[list[str], list[str]]:
