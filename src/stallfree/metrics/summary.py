@@ -57,30 +57,34 @@ class RequestRecord:
     num_cached_tokens: int = 0  # prompt tokens the prefix cache held when it was first scheduled
 
     def __post_init__(self) -> None:
-        where = f"request {self.request_id}"
-        counts = (
-            self.num_prompt_tokens,
-            self.num_output_tokens,
-            self.num_preemptions,
-            self.num_cached_tokens,
-        )
-        if min(counts) < 0:
-            raise ValueError(f"{where}: token and preemption counts must be >= 0")
+        if problem := self._problem():
+            raise ValueError(f"request {self.request_id}: {problem}")
+
+    def _problem(self) -> str | None:
+        """What is wrong with this record (None: nothing); made once per request, kept cheap."""
+        if (
+            min(self.num_prompt_tokens, self.num_output_tokens, self.num_preemptions, self.num_cached_tokens)
+            < 0
+        ):
+            return "token and preemption counts must be >= 0"
         if not self.max_itl_s >= 0:
-            raise ValueError(f"{where}: max_itl_s must be >= 0, got {self.max_itl_s}")
+            return f"max_itl_s must be >= 0, got {self.max_itl_s}"
         if not self.finish_reason:
-            raise ValueError(f"{where}: finish_reason is empty")
+            return "finish_reason is empty"
         if self.first_token_s is None:
             if self.num_output_tokens:
-                raise ValueError(f"{where}: {self.num_output_tokens} output tokens but no first_token_s")
+                return f"{self.num_output_tokens} output tokens but no first_token_s"
             if self.is_completed:
-                raise ValueError(f"{where}: completed ({self.finish_reason}) without a token")
+                return f"completed ({self.finish_reason}) without a token"
+        ordered = math.isfinite(last := self.arrival_s)
+        for t in (self.first_scheduled_s, self.first_token_s, self.finish_s):
+            if t is not None:
+                ordered = ordered and last <= t and math.isfinite(t)
+                last = t
+        if ordered:
+            return None
         times = [self.arrival_s, self.first_scheduled_s, self.first_token_s, self.finish_s]
-        known = [t for t in times if t is not None]
-        if known != sorted(known) or not all(math.isfinite(t) for t in known):
-            raise ValueError(
-                f"{where}: times must be finite and ordered arrival <= first scheduled <= first token <= finish, got {times}"
-            )
+        return f"times must be finite and ordered arrival <= first scheduled <= first token <= finish, got {times}"
 
     @property
     def is_completed(self) -> bool:
