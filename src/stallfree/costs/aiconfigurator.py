@@ -116,7 +116,8 @@ def _package_model_ids() -> frozenset[str]:
 def aic_model_id(model: str) -> str | None:
     """The shipped config for one of our presets or a Hugging Face id, else None."""
     model_id = AIC_MODEL_IDS.get(model) or AIC_SHORT_NAMES.get(model, model)
-    return model_id if model_id in shipped_model_ids() else None
+    # every shipped id is an org/name: a name without one is none of them (no package import)
+    return model_id if "/" in model_id and model_id in shipped_model_ids() else None
 
 
 def shipped_config(model: str) -> dict[str, Any] | None:
