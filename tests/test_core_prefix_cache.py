@@ -19,7 +19,7 @@ from stallfree.core import (
     StepResult,
     make_policy,
 )
-from stallfree.core.block_manager import BlockManager, block_keys
+from stallfree.core.block_manager import BlockKeys, BlockManager, block_keys
 from tests.factories import run_on_step_counter
 from tests.reference_block_manager import ReferenceBlockManager
 from tests.strategies import policy_cases
@@ -46,19 +46,19 @@ def run_one_step(sched: Scheduler) -> StepPlan:
 
 
 def test_keys_chain_the_prefix() -> None:
-    a = block_keys(PromptBlocks(tuple(range(10))), 10, BLOCK)
-    b = block_keys(PromptBlocks((0, 1, 2, 3, 4, 5, 6, 99, 8, 9)), 10, BLOCK)
+    a = block_keys(PromptBlocks(tuple(range(10))), 10, BLOCK).to_list()
+    b = block_keys(PromptBlocks((0, 1, 2, 3, 4, 5, 6, 99, 8, 9)), 10, BLOCK).to_list()
     assert len(a) == 2  # full blocks only
     assert a[0] == b[0] and a[1] != b[1]
     # The same block after a different prefix is a different key.
-    c = block_keys(PromptBlocks((9, 9, 9, 9, 4, 5, 6, 7)), 8, BLOCK)
+    c = block_keys(PromptBlocks((9, 9, 9, 9, 4, 5, 6, 7)), 8, BLOCK).to_list()
     assert c[1] != a[1]
 
 
 def test_coarse_hash_ids_key_every_sub_block() -> None:
     """Mooncake's 512-token hash ids give 16-token blocks keyed by (id, offset), chained."""
-    a = block_keys(PromptBlocks((7, 8), tokens_per_id=512), 1000, 16)
-    b = block_keys(PromptBlocks((7, 9), tokens_per_id=512), 1024, 16)
+    a = block_keys(PromptBlocks((7, 8), tokens_per_id=512), 1000, 16).to_list()
+    b = block_keys(PromptBlocks((7, 9), tokens_per_id=512), 1024, 16).to_list()
     assert len(a) == 1000 // 16 and len(b) == 64
     assert a[:32] == b[:32] and a[32] != b[32]
     assert len(set(a)) == len(a)
@@ -303,7 +303,9 @@ def test_caching_never_computes_more_prompt_tokens(
 
 
 def _same(run: BlockManager, ref: ReferenceBlockManager, op: str, *args: object) -> object:
-    got, want = getattr(run, op)(*args), getattr(ref, op)(*args)
+    """``op`` on both, the same answer and counts (the reference takes keys as a list)."""
+    ref_args = [a.to_list() if isinstance(a, BlockKeys) else a for a in args]
+    got, want = getattr(run, op)(*args), getattr(ref, op)(*ref_args)
     assert got == want, (op, args)
     state = (run.num_free_blocks, run.num_used_blocks, run.num_cached_blocks)
     assert state == (ref.num_free_blocks, ref.num_used_blocks, ref.num_cached_blocks), op

@@ -22,7 +22,10 @@ rather than per block. Since a key chains every key before it, a cached key is e
 of a run or follows the one before it in the same run: a lookup walks from run to run. Holders
 hold a prefix of a run (a hit always starts at a run's first block), so a run's evictable blocks
 are its last ones. Caching, freeing and evicting cost a few operations per run, not per block: a
-simulated fleet caches every ~8K-token prompt (~500 blocks) and evicts it later.
+simulated fleet caches every ~8K-token prompt (~500 blocks) and evicts it later. Nor are keys
+kept per block: a request's keys (:class:`BlockKeys`) are worked out as they are read, a run's
+are those of the request that cached it, and how far two chains agree is found by bisection
+(a key equal means every key before it is).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from stallfree.core.config import ceil_div
 from stallfree.core.request import PromptBlocks
 
 
-def block_keys(content: PromptBlocks, num_tokens: int, block_size: int) -> tuple[int, ...]:
+def block_keys(content: PromptBlocks, num_tokens: int, block_size: int) -> BlockKeys:
     """The prefix-cache key of each full ``block_size`` block of the first ``num_tokens`` tokens
     that ``content`` names: key ``i`` hashes key ``i - 1`` with block ``i``'s ids (token ids, or
     for coarser ids the id and the block's offset inside it), so two keys are equal only if the
@@ -47,33 +50,86 @@ def block_keys(content: PromptBlocks, num_tokens: int, block_size: int) -> tuple
             "(one must divide the other)"
         )
     num_blocks = min(num_tokens, content.num_named_tokens) // block_size
-    keys: list[int] = []
+    bases: list[int] = []
     parent = 0
     ids = content.ids
     if per_id <= block_size:
         step = block_size // per_id
         for start in range(0, num_blocks * step, step):
             parent = hash((parent, ids[start : start + step]))
-            keys.append(parent)
-    else:
-        # one hash per id; its blocks' keys are that hash plus their offset in it
-        for block_id in ids[: ceil_div(num_blocks * block_size, per_id)]:
-            parent = hash((parent, block_id))
-            keys += range(parent, parent + per_id, block_size)  # (a list grown by a range: C's speed)
-        del keys[num_blocks:]
-    return tuple(keys)
+            bases.append(parent)
+        return BlockKeys(bases, 1, block_size, num_blocks)
+    # one hash per id; its blocks' keys are that hash plus their offset in it
+    for block_id in ids[: ceil_div(num_blocks * block_size, per_id)]:
+        parent = hash((parent, block_id))
+        bases.append(parent)
+    return BlockKeys(bases, per_id // block_size, block_size, num_blocks)
+
+
+class BlockKeys:
+    """A request's block keys (:func:`block_keys`), each worked out as it is read: a key for
+    every ``per_base`` blocks (one per coarse id, else one per block) and the block's offset.
+
+    Not a tuple of ints: a Mooncake prompt of ~14K tokens has ~870 blocks but ~27 ids, and a
+    fleet's cache would make, keep and free an int object for every block. The cache keeps a
+    run's keys as the chain it came from and where it starts in it."""
+
+    __slots__ = ("_bases", "_block_size", "_len", "_per_base")
+
+    def __init__(self, bases: list[int], per_base: int, block_size: int, length: int) -> None:
+        self._bases = bases
+        self._per_base = per_base
+        self._block_size = block_size
+        self._len = length
+
+    def __len__(self) -> int:
+        return self._len
+
+    def at(self, i: int) -> int:
+        """Key ``i`` (0 <= i < len)."""
+        per = self._per_base
+        if per == 1:
+            return self._bases[i]
+        return self._bases[i // per] + i % per * self._block_size
+
+    def append(self, key: int) -> None:
+        """Key one more block (a block of sampled tokens; keys of one per block only)."""
+        if self._per_base != 1:
+            raise ValueError("only keys of one per block grow")
+        self._bases.append(key)
+        self._len += 1
+
+    def to_list(self) -> list[int]:
+        """Every key, in order."""
+        return [self.at(i) for i in range(self._len)]
+
+
+def _num_shared(a: BlockKeys, a_at: int, b: BlockKeys, b_at: int, most: int) -> int:
+    """How many keys ``a`` from ``a_at`` on and ``b`` from ``b_at`` on share (at most ``most``),
+    the first being shared. A key chains every key before it, so a shared key means those before
+    it are shared too (up to hash collisions, as for the keys themselves): found by bisection."""
+    if most <= 1 or (a is b and a_at == b_at) or a.at(a_at + most - 1) == b.at(b_at + most - 1):
+        return most
+    low, high = 1, most - 1  # the first ``low`` are shared; more than ``high`` are not
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a.at(a_at + mid - 1) == b.at(b_at + mid - 1):
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 class _Run:
-    """Cached blocks and their keys, at ``start``.. of their chain of keys (evictions take its last
-    ones); ``holders`` maps each request holding some to how many of its first blocks it holds;
-    ``queued``: its evictable ranges in the LRU queue."""
+    """Cached blocks, keys ``start``.. of ``chain`` (evictions take its last ones); ``holders``
+    maps each request holding some to how many of its first blocks it holds; ``queued``: its
+    evictable ranges in the LRU queue."""
 
-    __slots__ = ("blocks", "holders", "keys", "queued", "start")
+    __slots__ = ("blocks", "chain", "holders", "queued", "start")
 
-    def __init__(self, start: int, keys: list[int], blocks: list[int], holder: str) -> None:
+    def __init__(self, start: int, chain: BlockKeys, blocks: list[int], holder: str) -> None:
         self.start = start
-        self.keys = keys
+        self.chain = chain
         self.blocks = blocks
         self.holders = {holder: len(blocks)}
         self.queued: list[_Range] = []
@@ -199,7 +255,7 @@ class BlockManager:
             out += run.blocks[cut:hi][::-1]
             if not cut:
                 self._unindex(run)
-            del run.keys[cut:], run.blocks[cut:]
+            del run.blocks[cut:]
             num_blocks -= hi - cut
             self._num_evictable -= hi - cut
             self._num_cached -= hi - cut
@@ -245,16 +301,19 @@ class BlockManager:
         return self.num_used_blocks / self.num_blocks if self.num_blocks else 0.0
 
     # -- the prefix cache ---------------------------------------------------------------
-    def match(self, keys: Sequence[int], max_blocks: int) -> list[int]:
+    def match(self, keys: BlockKeys, max_blocks: int) -> list[int]:
         """The cached blocks of the longest prefix of ``keys`` (at most ``max_blocks``)."""
         hits: list[int] = []
         limit = min(len(keys), max_blocks)
         while len(hits) < limit:
             # keys[i] is cached only as a run's first key (the run before ended or left the chain)
-            run = self._heads.get(keys[len(hits)])
+            at = len(hits)
+            run = self._heads.get(keys.at(at))
             if run is None:
                 break
-            hits += run.blocks[: _common_prefix(keys[len(hits) : limit], run.keys)]
+            hits += run.blocks[
+                : _num_shared(keys, at, run.chain, run.start, min(limit - at, len(run.blocks)))
+            ]
         return hits
 
     def _spans(self, blocks: Sequence[int]) -> list[tuple[_Run, int]]:
@@ -264,7 +323,7 @@ class BlockManager:
         i = 0
         while i < len(blocks):
             run = self._run_at[blocks[i]]
-            num = _common_prefix(blocks[i:], run.blocks)
+            num = _common_prefix(list(blocks[i:]), run.blocks)
             spans.append((run, num))
             i += num
         return spans
@@ -294,7 +353,7 @@ class BlockManager:
         if holds:
             self._tip[request_id] = holds[-1]
 
-    def cache_blocks(self, request_id: str, keys: Sequence[int], num_tokens: int) -> None:
+    def cache_blocks(self, request_id: str, keys: BlockKeys, num_tokens: int) -> None:
         """Cache ``request_id``'s blocks that ``num_tokens`` tokens fill (those with a key in
         ``keys``); a block whose key another block already has stays uncached."""
         table = self._tables.get(request_id)
@@ -310,50 +369,50 @@ class BlockManager:
         while i < upto:
             run = self._run_caching(keys, i, tip)
             if run is not None:  # cached already: its blocks stay uncached as far as run goes on
-                num = _common_prefix(keys[i:upto], run.keys[i - run.start :])
-                assert num, "the run found does not cache the key"
+                num = _num_shared(keys, i, run.chain, i, min(upto, run.start + len(run.blocks)) - i)
+                assert num > 0, "the run found does not cache the key"
                 duplicates.setdefault(request_id, []).extend(table[i : i + num])
             else:  # new up to the next key that starts a run (none between is cached)
                 num = self._next_start(keys, i + 1, upto) - i
-                run = self._add_run(request_id, i, list(keys[i : i + num]), table[i : i + num])
+                run = self._add_run(request_id, i, keys, table[i : i + num])
             tip = run
             i += num
         assert tip is not None
         self._tip[request_id] = tip
         self._num_keyed[request_id] = upto
 
-    def _next_start(self, keys: Sequence[int], lo: int, hi: int) -> int:
+    def _next_start(self, keys: BlockKeys, lo: int, hi: int) -> int:
         """The first of ``keys[lo:hi]`` that starts a run (a run starting at ``j`` starts at key
         position ``j`` of every chain it is in: only those places are looked at), else ``hi``."""
         starts = self._starts
         for j in starts[bisect_left(starts, lo) : bisect_left(starts, hi)]:
-            if keys[j] in self._heads:
+            if keys.at(j) in self._heads:
                 return j
         return hi
 
-    def _run_caching(self, keys: Sequence[int], i: int, tip: _Run | None) -> _Run | None:
-        """The run that caches ``keys[i]``, if one does; ``tip``: a run that may cache ``keys[i - 1]``."""
-        at = i - tip.start if tip is not None else -1
-        if tip is not None and 0 < at <= len(tip.keys) and tip.keys[at - 1] == keys[i - 1]:
-            # keys[i] is then the tip's next key or some run's first key
-            return tip if at < len(tip.keys) and tip.keys[at] == keys[i] else self._heads.get(keys[i])
+    def _run_caching(self, keys: BlockKeys, i: int, tip: _Run | None) -> _Run | None:
+        """The run that caches key ``i``, if one does; ``tip``: a run that may cache key ``i - 1``."""
+        key = keys.at(i)
+        if tip is not None and 0 < i - tip.start <= len(tip.blocks) and tip.chain.at(i - 1) == keys.at(i - 1):
+            # key i is then the tip's next key or some run's first key
+            return tip if i - tip.start < len(tip.blocks) and tip.chain.at(i) == key else self._heads.get(key)
         # The run caching keys[i] caches every key from its first to keys[i]: the last key at or
         # before i that starts a run (looked for where runs start) is that one, or none caches it.
         starts = self._starts
         for j in reversed(starts[: bisect_right(starts, i)]):
-            run = self._heads.get(keys[j])
+            run = self._heads.get(keys.at(j))
             if run is not None:
-                return run if i - j < len(run.keys) and run.keys[i - j] == keys[i] else None
+                return run if i - j < len(run.blocks) and run.chain.at(run.start + i - j) == key else None
         return None
 
-    def _add_run(self, request_id: str, start: int, keys: list[int], blocks: list[int]) -> _Run:
-        """Cache ``blocks`` (keys ``keys``, at ``start`` in the chain) for ``request_id``: the end
-        of the run it holds whole, if they continue it, else a run of their own."""
+    def _add_run(self, request_id: str, start: int, keys: BlockKeys, blocks: list[int]) -> _Run:
+        """Cache ``blocks`` (keys ``start``.. of ``keys``) for ``request_id``: the end of the run
+        it holds whole, if they continue it, else a run of their own."""
         holds = self._holds.setdefault(request_id, [])
         last = holds[-1] if holds else None
         if last is not None and last.holders[request_id] == len(last.blocks) == start - last.start:
             run = last
-            run.keys += keys
+            run.chain = keys  # it holds the whole run: its keys are the run's, and go on
             run.blocks += blocks
             run.holders[request_id] = len(run.blocks)
         else:
@@ -365,7 +424,7 @@ class BlockManager:
 
     def _index(self, run: _Run) -> None:
         """Find ``run`` by its first key and first block, and look for keys where it starts."""
-        self._heads[run.keys[0]] = run
+        self._heads[run.chain.at(run.start)] = run
         self._run_at[run.blocks[0]] = run
         if run.start not in self._num_starting:
             insort(self._starts, run.start)
@@ -373,15 +432,15 @@ class BlockManager:
 
     def _unindex(self, run: _Run) -> None:
         """:meth:`_index` undone, as ``run``'s last cached block is evicted."""
-        del self._heads[run.keys[0]], self._run_at[run.blocks[0]]
+        del self._heads[run.chain.at(run.start)], self._run_at[run.blocks[0]]
         self._num_starting[run.start] -= 1
         if not self._num_starting[run.start]:
             del self._num_starting[run.start], self._starts[bisect_left(self._starts, run.start)]
 
 
-def _common_prefix(items: Sequence[int], run_items: list[int]) -> int:
-    """How many first ``items`` equal the first of ``run_items`` (a run's keys or blocks)."""
-    head = list(items[: len(run_items)])
+def _common_prefix(items: list[int], run_items: list[int]) -> int:
+    """How many first ``items`` equal the first of ``run_items`` (a run's blocks)."""
+    head = items[: len(run_items)]
     num = len(head)
     if head == run_items[:num]:
         return num

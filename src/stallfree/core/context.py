@@ -157,7 +157,7 @@ class StepContext:
                     # A running request holds exactly the blocks of its computed tokens, so its
                     # last block has room: no allocation, nothing to preempt.
                     self._add(seq, 1, ())
-                    if seq.block_keys and not (seq.num_computed_tokens + 1) % block_size:
+                    if seq.block_keys is not None and not (seq.num_computed_tokens + 1) % block_size:
                         self._state.cache_computed(seq, seq.num_computed_tokens + 1)  # it fills it
                 else:
                     self.schedule_running(seq, 1, preempt=True)
@@ -230,7 +230,7 @@ class StepContext:
         if not bm.can_allocate(whole, reserve=state.watermark_blocks):
             return 0
         state.admit_head()
-        if seq.block_keys:
+        if seq.block_keys is not None:
             state.num_prefix_queried_tokens += seq.num_known_tokens
             state.num_prefix_hit_tokens += num_cached
         if hits:

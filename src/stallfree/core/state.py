@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from stallfree.core.block_manager import BlockManager, block_keys
+from stallfree.core.block_manager import BlockKeys, BlockManager, block_keys
 from stallfree.core.config import CacheConfig
 from stallfree.core.request import Request
 
@@ -48,7 +48,9 @@ class Sequence:
         self.num_external_tokens = request.num_external_tokens
         self.num_output_tokens = 0
         self.num_proposed_drafts = 0  # draft tokens its executor proposed for its next step
-        self.block_keys: tuple[int, ...] = ()  # its known full blocks' cache keys (with caching)
+        self.block_keys: BlockKeys | None = (
+            None  # its known full blocks' cache keys (with caching; None: none)
+        )
         # With caching and a prompt given as token ids: the known token ids after the last keyed
         # block, so generated tokens key the blocks they fill (None: not keyed by token ids).
         self.pending_ids: list[int] | None = None
@@ -93,9 +95,10 @@ class SchedulerState:
         if self.block_manager.enable_prefix_caching and content is not None:
             # Ids may go on into the output (a session's answers, known to its workload).
             size = self.block_manager.block_size
-            seq.block_keys = block_keys(content, request.num_prompt_tokens + request.max_tokens, size)
+            keys = block_keys(content, request.num_prompt_tokens + request.max_tokens, size)
+            seq.block_keys = keys if len(keys) else None
             if content.tokens_per_id == 1 and content.num_named_tokens == request.num_prompt_tokens:
-                seq.pending_ids = list(content.ids[len(seq.block_keys) * size :])
+                seq.pending_ids = list(content.ids[len(keys) * size :])
         self.waiting.append(seq)
 
     def key_sampled(self, seq: Sequence, token_id: int) -> None:
@@ -106,15 +109,18 @@ class SchedulerState:
         if pending is None:
             return
         pending.append(token_id)
-        if len(pending) == self.block_manager.block_size:
-            parent = seq.block_keys[-1] if seq.block_keys else 0
-            seq.block_keys += (hash((parent, tuple(pending))),)
+        size = self.block_manager.block_size
+        if len(pending) == size:
+            keys = seq.block_keys
+            if keys is None:
+                keys = seq.block_keys = BlockKeys([], 1, size, 0)
+            keys.append(hash((keys.at(len(keys) - 1) if len(keys) else 0, tuple(pending))))
             pending.clear()
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks a waiting ``seq`` would start from: its prompt's longest cached
         prefix of full blocks, short of its last known token (which must run to give logits)."""
-        if not seq.block_keys:
+        if seq.block_keys is None:
             return []
         return self.block_manager.match(
             seq.block_keys, (seq.num_known_tokens - 1) // self.block_manager.block_size
@@ -122,7 +128,7 @@ class SchedulerState:
 
     def cache_computed(self, seq: Sequence, num_tokens: int) -> None:
         """Cache ``seq``'s keyed blocks that ``num_tokens`` computed tokens fill."""
-        if seq.block_keys:
+        if seq.block_keys is not None:
             self.block_manager.cache_blocks(seq.request_id, seq.block_keys, num_tokens)
 
     def admit_head(self) -> Sequence:
