@@ -48,9 +48,8 @@ class Sequence:
         self.num_external_tokens = request.num_external_tokens
         self.num_output_tokens = 0
         self.num_proposed_drafts = 0  # draft tokens its executor proposed for its next step
-        self.block_keys: BlockKeys | None = (
-            None  # its known full blocks' cache keys (with caching; None: none)
-        )
+        # its known full blocks' cache keys (with caching; None: none known)
+        self.block_keys: BlockKeys | None = None
         # With caching and a prompt given as token ids: the known token ids after the last keyed
         # block, so generated tokens key the blocks they fill (None: not keyed by token ids).
         self.pending_ids: list[int] | None = None
