@@ -306,7 +306,7 @@ class BlockManager:
         hits: list[int] = []
         limit = min(len(keys), max_blocks)
         while len(hits) < limit:
-            # keys[i] is cached only as a run's first key (the run before ended or left the chain)
+            # key ``at`` is cached only as a run's first (the run before ended or left the chain)
             at = len(hits)
             run = self._heads.get(keys.at(at))
             if run is None:
@@ -382,7 +382,7 @@ class BlockManager:
         self._num_keyed[request_id] = upto
 
     def _next_start(self, keys: BlockKeys, lo: int, hi: int) -> int:
-        """The first of ``keys[lo:hi]`` that starts a run (a run starting at ``j`` starts at key
+        """The first of keys ``lo``..``hi - 1`` that starts a run (a run starting at ``j`` starts at key
         position ``j`` of every chain it is in: only those places are looked at), else ``hi``."""
         starts = self._starts
         for j in starts[bisect_left(starts, lo) : bisect_left(starts, hi)]:
@@ -396,7 +396,7 @@ class BlockManager:
         if tip is not None and 0 < i - tip.start <= len(tip.blocks) and tip.chain.at(i - 1) == keys.at(i - 1):
             # key i is then the tip's next key or some run's first key
             return tip if i - tip.start < len(tip.blocks) and tip.chain.at(i) == key else self._heads.get(key)
-        # The run caching keys[i] caches every key from its first to keys[i]: the last key at or
+        # The run caching key i caches every key from its first to key i: the last key at or
         # before i that starts a run (looked for where runs start) is that one, or none caches it.
         starts = self._starts
         for j in reversed(starts[: bisect_right(starts, i)]):
