@@ -73,7 +73,7 @@ $(ROUTER_VENV)/bin/vllm-router:
 	$(ROUTER_VENV)/bin/pip install -q vllm-router==0.1.17
 
 # NVIDIA's aiconfigurator (the package around aiconfigurator-core: its disaggregated estimates, the
-# reference benchmarks/aiconfigurator_check.py's section 6 checks against) in a venv of its own.
+# reference benchmarks/fidelity/aiconfigurator_check.py's section 6 checks against) in a venv of its own.
 AIC_VENV := .venv-aic
 aiconfigurator: $(AIC_VENV)/bin/aiconfigurator
 $(AIC_VENV)/bin/aiconfigurator:

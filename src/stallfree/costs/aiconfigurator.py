@@ -20,7 +20,7 @@ over them: expert parallelism, the package's ``moe_ep_size`` = tp), in milliseco
                        (a static batch's prompts) are one kernel, as the package prices a batch
   + decode attention   the G decodes as one batch at their mean KV length: the package's decode
     (G, mean L)        attention takes one length per batch (memory-bound, so about the sum of
-                       the rows' reads; benchmarks/aiconfigurator_check.py measures the error)
+                       the rows' reads; benchmarks/fidelity/aiconfigurator_check.py measures the error)
   + overhead_s         a fixed per-step constant (0 unless given): the tables time GPU kernels only
 
 "Attention" is every attention op the package lists for the model: one per layer kind where

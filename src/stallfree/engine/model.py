@@ -97,7 +97,7 @@ class PackedWeights:
 
     - "panels": fp32 in panels of 16 output features for the compiled ``panel_linear``, which on
       an AVX2-only EPYC (one thread) ran random:medium's decode steps in 0.77-0.84x the time of
-      oneDNN's and a 2K prefill in 0.91-1.00x (``benchmarks/linear_kernel_ab.py``);
+      oneDNN's and a 2K prefill in 0.91-1.00x (``benchmarks/engine/linear_kernel_ab.py``);
     - "q8_0": int8 in blocks of 32 inputs with one scale each (llama.cpp's Q8_0) for
       ``q8_panel_linear``, fp32 activations: a quarter of fp32's bytes to read per decode step;
     - "bf16": bf16 panels (each feature's inputs in pairs) for ``panel_linear``, fp32
