@@ -17,7 +17,7 @@ from stallfree.core import ServingConfig
 from stallfree.core.plan import ScheduledChunk, StepPlan, synthetic_plan
 from stallfree.costs.aiconfigurator import _Kept, _pack, _unpack
 from stallfree.costs.choice import CostChoice, pick_cost_model
-from stallfree.sim import simulate
+from stallfree.sim import Deployment, simulate
 from stallfree.workload import FixedLengths, Workload, poisson
 from tests.factories import shifted_plans
 
@@ -123,11 +123,11 @@ def test_hardware_presets_agree_with_its_system_files() -> None:
 
 @needs_aic
 def test_the_fast_path_equals_every_step() -> None:
-    costs = pick_cost_model(CostChoice(model="llama-3.1-8b", hardware="h100-sxm", framework="sglang"))
+    costs = CostChoice(model="llama-3.1-8b", hardware="h100-sxm", framework="sglang")
     workload = Workload(poisson(30.0), FixedLengths(600, 40))
     serving = ServingConfig(max_num_batched_tokens=256)
-    fast = simulate(workload, costs, serving, num_requests=60)
-    slow = simulate(workload, costs, serving, num_requests=60, fast=False)
+    fast = simulate(workload, Deployment(costs=costs, serving=serving), num_requests=60)
+    slow = simulate(workload, Deployment(costs=costs, serving=serving), num_requests=60, fast=False)
     assert fast.records == slow.records and fast.summary["completed"] == 60
 
 

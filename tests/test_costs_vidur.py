@@ -17,7 +17,7 @@ from stallfree.costs.vidur import (
     gpu_family,
     load_gpu_table,
 )
-from stallfree.sim import simulate
+from stallfree.sim import Deployment, simulate
 from stallfree.specs import load_hardware_spec, load_model_spec
 from stallfree.workload import Workload, parse_lengths, poisson
 from tests.factories import shifted_plans
@@ -82,21 +82,35 @@ def test_unknown_pair_falls_back_with_its_source() -> None:
 
 def test_simulate_uses_it_for_gpu_presets() -> None:
     workload = Workload(arrivals=poisson(2.0), lengths=parse_lengths("fixed:256,16"))
-    measured = simulate(workload, CostChoice(model="mistral-7b", kind="measured"), num_requests=20)
-    roofline = simulate(workload, CostChoice(model="mistral-7b", kind="full"), num_requests=20)
+    measured = simulate(
+        workload, Deployment(costs=CostChoice(model="mistral-7b", kind="measured")), num_requests=20
+    )
+    roofline = simulate(
+        workload, Deployment(costs=CostChoice(model="mistral-7b", kind="full")), num_requests=20
+    )
     assert measured.summary["median_tpot_ms"] > roofline.summary["median_tpot_ms"]
     with pytest.raises(ValueError, match="needs a profile"):
-        simulate(workload, CostChoice(hardware="mi300x", kind="measured"), num_requests=5)
+        simulate(workload, Deployment(costs=CostChoice(hardware="mi300x", kind="measured")), num_requests=5)
     assert np.isfinite(measured.summary["median_ttft_ms"])
 
 
 def test_simulate_auto_is_the_kind_it_picks() -> None:
     workload = Workload(arrivals=poisson(2.0), lengths=parse_lengths("fixed:256,16"))
-    auto = simulate(workload, CostChoice(model="mistral-7b", kind="auto"), num_requests=20)
+    auto = simulate(workload, Deployment(costs=CostChoice(model="mistral-7b", kind="auto")), num_requests=20)
     assert (
         auto.summary
-        == simulate(workload, CostChoice(model="mistral-7b", kind="measured"), num_requests=20).summary
+        == simulate(
+            workload, Deployment(costs=CostChoice(model="mistral-7b", kind="measured")), num_requests=20
+        ).summary
     )
-    auto = simulate(workload, CostChoice(model="mistral-7b", hardware="l40s", kind="auto"), num_requests=20)
-    full = simulate(workload, CostChoice(model="mistral-7b", hardware="l40s", kind="full"), num_requests=20)
+    auto = simulate(
+        workload,
+        Deployment(costs=CostChoice(model="mistral-7b", hardware="l40s", kind="auto")),
+        num_requests=20,
+    )
+    full = simulate(
+        workload,
+        Deployment(costs=CostChoice(model="mistral-7b", hardware="l40s", kind="full")),
+        num_requests=20,
+    )
     assert auto.summary == full.summary

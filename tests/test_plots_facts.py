@@ -18,7 +18,7 @@ from stallfree.explain import PROMPT_ID, Explanation
 from stallfree.explain.plots import timeline_figure
 from stallfree.plots.traffic import traffic_figures
 from stallfree.plots.tune import tune_figures
-from stallfree.sim import SimulationResult, simulate
+from stallfree.sim import Deployment, SimulationResult, simulate
 from stallfree.workload import TraceLengths, Workload, poisson
 
 
@@ -27,7 +27,10 @@ def runs() -> list[SimulationResult]:
     workload = Workload(poisson(2.0), TraceLengths("arxiv"))
     return [
         simulate(
-            workload, CostChoice(kind="full"), ServingConfig(policy=p), num_requests=120, keep_steps=True
+            workload,
+            Deployment(costs=CostChoice(kind="full"), serving=ServingConfig(policy=p)),
+            num_requests=120,
+            keep_steps=True,
         )
         for p in ("prefill-first", "chunked")
     ]

@@ -225,7 +225,7 @@ def test_explain_prices_the_scenario_with_the_measured_model(
 
 def test_simulate_with_the_measured_model_fast_path_equals_step_by_step() -> None:
     from stallfree.core.serving import ServingConfig
-    from stallfree.sim import simulate
+    from stallfree.sim import Deployment, simulate
     from stallfree.workload import UniformLengths, Workload, poisson
 
     workload = Workload(poisson(8.0), UniformLengths(20, 300, 2, 40))
@@ -235,8 +235,7 @@ def test_simulate_with_the_measured_model_fast_path_equals_step_by_step() -> Non
         runs = [
             simulate(
                 workload,
-                CostChoice(kind="full", model="llama-3-8b", profile=model),
-                serving,
+                Deployment(costs=CostChoice(kind="full", model="llama-3-8b", profile=model), serving=serving),
                 num_requests=80,
                 fast=fast,
             )
@@ -300,7 +299,7 @@ def test_varied_steps_scale_by_kind_and_draw_each_step_a_factor_seeded() -> None
 
 def test_simulate_with_step_noise_widens_the_itl_tail_not_its_median() -> None:
     from stallfree.core.serving import ServingConfig
-    from stallfree.sim import simulate
+    from stallfree.sim import Deployment, simulate
     from stallfree.workload import FixedLengths, Workload, poisson
 
     workload = Workload(poisson(4.0), FixedLengths(200, 40))
@@ -309,8 +308,7 @@ def test_simulate_with_step_noise_widens_the_itl_tail_not_its_median() -> None:
     runs = [
         simulate(
             workload,
-            CostChoice(kind="full", model="llama-3-8b", profile=model),
-            serving,
+            Deployment(costs=CostChoice(kind="full", model="llama-3-8b", profile=model), serving=serving),
             num_requests=150,
             step_noise=noise,
         )
@@ -321,7 +319,10 @@ def test_simulate_with_step_noise_widens_the_itl_tail_not_its_median() -> None:
     assert noisy["median_itl_ms"] == pytest.approx(steady["median_itl_ms"], rel=0.25)
     with pytest.raises(ValueError, match="need a profile"):
         simulate(
-            workload, CostChoice(kind="full", model="llama-3-8b"), serving, num_requests=5, step_noise=True
+            workload,
+            Deployment(costs=CostChoice(kind="full", model="llama-3-8b"), serving=serving),
+            num_requests=5,
+            step_noise=True,
         )
 
 

@@ -166,17 +166,19 @@ def test_cli_runs_aggregated_and_disaggregated_on_the_same_gpus(capsys: pytest.C
 def test_steps_past_the_step_budget_are_counted_in_both_pools() -> None:
     from stallfree.core.serving import ServingConfig
     from stallfree.costs.choice import CostChoice
-    from stallfree.sim import simulate
+    from stallfree.sim import Deployment, simulate
     from stallfree.sim.disagg import Disaggregation
     from stallfree.workload import Workload, parse_lengths, poisson
 
     costs = CostChoice(kind="full", model="llama-3.1-8b", hardware="h100-sxm")
     result = simulate(
         Workload(poisson(4.0), parse_lengths("fixed:2000,50")),
-        costs,
-        ServingConfig(step_budget_ms=4.0),  # below a decode step of the whole batch
+        Deployment(
+            costs=costs,
+            serving=ServingConfig(step_budget_ms=4.0),
+            disaggregate=Disaggregation(PoolShape(1, 1)),
+        ),
         num_requests=40,
-        disaggregate=Disaggregation(PoolShape(1, 1)),
     )
     assert result.summary["completed"] == 40
     assert result.summary["num_steps_over_budget"] > 0

@@ -8,7 +8,7 @@ import pytest
 
 from stallfree.cli import main
 from stallfree.costs.choice import CostChoice
-from stallfree.sim import simulate
+from stallfree.sim import Deployment, ReplicaGroup, simulate
 from stallfree.workload import Workload, parse_lengths, poisson
 
 WORKLOAD = Workload(arrivals=poisson(12.0), lengths=parse_lengths("fixed:1500,80"))
@@ -16,15 +16,24 @@ H100 = CostChoice(kind="full", model="llama-3.1-8b", hardware="h100-sxm")
 A100 = CostChoice(kind="full", model="llama-3.1-8b", hardware="a100-40gb")
 
 
-def test_a_list_of_identical_choices_is_the_same_fleet_as_replicas() -> None:
-    listed = simulate(WORKLOAD, [H100, H100], num_requests=200, router="least-requests")
-    counted = simulate(WORKLOAD, H100, num_requests=200, replicas=2, router="least-requests")
+def test_a_fleet_of_one_group_is_the_same_fleet_as_replicas() -> None:
+    listed = simulate(
+        WORKLOAD,
+        Deployment(costs=H100, fleet=(ReplicaGroup(2, "h100-sxm"),), router="least-requests"),
+        num_requests=200,
+    )
+    counted = simulate(
+        WORKLOAD, Deployment(costs=H100, replicas=2, router="least-requests"), num_requests=200
+    )
     assert listed.records == counted.records
     assert listed.summary == counted.summary
 
 
 def test_replicas_that_differ_each_have_their_own_speed_and_cache() -> None:
-    result = simulate(WORKLOAD, [H100, A100], num_requests=300, router="least-requests")
+    fleet = (ReplicaGroup(1, "h100-sxm"), ReplicaGroup(1, "a100-40gb"))
+    result = simulate(
+        WORKLOAD, Deployment(costs=H100, fleet=fleet, router="least-requests"), num_requests=300
+    )
     fast, slow = result.summary["replicas"]
     assert (fast["hardware"], slow["hardware"]) == ("h100-sxm", "a100-40gb")
     assert fast["num_kv_blocks"] != slow["num_kv_blocks"]
@@ -34,9 +43,11 @@ def test_replicas_that_differ_each_have_their_own_speed_and_cache() -> None:
     assert fast["completed"] + slow["completed"] == result.summary["completed"] == 300
 
 
-def test_a_fleet_needs_one_choice_per_replica() -> None:
-    with pytest.raises(ValueError, match="one cost choice per replica"):
-        simulate(WORKLOAD, [H100, A100], num_requests=10, replicas=3)
+def test_a_fleet_is_replica_groups_or_replicas_not_both() -> None:
+    with pytest.raises(ValueError, match="replicas or a fleet"):
+        Deployment(costs=H100, fleet=(ReplicaGroup(1, "h100-sxm"),), replicas=3)
+    with pytest.raises(ValueError, match="fleet 2xnope: unknown hardware"):
+        simulate(WORKLOAD, Deployment(costs=H100, fleet=(ReplicaGroup(2, "nope"),)), num_requests=10)
 
 
 def test_cli_fleet_mix(capsys: pytest.CaptureFixture[str]) -> None:

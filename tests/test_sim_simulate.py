@@ -11,7 +11,7 @@ import pytest
 from stallfree.core import Request
 from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice
-from stallfree.sim import simulate
+from stallfree.sim import Deployment, simulate
 from stallfree.workload import AllAtOnce, FixedLengths, ReplayArrivals, TraceLengths, Workload, poisson
 
 ARXIV = Workload(poisson(2.0), TraceLengths("arxiv"))  # prompts of ~2,600 tokens, outputs ~290
@@ -19,7 +19,11 @@ ARXIV = Workload(poisson(2.0), TraceLengths("arxiv"))  # prompts of ~2,600 token
 
 def test_chunked_has_a_far_lower_p99_itl_than_prefill_first_at_equal_throughput() -> None:
     runs = {
-        p: simulate(ARXIV, CostChoice(kind="full"), ServingConfig(policy=p), num_requests=300).summary
+        p: simulate(
+            ARXIV,
+            Deployment(costs=CostChoice(kind="full"), serving=ServingConfig(policy=p)),
+            num_requests=300,
+        ).summary
         for p in ("chunked", "prefill-first")
     }
     chunked, prefill_first = runs["chunked"], runs["prefill-first"]
@@ -33,10 +37,14 @@ def test_chunked_has_a_far_lower_p99_itl_than_prefill_first_at_equal_throughput(
 
 def test_decode_first_starves_new_prompts() -> None:
     chunked = simulate(
-        ARXIV, CostChoice(kind="full"), ServingConfig(policy="chunked"), num_requests=200
+        ARXIV,
+        Deployment(costs=CostChoice(kind="full"), serving=ServingConfig(policy="chunked")),
+        num_requests=200,
     ).summary
     decode_first = simulate(
-        ARXIV, CostChoice(kind="full"), ServingConfig(policy="decode-first"), num_requests=200
+        ARXIV,
+        Deployment(costs=CostChoice(kind="full"), serving=ServingConfig(policy="decode-first")),
+        num_requests=200,
     ).summary
     assert decode_first["mean_ttft_ms"] > 10 * chunked["mean_ttft_ms"]
     assert decode_first["max_itl_ms"] <= chunked["max_itl_ms"]  # nothing ever interrupts its decodes
@@ -51,14 +59,10 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 def test_memory_pressure_preempts_and_the_fast_path_still_equals_the_slow_one() -> None:
     """A quarter of the GPU leaves room for ~19K tokens of KV: a few long prompts fill it."""
-    kw: dict[str, Any] = {
-        "serving": ServingConfig(policy="chunked"),
-        "num_requests": 120,
-        "gpu_memory_utilization": 0.22,
-    }
+    deployment = Deployment(serving=ServingConfig(policy="chunked"), gpu_memory_utilization=0.22)
     heavy = Workload(poisson(4.0), TraceLengths("arxiv"))
-    fast = simulate(heavy, **kw)
-    slow = simulate(heavy, fast=False, **kw)
+    fast = simulate(heavy, deployment, num_requests=120)
+    slow = simulate(heavy, deployment, num_requests=120, fast=False)
     assert fast.summary["num_preemptions"] > 0
     assert fast.summary["completed"] == 120
     assert fast.records == slow.records
@@ -75,14 +79,26 @@ def test_prefix_caching_on_mooncake_cuts_ttft_and_the_fast_path_still_equals_the
     trace = "mooncake-conversation"
     heavy = Workload(ReplayArrivals(trace), TraceLengths(trace, "in-order"))
     costs = CostChoice(kind="full", model="llama-3-8b", hardware="h100-sxm")
-    kw: dict[str, Any] = {"num_requests": 200, "gpu_memory_utilization": 0.5}
+    kw: dict[str, Any] = {"num_requests": 200}
     serving = ServingConfig(policy=policy, max_num_batched_tokens=2048)
-    fast = simulate(heavy, costs, serving, **kw)
-    slow = simulate(heavy, costs, serving, fast=False, **kw)
+    fast = simulate(heavy, Deployment(costs=costs, serving=serving, gpu_memory_utilization=0.5), **kw)
+    slow = simulate(
+        heavy, Deployment(costs=costs, serving=serving, gpu_memory_utilization=0.5), fast=False, **kw
+    )
     assert fast.records == slow.records
     _same(fast.summary, slow.summary)
-    unbounded = simulate(heavy, costs, replace(serving, num_blocks=1 << 22), **kw).summary
-    plain = simulate(heavy, costs, replace(serving, enable_prefix_caching=False), **kw).summary
+    unbounded = simulate(
+        heavy,
+        Deployment(costs=costs, serving=replace(serving, num_blocks=1 << 22), gpu_memory_utilization=0.5),
+        **kw,
+    ).summary
+    plain = simulate(
+        heavy,
+        Deployment(
+            costs=costs, serving=replace(serving, enable_prefix_caching=False), gpu_memory_utilization=0.5
+        ),
+        **kw,
+    ).summary
     cached = fast.summary
     assert cached["enable_prefix_caching"] and not plain["enable_prefix_caching"]
     assert plain["prefix_cache_hit_tokens"] == 0 and plain["prefix_cache_hit_rate"] is None

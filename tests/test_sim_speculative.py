@@ -10,7 +10,7 @@ import pytest
 from stallfree.core import Request, StepPlan, synthetic_plan
 from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice
-from stallfree.sim import simulate
+from stallfree.sim import Deployment, Speculation, simulate
 from stallfree.sim.speculative import Acceptance, DraftVerifier
 
 ROOFLINE = CostChoice(kind="full", model="llama-3-8b", hardware="a100-80gb")
@@ -62,9 +62,11 @@ def run(k: int, rule: str = "vllm", alpha: float = 0.7) -> dict[str, object]:
     serving = ServingConfig(max_num_batched_tokens=512, num_speculative_tokens=k, speculative_rule=rule)
     result = simulate(
         streams_and_a_prompt(),
-        ROOFLINE,
-        serving,
-        acceptance=Acceptance.per_token(alpha, max(k, 1)) if k else None,
+        Deployment(
+            costs=ROOFLINE,
+            serving=serving,
+            speculation=Speculation(Acceptance.per_token(alpha, k)) if k else None,
+        ),
     )
     records = {r.request_id: r for r in result.records}
     assert all(r.num_output_tokens == (16 if rid == "long" else 400) for rid, r in records.items())
@@ -98,7 +100,12 @@ def test_sglangs_rule_stalls_the_streams_for_the_whole_prompt() -> None:
 def test_a_fleet_speculates_on_every_replica() -> None:
     serving = ServingConfig(max_num_batched_tokens=512, num_speculative_tokens=2)
     requests = [Request(f"r{i}", 200, 50, i * 0.05) for i in range(40)]
-    result = simulate(requests, ROOFLINE, serving, replicas=2, acceptance=Acceptance.per_token(0.6, 2))
+    result = simulate(
+        requests,
+        Deployment(
+            costs=ROOFLINE, serving=serving, replicas=2, speculation=Speculation(Acceptance.per_token(0.6, 2))
+        ),
+    )
     assert result.summary["completed"] == 40 and result.summary["total_output_tokens"] == 40 * 50
     assert result.summary["spec_decode_num_drafts"] > 0
     assert all(r["spec_decode_num_drafts"] > 0 for r in result.summary["replicas"])
@@ -106,7 +113,9 @@ def test_a_fleet_speculates_on_every_replica() -> None:
 
 def test_speculation_needs_an_acceptance_model() -> None:
     with pytest.raises(ValueError, match="acceptance rate"):
-        simulate([Request("r", 10, 5)], ROOFLINE, ServingConfig(num_speculative_tokens=2))
+        simulate(
+            [Request("r", 10, 5)], Deployment(costs=ROOFLINE, serving=ServingConfig(num_speculative_tokens=2))
+        )
 
 
 def test_drafting_is_priced_by_method_and_lengthens_the_step() -> None:
@@ -126,7 +135,9 @@ def test_drafting_is_priced_by_method_and_lengthens_the_step() -> None:
     serving = ServingConfig(max_num_batched_tokens=512, num_speculative_tokens=3)
     requests = [Request(f"r{i}", 300, 60, 0.0) for i in range(8)]
     runs = {
-        d: simulate(requests, ROOFLINE, serving, acceptance=acceptance, draft=d).summary["median_tpot_ms"]
+        d: simulate(
+            requests, Deployment(costs=ROOFLINE, serving=serving, speculation=Speculation(acceptance, d))
+        ).summary["median_tpot_ms"]
         for d in ("ngram", "eagle", "model:llama-3-8b")
     }
     assert runs["ngram"] < runs["eagle"] < runs["model:llama-3-8b"]

@@ -4,7 +4,6 @@ are counted; the fast path still equals scheduling every step."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ from stallfree.cli import main
 from stallfree.core import Request
 from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice
-from stallfree.sim import simulate
+from stallfree.sim import Deployment, simulate
 from stallfree.workload import TraceLengths, Workload, poisson
 
 
@@ -26,7 +25,9 @@ def _long_prompt_into_streams(prompt_tokens: int) -> list[Request]:
 def test_a_time_budget_holds_every_step_where_a_fixed_budget_grows_with_the_context() -> None:
     h100 = CostChoice(kind="full", model="llama-3.1-8b", hardware="h100-sxm")
     timed = simulate(
-        _long_prompt_into_streams(32768), h100, ServingConfig(step_budget_ms=40), keep_steps=True
+        _long_prompt_into_streams(32768),
+        Deployment(costs=h100, serving=ServingConfig(step_budget_ms=40)),
+        keep_steps=True,
     )
     s = timed.summary
     assert s["completed"] == 17 and s["step_budget_ms"] == 40
@@ -40,21 +41,16 @@ def test_a_time_budget_holds_every_step_where_a_fixed_budget_grows_with_the_cont
     # a fixed budget as large as the first time-sized step: its later steps run past 40 ms
     fixed = simulate(
         _long_prompt_into_streams(32768),
-        h100,
-        ServingConfig(max_num_batched_tokens=int(chunks[0]) + 16),
+        Deployment(costs=h100, serving=ServingConfig(max_num_batched_tokens=int(chunks[0]) + 16)),
     ).summary
     assert fixed["max_step_ms"] > 45.0 and "num_steps_over_budget" not in fixed
 
 
 def test_the_fast_path_equals_the_slow_one_under_memory_pressure() -> None:
-    kw: dict[str, Any] = {
-        "serving": ServingConfig(step_budget_ms=30),
-        "num_requests": 100,
-        "gpu_memory_utilization": 0.22,
-    }
+    deployment = Deployment(serving=ServingConfig(step_budget_ms=30), gpu_memory_utilization=0.22)
     heavy = Workload(poisson(4.0), TraceLengths("arxiv"))
-    fast = simulate(heavy, **kw)
-    slow = simulate(heavy, fast=False, **kw)
+    fast = simulate(heavy, deployment, num_requests=100)
+    slow = simulate(heavy, deployment, num_requests=100, fast=False)
     assert fast.summary["num_preemptions"] > 0 and fast.summary["completed"] == 100
     assert fast.records == slow.records
     assert fast.summary.keys() == slow.summary.keys()
@@ -66,7 +62,8 @@ def test_the_fast_path_equals_the_slow_one_under_memory_pressure() -> None:
 
 def test_a_target_below_the_decode_step_is_counted_not_obeyed() -> None:
     s = simulate(
-        _long_prompt_into_streams(2048), CostChoice(kind="full"), ServingConfig(step_budget_ms=2)
+        _long_prompt_into_streams(2048),
+        Deployment(costs=CostChoice(kind="full"), serving=ServingConfig(step_budget_ms=2)),
     ).summary
     assert s["completed"] == 17  # the guard still moves the prompt
     assert s["num_steps_over_budget"] == s["num_steps"]  # a decode step alone takes ~8 ms

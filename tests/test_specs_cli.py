@@ -8,7 +8,7 @@ import pytest
 
 from stallfree.cli import main
 from stallfree.costs.choice import CostChoice
-from stallfree.sim import simulate
+from stallfree.sim import Deployment, simulate
 from stallfree.specs import HARDWARE_PRESETS, MODEL_PRESETS
 from stallfree.workload import AllAtOnce, FixedLengths, Workload
 
@@ -37,7 +37,7 @@ def test_seed_pair_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert roofline["kv_capacity_tokens"] == pytest.approx(40_400, rel=0.01)
     sim = simulate(
         Workload(AllAtOnce(), FixedLengths(16, 4)),
-        CostChoice(kind="full", model="llama-3-70b", hardware="a100-40gb", tp=4),
+        Deployment(costs=CostChoice(kind="full", model="llama-3-70b", hardware="a100-40gb", tp=4)),
         num_requests=1,
     )
     assert roofline["kv_capacity_tokens"] == sim.kv.num_tokens  # one capacity for one deployment

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -37,8 +35,8 @@ def test_replica_search_takes_only_what_it_proposed() -> None:
         search.record(5, True)
 
 
-SPEC = TrialSpec(
-    costs=CostChoice(kind="full", model="mistral-7b", hardware="a100-80gb"),
+SPEC = TrialSpec.of(
+    CostChoice(kind="full", model="mistral-7b", hardware="a100-80gb"),
     lengths="fixed:2000,60",
     num_requests=300,
     qps=40.0,
@@ -53,8 +51,8 @@ def test_fleet_tune_finds_the_fewest_replicas_the_simulations_say_meet_the_slos(
     for router, entry in out["routers"].items():
         n = entry["curve"][0]["replicas"]
         assert n is not None and n > 1
-        spec = dataclasses.replace(
-            SPEC.with_serving(256, policy="chunked", max_num_batched_tokens=512), router=router
+        spec = SPEC.with_serving(256, policy="chunked", max_num_batched_tokens=512).with_deployment(
+            router=router
         )
         assert slos.is_met(run_trial(spec.at_replicas(n)))
         assert not slos.is_met(run_trial(spec.at_replicas(n - 1)))
@@ -65,7 +63,7 @@ def test_fleet_tune_finds_the_fewest_replicas_the_simulations_say_meet_the_slos(
 
 
 def test_fleet_commands_name_each_routers_policy_or_say_it_has_none() -> None:
-    spec = dataclasses.replace(SPEC, replicas=3, router="cache-aware")
+    spec = SPEC.with_deployment(replicas=3, router="cache-aware")
     commands = fleet_commands(spec)
     assert commands["vllm"]["router"].endswith("--policy cache_aware")
     assert commands["vllm"]["router"].count("http://HOST_") == 3
@@ -74,29 +72,24 @@ def test_fleet_commands_name_each_routers_policy_or_say_it_has_none() -> None:
     assert "--enable-scale-out" in commands["vllm"]["replica"]
     assert (
         "--enable-scale-out"
-        not in fleet_commands(dataclasses.replace(spec, router="round-robin"))["vllm"]["replica"]
+        not in fleet_commands(spec.with_deployment(router="round-robin"))["vllm"]["replica"]
     )
     assert commands["sglang"]["router"].startswith("python -m sglang_router.launch_router")
-    lone = fleet_commands(dataclasses.replace(spec, router="least-requests"))
+    lone = fleet_commands(spec.with_deployment(router="least-requests"))
     assert "has no least-requests policy" in lone["vllm"]["router"]
 
 
 def test_a_lone_replicas_trial_key_is_unchanged_by_the_fleet_fields() -> None:
-    fleet = dataclasses.replace(SPEC, replicas=2)
+    fleet = SPEC.at_replicas(2)
     assert fleet.key() != SPEC.key()
-    assert dataclasses.replace(fleet, replicas=1).key() == SPEC.key()
+    assert fleet.at_replicas(1).key() == SPEC.key()
 
 
 def test_trace_arrivals_replay_at_the_asked_rate() -> None:
     own = trace_qps("mooncake-conversation", 500)
-    spec = TrialSpec(
-        costs=SPEC.costs,
-        lengths="mooncake-conversation",
-        arrival="trace",
-        num_requests=500,
-        qps=2 * own,
-        replicas=32,  # enough that no queue outlasts the arrivals
-    )
+    spec = TrialSpec.of(
+        SPEC.costs, lengths="mooncake-conversation", arrival="trace", num_requests=500, qps=2 * own
+    ).at_replicas(32)  # enough that no queue outlasts the arrivals
     summary = run_trial(spec)
     assert summary["completed"] + summary["rejected"] == 500  # some prompts exceed the context
     span_s = 499 / own

@@ -10,6 +10,8 @@ import pytest
 
 from stallfree.cli import main
 from stallfree.costs.choice import CostChoice
+from stallfree.costs.kv_transfer import PoolShape
+from stallfree.sim.disagg import Disaggregation
 from stallfree.tune.jobs import TrialRecord
 from stallfree.tune.modes import (
     ModeTuneConfig,
@@ -24,8 +26,8 @@ from stallfree.tune.pools import SerialPool
 from stallfree.tune.slo import Slos
 from stallfree.tune.trial import TrialSpec, run_trial
 
-SPEC = TrialSpec(
-    costs=CostChoice(kind="full", model="llama-3.1-8b", hardware="h100-sxm"),
+SPEC = TrialSpec.of(
+    CostChoice(kind="full", model="llama-3.1-8b", hardware="h100-sxm"),
     lengths="fixed:1000,100",
     num_requests=200,
 )
@@ -47,7 +49,10 @@ def _config(**changes: object) -> ModeTuneConfig:
 
 def test_every_layout_of_the_gpus_is_a_candidate() -> None:
     names = [
-        (layout_name(s), s.token_budget if s.disaggregate is None else s.prefill_token_budget)
+        (
+            layout_name(s),
+            s.token_budget if (d := s.deployment.disaggregate) is None else d.prefill_token_budget,
+        )
         for s in layouts(_config())
     ]
     assert names == [
@@ -102,12 +107,9 @@ def test_layouts_rank_by_qps_a_gpu_and_say_what_binds_above_capacity() -> None:
 
 
 def test_launch_lines_give_each_pool_its_tp_and_budget() -> None:
-    spec = dataclasses.replace(
-        SPEC.with_serving(256, policy="chunked", max_num_batched_tokens=512),
+    spec = SPEC.with_serving(256, policy="chunked", max_num_batched_tokens=512).with_deployment(
         costs=dataclasses.replace(SPEC.costs, tp=2),
-        disaggregate="2P3D",
-        decode_tp=1,
-        prefill_token_budget=4096,
+        disaggregate=Disaggregation(PoolShape(2, 3, 2, 1), prefill_token_budget=4096),
     )
     lines = mode_commands(spec)["vllm"]
     assert (

@@ -36,7 +36,7 @@ def local_ray() -> Iterator[None]:
 
 
 def jobs() -> list[Job]:
-    base = TrialSpec(costs=MISTRAL)
+    base = TrialSpec.of(MISTRAL)
     return [
         Job(base.with_serving(256, max_num_batched_tokens=b), CapacitySearch(SearchConfig(qps_start=1.0)))
         for b in (256, 512, 2048)
@@ -57,7 +57,7 @@ def test_ray_backend_gives_the_serial_results(local_ray: None) -> None:
 
     # Real simulations as Ray tasks (one BLAS thread there) equal the same simulations here, to
     # the last bit: big enough that a BLAS dot would have summed the ITLs in another order.
-    real = TrialSpec(costs=MISTRAL, num_requests=300).with_serving(
+    real = TrialSpec.of(MISTRAL, num_requests=300).with_serving(
         256, policy="prefill-first", max_num_batched_tokens=256
     )
     with RayPool(run_trial) as backend:

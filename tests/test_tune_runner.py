@@ -13,7 +13,7 @@ from stallfree.tune.slo import Slos
 from stallfree.tune.trial import TrialSpec, run_trial
 
 SLOS = Slos.from_mapping({"tbt_p99_ms": 100})
-BASE = TrialSpec(costs=CostChoice(model="fake", hardware="fake"))
+BASE = TrialSpec.of(CostChoice(model="fake", hardware="fake"))
 
 
 def fake_trial(spec: TrialSpec) -> Summary:
@@ -55,7 +55,7 @@ def test_local_pool_gives_the_serial_results() -> None:
 
 
 def test_real_simulations_in_a_pool_equal_those_run_here() -> None:
-    real = TrialSpec(costs=CostChoice(kind="full", model="mistral-7b"), lengths="sharegpt", num_requests=30)
+    real = TrialSpec.of(CostChoice(kind="full", model="mistral-7b"), lengths="sharegpt", num_requests=30)
     policies = ("chunked", "prefill-first")
 
     def jobs() -> list[Job]:

@@ -10,17 +10,24 @@ import pytest
 from stallfree.cli import main
 from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice
+from stallfree.sim import Speculation
+from stallfree.sim.speculative import Acceptance
 from stallfree.tune.capacity import TuneConfig, serve_commands, tune_searches
 from stallfree.tune.slo import Slos
 from stallfree.tune.trial import TrialSpec
 
-BASE = TrialSpec(
-    costs=CostChoice(kind="full", model="llama-3-8b", hardware="a100-80gb"),
-    serving=ServingConfig(max_num_batched_tokens=512),
+BASE = TrialSpec.of(
+    CostChoice(kind="full", model="llama-3-8b", hardware="a100-80gb"),
+    ServingConfig(max_num_batched_tokens=512),
     lengths="fixed:200,100",
     num_requests=50,
-    acceptance_rates=(0.7, 0.5),
 )
+DRAFTS = Speculation(Acceptance((0.7, 0.5)))
+
+
+def _drafted(spec: TrialSpec, k: int = 2, draft: str = "ngram") -> TrialSpec:
+    serving = dataclasses.replace(spec.serving, num_speculative_tokens=k)
+    return spec.with_deployment(serving=serving, speculation=dataclasses.replace(DRAFTS, draft=draft))
 
 
 def test_chunked_gets_a_search_per_budget_and_draft_length_the_baseline_one_per_budget() -> None:
@@ -31,6 +38,7 @@ def test_chunked_gets_a_search_per_budget_and_draft_length_the_baseline_one_per_
         slos=Slos.from_mapping({"tbt_p99_ms": 100}),
         qps_start=1.0,
         speculative_tokens=(0, 2),
+        speculation=DRAFTS,
     )
     shapes = sorted(
         (s.serving.policy, s.token_budget, s.serving.num_speculative_tokens) for s, _ in tune_searches(config)
@@ -45,7 +53,7 @@ def test_chunked_gets_a_search_per_budget_and_draft_length_the_baseline_one_per_
     ]
     with pytest.raises(ValueError, match="acceptance rates"):
         TuneConfig(
-            base=dataclasses.replace(BASE, acceptance_rates=()),
+            base=BASE,
             policies=("chunked",),
             budgets=(256,),
             slos=config.slos,
@@ -53,11 +61,14 @@ def test_chunked_gets_a_search_per_budget_and_draft_length_the_baseline_one_per_
         )
 
 
-def test_a_trial_without_drafts_keeps_its_key() -> None:
-    plain = dataclasses.replace(BASE, acceptance_rates=())
-    assert plain.key() == dataclasses.replace(BASE, acceptance_rates=(0.1,)).key()  # unused without drafts
-    drafted = BASE.with_serving(256, num_speculative_tokens=2)
+def test_drafts_go_with_a_draft_length_and_name_the_trial() -> None:
+    with pytest.raises(ValueError, match="needs an acceptance rate"):
+        BASE.with_serving(256, num_speculative_tokens=2)
+    with pytest.raises(ValueError, match="applies with num_speculative_tokens"):
+        BASE.with_deployment(speculation=DRAFTS)
+    drafted = _drafted(BASE)
     assert drafted.key() != BASE.key()
+    assert drafted.key() != _drafted(BASE, draft="eagle").key() != _drafted(BASE, k=3).key()
 
 
 def test_launch_lines_say_the_drafts_for_the_framework_whose_rule_was_simulated() -> None:
@@ -124,7 +135,3 @@ def test_launch_lines_name_the_drafter() -> None:
     eagle = serve_commands("llama-3.1-70b", 4, 512, 64, speculative=(3, "sglang"), draft="eagle")["sglang"]
     assert "--speculative-algorithm EAGLE --speculative-draft-model-path PATH/TO/EAGLE-HEAD" in eagle
     assert "--speculative-num-steps 3" in eagle and "--speculative-num-draft-tokens 4" in eagle
-    # the drafter names a trial with drafts (another price), not one without
-    spec = BASE.with_serving(256, num_speculative_tokens=2)
-    assert dataclasses.replace(spec, draft="eagle").key() != spec.key()
-    assert dataclasses.replace(BASE, draft="eagle").key() == BASE.key()  # no drafts: the field unused

@@ -46,13 +46,11 @@ def test_bad_step_budgets_are_one_line(capsys: pytest.CaptureFixture[str]) -> No
 
 def test_a_spec_key_names_its_serving_and_costs() -> None:
     costs = CostChoice(kind="full", model="mistral-7b", hardware="a100-80gb")
-    spec = TrialSpec(costs=costs)
-    assert (
-        spec.key() == TrialSpec(costs=CostChoice(kind="full", model="mistral-7b", hardware="a100-80gb")).key()
-    )
+    spec = TrialSpec.of(costs)
+    assert spec.key() == TrialSpec.of(CostChoice(kind="full", model="mistral-7b", hardware="a100-80gb")).key()
     timed = spec.with_serving(256, step_budget_ms=40.0)
     sized = spec.with_serving(256, num_blocks=2000)
-    other = replace(spec, costs=replace(costs, hardware="h100-80gb"))
+    other = spec.with_deployment(costs=replace(costs, hardware="h100-80gb"))
     assert len({spec.key(), timed.key(), sized.key(), other.key()}) == 4
     assert timed.serving.step_budget_ms == 40.0 and sized.columns()["num_blocks"] == 2000
     with pytest.raises(ValueError, match="num_blocks"):
@@ -60,7 +58,7 @@ def test_a_spec_key_names_its_serving_and_costs() -> None:
 
 
 def test_a_trial_runs_at_most_max_num_seqs_and_never_more_than_a_chunked_budget() -> None:
-    spec = TrialSpec(costs=CostChoice(kind="full", model="mistral-7b", hardware="a100-80gb"))
+    spec = TrialSpec.of(CostChoice(kind="full", model="mistral-7b", hardware="a100-80gb"))
     assert spec.with_serving(256, max_num_batched_tokens=128).serving.num_seqs_limit == 128
     assert spec.with_serving(64, max_num_batched_tokens=128).serving.num_seqs_limit == 64
     # The whole-prompt policies' budget caps prompt tokens, not running sequences.

@@ -18,7 +18,7 @@ import pytest
 from stallfree.cli import main
 from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice
-from stallfree.sim import simulate
+from stallfree.sim import Deployment, simulate
 from stallfree.ui.api import handle
 from stallfree.ui.server import serve_in_thread
 from stallfree.workload import TraceLengths, Workload, gamma
@@ -125,8 +125,10 @@ def test_simulate_is_the_simulator() -> None:
     assert status == 200
     direct = simulate(
         Workload(gamma(4.0, 0.5), TraceLengths("sharegpt")),
-        CostChoice(kind="full"),
-        ServingConfig(policy="prefill-first", max_num_batched_tokens=256),
+        Deployment(
+            costs=CostChoice(kind="full"),
+            serving=ServingConfig(policy="prefill-first", max_num_batched_tokens=256),
+        ),
         num_requests=300,
         keep_steps=True,
     ).summary

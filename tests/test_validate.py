@@ -218,7 +218,7 @@ def test_validate_refuses_a_time_budget_for_prefill_first(tmp_path: Path) -> Non
 def test_a_profile_sizes_the_kv_cache_as_the_engine_does_not_from_the_hardware(tmp_path: Path) -> None:
     from stallfree.core import ceil_div
     from stallfree.core.serving import ServingConfig
-    from stallfree.sim import simulate
+    from stallfree.sim import Deployment, simulate
     from stallfree.workload import WorkloadOptions, workload_from_options
 
     profile = str(tiny_profile(tmp_path / "tiny.json"))
@@ -226,10 +226,16 @@ def test_a_profile_sizes_the_kv_cache_as_the_engine_does_not_from_the_hardware(t
     context = random_spec("tiny").max_position_embeddings
     for seqs, model_len in ((4, None), (8, 256)):
         serving = ServingConfig(max_num_seqs=seqs, max_model_len=model_len)
-        result = simulate(workload, CostChoice(kind="full", profile=profile), serving, num_requests=3)
+        result = simulate(
+            workload,
+            Deployment(costs=CostChoice(kind="full", profile=profile), serving=serving),
+            num_requests=3,
+        )
         assert result.summary["num_kv_blocks"] == seqs * ceil_div(model_len or context, 16)
     fixed = simulate(
-        workload, CostChoice(kind="full", profile=profile), ServingConfig(num_blocks=100), num_requests=3
+        workload,
+        Deployment(costs=CostChoice(kind="full", profile=profile), serving=ServingConfig(num_blocks=100)),
+        num_requests=3,
     )
     assert fixed.summary["num_kv_blocks"] == 100
 
@@ -238,8 +244,8 @@ def test_tune_trials_with_a_profile_take_the_engine_sizing_or_num_blocks(tmp_pat
     from stallfree.tune.trial import TrialSpec, run_trial
 
     profile = tiny_profile(tmp_path / "tiny.json")
-    spec = TrialSpec(
-        costs=CostChoice(kind="measured", model="random:tiny", profile=str(profile)),
+    spec = TrialSpec.of(
+        CostChoice(kind="measured", model="random:tiny", profile=str(profile)),
         lengths="fixed:40,5",
         num_requests=3,
     ).with_serving(4)

@@ -35,7 +35,7 @@ from stallfree.costs.choice import pick_cost_model
 from stallfree.costs.kv_transfer import PoolShape
 from stallfree.explain.backends import run_explain
 from stallfree.explain.options import ExplainOptions
-from stallfree.sim import simulate
+from stallfree.sim import Deployment, simulate
 from stallfree.sim.disagg import Disaggregation
 from stallfree.workload import FixedLengths, TraceLengths, Workload, poisson
 
@@ -146,7 +146,7 @@ def vidur_vs_aic() -> None:
         for tables in ("vidur", "aiconfigurator"):
             choice = CostChoice(model="llama-3.1-8b", hardware=hardware, gpu_tables=tables)
             start = time.process_time()
-            s = simulate(workload, pick_cost_model(choice), ServingConfig(), num_requests=10_000).summary
+            s = simulate(workload, Deployment(costs=choice), num_requests=10_000).summary
             wall = time.process_time() - start
             print(
                 f"  arXiv 10K, {hardware:<10} {tables:<15} median TTFT {s['median_ttft_ms']:8.1f} ms, "
@@ -276,10 +276,12 @@ def disaggregated() -> None:
         costs = CostChoice(kind="measured", model=model, hardware=hardware, framework=fw, tp=tp_p)
         sim = simulate(
             Workload(poisson(seq_s), FixedLengths(isl, osl)),
-            costs,
-            ServingConfig(max_num_batched_tokens=max(8192, bp * isl), max_num_seqs=bd),
+            Deployment(
+                costs=costs,
+                serving=ServingConfig(max_num_batched_tokens=max(8192, bp * isl), max_num_seqs=bd),
+                disaggregate=Disaggregation(PoolShape(x, y, tp_p, tp_d)),
+            ),
             num_requests=2000,
-            disaggregate=Disaggregation(PoolShape(x, y, tp_p, tp_d)),
         ).summary
         print(
             f"  {model.split('/')[-1]:<32}{system:<10}{fw:<7}{f'{x}P{y}D':<6}"

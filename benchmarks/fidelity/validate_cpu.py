@@ -45,12 +45,14 @@ def serving(policy: str) -> ServingConfig:
 
 def capacity_qps(profile: Path, policy: str, num_requests: int) -> float:
     """Requests per second the measured model says the engine sustains, all arriving at once."""
-    from stallfree.sim import simulate
+    from stallfree.sim import Deployment, simulate
     from stallfree.workload import WorkloadOptions, workload_from_options
 
     workload = workload_from_options(WorkloadOptions(arrival="all-at-once", lengths=LENGTHS))
     result = simulate(
-        workload, CostChoice(kind="full", profile=str(profile)), serving(policy), num_requests=num_requests
+        workload,
+        Deployment(costs=CostChoice(kind="full", profile=str(profile)), serving=serving(policy)),
+        num_requests=num_requests,
     )
     return float(result.summary["request_throughput"])
 

@@ -89,7 +89,7 @@ def main() -> None:
     ]
     results: dict[str, dict] = {}
     for trace in args.traces.split(","):
-        base = TrialSpec(costs=costs, lengths=trace, num_requests=args.num_requests)
+        base = TrialSpec.of(costs, lengths=trace, num_requests=args.num_requests)
         lines += [
             "",
             f"### {trace}: the better mode's capacity a GPU over the other's (rows P99 TTFT, columns P99 TPOT)",

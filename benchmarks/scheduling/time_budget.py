@@ -36,7 +36,7 @@ from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice
 from stallfree.costs.roofline import CostModel, CostModelConfig
 from stallfree.explain import PolicyRun, RooflineTimer, Scenario, run_scenario
-from stallfree.sim import simulate
+from stallfree.sim import Deployment, simulate
 from stallfree.specs import load_hardware_spec, load_model_spec
 from stallfree.workload import TraceLengths, Workload, poisson, sample
 
@@ -164,15 +164,15 @@ def mixed_part(num_requests: int) -> list[dict[str, Any]]:
     rows = []
     for model, hardware, tp, budget_ms, qps in MIXED:
         requests = _mixed_requests(qps, num_requests, 0)
-        kw: dict[str, Any] = {"model": model, "hardware": hardware, "tp": tp, "cost_model": "full"}
+        costs = CostChoice(kind="full", model=model, hardware=hardware, tp=tp)
         began = time.perf_counter()
         timed = simulate(
-            requests, CostChoice(kind="full"), ServingConfig(step_budget_ms=budget_ms), **kw
+            requests, Deployment(costs=costs, serving=ServingConfig(step_budget_ms=budget_ms))
         ).summary
         timed_wall = time.perf_counter() - began
         fixed = {
             b: simulate(
-                requests, CostChoice(kind="full"), ServingConfig(max_num_batched_tokens=b), **kw
+                requests, Deployment(costs=costs, serving=ServingConfig(max_num_batched_tokens=b))
             ).summary
             for b in FIXED_BUDGETS
         }

@@ -31,7 +31,7 @@ def one(
 
     from stallfree.core.serving import ServingConfig
     from stallfree.costs import CostChoice
-    from stallfree.sim import simulate
+    from stallfree.sim import Deployment, simulate
     from stallfree.workload import TraceLengths, Workload, poisson
 
     workload = Workload(poisson(2.0), TraceLengths("arxiv"))
@@ -39,8 +39,10 @@ def one(
     began_cpu = time.process_time()
     result = simulate(
         workload,
-        CostChoice(model="llama-3-8b", hardware="a100-80gb", kind=cost_model),
-        ServingConfig(policy=policy, enable_prefix_caching=prefix_caching),
+        Deployment(
+            costs=CostChoice(model="llama-3-8b", hardware="a100-80gb", kind=cost_model),
+            serving=ServingConfig(policy=policy, enable_prefix_caching=prefix_caching),
+        ),
         num_requests=num_requests,
         seed=0,
         fast=fast,

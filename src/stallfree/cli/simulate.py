@@ -23,6 +23,12 @@ from stallfree.cli.cost_args import (
     dtype_bytes_arg,
     pick_costs,
 )
+from stallfree.cli.deployment_args import (
+    add_deployment_file_arg,
+    add_deployment_out_arg,
+    apply_deployment_file,
+    write_deployment,
+)
 from stallfree.cli.serving_args import (
     acceptance_arg,
     add_acceptance_arg,
@@ -37,7 +43,9 @@ from stallfree.tune.sigint import stop_on_signal  # light: stdlib only
 
 if TYPE_CHECKING:
     from stallfree.core.serving import ServingConfig
+    from stallfree.costs.choice import CostChoice
     from stallfree.sim import SimulationResult
+    from stallfree.sim.deployment import Deployment, ReplicaGroup
     from stallfree.sim.disagg import Disaggregation
     from stallfree.sim.speculative import Acceptance
 
@@ -80,6 +88,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_deployment_file_arg(p.add_argument_group("deployment"))
     f = p.add_argument_group("fleet")
     f.add_argument(
         "--replicas",
@@ -153,12 +162,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=0.0,
         help="fixed time added to every step: scheduling, sampling, launches (default 0)",
     )
-    g.add_argument(
-        "--step-noise",
-        action="store_true",
-        help="with --profile: vary each step's time as the profiled machine's steps varied (its repeats "
-        "and reference steps; seeded by --seed): the tails of a noisy host",
-    )
     g = p.add_argument_group("scheduler")
     add_serving_args(
         g, policy_list=True, more_policies=", disagg:xPyD (prefill and decode pools: --disaggregate)"
@@ -190,20 +193,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument(
         "--plot", metavar="DIR", help="write ITL/TTFT CDFs, batch composition and KV usage figures"
     )
+    add_deployment_out_arg(g, "the deployment run (the first policy's)")
     g.add_argument(
         "--step-by-step",
         action="store_true",
         help="schedule every step (slow reference; results equal the default fast path)",
     )
+    g.add_argument(
+        "--step-noise",
+        action="store_true",
+        help="with --profile: vary each step's time as the profiled machine's steps varied (its repeats "
+        "and reference steps; seeded by --seed): the tails of a noisy host",
+    )
     p.set_defaults(handler=run)
+    p.set_defaults(flag_defaults=vars(p.parse_args([])))
 
 
 def run(args: argparse.Namespace) -> int:
     from stallfree.sim.outputs import write_outputs
     from stallfree.sim.report import format_table, interrupted_text, summarize_interruption
 
-    servings = _runs(args)
-    policies = [_label(serving, disagg) for serving, disagg in servings]
+    apply_deployment_file(args, args.flag_defaults)
+    runs = _runs(args)
     step_profile = None  # the model default and the header's fingerprint
     if args.profile is not None:
         from stallfree.specs.step_profile import load_profile
@@ -216,7 +227,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.step_overhead_ms >= 0:
         raise UsageError(f"--step-overhead-ms must be >= 0, got {args.step_overhead_ms}")
     acceptance = acceptance_arg(args)
-    workload, requests, results, cost_model_note = _simulate_all(args, servings, acceptance)
+    deployments, cost_model_note = _deployments(args, runs, acceptance)
+    policies = [d.label for d in deployments]
+    if args.deployment_out:
+        write_deployment(deployments[0], args.deployment_out)
+    workload, requests, results = _simulate_all(args, deployments)
     interrupted = len(results) < len(policies) or any(r.partial for r in results)
     outputs = write_outputs(results, len(policies), args.requests_out, args.trace_out)
     if args.plot and not interrupted:
@@ -248,10 +263,6 @@ def run(args: argparse.Namespace) -> int:
     summary = "the summary (marked partial) is on stdout" if results else "nothing had finished"
     print(f"stallfree simulate: interrupted; {text}; {where}{skipped}{summary}", file=sys.stderr)
     return 130
-
-
-def _label(serving: ServingConfig, disagg: Disaggregation | None) -> str:
-    return serving.policy if disagg is None else f"disagg:{disagg.shape}"
 
 
 def _runs(args: argparse.Namespace) -> list[tuple[ServingConfig, Disaggregation | None]]:
@@ -322,26 +333,57 @@ def _runs(args: argparse.Namespace) -> list[tuple[ServingConfig, Disaggregation 
     return runs
 
 
-def _simulate_all(
+def _deployments(
     args: argparse.Namespace,
-    servings: list[tuple[ServingConfig, Disaggregation | None]],
+    runs: list[tuple[ServingConfig, Disaggregation | None]],
     acceptance: Acceptance | None,
-) -> tuple[Any, Any, list[SimulationResult], str | None]:
-    """The workload, its sampled requests, one result per serving config (fewer after a Ctrl-C
-    or SIGTERM, which stops the simulation between steps) and why auto picked the cost model;
-    ``acceptance``: how the chunked run's drafts fare (speculative decoding)."""
+) -> tuple[list[Deployment], str | None]:
+    """The flags as one deployment per policy (what every run of the command is built from), and
+    why auto picked the cost model (None when --cost-model named it)."""
+    from stallfree.sim.deployment import Deployment, Speculation
+
+    options = {
+        "dtype_bytes": dtype_bytes_arg(args),
+        "sampling": args.sampling,
+        "step_overhead_s": args.step_overhead_ms / 1000,
+    }
+    _, cost_model_note = pick_costs(args, **options)  # sets args.cost_model to the kind picked
+    costs = cost_choice(args, **options)
+    fleet = _fleet(args, costs) if args.fleet else ()
+    speculation = None
+    if acceptance is not None:
+        try:
+            speculation = Speculation(acceptance, args.draft)
+        except ValueError as exc:
+            raise UsageError(f"--draft: {exc}") from None
+    deployments = []
+    for serving, disagg in runs:
+        common = {
+            "costs": costs,
+            "serving": serving,
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "router": args.router,
+            "speculation": speculation if serving.num_speculative_tokens else None,
+        }
+        if disagg is not None:
+            deployments.append(Deployment(**common, disaggregate=disagg))
+        else:
+            replicas = 1 if fleet else args.replicas
+            deployments.append(
+                Deployment(**common, replicas=replicas, fleet=fleet, route_delay_ms=args.route_delay_ms)
+            )
+    return deployments, cost_model_note
+
+
+def _simulate_all(
+    args: argparse.Namespace, deployments: list[Deployment]
+) -> tuple[Any, Any, list[SimulationResult]]:
+    """The workload, its sampled requests and one result per deployment (fewer after a Ctrl-C or
+    SIGTERM, which stops the simulation between steps)."""
     from stallfree.metrics.io import parse_goodput
     from stallfree.sim import simulate
     from stallfree.workload import sample
 
-    dtype_bytes = dtype_bytes_arg(args)
-    options = {
-        "dtype_bytes": dtype_bytes,
-        "sampling": args.sampling,
-        "step_overhead_s": args.step_overhead_ms / 1000,
-    }
-    pick, cost_model_note = pick_costs(args, **options)
-    costs = _fleet_costs(args, options) if args.fleet else pick
     goodput = parse_goodput(args.goodput) if args.goodput else None
     if args.replay:
         from stallfree.workload.bench_result import load_bench_result
@@ -352,68 +394,42 @@ def _simulate_all(
         requests = sample(workload, num_requests, args.seed)
     results: list[SimulationResult] = []
     with stop_on_signal() as stop:
-        for serving, disagg in servings:
+        for deployment in deployments:
             if stop.is_set():
                 break
             started = time.perf_counter()
             result = simulate(
                 requests,
-                costs if disagg is None else cost_choice(args, **options),
-                serving,
-                gpu_memory_utilization=args.gpu_memory_utilization,
+                deployment,
                 goodput=goodput,
                 keep_steps=bool(args.trace_out or args.plot),
                 fast=not args.step_by_step,
                 step_noise=args.step_noise,
                 seed=args.seed,
                 stop=stop.is_set,
-                replicas=1 if args.fleet else args.replicas,
-                router=args.router,
-                route_delay_ms=args.route_delay_ms,
-                acceptance=acceptance if serving.num_speculative_tokens else None,
-                draft=args.draft,
-                disaggregate=disagg,
             )
             result.summary["sim_wall_s"] = time.perf_counter() - started
             results.append(result)
-    return workload, requests, results, cost_model_note
+    return workload, requests, results
 
 
-def parse_fleet(text: str) -> list[tuple[int, str, int]]:
-    """``4xh100-sxm:tp2,2xa100-80gb`` -> [(4, "h100-sxm", 2), (2, "a100-80gb", 1)]."""
-    out = []
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        count, x, rest = part.partition("x")
-        hardware, _, tp = rest.partition(":tp")
-        if not (
-            x
-            and count.isdigit()
-            and int(count) > 0
-            and hardware
-            and (not tp or (tp.isdigit() and int(tp) > 0))
-        ):
-            raise UsageError(f"--fleet: {part!r} is not NxHARDWARE or NxHARDWARE:tpK (e.g. 4xh100-sxm:tp2)")
-        out.append((int(count), hardware, int(tp) if tp else 1))
-    if not out:
-        raise UsageError("--fleet: give at least one NxHARDWARE")
-    return out
-
-
-def _fleet_costs(args: argparse.Namespace, options: dict[str, Any]) -> list[Any]:
-    """One resolved cost choice per replica of ``--fleet`` (the kind --cost-model resolved to)."""
-    from stallfree.costs.choice import pick_cost_model
+def _fleet(args: argparse.Namespace, costs: CostChoice) -> tuple[ReplicaGroup, ...]:
+    """``--fleet``'s replica groups, each one's pricing checked (the kind --cost-model resolved to)."""
+    from stallfree.costs.choice import pick_once
+    from stallfree.sim.deployment import ReplicaGroup
 
     if args.replicas != 1:
         raise UsageError("give --replicas or --fleet, not both")
-    base = cost_choice(args, **options)
-    picks = []
-    for count, hardware, tp in parse_fleet(args.fleet):
+    try:
+        groups = ReplicaGroup.parse_fleet(args.fleet)
+    except ValueError as exc:
+        raise UsageError(f"--fleet: {exc}") from None
+    for group in groups:
         try:
-            pick = pick_cost_model(replace(base, hardware=hardware, tp=tp))
+            pick_once(replace(costs, hardware=group.hardware, tp=group.tp))
         except ValueError as exc:
-            raise UsageError(f"--fleet {count}x{hardware}:tp{tp}: {exc}") from None
-        picks += [pick] * count
-    return picks
+            raise UsageError(f"--fleet {group}: {exc}") from None
+    return groups
 
 
 def _scenario(
@@ -424,12 +440,13 @@ def _scenario(
     fingerprint: Mapping[str, Any] | None,
     acceptance: Acceptance | None,
 ) -> dict[str, Any]:
+    from stallfree.sim.deployment import ReplicaGroup
     from stallfree.sim.report import describe_workload
     from stallfree.specs import HARDWARE_PRESETS, load_hardware_spec
     from stallfree.specs.step_profile import machine_label
 
     chunked = serving_config(args, "chunked")  # the header describes the chunked policy's step
-    mix = parse_fleet(args.fleet) if args.fleet else None
+    mix = ReplicaGroup.parse_fleet(args.fleet) if args.fleet else ()
     hardware_file = None if args.hardware in HARDWARE_PRESETS else args.hardware
     hardware = load_hardware_spec(args.hardware).name  # a JSON file's own name, not its path
     if fingerprint is not None:  # steps priced by a profile run on the profiled machine, not on --hardware
@@ -448,9 +465,9 @@ def _scenario(
         "num_requests": num_requests,
         "workload": describe_workload(workload) if workload is not None else f"replayed from {args.replay}",
         "seed": args.seed,
-        "replicas": sum(n for n, _, _ in mix) if mix else args.replicas,
+        "replicas": sum(g.count for g in mix) if mix else args.replicas,
         "fleet": args.fleet,
-        "gpus": sum(n * tp for n, _, tp in mix) if mix else args.replicas * args.tp,
+        "gpus": sum(g.count * g.tp for g in mix) if mix else args.replicas * args.tp,
         "router": args.router,
         "route_delay_ms": args.route_delay_ms,
         "token_budget": chunked.token_budget,

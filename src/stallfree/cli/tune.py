@@ -33,6 +33,7 @@ from stallfree.costs.kv_transfer import DEFAULT_KV_LINK
 
 if TYPE_CHECKING:
     from stallfree.costs.choice import CostChoice
+    from stallfree.sim.deployment import Speculation
     from stallfree.tune.trial import TrialSpec
 
 DEFAULT_MODEL = "mistral-7b"
@@ -205,28 +206,28 @@ def _add_deployment_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_tune(args: argparse.Namespace) -> int:
+    from stallfree.sim.deployment import Deployment
     from stallfree.tune.advise import TuneRequest, advise, plan_tune
     from stallfree.tune.slo import SLO_FLAGS
     from stallfree.tune.trial import DEFAULT_SERVING, TrialSpec
 
     costs, cost_model_note = _tune_costs(args)
-    drafts, rates = _speculation(args)
+    drafts, speculation = _speculation(args)
+    serving = replace(
+        DEFAULT_SERVING,
+        num_blocks=args.num_blocks,
+        enable_prefix_caching=args.enable_prefix_caching,
+        speculative_rule=args.speculative_rule,
+    )
     base = TrialSpec(
-        costs=costs,
-        serving=replace(
-            DEFAULT_SERVING,
-            num_blocks=args.num_blocks,
-            enable_prefix_caching=args.enable_prefix_caching,
-            speculative_rule=args.speculative_rule,
+        deployment=Deployment(
+            costs=costs, serving=serving, gpu_memory_utilization=args.gpu_memory_utilization
         ),
-        acceptance_rates=rates,
-        draft=args.draft,
         lengths=args.lengths,
         arrival=args.arrival,
         burstiness=args.burstiness,
         num_requests=args.num_requests,
         seed=args.seed,
-        gpu_memory_utilization=args.gpu_memory_utilization,
     )
     if args.gpus is not None:
         return _run_mode_tune(args, base, cost_model_note)
@@ -257,6 +258,7 @@ def run_tune(args: argparse.Namespace) -> int:
             step_budgets_ms=_step_budgets(args.step_budgets_ms),
             cost_model_note=cost_model_note,
             speculative_tokens=drafts,
+            speculation=speculation,
         )
     )
     with trial_pool(args) as pool:
@@ -314,7 +316,7 @@ def _run_fleet_tune(args: argparse.Namespace, base: TrialSpec, cost_model_note: 
                 "a fleet is sized for a traffic rate: give --qps (or --arrival trace for the trace's own)"
             )
         qps = trace_qps(args.lengths, args.num_requests)
-    base = replace(base, qps=qps, route_delay_ms=args.route_delay_ms)
+    base = replace(base, qps=qps).with_deployment(route_delay_ms=args.route_delay_ms)
     # the SLOs and budgets as a one-replica tune resolves them (the strict TBT SLO, the ridge's budgets)
     plan = plan_tune(
         TuneRequest(
@@ -387,7 +389,7 @@ def _run_mode_tune(args: argparse.Namespace, base: TrialSpec, cost_model_note: s
     )
     try:
         config = ModeTuneConfig(
-            base=replace(base, router=router),
+            base=base.with_deployment(router=router),
             gpus=args.gpus,
             modes=tuple(m.strip() for m in args.mode.split(",") if m.strip()),
             tp_sizes=tuple(_int_list(args.tp_sizes)) if args.tp_sizes else (args.tp,),
@@ -449,9 +451,10 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def _speculation(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """``--speculative-tokens`` and ``--acceptance-rate``: the draft lengths to try and the
-    acceptance by position (empty: no drafts)."""
+def _speculation(args: argparse.Namespace) -> tuple[tuple[int, ...], Speculation | None]:
+    """``--speculative-tokens``, ``--acceptance-rate`` and ``--draft``: the draft lengths to try
+    and how their drafts fare (none: no drafts)."""
+    from stallfree.sim.deployment import Speculation
     from stallfree.sim.speculative import Acceptance
 
     if args.speculative_tokens is None:
@@ -461,7 +464,7 @@ def _speculation(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[float
         ):
             if given:
                 raise UsageError(f"{flag} applies with --speculative-tokens K1,K2,...")
-        return (), ()
+        return (), None
     try:
         drafts = tuple(non_negative_int(part) for part in args.speculative_tokens.split(",") if part.strip())
     except argparse.ArgumentTypeError as error:
@@ -479,4 +482,7 @@ def _speculation(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[float
         acceptance = Acceptance.parse(args.acceptance_rate, max(max(drafts), 1))
     except ValueError as exc:
         raise UsageError(f"--acceptance-rate: {exc}") from None
-    return drafts, acceptance.rates
+    try:
+        return drafts, Speculation(acceptance, args.draft)
+    except ValueError as exc:
+        raise UsageError(f"--draft: {exc}") from None

@@ -1,9 +1,11 @@
-"""The Python API of ``stallfree simulate``: a workload, a cost choice and a serving config in, a
-:class:`SimulationResult` out.
+"""The Python API of ``stallfree simulate``: a workload and a
+:class:`~stallfree.sim.deployment.Deployment` in, a :class:`SimulationResult` out.
 
-:func:`simulate` prices steps as :func:`~stallfree.costs.choice.pick_cost_model` says, sizes the KV
-cache, builds a scheduler with one policy and runs the workload through
-:func:`~stallfree.sim.traffic.run_traffic`.
+:func:`simulate` prices each replica's steps as :func:`~stallfree.costs.choice.pick_cost_model`
+says, sizes its KV cache, builds its scheduler and runs the workload through one replica
+(:func:`~stallfree.sim.traffic.run_traffic`), a fleet behind a router
+(:func:`~stallfree.sim.fleet.run_fleet`) or prefill and decode pools
+(:func:`~stallfree.sim.disagg.run_disaggregated`).
 """
 
 from __future__ import annotations
@@ -18,19 +20,20 @@ import numpy as np
 from stallfree.core import ChunkedPolicy, Request, Scheduler
 from stallfree.core.router import Router, make_router
 from stallfree.core.serving import ServingConfig
-from stallfree.costs.choice import CostChoice, CostPick, pick_cost_model, pick_once
+from stallfree.costs.choice import CostPick, pick_once
 from stallfree.costs.kv_transfer import kv_link, kv_transfer_bytes
 from stallfree.costs.measured import VariedSteps
 from stallfree.costs.memory import KvMemory, fixed_kv_memory, kv_memory
 from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
+from stallfree.sim.deployment import Deployment
 from stallfree.sim.disagg import Disaggregation, disaggregated_summary, run_disaggregated
 from stallfree.sim.fleet import run_fleet
-from stallfree.sim.speculative import Acceptance, DraftStats, DraftVerifier, draft_pricer
+from stallfree.sim.speculative import DraftStats, DraftVerifier, draft_pricer
 from stallfree.sim.traffic import StepTrace, TrafficRun, run_traffic
 from stallfree.workload import Workload, WorkloadArrays, sample
 
-ROOFLINE = CostChoice(kind="full")  # simulate's default: the full roofline of the default model
+DEFAULT_DEPLOYMENT = Deployment()
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +52,8 @@ class SimulationResult:
 
 def simulate(
     workload: Workload | WorkloadArrays | Iterable[Request],
-    costs: CostChoice | CostPick | Sequence[CostChoice | CostPick] = ROOFLINE,
-    serving: ServingConfig | None = None,
+    deployment: Deployment = DEFAULT_DEPLOYMENT,
     *,
-    gpu_memory_utilization: float = 0.9,
     num_requests: int | None = None,
     seed: int = 0,
     goodput: Mapping[str, float] | None = None,
@@ -61,26 +62,19 @@ def simulate(
     step_noise: bool = False,
     step_scales: tuple[float, float] | None = None,
     stop: Callable[[], bool] | None = None,
-    replicas: int = 1,
-    router: str = "round-robin",
-    route_delay_ms: float = 0.0,
-    acceptance: Acceptance | None = None,
-    draft: str = "ngram",
-    disaggregate: Disaggregation | None = None,
 ) -> SimulationResult:
-    """Simulate ``workload`` served as ``serving`` says, its steps priced as ``costs`` says.
+    """Simulate ``workload`` served by ``deployment`` (:class:`~stallfree.sim.deployment.Deployment`;
+    default: one chunked replica at :data:`~stallfree.core.DEFAULT_TOKEN_BUDGET` tokens a step,
+    priced by the full roofline of llama-3-8b on an a100-80gb).
 
     ``workload``: a :class:`~stallfree.workload.Workload` (sampled with ``num_requests`` and
     ``seed``), sampled :class:`~stallfree.workload.WorkloadArrays`, or requests ordered by arrival.
-    ``costs``: a :class:`~stallfree.costs.choice.CostChoice` (default: the full roofline of
-    llama-3-8b on an a100-80gb) or what :func:`~stallfree.costs.choice.pick_cost_model` made of one.
-    ``serving`` (default chunked at :data:`~stallfree.core.DEFAULT_TOKEN_BUDGET` tokens a step):
-    its ``max_model_len`` defaults to the model's context and its ``num_blocks`` to what fits in
-    ``gpu_memory_utilization`` of the hardware's memory; with a profile (an engine's, not the
-    hardware's) to what the engine allocates where memory allows, ``max_num_seqs`` full contexts.
-    ``goodput`` maps ``ttft`` / ``tpot`` / ``e2el`` to SLOs in ms. ``fast=False`` schedules every
-    step (the reference the fast path equals). ``step_noise`` and ``step_scales`` (a profile's
-    model only) vary the steps' times: :class:`~stallfree.costs.measured.VariedSteps`.
+    A replica's ``max_model_len`` defaults to the model's context and its ``num_blocks`` to what
+    fits in ``gpu_memory_utilization`` of the hardware's memory; with a profile (an engine's, not
+    the hardware's) to what the engine allocates where memory allows, ``max_num_seqs`` full
+    contexts. ``goodput`` maps ``ttft`` / ``tpot`` / ``e2el`` to SLOs in ms. ``fast=False``
+    schedules every step (the reference the fast path equals). ``step_noise`` and ``step_scales``
+    (a profile's model only) vary the steps' times: :class:`~stallfree.costs.measured.VariedSteps`.
 
     The summary holds :func:`stallfree.metrics.summarize`'s keys plus ``policy``, ``num_steps``,
     ``max_step_ms``, ``num_kv_blocks``, ``kv_block_size``, ``rejected_reasons`` (reason -> count),
@@ -94,68 +88,48 @@ def simulate(
     summary of those over the simulated time so far, with ITL samples of every gap simulated so
     far (requests still in flight included) and the steps run.
 
-    ``replicas`` > 1: that many replicas of this deployment behind ``router`` (one of
-    :data:`~stallfree.core.router.ROUTER_NAMES`): the summary is the fleet's, plus ``num_replicas``,
-    ``router``, ``load_imbalance`` (the busiest replica's busy time over the mean) and ``replicas``
-    (each one's summary); ``steps`` is None. ``route_delay_ms``: each request reaches its
-    replica that long after it arrives (counted in its TTFT). One replica is the run above,
-    unchanged. ``costs`` a sequence: one replica per entry (replicas that differ: hardware, TP),
-    each with its own KV cache; ``num_kv_blocks`` is then the fleet's total.
+    Several replicas (or a route delay): the summary is the fleet's, plus ``num_replicas``,
+    ``router``, ``route_delay_ms``, ``load_imbalance`` (the busiest replica's busy time over the
+    mean) and ``replicas`` (each one's summary); ``steps`` is None; ``num_kv_blocks`` is the
+    fleet's total. One replica is the run above, unchanged.
 
-    ``serving.num_speculative_tokens`` > 0 (speculative decoding) needs ``acceptance``: how often
-    drafts are right (:class:`~stallfree.sim.speculative.Acceptance`); the drafter guesses k tokens
-    for a request in a share of its steps, and ``draft`` says what guessing costs (``ngram``
-    nothing, ``eagle`` a layer's share of a decode step, ``model:NAME`` that model's decode step:
-    :func:`~stallfree.sim.speculative.draft_pricer`); the summary adds vLLM's spec-decode counters
-    and rates (:meth:`~stallfree.sim.speculative.DraftStats.summary`).
+    Drafts (speculative decoding): the summary adds vLLM's spec-decode counters and rates
+    (:meth:`~stallfree.sim.speculative.DraftStats.summary`).
 
-    ``disaggregate``: a prefill pool and a decode pool joined by KV links instead
-    (:mod:`stallfree.sim.disagg`), each replica priced by ``costs`` (a choice, its TP the pool's)
-    and scheduled by ``serving`` (the prefill pool's token budget its own); ``router`` picks a
-    replica in each pool. The summary is the client's, plus ``disaggregation`` (the pools and the
-    KV's trips: :func:`disaggregated_summary`).
+    Disaggregated: the summary is the client's, plus ``disaggregation`` (the pools and the KV's
+    trips: :func:`~stallfree.sim.disagg.disaggregated_summary`).
     """
-    if disaggregate is not None:
+    requests = _requests(workload, num_requests, seed)
+    if deployment.disaggregate is not None:
         return _simulate_disaggregated(
-            disaggregate,
-            costs,
-            serving or ServingConfig(),
-            _requests(workload, num_requests, seed),
-            router,
-            seed,
-            goodput,
-            gpu_memory_utilization,
-            fast,
-            stop,
+            deployment, deployment.disaggregate, requests, seed, goodput, fast, stop
         )
-    picks = _picks(costs, replicas)
-    pick, serving = picks[0], serving or ServingConfig()
-    if serving.num_speculative_tokens and acceptance is None:
-        raise ValueError(
-            "speculative decoding needs an acceptance rate: the share of draft tokens verified right "
-            "(a server's spec-decode metrics say it)"
-        )
+    serving, picks = deployment.serving, _picks(deployment)
+    spec = deployment.speculation
     k = serving.num_speculative_tokens
     drafts = (
-        [DraftVerifier(acceptance, k, seed + i, draft_pricer(draft, p)) for i, p in enumerate(picks)]
-        if k and acceptance
+        [
+            DraftVerifier(spec.acceptance, k, seed + i, draft_pricer(spec.draft, p))
+            for i, p in enumerate(picks)
+        ]
+        if spec is not None
         else None
     )
-    kv = _kv_memory(pick, serving, gpu_memory_utilization)
-    if len(picks) > 1 or route_delay_ms:
-        kvs = {id(p): _kv_memory(p, serving, gpu_memory_utilization) for p in picks}
-        requests = _requests(workload, num_requests, seed)
-        fleet = (make_router(router, len(picks), seed), route_delay_ms / 1000)
+    kvs = {id(p): _kv_memory(p, serving, deployment.gpu_memory_utilization) for p in picks}
+    if len(picks) > 1 or deployment.route_delay_ms:
+        router = make_router(deployment.router, len(picks), seed)
         return _simulate_fleet(
             [(p, kvs[id(p)]) for p in picks],
             serving,
-            fleet,
+            (router, deployment.route_delay_ms / 1000),
             requests,
             goodput,
             (fast, step_noise, step_scales, seed),
             stop,
             drafts,
         )
+    pick = picks[0]
+    kv = kvs[id(pick)]
     # The cost model is the step-time predictor of a time-budgeted policy (unused otherwise).
     scheduler = serving.make_scheduler(
         pick.model.max_position_embeddings, kv.num_blocks, predictor=pick.pricer.step_time_s
@@ -163,7 +137,7 @@ def simulate(
     run = run_traffic(
         scheduler,
         _varied(pick, step_noise, step_scales, seed),
-        _requests(workload, num_requests, seed),
+        requests,
         fast=fast,
         keep_steps=keep_steps,
         step_budget_s=serving.step_budget_s,
@@ -176,15 +150,17 @@ def simulate(
     return SimulationResult(serving.policy, summary, run.records, run.itl, kv, run.steps, run.stopped)
 
 
-def _picks(costs: CostChoice | CostPick | Sequence[CostChoice | CostPick], replicas: int) -> list[CostPick]:
-    """One resolved cost choice per replica: ``replicas`` of the one given, or one per choice."""
-    if isinstance(costs, CostChoice | CostPick):
-        if replicas < 1:
-            raise ValueError(f"replicas must be positive, got {replicas}")
-        return [costs if isinstance(costs, CostPick) else pick_cost_model(costs)] * replicas
-    picks = [c if isinstance(c, CostPick) else pick_cost_model(c) for c in costs]
-    if not picks or replicas not in (1, len(picks)):
-        raise ValueError(f"give one cost choice per replica: {len(picks)} choices for {replicas} replicas")
+def _picks(deployment: Deployment) -> list[CostPick]:
+    """One resolved cost choice per replica (replicas of one choice share its pick)."""
+    if not deployment.fleet:
+        return [pick_once(deployment.costs)] * deployment.replicas
+    picks = []
+    for group in deployment.fleet:
+        try:
+            pick = pick_once(replace(deployment.costs, hardware=group.hardware, tp=group.tp))
+        except ValueError as exc:
+            raise ValueError(f"fleet {group}: {exc}") from None
+        picks += [pick] * group.count
     return picks
 
 
@@ -243,22 +219,15 @@ def _simulate_fleet(
 
 
 def _simulate_disaggregated(
+    deployment: Deployment,
     plan: Disaggregation,
-    costs: CostChoice | CostPick | Sequence[CostChoice | CostPick],
-    serving: ServingConfig,
     requests: Iterable[Request],
-    router: str,
     seed: int,
     goodput: Mapping[str, float] | None,
-    gpu_memory_utilization: float,
     fast: bool,
     stop: Callable[[], bool] | None,
 ) -> SimulationResult:
-    shape = plan.shape
-    if not isinstance(costs, CostChoice):
-        raise ValueError("a disaggregated run prices each pool from one cost choice (its TP the pool's)")
-    if serving.num_speculative_tokens or serving.policy != "chunked":
-        raise ValueError("a disaggregated run's pools schedule as the chunked policy, without drafts")
+    shape, costs, serving = plan.shape, deployment.costs, deployment.serving
     prefill_serving = plan.prefill_serving(serving)
     pools = []
     for choice, pool_serving, count in (
@@ -270,7 +239,7 @@ def _simulate_disaggregated(
         (replace(costs, tp=shape.tp_decode), serving, shape.num_decode),
     ):
         pick = pick_once(choice)
-        kv = _kv_memory(pick, pool_serving, gpu_memory_utilization)
+        kv = _kv_memory(pick, pool_serving, deployment.gpu_memory_utilization)
         schedulers = [
             pool_serving.make_scheduler(
                 pick.model.max_position_embeddings, kv.num_blocks, predictor=pick.pricer.step_time_s
@@ -281,6 +250,7 @@ def _simulate_disaggregated(
     (ppick, pkv, pschedulers, pcosts), (_, dkv, dschedulers, dcosts) = pools
     link = kv_link(plan.kv_link, ppick.hardware)
     model, dtype_bytes = ppick.model, ppick.dtype_bytes
+    router = deployment.router
     routers = (make_router(router, shape.num_prefill, seed), make_router(router, shape.num_decode, seed + 1))
     run = run_disaggregated(
         shape,

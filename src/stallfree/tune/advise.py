@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stallfree.costs.choice import CostChoice, pick_once
+from stallfree.sim.deployment import Speculation
 from stallfree.specs.step_profile import machine_label
 from stallfree.tune.candidates import TILE_TOKENS, budget_candidates
 from stallfree.tune.capacity import TuneConfig, TuneInterrupted, time_budget_commands, tune
@@ -41,7 +42,8 @@ class TuneRequest:
     qps_start: float | None = None
     step_budgets_ms: tuple[float, ...] | str = ()
     cost_model_note: str | None = None  # why auto picked the cost model's kind, echoed
-    speculative_tokens: tuple[int, ...] = ()  # draft lengths to try with chunked (base: acceptance, rule)
+    speculative_tokens: tuple[int, ...] = ()  # draft lengths to try with chunked (base: its rule)
+    speculation: Speculation | None = None  # how their drafts fare
 
 
 def strict_tbt_p99_ms(costs: CostChoice) -> tuple[float, str]:
@@ -102,6 +104,7 @@ def plan_tune(request: TuneRequest) -> TunePlan:
         qps_start=request.qps_start,
         step_budgets_ms=step_budgets,
         speculative_tokens=request.speculative_tokens,
+        speculation=request.speculation,
     )
     return TunePlan(request, config, ridge, notes)
 

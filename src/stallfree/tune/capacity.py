@@ -12,12 +12,13 @@ pool (see :mod:`stallfree.tune.jobs`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stallfree.core import DEFAULT_STEP_TOKEN_CAP
 from stallfree.core.serving import ServingConfig
 from stallfree.costs.aiconfigurator import AIC_SHORT_NAMES
+from stallfree.sim.deployment import Speculation
 from stallfree.specs.model_presets import HF_REPOS
 from stallfree.tune.jobs import Job, JobsInterrupted, TrialRecord, run_jobs
 from stallfree.tune.pools import TrialPool
@@ -46,6 +47,7 @@ class TuneConfig:
     qps_start: float | None = None  # None: estimated per budget from the roofline
     step_budgets_ms: tuple[float, ...] = ()  # chunked candidates sized by time
     speculative_tokens: tuple[int, ...] = ()  # chunked candidates verifying this many drafts (base's rule)
+    speculation: Speculation | None = None  # how those drafts fare
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -64,8 +66,8 @@ class TuneConfig:
             raise ValueError("draft lengths must be >= 0")
         if any(self.speculative_tokens) and "chunked" not in self.policies:
             raise ValueError("draft lengths are chunked candidates: include the chunked policy")
-        if any(self.speculative_tokens) and not self.base.acceptance_rates:
-            raise ValueError("draft lengths need acceptance rates (the base trial's)")
+        if any(self.speculative_tokens) and self.speculation is None:
+            raise ValueError("draft lengths need acceptance rates")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +89,10 @@ def tune_searches(config: TuneConfig) -> list[tuple[TrialSpec, CapacitySearch]]:
     base, seqs = config.base, config.max_num_seqs
     drafts = config.speculative_tokens or (0,)
     specs = [
-        base.with_serving(
-            seqs, policy=policy, max_num_batched_tokens=budget, step_budget_ms=None, num_speculative_tokens=k
+        _candidate(
+            base.with_serving(seqs, policy=policy, max_num_batched_tokens=budget, step_budget_ms=None),
+            k,
+            config.speculation,
         )
         for policy in config.policies
         for budget in config.budgets
@@ -106,6 +110,15 @@ def tune_searches(config: TuneConfig) -> list[tuple[TrialSpec, CapacitySearch]]:
         start = config.qps_start if config.qps_start is not None else estimate_qps(spec)
         searches.append((spec, capacity_search(start, config.precision)))
     return searches
+
+
+def _candidate(spec: TrialSpec, k: int, speculation: Speculation | None) -> TrialSpec:
+    """``spec`` verifying ``k`` drafts a decode (none: ``spec`` itself)."""
+    if not k:
+        return spec
+    return spec.with_deployment(
+        serving=replace(spec.serving, num_speculative_tokens=k), speculation=speculation
+    )
 
 
 def capacity_search(start_qps: float, precision: float) -> CapacitySearch:
@@ -270,16 +283,17 @@ class TuneResult:
                     speculative=(best.num_speculative_tokens, base.serving.speculative_rule)
                     if best.num_speculative_tokens
                     else None,
-                    draft=base.draft,
+                    draft=self.config.speculation.draft if self.config.speculation else "ngram",
                 )
             policies[policy] = entry
+        speculation = self.config.speculation
         out: dict[str, Any] = {
             "model": model,
             "hardware": costs.hardware,
             "tp": costs.tp,
             "expert_parallel": costs.expert_parallel,
             "cost_model": base.columns()["cost_model"],
-            "gpu_memory_utilization": base.gpu_memory_utilization,
+            "gpu_memory_utilization": base.deployment.gpu_memory_utilization,
             "num_blocks": base.serving.num_blocks,
             "workload": {
                 "lengths": base.lengths,
@@ -294,12 +308,12 @@ class TuneResult:
                 {
                     "speculative": {
                         "draft_lengths": list(self.config.speculative_tokens),
-                        "acceptance_rates": list(base.acceptance_rates),
+                        "acceptance_rates": list(speculation.acceptance.rates),
                         "rule": base.serving.speculative_rule,
-                        "draft": base.draft,
+                        "draft": speculation.draft,
                     }
                 }
-                if self.config.speculative_tokens
+                if self.config.speculative_tokens and speculation is not None
                 else {}
             ),
             "policies": policies,

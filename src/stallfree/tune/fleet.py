@@ -12,7 +12,6 @@ every pool.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -70,7 +69,7 @@ def fleet_searches(config: FleetTuneConfig) -> list[Job]:
         check_spec(one)
         start = min(config.max_replicas, max(1, math.ceil(config.base.qps / estimate_qps(one))))
         for router in config.routers:
-            spec = dataclasses.replace(one, router=router, replicas=start)
+            spec = one.with_deployment(router=router, replicas=start)
             jobs.append(Job(spec, ReplicaSearch(start, config.max_replicas), axis="replicas"))
     return jobs
 
@@ -92,7 +91,7 @@ def tune_fleet(
 
 def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]) -> dict[str, Any]:
     base, slos = config.base, config.slos
-    passing = {(t.job, t.spec.replicas): t for t in trials if t.passed}
+    passing = {(t.job, t.spec.deployment.replicas): t for t in trials if t.passed}
     routers: dict[str, Any] = {r: {"curve": []} for r in config.routers}
     winners = []
     for j, job in enumerate(jobs):
@@ -106,14 +105,14 @@ def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]
             "finished": search.is_done,
             "num_trials": search.num_trials,
         }
-        routers[job.base.router]["curve"].append(entry)
+        routers[job.base.deployment.router]["curve"].append(entry)
         if fewest is not None:
             trial = passing[(j, fewest)]
-            winners.append((fewest, slos.worst_ratio(trial.metrics), job.base.router, trial))
+            winners.append((fewest, slos.worst_ratio(trial.metrics), job.base.deployment.router, trial))
     for router, entry in routers.items():
         own = [w for w in winners if w[2] == router]
         entry["best"] = _best_json(min(own, key=lambda w: w[:2]), base.costs.tp) if own else None
-        tried = [t for t in trials if t.spec.router == router]
+        tried = [t for t in trials if t.spec.deployment.router == router]
         if not own and tried:  # what came nearest, and which SLO no fleet size met
             entry["closest"] = min(tried, key=lambda t: slos.worst_ratio(t.metrics)).to_json()
     best = min(winners, key=lambda w: w[:2]) if winners else None
@@ -125,7 +124,7 @@ def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]
         "expert_parallel": base.costs.expert_parallel,
         "cost_model": base.columns()["cost_model"],
         "qps": base.qps,
-        "route_delay_ms": base.route_delay_ms,
+        "route_delay_ms": base.deployment.route_delay_ms,
         "max_replicas": config.max_replicas,
         "workload": {
             "lengths": base.lengths,
@@ -190,13 +189,13 @@ def fleet_commands(spec: TrialSpec) -> dict[str, Any]:
         fp8=costs.dtype_bytes == 1,
         expert_parallel=costs.expert_parallel,
     )
-    urls = " ".join(f"http://HOST_{i}:8001" for i in range(spec.replicas))
+    urls = " ".join(f"http://HOST_{i}:8001" for i in range(spec.deployment.replicas))
     out: dict[str, Any] = {}
     for name, policies, router in (
         ("vllm", VLLM_ROUTER_POLICY, "vllm-router"),
         ("sglang", SGLANG_ROUTER_POLICY, "python -m sglang_router.launch_router"),
     ):
-        policy = policies[spec.router]
+        policy = policies[spec.deployment.router]
         extra = {
             "vllm": " --enable-scale-out" if policy == "cache_aware" else "",
             "sglang": " --host 0.0.0.0",
@@ -205,6 +204,6 @@ def fleet_commands(spec: TrialSpec) -> dict[str, Any]:
             "replica": one[name] + extra[name] + " --port 8001",
             "router": f"{router} --port 8000 --worker-urls {urls} --policy {policy}"
             if policy is not None
-            else f"{router} has no {spec.router} policy: choose another router",
+            else f"{router} has no {spec.deployment.router} policy: choose another router",
         }
     return out

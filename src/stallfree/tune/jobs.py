@@ -61,7 +61,7 @@ class Job:
         return self.base.at_qps(value) if self.axis == "qps" else self.base.at_replicas(int(value))
 
     def value_of(self, spec: TrialSpec) -> float:
-        return spec.qps if self.axis == "qps" else spec.replicas
+        return spec.qps if self.axis == "qps" else spec.deployment.replicas
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,23 +78,22 @@ class TrialRecord:
     origin: Origin = "run"
 
     def to_json(self) -> dict[str, Any]:
+        d, pools = self.spec.deployment, self.spec.pools
         return {
             "policy": self.spec.serving.policy,
             "token_budget": self.spec.token_budget,
             "step_budget_ms": self.spec.serving.step_budget_ms,
             "max_num_seqs": self.spec.serving.num_seqs_limit,
             "qps": self.spec.qps,
-            **(
-                {"replicas": self.spec.replicas, "router": self.spec.router} if self.spec.replicas > 1 else {}
-            ),
+            **({"replicas": d.replicas, "router": d.router} if d.replicas > 1 else {}),
             **(
                 {
                     "tp": self.spec.costs.tp,
-                    "disaggregate": self.spec.disaggregate,
-                    "decode_tp": self.spec.decode_tp,
-                    "prefill_token_budget": self.spec.prefill_token_budget,
+                    "disaggregate": f"{pools.num_prefill}P{pools.num_decode}D",
+                    "decode_tp": pools.tp_decode,
+                    "prefill_token_budget": d.disaggregate.prefill_token_budget,
                 }
-                if self.spec.disaggregate is not None
+                if d.disaggregate is not None and pools is not None
                 else {}
             ),
             "passed": self.passed,

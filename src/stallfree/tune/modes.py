@@ -18,7 +18,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from stallfree.costs.kv_transfer import DEFAULT_KV_LINK
+from stallfree.costs.kv_transfer import DEFAULT_KV_LINK, PoolShape
+from stallfree.sim.disagg import Disaggregation
 from stallfree.tune.capacity import capacity_search, serve_commands
 from stallfree.tune.fleet import SGLANG_ROUTER_POLICY, VLLM_ROUTER_POLICY
 from stallfree.tune.jobs import Job, TrialRecord, searched
@@ -87,7 +88,7 @@ def layouts(config: ModeTuneConfig) -> list[TrialSpec]:
             for budget in config.budgets:
                 one = base.with_serving(seqs, policy="chunked", max_num_batched_tokens=budget)
                 specs.append(
-                    dataclasses.replace(one, costs=dataclasses.replace(base.costs, tp=tp), replicas=n // tp)
+                    one.with_deployment(costs=dataclasses.replace(base.costs, tp=tp), replicas=n // tp)
                 )
     if "disagg" in config.modes:
         decode = base.with_serving(seqs, policy="chunked")
@@ -98,15 +99,12 @@ def layouts(config: ModeTuneConfig) -> list[TrialSpec]:
                     if rest < tp_d or rest % tp_d:
                         continue
                     for budget in config.prefill_budgets:
+                        pools = PoolShape(x, rest // tp_d, tp_p, tp_d)
                         specs.append(
-                            dataclasses.replace(
-                                decode,
+                            decode.with_deployment(
                                 costs=dataclasses.replace(base.costs, tp=tp_p),
                                 replicas=1,
-                                disaggregate=f"{x}P{rest // tp_d}D",
-                                decode_tp=tp_d,
-                                kv_link=config.kv_link,
-                                prefill_token_budget=budget,
+                                disaggregate=Disaggregation(pools, config.kv_link, budget),
                             )
                         )
     return specs
@@ -115,20 +113,19 @@ def layouts(config: ModeTuneConfig) -> list[TrialSpec]:
 def _start_qps(spec: TrialSpec) -> float:
     """Where a layout's search starts: one replica's rough capacity times its replicas (for pools,
     the prefill replicas at their budget)."""
-    if spec.disaggregate is None:
-        return estimate_qps(dataclasses.replace(spec, replicas=1)) * spec.replicas
-    budget = spec.prefill_token_budget or spec.token_budget
-    one = spec.with_serving(budget, max_num_batched_tokens=budget)
-    return (
-        estimate_qps(dataclasses.replace(one, disaggregate=None, decode_tp=None)) * spec.pools().num_prefill
-    )
+    d, pools = spec.deployment, spec.pools
+    if d.disaggregate is None or pools is None:
+        return estimate_qps(spec.at_replicas(1)) * d.replicas
+    budget = d.disaggregate.prefill_token_budget or spec.token_budget
+    one = spec.with_deployment(disaggregate=None).with_serving(budget, max_num_batched_tokens=budget)
+    return estimate_qps(one) * pools.num_prefill
 
 
 def mode_searches(config: ModeTuneConfig) -> list[Job]:
     """One capacity search per layout, each checked before anything runs."""
     jobs = []
     for spec in layouts(config):
-        check_spec(dataclasses.replace(spec, replicas=1) if spec.disaggregate is None else spec)
+        check_spec(spec.at_replicas(1) if spec.pools is None else spec)
         jobs.append(Job(spec, capacity_search(_start_qps(spec), config.precision)))
     return jobs
 
@@ -150,9 +147,9 @@ def tune_modes(
 
 def layout_name(spec: TrialSpec) -> str:
     """``4 x tp2`` (aggregated) or ``1P3D tp2/tp1`` (prefill / decode TP)."""
-    if spec.disaggregate is None:
-        return f"{spec.replicas} x tp{spec.costs.tp}"
-    pools = spec.pools()
+    pools = spec.pools
+    if pools is None:
+        return f"{spec.deployment.replicas} x tp{spec.costs.tp}"
     return f"{pools} tp{pools.tp_prefill}/tp{pools.tp_decode}"
 
 
@@ -163,6 +160,7 @@ def _to_json(config: ModeTuneConfig, jobs: list[Job], trials: list[TrialRecord])
         search = job.probe
         assert isinstance(search, CapacitySearch)
         spec = job.base
+        disagg = spec.deployment.disaggregate
         own = [t for t in trials if t.job == j]
         capacity = search.capacity_qps if search.is_done else None
         at = [t for t in own if t.passed and t.spec.qps == capacity]
@@ -176,12 +174,10 @@ def _to_json(config: ModeTuneConfig, jobs: list[Job], trials: list[TrialRecord])
                 per_gpu,
                 j,
                 {
-                    "mode": "agg" if spec.disaggregate is None else "disagg",
+                    "mode": "agg" if disagg is None else "disagg",
                     "layout": layout_name(spec),
-                    "token_budget": spec.token_budget
-                    if spec.disaggregate is None
-                    else spec.prefill_token_budget,
-                    "decode_token_budget": None if spec.disaggregate is None else spec.token_budget,
+                    "token_budget": spec.token_budget if disagg is None else disagg.prefill_token_budget,
+                    "decode_token_budget": None if disagg is None else spec.token_budget,
                     "gpus": spec.num_gpus,
                     "capacity_qps": capacity,
                     "qps_per_gpu": None if capacity is None else per_gpu,
@@ -202,7 +198,7 @@ def _to_json(config: ModeTuneConfig, jobs: list[Job], trials: list[TrialRecord])
         "gpus": config.gpus,
         "tp_sizes": list(config.tp_sizes),
         "kv_link": config.kv_link,
-        "router": base.router,
+        "router": base.deployment.router,
         "cost_model": base.columns()["cost_model"],
         "ridge_tokens": config.ridge_tokens,
         "workload": {
@@ -233,7 +229,7 @@ def mode_commands(spec: TrialSpec) -> dict[str, Any]:
     vLLM with its NIXL KV connector on every server behind ``vllm-router --vllm-pd-disaggregation``,
     SGLang with ``--disaggregation-mode prefill|decode`` behind ``sglang_router --pd-disaggregation``
     (hosts P_i / D_i, port 8001; the router on 8000)."""
-    costs, serving = spec.costs, spec.serving
+    costs, serving, d = spec.costs, spec.serving, spec.deployment
     fp8 = costs.dtype_bytes == 1
 
     def one(tp: int, budget: int) -> dict[str, str]:
@@ -247,28 +243,28 @@ def mode_commands(spec: TrialSpec) -> dict[str, Any]:
             expert_parallel=costs.expert_parallel,
         )
 
-    if spec.disaggregate is None:
+    pools = spec.pools
+    if d.disaggregate is None or pools is None:
         lines = one(costs.tp, spec.token_budget)
-        urls = " ".join(f"http://HOST_{i}:8001" for i in range(spec.replicas))
+        urls = " ".join(f"http://HOST_{i}:8001" for i in range(d.replicas))
         return {
             "vllm": {
                 "replica": lines["vllm"] + " --port 8001",
-                "router": f"vllm-router --port 8000 --worker-urls {urls} --policy {VLLM_ROUTER_POLICY[spec.router] or 'round_robin'}",
+                "router": f"vllm-router --port 8000 --worker-urls {urls} --policy {VLLM_ROUTER_POLICY[d.router] or 'round_robin'}",
             },
             "sglang": {
                 "replica": lines["sglang"] + " --host 0.0.0.0 --port 8001",
                 "router": f"python -m sglang_router.launch_router --port 8000 --worker-urls {urls} "
-                f"--policy {SGLANG_ROUTER_POLICY[spec.router] or 'round_robin'}",
+                f"--policy {SGLANG_ROUTER_POLICY[d.router] or 'round_robin'}",
             },
         }
-    pools = spec.pools()
-    prefill = one(pools.tp_prefill, spec.prefill_token_budget or spec.token_budget)
+    prefill = one(pools.tp_prefill, d.disaggregate.prefill_token_budget or spec.token_budget)
     decode = one(pools.tp_decode, spec.token_budget)
     connector = """ --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'"""
     p_urls = " ".join(f"--prefill http://P_{i}:8001" for i in range(pools.num_prefill))
     d_urls = " ".join(f"--decode http://D_{i}:8001" for i in range(pools.num_decode))
-    vllm_policy = VLLM_ROUTER_POLICY[spec.router] or "round_robin"
-    sglang_policy = SGLANG_ROUTER_POLICY[spec.router] or "round_robin"
+    vllm_policy = VLLM_ROUTER_POLICY[d.router] or "round_robin"
+    sglang_policy = SGLANG_ROUTER_POLICY[d.router] or "round_robin"
     return {
         "vllm": {
             "prefill": prefill["vllm"] + connector + " --port 8001",

@@ -27,6 +27,7 @@ from typing import IO
 
 from stallfree.costs.choice import CostChoice, pick_cost_model
 from stallfree.metrics import Summary
+from stallfree.sim.deployment import Deployment
 from stallfree.tune.candidates import budget_candidates
 from stallfree.tune.capacity import QPS_RANGE_FACTOR
 from stallfree.tune.grid import CapacityGrid, Grid
@@ -34,7 +35,7 @@ from stallfree.tune.jobs import FixedQps, Job, TrialRecord, run_jobs
 from stallfree.tune.pools import TrialPool
 from stallfree.tune.search import CapacitySearch, SearchConfig
 from stallfree.tune.trial import COLUMNS as SPEC_COLUMNS
-from stallfree.tune.trial import TrialSpec, check_spec, estimate_qps, ridge_tokens
+from stallfree.tune.trial import DEFAULT_SERVING, TrialSpec, check_spec, estimate_qps, ridge_tokens
 
 # The search's deployment and workload (its spec without the QPS), then what it found.
 CAPACITY_COLUMNS = (
@@ -74,14 +75,18 @@ def grid_jobs(grid: Grid) -> tuple[list[Job], list[tuple[TrialSpec, CapacitySear
                 budgets = sorted(grid.budgets) if grid.budgets else budget_candidates(ridge_tokens(costs))
                 for policy in grid.policies:
                     for budget in budgets:
-                        base = TrialSpec(
+                        deployment = Deployment(
                             costs=costs,
+                            serving=DEFAULT_SERVING,
+                            gpu_memory_utilization=grid.gpu_memory_utilization,
+                        )
+                        base = TrialSpec(
+                            deployment=deployment,
                             lengths=grid.lengths,
                             arrival=grid.arrival,
                             burstiness=grid.burstiness,
                             num_requests=grid.num_requests,
                             seed=grid.seed,
-                            gpu_memory_utilization=grid.gpu_memory_utilization,
                         ).with_serving(grid.max_num_seqs, policy=policy, max_num_batched_tokens=budget)
                         check_spec(base)
                         jobs.extend(Job(base, FixedQps(qps)) for qps in grid.qps)

@@ -23,57 +23,34 @@ from typing import Any
 import numpy as np
 
 from stallfree.core import DEFAULT_TOKEN_BUDGET
-from stallfree.core.router import ROUTER_NAMES
 from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice, pick_once
-from stallfree.costs.kv_transfer import DEFAULT_KV_LINK, PoolShape
+from stallfree.costs.kv_transfer import PoolShape
 from stallfree.metrics import Summary
 from stallfree.sim.api import SimulationResult, simulate
-from stallfree.sim.disagg import Disaggregation
-from stallfree.sim.speculative import Acceptance
+from stallfree.sim.deployment import Deployment
 from stallfree.workload import Workload, gamma, parse_lengths, sample
 from stallfree.workload.arrivals import ReplayArrivals
 from stallfree.workload.lengths import TraceLengths
 
 ARRIVALS = ("poisson", "gamma", "trace")
-FLEET_DEFAULTS = {"replicas": 1, "router": "round-robin", "route_delay_ms": 0.0}
-SPECULATIVE_FIELDS = ("num_speculative_tokens", "speculative_rule")
-DISAGG_DEFAULTS = {
-    "disaggregate": None,
-    "decode_tp": None,
-    "kv_link": DEFAULT_KV_LINK,
-    "prefill_token_budget": None,
-}
 DEFAULT_SERVING = ServingConfig(max_num_batched_tokens=DEFAULT_TOKEN_BUDGET)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrialSpec:
-    """Everything that decides a trial's result: how steps are priced (a choice of strings and
-    numbers: a kind, presets or paths), how each replica schedules, how many replicas there are
-    behind which router, and the workload. ``arrival`` ``trace``: the arrival times of the trace
-    ``lengths`` names (with its lengths, in order), replayed at ``qps`` requests a second."""
+    """Everything that decides a trial's result: the :class:`~stallfree.sim.deployment.Deployment`
+    (its cost choice named by strings and numbers: a kind, presets or paths; its serving config
+    naming its token budget) and the workload. ``arrival`` ``trace``: the arrival times of the
+    trace ``lengths`` names (with its lengths, in order), replayed at ``qps`` requests a second."""
 
-    costs: CostChoice
-    serving: ServingConfig = DEFAULT_SERVING
+    deployment: Deployment
     qps: float = 1.0
     lengths: str = "sharegpt"
     arrival: str = "poisson"
     burstiness: float = 1.0
     num_requests: int = 1000
     seed: int = 0
-    gpu_memory_utilization: float = 0.9
-    replicas: int = 1
-    router: str = "round-robin"
-    route_delay_ms: float = 0.0
-    acceptance_rates: tuple[float, ...] = ()  # by draft position, with serving.num_speculative_tokens
-    draft: str = "ngram"  # what drafting costs (sim.speculative.draft_pricer)
-    # disaggregated ("xPyD"): prefill replicas of costs.tp GPUs at prefill_token_budget (None: the
-    # serving budget), decode replicas of decode_tp (None: costs.tp), KV over kv_link
-    disaggregate: str | None = None
-    decode_tp: int | None = None
-    kv_link: str = DEFAULT_KV_LINK
-    prefill_token_budget: int | None = None
 
     def __post_init__(self) -> None:
         if self.arrival not in ARRIVALS:
@@ -91,26 +68,31 @@ class TrialSpec:
             raise ValueError("a trial names its profile by path")
         if self.serving.max_num_batched_tokens is None:
             raise ValueError("a trial's serving config names its max_num_batched_tokens")
-        if self.replicas <= 0:
-            raise ValueError(f"replicas must be positive, got {self.replicas}")
-        if self.router not in ROUTER_NAMES:
-            raise ValueError(f"unknown router {self.router!r}; choose from {', '.join(ROUTER_NAMES)}")
-        if self.serving.num_speculative_tokens and not self.acceptance_rates:
-            raise ValueError("a trial with speculative decoding names its acceptance rates")
-        if self.disaggregate is not None:
-            self.pools()  # a shape that parses
-            if self.replicas != 1:
-                raise ValueError("a disaggregated trial's replicas are its pools (xPyD)")
+        if self.deployment.fleet:
+            raise ValueError("a trial's replicas are alike (no fleet of replica groups)")
 
-    def pools(self) -> PoolShape:
-        """The disaggregated deployment's pools (ValueError when the trial is aggregated)."""
-        if self.disaggregate is None:
-            raise ValueError("an aggregated trial has no pools")
-        return PoolShape.parse(self.disaggregate, self.costs.tp, self.decode_tp or self.costs.tp)
+    @classmethod
+    def of(cls, costs: CostChoice, serving: ServingConfig = DEFAULT_SERVING, **fields: Any) -> TrialSpec:
+        """A lone replica priced by ``costs``, scheduled by ``serving``; ``fields``: the workload's."""
+        return cls(deployment=Deployment(costs=costs, serving=serving), **fields)
+
+    @property
+    def costs(self) -> CostChoice:
+        return self.deployment.costs
+
+    @property
+    def serving(self) -> ServingConfig:
+        return self.deployment.serving
+
+    @property
+    def pools(self) -> PoolShape | None:
+        """A disaggregated deployment's pools (None: aggregated)."""
+        d = self.deployment.disaggregate
+        return None if d is None else d.shape
 
     @property
     def num_gpus(self) -> int:
-        return self.replicas * self.costs.tp if self.disaggregate is None else self.pools().num_gpus
+        return self.deployment.num_gpus
 
     @property
     def token_budget(self) -> int:
@@ -136,26 +118,40 @@ class TrialSpec:
             "num_requests": self.num_requests,
             "seed": self.seed,
             "cost_model": c.kind if c.profile is None else f"measured:{c.profile}",
-            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "gpu_memory_utilization": self.deployment.gpu_memory_utilization,
             "step_budget_ms": s.step_budget_ms,
             "num_blocks": s.num_blocks,
             "num_speculative_tokens": s.num_speculative_tokens,
         }
 
     def key(self) -> str:
-        """A stable 16-hex-digit name of this trial (same spec, same key, in any process; a lone
-        replica's key leaves the fleet's fields out, and one without drafts the speculative ones,
-        so it is what it was before they existed)."""
-        fields = dataclasses.asdict(self)
-        for defaults in (FLEET_DEFAULTS, DISAGG_DEFAULTS):
-            if all(fields[name] == value for name, value in defaults.items()):
-                for name in defaults:
-                    del fields[name]
-        if not self.serving.num_speculative_tokens:
-            del fields["acceptance_rates"]
-            del fields["draft"]
-            for name in SPECULATIVE_FIELDS:
+        """A stable 16-hex-digit name of this trial (same spec, same key, in any process). The
+        fields hashed are those a trial had before deployments were one value (a lone replica's
+        leave the fleet's out, one without drafts the speculative ones), so a sweep's trials keep
+        their keys."""
+        d = self.deployment
+        spec, pools = d.speculation, self.pools
+        fields: dict[str, Any] = {
+            "costs": dataclasses.asdict(self.costs),
+            "serving": dataclasses.asdict(self.serving),
+            **{name: getattr(self, name) for name in ("qps", "lengths", "arrival", "burstiness")},
+            **{name: getattr(self, name) for name in ("num_requests", "seed")},
+            "gpu_memory_utilization": d.gpu_memory_utilization,
+        }
+        if d.replicas != 1 or d.router != "round-robin" or d.route_delay_ms:
+            fields.update(replicas=d.replicas, router=d.router, route_delay_ms=d.route_delay_ms)
+        if spec is not None:
+            fields.update(acceptance_rates=list(spec.acceptance.rates), draft=spec.draft)
+        else:
+            for name in ("num_speculative_tokens", "speculative_rule"):
                 del fields["serving"][name]
+        if d.disaggregate is not None and pools is not None:
+            fields.update(
+                disaggregate=f"{pools.num_prefill}P{pools.num_decode}D",
+                decode_tp=pools.tp_decode,
+                kv_link=d.disaggregate.kv_link,
+                prefill_token_budget=d.disaggregate.prefill_token_budget,
+            )
         text = json.dumps(fields, sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
@@ -163,16 +159,20 @@ class TrialSpec:
         return dataclasses.replace(self, qps=qps)
 
     def at_replicas(self, replicas: int) -> TrialSpec:
-        return dataclasses.replace(self, replicas=replicas)
+        return self.with_deployment(replicas=replicas)
+
+    def with_deployment(self, **changes: Any) -> TrialSpec:
+        """This spec with its deployment's ``changes`` (field names of :class:`Deployment`)."""
+        return dataclasses.replace(self, deployment=dataclasses.replace(self.deployment, **changes))
 
     def with_serving(self, max_num_seqs: int, **changes: Any) -> TrialSpec:
         """This spec scheduling as ``changes`` say, running at most ``max_num_seqs`` sequences
         (fewer under a smaller chunked budget: :meth:`ServingConfig.at_most_seqs`)."""
         serving = dataclasses.replace(self.serving, max_num_seqs=None, **changes)
-        return dataclasses.replace(self, serving=serving.at_most_seqs(max_num_seqs))
+        return self.with_deployment(serving=serving.at_most_seqs(max_num_seqs))
 
 
-COLUMNS = tuple(TrialSpec(costs=CostChoice(model="m")).columns())
+COLUMNS = tuple(TrialSpec.of(CostChoice(model="m")).columns())
 
 
 def check_spec(spec: TrialSpec) -> None:
@@ -203,23 +203,7 @@ def run_trial(spec: TrialSpec) -> Summary:
 
 
 def _simulate(spec: TrialSpec) -> SimulationResult:
-    pools = None if spec.disaggregate is None else spec.pools()
-    return simulate(
-        _workload(spec),
-        pick_once(spec.costs) if pools is None else spec.costs,  # pools price each at its own TP
-        spec.serving,
-        gpu_memory_utilization=spec.gpu_memory_utilization,
-        num_requests=spec.num_requests,
-        seed=spec.seed,
-        replicas=spec.replicas,
-        router=spec.router,
-        route_delay_ms=spec.route_delay_ms,
-        acceptance=Acceptance(spec.acceptance_rates) if spec.serving.num_speculative_tokens else None,
-        draft=spec.draft,
-        disaggregate=None
-        if pools is None
-        else Disaggregation(pools, spec.kv_link, spec.prefill_token_budget),
-    )
+    return simulate(_workload(spec), spec.deployment, num_requests=spec.num_requests, seed=spec.seed)
 
 
 def estimate_qps(spec: TrialSpec) -> float:

@@ -79,7 +79,7 @@ IntArray = npt.NDArray[np.int64]
 def traffic_view(query: dict[str, list[str]]) -> dict[str, Any]:
     """``GET /api/simulate``: one policy's run of the page's workload."""
     from stallfree.core import POLICIES
-    from stallfree.sim import simulate
+    from stallfree.sim import Deployment, simulate
     from stallfree.specs import HARDWARE_PRESETS, MODEL_PRESETS
     from stallfree.workload import TRACE_NAMES, WorkloadOptions, workload_from_options
 
@@ -96,15 +96,18 @@ def traffic_view(query: dict[str, list[str]]) -> dict[str, Any]:
         )
     )
     budget = whole(query, "token_budget", DEFAULTS["token_budget"], minimum=1, maximum=65536)
-    result = simulate(
-        workload,
-        CostChoice(
+    deployment = Deployment(
+        costs=CostChoice(
             model=choice(query, "model", DEFAULTS["model"], tuple(MODEL_PRESETS)),
             hardware=choice(query, "hardware", DEFAULTS["hardware"], tuple(HARDWARE_PRESETS)),
             tp=whole(query, "tp", DEFAULTS["tp"], minimum=1, maximum=64),
             kind=cast("CostModelKind", choice(query, "cost_model", "full", COST_MODEL_KINDS)),
         ),
-        ServingConfig(policy=policy, max_num_batched_tokens=budget),
+        serving=ServingConfig(policy=policy, max_num_batched_tokens=budget),
+    )
+    result = simulate(
+        workload,
+        deployment,
         num_requests=whole(query, "num_requests", DEFAULTS["num_requests"], minimum=1, maximum=MAX_REQUESTS),
         seed=whole(query, "seed", DEFAULTS["seed"], minimum=0, maximum=2**31 - 1),
         keep_steps=True,

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from stallfree.core import Request
 from stallfree.core.serving import ServingConfig
-from stallfree.costs import CostChoice, CostPick, pick_cost_model
+from stallfree.costs import CostChoice
 from stallfree.costs.measured import MeasuredCostModel
-from stallfree.sim import simulate
+from stallfree.sim import Deployment, Speculation, simulate
 from stallfree.sim.speculative import Acceptance
 from stallfree.specs.step_profile import StepProfile
 from stallfree.validate.result import RunScores
@@ -26,38 +26,41 @@ class ProfileCosts:
     engine) and the factory's pick of it (it prices every simulated step)."""
 
     model: MeasuredCostModel
-    pick: CostPick
+    choice: CostChoice
 
     @classmethod
     def of(cls, profile: StepProfile, sampling: str) -> ProfileCosts:
         """Every sampled row paying ``sampling``'s price."""
         model = MeasuredCostModel(profile, sampling=sampling)
-        return cls(model, pick_cost_model(CostChoice(kind="measured", profile=model)))
+        return cls(model, CostChoice(kind="measured", profile=model))
+
+    def deployment(
+        self,
+        serving: ServingConfig,
+        fleet: tuple[int, str] = (1, "round-robin"),
+        acceptance: Acceptance | None = None,
+    ) -> Deployment:
+        """Replicas priced by the profile, scheduled by ``serving``: ``fleet`` (replicas, router);
+        ``acceptance``: how their drafts fare (speculative decoding)."""
+        return Deployment(
+            costs=self.choice,
+            serving=serving,
+            replicas=fleet[0],
+            router=fleet[1],
+            speculation=Speculation(acceptance) if acceptance and serving.num_speculative_tokens else None,
+        )
 
     def predict(
         self,
         requests: Sequence[Request],
-        serving: ServingConfig,
+        deployment: Deployment,
         *,
         step_noise: bool = False,
         step_scales: tuple[float, float] | None = None,
         seed: int = 0,
-        fleet: tuple[int, str] = (1, "round-robin"),
-        acceptance: Acceptance | None = None,
     ) -> RunScores:
-        """``requests`` simulated as ``serving`` schedules them; ``step_noise`` varies each step as
-        the profiled machine's steps varied (drawn from ``seed``), ``step_scales`` prices the
-        decode-only steps and those with prompt tokens at those multiples; ``fleet``: (replicas,
-        router), each replica as the profile; ``acceptance``: the drafts' (speculative decoding)."""
-        sim = simulate(
-            requests,
-            self.pick,
-            serving,
-            step_noise=step_noise,
-            step_scales=step_scales,
-            seed=seed,
-            replicas=fleet[0],
-            router=fleet[1],
-            acceptance=acceptance if serving.num_speculative_tokens else None,
-        )
+        """``requests`` simulated as served by ``deployment`` (:meth:`deployment`); ``step_noise``
+        varies each step as the profiled machine's steps varied (drawn from ``seed``),
+        ``step_scales`` prices the decode-only steps and those with prompt tokens at those multiples."""
+        sim = simulate(requests, deployment, step_noise=step_noise, step_scales=step_scales, seed=seed)
         return RunScores.of(sim.summary, sim.records, sim.itl)

@@ -63,21 +63,15 @@ def _policy(options: ValidationOptions, serving: ServingConfig, costs: ProfileCo
     per_step = None
     if run.steps is not None:
         per_step = step_errors(costs.model, run.steps, run.serving.step_budget_s)
-    fleet, drafts = (options.replicas, options.router), options.acceptance
-    predicted = costs.predict(run.requests, run.serving, fleet=fleet, acceptance=drafts)
+    deployment = costs.deployment(run.serving, (options.replicas, options.router), options.acceptance)
+    predicted = costs.predict(run.requests, deployment)
     with_noise = None
     if options.step_noise:
-        with_noise = costs.predict(
-            run.requests, run.serving, step_noise=True, seed=options.seed, fleet=fleet, acceptance=drafts
-        )
+        with_noise = costs.predict(run.requests, deployment, step_noise=True, seed=options.seed)
     # Each kind of step priced at the speed this run's steps ran (1 / (1 + median error)): what
     # the simulator gives when the step prices are right, the machine's drift taken out.
     scales = None if per_step is None else per_step.run_step_scales
-    at_run_speed = (
-        None
-        if scales is None
-        else costs.predict(run.requests, run.serving, step_scales=scales, fleet=fleet, acceptance=drafts)
-    )
+    at_run_speed = None if scales is None else costs.predict(run.requests, deployment, step_scales=scales)
     return PolicyValidation(
         serving=run.serving,
         num_requests=len(run.requests),
