@@ -1,4 +1,4 @@
-"""Keep the README's printed command blocks equal to what their commands print.
+"""Keep the printed command blocks of the README and docs/ equal to what their commands print.
 
 A printed block is a fenced block (a bare ```` ``` ````) whose first line is
 ``$ stallfree ...``; every line after it, up to the closing fence, is that command's
@@ -7,10 +7,10 @@ output. Each block whose command is simulator-only and fast runs through the ins
 named with the reason (``skip_reason``: the engine, torch, servers, files made on
 another machine; ``--slow`` adds the simulator's slow ones, ``tune``).
 
-    .venv/bin/python benchmarks/readme_blocks.py --check   # exit 1 and a diff where a block drifted
+    .venv/bin/python benchmarks/readme_blocks.py --check   # README.md and docs/*.md; exit 1 and a diff where a block drifted
     .venv/bin/python benchmarks/readme_blocks.py --write   # put each command's output in its block
-    .venv/bin/python benchmarks/readme_blocks.py --check --slow   # + tune's block (~40 s)
-    .venv/bin/python benchmarks/readme_blocks.py --check --readme other.md
+    .venv/bin/python benchmarks/readme_blocks.py --check --slow   # + tune's blocks (~40 s each)
+    .venv/bin/python benchmarks/readme_blocks.py --check --readme docs/simulate.md   # one file
 
 Figures that differ from run to run (wall-clock times, ``VOLATILE``) are masked for the
 comparison, and ``--write`` leaves a block that differs only there as it is, so the README
@@ -33,7 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 FENCE = "```"
 PROMPT = "$ stallfree "
 COMMAND_TIMEOUT_S = 120
@@ -204,16 +206,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode.add_argument("--check", action="store_true", help="exit 1 with a diff where a block drifted")
     mode.add_argument("--write", action="store_true", help="rewrite drifted blocks in place")
     parser.add_argument("--slow", action="store_true", help=f"also run the slow blocks ({', '.join(SLOW)})")
-    parser.add_argument("--readme", type=Path, default=README, help="the Markdown file (default README.md)")
+    parser.add_argument(
+        "--readme", type=Path, help="one Markdown file (default: README.md and every docs/*.md)"
+    )
     args = parser.parse_args(argv)
-    path: Path = args.readme
+    paths = [args.readme] if args.readme else [README, *sorted(DOCS.glob("*.md"))]
+    failed = False
+    for path in paths:
+        failed |= check_file(path, write=args.write, slow=args.slow)
+    return 1 if failed else 0
+
+
+def display_name(path: Path) -> str:
+    """``path`` relative to the repository (``docs/simulate.md``), else its name."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return path.name
+
+
+def check_file(path: Path, *, write: bool, slow: bool) -> bool:
+    """Check (or, with ``write``, refresh) one file's blocks; True where one failed or drifted."""
+    name = display_name(path)
     lines = path.read_text().splitlines()
     blocks = find_blocks(lines)
     failed = False
     replacements: list[tuple[Block, list[str]]] = []
     for block in blocks:
-        where = f"{path.name}:{block.line_no}  $ {block.command}"
-        reason = skip_reason(block.command, slow=args.slow)
+        where = f"{name}:{block.line_no}  $ {block.command}"
+        reason = skip_reason(block.command, slow=slow)
         if reason is not None:
             print(f"skipped  {where}\n         ({reason})")
             continue
@@ -227,17 +248,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         took = f"({time.perf_counter() - began:.1f} s)"
         if matches(block.output, output):
             print(f"ok       {where}  {took}")
-        elif args.write and not block.is_elided:
+        elif write and not block.is_elided:
             replacements.append((block, output))
             print(f"written  {where}  {took}")
         else:
             failed = True
-            note = "; it elides lines, so update it by hand" if args.write else ""
+            note = "; it elides lines, so update it by hand" if write else ""
             print(f"DIFFERS  {where}  {took}{note}")
             diff = difflib.unified_diff(
                 _tidy(block.output),
                 output,
-                f"{path.name} (line {block.first + 1})",
+                f"{name} (line {block.first + 1})",
                 "command output",
                 lineterm="",
             )
@@ -247,8 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if replacements:
         path.write_text("\n".join(lines) + "\n")
     if not blocks:
-        print(f"no `$ stallfree` blocks in {path}")
-    return 1 if failed else 0
+        print(f"no `$ stallfree` blocks in {name}")
+    return failed
 
 
 if __name__ == "__main__":

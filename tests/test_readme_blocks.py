@@ -1,4 +1,4 @@
-"""The README's printed blocks are what their commands print (benchmarks/readme_blocks.py).
+"""The README's and docs' printed blocks are what their commands print (benchmarks/readme_blocks.py).
 
 The check runs the fast simulator-only blocks through the installed ``stallfree`` (about 2 s);
 the rest of this file checks the script itself on a small README of its own.
@@ -40,6 +40,7 @@ def test_readme_blocks_match_their_commands() -> None:
     done = _run("--check")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ok       README.md" in done.stdout  # at least one block ran, not all skipped
+    assert "ok       docs/simulate.md" in done.stdout  # and the docs' pages are checked too
 
 
 @pytest.mark.parametrize(
