@@ -161,3 +161,30 @@ def test_a_bad_file_is_one_line(
     assert len(err.splitlines()) == 1 and message in err, err
     assert main(["simulate", "--deployment", str(tmp_path / "missing.yaml")]) == 2
     assert "No such file" in capsys.readouterr().err
+
+
+def test_tune_writes_its_answer_as_a_deployment_simulate_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "best.yaml"
+    argv = ["tune", "--model", "mistral-7b", "--cost-model", "full", "--budgets", "256,512", "--json"]
+    argv += [
+        "--num-requests",
+        "60",
+        "--lengths",
+        "fixed:400,40",
+        "--workers",
+        "1",
+        "--deployment-out",
+        str(path),
+    ]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    best = Deployment.from_dict(yaml.safe_load(path.read_text()))
+    chunked = out["policies"]["chunked"]
+    assert out["deployment"] == best.to_dict()
+    assert (best.serving.policy, best.serving.max_num_batched_tokens) == ("chunked", chunked["best_budget"])
+    assert best.costs.model == "mistral-7b" and best.serving.max_num_seqs == chunked["max_num_seqs"]
+    ran = _simulate(["--deployment", str(path)], capsys)
+    assert list(ran["policies"]) == ["chunked"]
+    assert ran["scenario"]["token_budget"] == chunked["best_budget"]  # type: ignore[index]

@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stallfree.cli.common import (
     UsageError,
@@ -27,6 +27,7 @@ from stallfree.cli.cost_args import (
     measured_profile,
     resolve_cost_model,
 )
+from stallfree.cli.deployment_args import add_deployment_out_arg, write_deployment
 from stallfree.cli.serving_args import add_acceptance_arg, add_prefix_caching_arg
 from stallfree.cli.sweep import add_run_args, make_dir, show_progress, trial_pool
 from stallfree.costs.kv_transfer import DEFAULT_KV_LINK
@@ -161,6 +162,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="QPS of each search's first trial (default: half the cost model's throughput at the budget)",
     )
     add_run_args(p)
+    add_deployment_out_arg(
+        p, "the best deployment found (policy, budget, replicas or layout; nothing if none met)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object (every trial included)")
     p.add_argument("--plot", metavar="DIR", help="write capacity-vs-budget and P99-TBT-vs-QPS figures to DIR")
     p.set_defaults(handler=run_tune)
@@ -268,6 +272,7 @@ def run_tune(args: argparse.Namespace) -> int:
         from stallfree.plots.tune import plot_tune
 
         out["figures"] = [str(path) for path in plot_tune(out, args.plot)]
+    _write_best(args, out.get("deployment"))
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -344,6 +349,7 @@ def _run_fleet_tune(args: argparse.Namespace, base: TrialSpec, cost_model_note: 
         out["backend"] = {"name": args.backend, "workers": pool.workers}
     out["slo_notes"] = dict(plan.slo_notes)
     out["cost_model_note"] = cost_model_note
+    _write_best(args, (out["best"] or {}).get("deployment"))
     print(json.dumps(out, indent=2) if args.json else format_fleet(out))
     if interrupted:
         print("stallfree tune: interrupted; the searches that finished are on stdout", file=sys.stderr)
@@ -407,6 +413,7 @@ def _run_mode_tune(args: argparse.Namespace, base: TrialSpec, cost_model_note: s
         out["backend"] = {"name": args.backend, "workers": pool.workers}
     out["slo_notes"] = dict(plan.slo_notes)
     out["cost_model_note"] = cost_model_note
+    _write_best(args, (out["best"] or {}).get("deployment"))
     print(json.dumps(out, indent=2) if args.json else format_modes(out))
     if interrupted:
         print("stallfree tune: interrupted; the searches that finished are on stdout", file=sys.stderr)
@@ -439,6 +446,18 @@ def _step_budgets(text: str | None) -> tuple[float, ...] | str:
     if not values or len(set(values)) != len(values):
         raise UsageError("--step-budgets-ms: give auto or distinct step-time targets in ms")
     return values
+
+
+def _write_best(args: argparse.Namespace, deployment: dict[str, Any] | None) -> None:
+    """``--deployment-out``: the best deployment as YAML (``simulate --deployment`` runs it)."""
+    if args.deployment_out is None:
+        return
+    if deployment is None:
+        print("stallfree tune: nothing met the SLOs: no deployment written", file=sys.stderr)
+        return
+    from stallfree.sim.deployment import Deployment
+
+    write_deployment(Deployment.from_dict(deployment), args.deployment_out)
 
 
 def _int_list(text: str) -> list[int]:

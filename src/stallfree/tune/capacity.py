@@ -18,7 +18,7 @@ from typing import Any
 from stallfree.core import DEFAULT_STEP_TOKEN_CAP
 from stallfree.core.serving import ServingConfig
 from stallfree.costs.aiconfigurator import AIC_SHORT_NAMES
-from stallfree.sim.deployment import Speculation
+from stallfree.sim.deployment import Deployment, Speculation
 from stallfree.specs.model_presets import HF_REPOS
 from stallfree.tune.jobs import Job, JobsInterrupted, TrialRecord, run_jobs
 from stallfree.tune.pools import TrialPool
@@ -229,6 +229,21 @@ class TuneResult:
             default=None,
         )
 
+    def best_deployment(self) -> Deployment | None:
+        """The fixed budget (and draft length) of the policy with the highest capacity, as a
+        deployment to run (None if none met the SLOs)."""
+        points = [p for p in (self.best(policy) for policy in self.config.policies) if p is not None]
+        best = max(points, key=lambda p: p.capacity_qps, default=None)
+        if best is None:
+            return None
+        spec = self.config.base.with_serving(
+            best.max_num_seqs,
+            policy=best.policy,
+            max_num_batched_tokens=best.token_budget,
+            step_budget_ms=None,
+        )
+        return _candidate(spec, best.num_speculative_tokens, self.config.speculation).deployment
+
     def best_time_budget(self) -> CapacityPoint | None:
         """The step-time target with the highest capacity (the larger target on a tie)."""
         candidates = [p for p in self.points if p.step_budget_ms is not None and p.capacity_qps > 0]
@@ -317,6 +332,9 @@ class TuneResult:
                 else {}
             ),
             "policies": policies,
+            "deployment": None
+            if (best_deployment := self.best_deployment()) is None
+            else best_deployment.to_dict(),
             "trials": [t.to_json() for t in self.trials],
         }
         if self.config.step_budgets_ms:

@@ -168,6 +168,7 @@ def _best_json(winner: tuple[int, float, str, TrialRecord], tp: int) -> dict[str
                 "request_throughput",
             )
         },
+        "deployment": trial.spec.deployment.to_dict(),
     }
 
 

@@ -220,6 +220,7 @@ def _to_json(config: ModeTuneConfig, jobs: list[Job], trials: list[TrialRecord])
             **row,
             "runner_up": others[0] if others else None,
             "commands": mode_commands(jobs[j].base),
+            "deployment": jobs[j].base.deployment.to_dict(),
         }
     return out
 
