@@ -30,6 +30,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "count by two calibration requests; real counts come from the server's usage."
         ),
     )
+    _add_server_args(p)
+    _add_sampling_args(p)
+    _add_client_args(p)
+    _add_long_prompt_args(p)
+    _add_workload_args(p)
+    m = p.add_argument_group(
+        "multi-turn (sessions start at --qps, else all at once; --lengths or --prompt-tokens / "
+        "--output-tokens: each turn's new message and answer)"
+    )
+    add_session_args(m)
+    p.set_defaults(handler=run)
+
+
+def _add_server_args(p: argparse.ArgumentParser) -> None:
+    """The server and model asked, the scenario, its seeds, the server's context."""
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (default %(default)s)")
     p.add_argument("--model", help="model to ask for (default: the first of /v1/models)")
     p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
@@ -52,6 +67,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the server's context in tokens (default: what /v1/models lists: max_model_len, or "
         "llama.cpp's meta.n_ctx)",
     )
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """The "sampling" group: what every request asks of the sampler, and its max_tokens."""
     s = p.add_argument_group("sampling (sent with every request; default: the server's)")
     s.add_argument("--temperature", type=float, help="temperature")
     s.add_argument("--top-p", type=float, help="top_p")
@@ -62,6 +81,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="every request's max_tokens (poisson/gamma/trace: replaces the output lengths; long-prompt: "
         "the streams' --stream-max-tokens)",
     )
+
+
+def _add_client_args(p: argparse.ArgumentParser) -> None:
+    """How the client sends and reports: ignore_eos, calibration, timeout, result file, progress."""
     p.add_argument(
         "--no-ignore-eos",
         dest="ignore_eos",
@@ -79,6 +102,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--no-progress", dest="progress", action="store_false", help="no progress bar (never drawn off a TTY)"
     )
 
+
+def _add_long_prompt_args(p: argparse.ArgumentParser) -> None:
+    """The "long-prompt" group: the streams decoding and the long prompt that arrives."""
     g = p.add_argument_group("long-prompt")
     g.add_argument("--streams", type=positive_int, help="streams decoding (default 16)")
     g.add_argument(
@@ -96,6 +122,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--prompt-max-tokens", type=positive_int, default=8, help="the long prompt's max_tokens (default 8)"
     )
 
+
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    """The "poisson / gamma / trace" group: arrivals, lengths, prompts, caps and goodput SLOs."""
     w = p.add_argument_group("poisson / gamma / trace")
     w.add_argument("--qps", type=float, help="mean requests per second")
     w.add_argument("--burstiness", type=float, help="gamma shape (1 = Poisson, < 1 burstier)")
@@ -121,12 +150,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     w.add_argument(
         "--goodput", nargs="+", metavar="METRIC:MS", help="SLOs for goodput, e.g. ttft:500 tpot:50"
     )
-    m = p.add_argument_group(
-        "multi-turn (sessions start at --qps, else all at once; --lengths or --prompt-tokens / "
-        "--output-tokens: each turn's new message and answer)"
-    )
-    add_session_args(m)
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

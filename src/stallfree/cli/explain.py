@@ -49,6 +49,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "prompt, chunks at this machine's measured ridge)."
         ),
     )
+    _add_engine_args(p)
+    _add_scenario_args(p)
+    _add_variant_args(p)
+    _add_output_args(p)
+    p.set_defaults(handler=run)
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    """What runs the scenario and prices its steps: the engine, model, hardware and cost model."""
     add = p.add_argument
     add(
         "--engine",
@@ -88,6 +97,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add("--device", help="torch: cpu or cuda (default: cuda when available)")
     add_dtype_arg(p, "torch: weights and KV dtype")
+
+
+def _add_scenario_args(p: argparse.ArgumentParser) -> None:
+    """The scenario: the arriving prompt, the streams decoding, and how chunked cuts the prompt."""
+    add = p.add_argument
     add("--prompt-tokens", type=positive_int, help="the arriving prompt's length (default 16384; torch 2048)")
     add(
         "--streams",
@@ -121,6 +135,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "along the prompt as attention over its earlier chunks grows); torch: needs --profile, the "
         "measured model that predicts",
     )
+
+
+def _add_variant_args(p: argparse.ArgumentParser) -> None:
+    """What is shown beside prefill-first and chunked: drafts, disaggregation, the chunk sweep."""
+    add = p.add_argument
     add(
         "--speculative-tokens",
         type=int,
@@ -150,6 +169,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="C1,C2,...",
         help="chunk sizes to sweep (default 16..8192, powers of two; torch 16..512)",
     )
+
+
+def _add_output_args(p: argparse.ArgumentParser) -> None:
+    """How the result comes out: the table or JSON, figures, the interactive page."""
+    add = p.add_argument
     add("--json", action="store_true", help="print one JSON object instead of the table")
     add("--plot", metavar="DIR", help="write the timeline and sweep figures (PNG + SVG) to DIR")
     add(
@@ -157,7 +181,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="FILE",
         help="write the interactive page as one self-contained file (its chunk slider steps through the sweep)",
     )
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

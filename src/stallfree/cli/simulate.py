@@ -89,6 +89,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_deployment_file_arg(p.add_argument_group("deployment"))
+    _add_fleet_args(p)
+    _add_disaggregation_args(p)
+    _add_model_args(p)
+    _add_scheduler_args(p)
+    add_traffic_args(p.add_argument_group("workload"))
+    _add_output_args(p)
+    p.set_defaults(handler=run)
+    p.set_defaults(flag_defaults=vars(p.parse_args([])))  # last: every flag's default
+
+
+def _add_fleet_args(p: argparse.ArgumentParser) -> None:
+    """The "fleet" group: the replicas behind a router, alike or not."""
     f = p.add_argument_group("fleet")
     f.add_argument(
         "--replicas",
@@ -117,6 +129,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=0.0,
         help="time from the router's choice to the replica's queue, counted in TTFT (default 0)",
     )
+
+
+def _add_disaggregation_args(p: argparse.ArgumentParser) -> None:
+    """The "disaggregation" group: the prefill and decode pools and the KV link between them."""
     d = p.add_argument_group("disaggregation")
     d.add_argument(
         "--disaggregate",
@@ -147,6 +163,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="N",
         help="tokens a prefill replica's step may hold (default --token-budget)",
     )
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    """The "model and hardware" group: what a step costs (the cost model's inputs)."""
     g = p.add_argument_group("model and hardware")
     add_roofline_args(g)
     add_roofline_dtype_arg(g, None)
@@ -162,6 +182,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=0.0,
         help="fixed time added to every step: scheduling, sampling, launches (default 0)",
     )
+
+
+def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
+    """The "scheduler" group: the policies, their serving config, drafts and KV memory share."""
     g = p.add_argument_group("scheduler")
     add_serving_args(
         g, policy_list=True, more_policies=", disagg:xPyD (prefill and decode pools: --disaggregate)"
@@ -173,7 +197,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=0.9,
         help="fraction of GPU memory for weights, activations and KV cache (default 0.9)",
     )
-    add_traffic_args(p.add_argument_group("workload"))
+
+
+def _add_output_args(p: argparse.ArgumentParser) -> None:
+    """The "output" group: goodput SLOs, what is printed and written, and how steps are run."""
     g = p.add_argument_group("output")
     g.add_argument(
         "--goodput",
@@ -205,8 +232,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="with --profile: vary each step's time as the profiled machine's steps varied (its repeats "
         "and reference steps; seeded by --seed): the tails of a noisy host",
     )
-    p.set_defaults(handler=run)
-    p.set_defaults(flag_defaults=vars(p.parse_args([])))
 
 
 def run(args: argparse.Namespace) -> int:

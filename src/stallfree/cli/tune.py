@@ -35,21 +35,13 @@ from stallfree.costs.kv_transfer import DEFAULT_KV_LINK
 if TYPE_CHECKING:
     from stallfree.costs.choice import CostChoice
     from stallfree.sim.deployment import Speculation
+    from stallfree.tune.capacity import TuneInterrupted
     from stallfree.tune.trial import TrialSpec
 
 DEFAULT_MODEL = "mistral-7b"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from stallfree.core.policy import SPECULATIVE_RULES  # light
-    from stallfree.core.router import ROUTER_NAMES  # light
-    from stallfree.tune.slo import (  # light
-        SLO_FLAGS,
-        STRICT_TBT_BATCH,
-        STRICT_TBT_CONTEXT,
-        STRICT_TBT_MULTIPLE,
-    )
-
     p = sub.add_parser(
         "tune",
         help="capacity (max QPS under latency SLOs) per policy and token budget; the best budget",
@@ -61,106 +53,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ),
     )
     _add_deployment_args(p)
-    p.add_argument(
-        "--policy",
-        default="chunked,prefill-first",
-        help="comma-separated policies (default %(default)s)",
-    )
-    p.add_argument(
-        "--budgets",
-        default="auto",
-        metavar="auto|N1,N2,...",
-        help="token budgets (--max-num-batched-tokens); auto: powers of two 128..8192 and 1, 2, 4 x the "
-        "roofline ridge, rounded to multiples of 64 (default %(default)s)",
-    )
-    p.add_argument(
-        "--speculative-tokens",
-        metavar="K1,K2,...",
-        help="also try chunked with speculative decoding: each decode verifies up to K draft tokens "
-        "(n-gram, free to draft), e.g. 0,2,4; needs --acceptance-rate (default: no drafts)",
-    )
-    add_acceptance_arg(p, draft_rate=False, draft=True)
-    p.add_argument(
-        "--speculative-rule",
-        choices=tuple(SPECULATIVE_RULES),
-        default="vllm",
-        help="with --speculative-tokens: whose rule shares a step between drafts and prompt chunks, and so "
-        "whose launch line is printed (default %(default)s)",
-    )
-    p.add_argument(
-        "--step-budgets-ms",
-        metavar="auto|MS1,MS2,...",
-        help="also try chunked with chunks sized by time (--step-budget-ms): these step-time targets; "
-        "auto: 0.5, 0.75 and 1 x the P99 TBT SLO (default: none)",
-    )
-    f = p.add_argument_group(
-        "fleet",
-        "with --router: the fewest replicas meeting the SLOs at --qps (each chunked at one of --budgets), "
-        "per router, with the launch lines of vLLM or SGLang replicas behind vllm-router or sglang-router",
-    )
-    f.add_argument("--router", metavar="R1,R2,...", help=f"routers to compare: {', '.join(ROUTER_NAMES)}")
-    f.add_argument(
-        "--qps",
-        type=positive_float,
-        help="the fleet's traffic rate (default with --arrival trace: the trace's own rate)",
-    )
-    f.add_argument(
-        "--max-replicas", type=positive_int, default=256, help="give up past this many (default %(default)s)"
-    )
-    f.add_argument(
-        "--route-delay-ms",
-        type=non_negative_float,
-        default=0.0,
-        help="time from the router's choice to the replica's queue, counted in TTFT (default 0)",
-    )
-    m = p.add_argument_group(
-        "modes",
-        "with --gpus: every layout of that many GPUs, aggregated replicas and prefill/decode pools "
-        "(--mode), ranked by goodput per GPU (the highest QPS meeting every SLO, over the GPUs)",
-    )
-    m.add_argument("--gpus", type=positive_int, help="GPUs to lay out")
-    m.add_argument(
-        "--mode", default="agg,disagg", metavar="agg,disagg", help="layouts to try (default %(default)s)"
-    )
-    m.add_argument(
-        "--tp-sizes",
-        metavar="K1,K2,...",
-        help="GPUs a replica may have, in either pool (default: --tp)",
-    )
-    add_kv_link_arg(m.add_argument, "between the pools")
-    p.add_argument(
-        "--max-num-seqs",
-        type=positive_int,
-        default=256,
-        help="running sequences at most, fewer under a smaller chunked budget (default %(default)s)",
-    )
-    for name, flag in SLO_FLAGS.items():
-        default = 2.0 if name == "sched_delay_p50_s" else None
-        extra = {
-            "tbt_p99_ms": f" (default: strict, {STRICT_TBT_MULTIPLE} x the cost model's decode step of "
-            f"{STRICT_TBT_BATCH} sequences at {STRICT_TBT_CONTEXT} tokens of context, as Sarathi-Serve)",
-            "sched_delay_p50_s": " (default 2, as Sarathi-Serve)",
-        }.get(name, "")
-        p.add_argument(
-            f"--slo-{name.replace('_', '-')}",
-            dest=f"slo_{name}",
-            type=positive_float,
-            default=default,
-            metavar=flag.unit.upper(),
-            help=f"SLO on {flag.label} ({flag.metric}){extra}",
-        )
-    p.add_argument(
-        "--precision",
-        type=positive_float,
-        default=0.05,
-        help="relative precision of each capacity (default %(default)s: within 5%%)",
-    )
-    p.add_argument(
-        "--qps-start",
-        type=positive_float,
-        default=None,
-        help="QPS of each search's first trial (default: half the cost model's throughput at the budget)",
-    )
+    _add_candidate_args(p)
+    _add_fleet_args(p)
+    _add_mode_args(p)
+    _add_search_args(p)
     add_run_args(p)
     add_deployment_out_arg(
         p, "the best deployment found (policy, budget, replicas or layout; nothing if none met)"
@@ -171,6 +67,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _add_deployment_args(p: argparse.ArgumentParser) -> None:
+    """What every trial shares: the model, hardware and KV memory, the workload."""
     add_roofline_args(p, model=DEFAULT_MODEL)
     add_roofline_dtype_arg(p, None)
     p.add_argument(
@@ -207,6 +104,133 @@ def _add_deployment_args(p: argparse.ArgumentParser) -> None:
         "--seed", type=non_negative_int, default=0, help="workload seed, the same for every trial (default 0)"
     )
     add_prefix_caching_arg(p)
+
+
+def _add_candidate_args(p: argparse.ArgumentParser) -> None:
+    """What is tried: the policies, their token budgets, draft lengths and step-time targets."""
+    from stallfree.core.policy import SPECULATIVE_RULES  # light
+
+    p.add_argument(
+        "--policy",
+        default="chunked,prefill-first",
+        help="comma-separated policies (default %(default)s)",
+    )
+    p.add_argument(
+        "--budgets",
+        default="auto",
+        metavar="auto|N1,N2,...",
+        help="token budgets (--max-num-batched-tokens); auto: powers of two 128..8192 and 1, 2, 4 x the "
+        "roofline ridge, rounded to multiples of 64 (default %(default)s)",
+    )
+    p.add_argument(
+        "--speculative-tokens",
+        metavar="K1,K2,...",
+        help="also try chunked with speculative decoding: each decode verifies up to K draft tokens "
+        "(n-gram, free to draft), e.g. 0,2,4; needs --acceptance-rate (default: no drafts)",
+    )
+    add_acceptance_arg(p, draft_rate=False, draft=True)
+    p.add_argument(
+        "--speculative-rule",
+        choices=tuple(SPECULATIVE_RULES),
+        default="vllm",
+        help="with --speculative-tokens: whose rule shares a step between drafts and prompt chunks, and so "
+        "whose launch line is printed (default %(default)s)",
+    )
+    p.add_argument(
+        "--step-budgets-ms",
+        metavar="auto|MS1,MS2,...",
+        help="also try chunked with chunks sized by time (--step-budget-ms): these step-time targets; "
+        "auto: 0.5, 0.75 and 1 x the P99 TBT SLO (default: none)",
+    )
+
+
+def _add_fleet_args(p: argparse.ArgumentParser) -> None:
+    """The "fleet" group: the replicas per router at a traffic rate (``--router``)."""
+    from stallfree.core.router import ROUTER_NAMES  # light
+
+    f = p.add_argument_group(
+        "fleet",
+        "with --router: the fewest replicas meeting the SLOs at --qps (each chunked at one of --budgets), "
+        "per router, with the launch lines of vLLM or SGLang replicas behind vllm-router or sglang-router",
+    )
+    f.add_argument("--router", metavar="R1,R2,...", help=f"routers to compare: {', '.join(ROUTER_NAMES)}")
+    f.add_argument(
+        "--qps",
+        type=positive_float,
+        help="the fleet's traffic rate (default with --arrival trace: the trace's own rate)",
+    )
+    f.add_argument(
+        "--max-replicas", type=positive_int, default=256, help="give up past this many (default %(default)s)"
+    )
+    f.add_argument(
+        "--route-delay-ms",
+        type=non_negative_float,
+        default=0.0,
+        help="time from the router's choice to the replica's queue, counted in TTFT (default 0)",
+    )
+
+
+def _add_mode_args(p: argparse.ArgumentParser) -> None:
+    """The "modes" group: the layouts of ``--gpus`` GPUs, aggregated and disaggregated."""
+    m = p.add_argument_group(
+        "modes",
+        "with --gpus: every layout of that many GPUs, aggregated replicas and prefill/decode pools "
+        "(--mode), ranked by goodput per GPU (the highest QPS meeting every SLO, over the GPUs)",
+    )
+    m.add_argument("--gpus", type=positive_int, help="GPUs to lay out")
+    m.add_argument(
+        "--mode", default="agg,disagg", metavar="agg,disagg", help="layouts to try (default %(default)s)"
+    )
+    m.add_argument(
+        "--tp-sizes",
+        metavar="K1,K2,...",
+        help="GPUs a replica may have, in either pool (default: --tp)",
+    )
+    add_kv_link_arg(m.add_argument, "between the pools")
+
+
+def _add_search_args(p: argparse.ArgumentParser) -> None:
+    """Each capacity search's limits: the running sequences, the SLOs, the precision, the first QPS."""
+    from stallfree.tune.slo import (  # light
+        SLO_FLAGS,
+        STRICT_TBT_BATCH,
+        STRICT_TBT_CONTEXT,
+        STRICT_TBT_MULTIPLE,
+    )
+
+    p.add_argument(
+        "--max-num-seqs",
+        type=positive_int,
+        default=256,
+        help="running sequences at most, fewer under a smaller chunked budget (default %(default)s)",
+    )
+    for name, flag in SLO_FLAGS.items():
+        default = 2.0 if name == "sched_delay_p50_s" else None
+        extra = {
+            "tbt_p99_ms": f" (default: strict, {STRICT_TBT_MULTIPLE} x the cost model's decode step of "
+            f"{STRICT_TBT_BATCH} sequences at {STRICT_TBT_CONTEXT} tokens of context, as Sarathi-Serve)",
+            "sched_delay_p50_s": " (default 2, as Sarathi-Serve)",
+        }.get(name, "")
+        p.add_argument(
+            f"--slo-{name.replace('_', '-')}",
+            dest=f"slo_{name}",
+            type=positive_float,
+            default=default,
+            metavar=flag.unit.upper(),
+            help=f"SLO on {flag.label} ({flag.metric}){extra}",
+        )
+    p.add_argument(
+        "--precision",
+        type=positive_float,
+        default=0.05,
+        help="relative precision of each capacity (default %(default)s: within 5%%)",
+    )
+    p.add_argument(
+        "--qps-start",
+        type=positive_float,
+        default=None,
+        help="QPS of each search's first trial (default: half the cost model's throughput at the budget)",
+    )
 
 
 def run_tune(args: argparse.Namespace) -> int:
@@ -268,6 +292,12 @@ def run_tune(args: argparse.Namespace) -> int:
     with trial_pool(args) as pool:
         out, interrupted = advise(plan, pool, progress=show_progress(args))
         out["backend"] = {"name": args.backend, "workers": pool.workers}
+    return _report_tune(args, out, interrupted)
+
+
+def _report_tune(args: argparse.Namespace, out: dict[str, Any], interrupted: TuneInterrupted | None) -> int:
+    """The budget search's result: its figures, the best deployment's file, the table or JSON on
+    stdout, a note on stderr after an interruption; the exit code (130, or 1 when nothing met)."""
     if args.plot and interrupted is None:
         from stallfree.plots.tune import plot_tune
 

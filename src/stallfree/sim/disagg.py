@@ -311,11 +311,21 @@ def run_disaggregated(
     now = clock.now()
     pruns = [p.result(now, stopped) for p in psides]
     druns = [d.inner.result(now, stopped) for d in dsides]
-    refused = [r for run in pruns for r in run.records if r.finish_reason == "rejected"]
-    by_prefill = {r.request_id: r for run in pruns for r in run.records}
-    records = refused[:]
-    run = DisaggRun(pruns, druns, records, ItlAccumulator(), now, stopped, links.busy_s, links.num_bytes)
-    for drun in druns:
+    run = DisaggRun(pruns, druns, [], ItlAccumulator(), now, stopped, links.busy_s, links.num_bytes)
+    _join_pools(run, prefill_end_s, arrived_s, ordering)
+    return run
+
+
+def _join_pools(
+    run: DisaggRun, prefill_end_s: dict[str, float], arrived_s: dict[str, float], ordering: dict[str, int]
+) -> None:
+    """Fill in ``run``'s client view from its pools' runs: the records (the prefill pool's refusals
+    and the decode pool's records, those with the prefill replica's first scheduling and prefix-cache
+    hit; sorted by arrival ``ordering``), the decode pool's ITL samples, each request's stage times."""
+    records = run.records
+    records.extend(r for prun in run.prefill for r in prun.records if r.finish_reason == "rejected")
+    by_prefill = {r.request_id: r for prun in run.prefill for r in prun.records}
+    for drun in run.decode:
         run.itl.add_many(drun.itl.values_s, drun.itl.counts)
         for rec in drun.records:
             rid = rec.request_id
@@ -333,7 +343,6 @@ def run_disaggregated(
                 )
             )
     records.sort(key=lambda rec: ordering[rec.request_id])
-    return run
 
 
 def disaggregated_summary(

@@ -256,54 +256,9 @@ class TuneResult:
 
     def to_json(self) -> dict[str, Any]:
         base = self.config.base
-        costs, model = base.costs, str(base.costs.model)
-        policies: dict[str, Any] = {}
-        for policy in self.config.policies:
-            best = self.best(policy)
-            drafts = bool(self.config.speculative_tokens) and policy == "chunked"
-            entry: dict[str, Any] = {
-                "best_budget": best.token_budget if best else None,
-                "capacity_qps": best.capacity_qps if best else 0.0,
-                "max_num_seqs": best.max_num_seqs if best else None,
-                **(
-                    {"best_speculative_tokens": best.num_speculative_tokens if best else None}
-                    if drafts
-                    else {}
-                ),
-                "curve": [
-                    {
-                        "token_budget": p.token_budget,
-                        **({"num_speculative_tokens": p.num_speculative_tokens} if drafts else {}),
-                        "max_num_seqs": p.max_num_seqs,
-                        "capacity_qps": p.capacity_qps,
-                        "hit_qps_max": p.hit_qps_max,
-                        "num_trials": p.num_trials,
-                    }
-                    for p in self.points
-                    if p.policy == policy and p.step_budget_ms is None
-                ],
-            }
-            if best is None:
-                closest = self.closest(policy)
-                entry["closest"] = closest.to_json() if closest else None
-            elif policy == "chunked":
-                entry["commands"] = serve_commands(
-                    model,
-                    costs.tp,
-                    best.token_budget,
-                    best.max_num_seqs,
-                    base.serving.enable_prefix_caching,
-                    fp8=costs.dtype_bytes == 1,
-                    expert_parallel=costs.expert_parallel,
-                    speculative=(best.num_speculative_tokens, base.serving.speculative_rule)
-                    if best.num_speculative_tokens
-                    else None,
-                    draft=self.config.speculation.draft if self.config.speculation else "ngram",
-                )
-            policies[policy] = entry
-        speculation = self.config.speculation
+        costs = base.costs
         out: dict[str, Any] = {
-            "model": model,
+            "model": str(costs.model),
             "hardware": costs.hardware,
             "tp": costs.tp,
             "expert_parallel": costs.expert_parallel,
@@ -319,19 +274,8 @@ class TuneResult:
             },
             "slos": self.config.slos.as_dict(),
             "precision": self.config.precision,
-            **(
-                {
-                    "speculative": {
-                        "draft_lengths": list(self.config.speculative_tokens),
-                        "acceptance_rates": list(speculation.acceptance.rates),
-                        "rule": base.serving.speculative_rule,
-                        "draft": speculation.draft,
-                    }
-                }
-                if self.config.speculative_tokens and speculation is not None
-                else {}
-            ),
-            "policies": policies,
+            **self._speculative_json(),
+            "policies": {policy: self._policy_json(policy) for policy in self.config.policies},
             "deployment": None
             if (best_deployment := self.best_deployment()) is None
             else best_deployment.to_dict(),
@@ -340,6 +284,65 @@ class TuneResult:
         if self.config.step_budgets_ms:
             out["time_budget"] = self._time_budget_json()
         return out
+
+    def _speculative_json(self) -> dict[str, Any]:
+        """``{"speculative": ...}``: the draft lengths tried, their acceptance, rule and drafter
+        (``{}`` when no drafts were tried)."""
+        speculation = self.config.speculation
+        if not self.config.speculative_tokens or speculation is None:
+            return {}
+        return {
+            "speculative": {
+                "draft_lengths": list(self.config.speculative_tokens),
+                "acceptance_rates": list(speculation.acceptance.rates),
+                "rule": self.config.base.serving.speculative_rule,
+                "draft": speculation.draft,
+            }
+        }
+
+    def _policy_json(self, policy: str) -> dict[str, Any]:
+        """One policy's entry: its best fixed budget, its capacity curve and then, if no budget met,
+        the closest trial, else (chunked) the vLLM / SGLang launch lines."""
+        best = self.best(policy)
+        drafts = bool(self.config.speculative_tokens) and policy == "chunked"
+        entry: dict[str, Any] = {
+            "best_budget": best.token_budget if best else None,
+            "capacity_qps": best.capacity_qps if best else 0.0,
+            "max_num_seqs": best.max_num_seqs if best else None,
+            **({"best_speculative_tokens": best.num_speculative_tokens if best else None} if drafts else {}),
+            "curve": [
+                {
+                    "token_budget": p.token_budget,
+                    **({"num_speculative_tokens": p.num_speculative_tokens} if drafts else {}),
+                    "max_num_seqs": p.max_num_seqs,
+                    "capacity_qps": p.capacity_qps,
+                    "hit_qps_max": p.hit_qps_max,
+                    "num_trials": p.num_trials,
+                }
+                for p in self.points
+                if p.policy == policy and p.step_budget_ms is None
+            ],
+        }
+        if best is None:
+            closest = self.closest(policy)
+            entry["closest"] = closest.to_json() if closest else None
+        elif policy == "chunked":
+            base = self.config.base
+            costs = base.costs
+            entry["commands"] = serve_commands(
+                str(costs.model),
+                costs.tp,
+                best.token_budget,
+                best.max_num_seqs,
+                base.serving.enable_prefix_caching,
+                fp8=costs.dtype_bytes == 1,
+                expert_parallel=costs.expert_parallel,
+                speculative=(best.num_speculative_tokens, base.serving.speculative_rule)
+                if best.num_speculative_tokens
+                else None,
+                draft=self.config.speculation.draft if self.config.speculation else "ngram",
+            )
+        return entry
 
     def _time_budget_json(self) -> dict[str, Any]:
         best, fixed = self.best_time_budget(), self.best("chunked")
