@@ -26,15 +26,19 @@ $(VENV)/.dev: $(BIN)/stallfree
 install: $(BIN)/stallfree
 dev: $(VENV)/.dev
 
+# The install is editable and pure; the demo compiles the simulator's hot modules in place first
+# (`make compiled`, where a C compiler is; rebuilt only when one of them changed).
 demo: install
+	$(BIN)/python scripts/compiled.py update
+	$(BIN)/stallfree --version
 	$(BIN)/stallfree explain --plot out/explain
 	@echo "a real chat answer: SmolLM2-135M-Instruct (Q4_1 GGUF) through the engine, greedy"
 	$(BIN)/stallfree generate --model smollm2 --chat --temperature 0 --max-tokens 40 \
 		--prompt "What is the capital of France?"
 
 lint: dev
-	$(BIN)/ruff check src tests benchmarks scripts
-	$(BIN)/ruff format --check src tests benchmarks scripts
+	$(BIN)/ruff check src tests benchmarks scripts setup.py
+	$(BIN)/ruff format --check src tests benchmarks scripts setup.py
 
 typecheck: dev
 	$(BIN)/mypy
@@ -44,8 +48,9 @@ test: lint typecheck
 	$(BIN)/pytest -n 2 --dist loadgroup
 
 # The simulator's hot modules compiled by mypyc (~2x faster simulate / tune; same outputs), beside
-# their sources in src/; `make pure` removes them. Needs a C compiler.
-compiled: dev
+# their sources in src/: the wheel's build (setup.py), put in place; `make pure` removes them. Needs a
+# C compiler (`pip install .` compiles the same where one is; STALLFREE_PURE=1 keeps it pure).
+compiled: install
 	$(BIN)/python scripts/compiled.py build
 
 pure:
