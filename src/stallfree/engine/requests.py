@@ -8,34 +8,15 @@ flattened to the one completion a request has here).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from stallfree.core import SamplingParams
+from stallfree.core.outputs import RequestOutput as RequestOutput  # the engine's outputs, re-exported
 from stallfree.engine.drafts import DraftHistory
 from stallfree.engine.tokenizer import Tokenizer, detokenize_incrementally
 
 # Prompt tokens kept as left context when detokenizing the first generated tokens.
 _DETOKENIZE_CONTEXT = 5
-
-
-@dataclass(frozen=True, slots=True)
-class RequestOutput:
-    """A request's output so far; ``new_text``/``new_token_ids`` are this step's additions."""
-
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: tuple[int, ...]
-    text: str
-    token_ids: tuple[int, ...]
-    finished: bool
-    finish_reason: str | None
-    new_text: str = ""
-    new_token_ids: tuple[int, ...] = ()
-    logprobs: tuple[float, ...] | None = None
-    # Per generated token, its top_logprobs alternatives as (token id, logprob); None unless asked.
-    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
 
 
 class RequestState:

@@ -43,9 +43,12 @@ from stallfree.core import SamplingParams
 from stallfree.server.step_log import write_step
 
 if TYPE_CHECKING:
+    from stallfree.core.outputs import RequestOutput
     from stallfree.engine.engine import LLMEngine
-    from stallfree.engine.requests import RequestOutput
     from stallfree.server.prometheus import ServerMetrics
+    from stallfree.server.virtual import VirtualEngine
+
+    Engine = LLMEngine | VirtualEngine
 
 _log = logging.getLogger(__name__)
 
@@ -141,18 +144,20 @@ class EngineThread:
 
     def __init__(
         self,
-        make_engine: Callable[[], LLMEngine],
+        make_engine: Callable[[], Engine],
         metrics: ServerMetrics,
         *,
         max_waiting_requests: int = 256,
         num_threads: int | None = None,
         step_log: str | None = None,
+        uses_torch: bool = True,
     ) -> None:
         if max_waiting_requests <= 0:
             raise ValueError(f"max_waiting_requests must be positive, got {max_waiting_requests}")
         if num_threads is not None and num_threads <= 0:
             raise ValueError(f"num_threads must be positive, got {num_threads}")
-        self.engine: LLMEngine
+        self.engine: Engine
+        self.uses_torch = uses_torch  # a virtual replica's engine runs no kernels
         self.num_threads = num_threads or default_num_threads()
         self.metrics = metrics
         self.max_waiting_requests = max_waiting_requests
@@ -244,11 +249,9 @@ class EngineThread:
     # -- the engine thread -----------------------------------------------------------------
 
     def _build_and_run(
-        self, make_engine: Callable[[], LLMEngine], built: threading.Event, failure: list[BaseException]
+        self, make_engine: Callable[[], Engine], built: threading.Event, failure: list[BaseException]
     ) -> None:
-        import torch  # the engine needs it; this module does not, at import
-
-        torch.set_num_threads(self.num_threads)  # before this thread's first kernel
+        self._set_torch_threads()  # before this thread's first kernel
         try:
             self.engine = make_engine()
         except BaseException as exc:  # raised again by __init__, on the caller's thread
@@ -262,10 +265,14 @@ class EngineThread:
             return
         self._run()
 
-    def _run(self) -> None:
-        import torch
+    def _set_torch_threads(self) -> None:
+        if self.uses_torch:
+            import torch  # the engine needs it; this module does not, at import
 
-        torch.set_num_threads(self.num_threads)  # a restarted thread's own pool
+            torch.set_num_threads(self.num_threads)
+
+    def _run(self) -> None:
+        self._set_torch_threads()  # a restarted thread's own pool
         stalled = False
         log = None
         try:
@@ -356,6 +363,7 @@ class EngineThread:
         now_s = time.perf_counter()
         ttfts_s: list[float] = []
         itls_s: list[float] = []
+        e2es_s: list[float] = []
         num_prompt_tokens = num_generated_tokens = 0
         for out in outputs:
             rid = out.request_id
@@ -372,6 +380,7 @@ class EngineThread:
             num_generated_tokens += len(out.new_token_ids)
             deliveries.append(functools.partial(stream.put, out))
             if out.finished:
+                e2es_s.append(now_s - self._arrival_s[rid])
                 self.metrics.request_finished(out.finish_reason or "stop")
                 del self._streams[rid]
                 self._forget(rid)
@@ -380,6 +389,7 @@ class EngineThread:
             itls_s=itls_s,
             num_prompt_tokens=num_prompt_tokens,
             num_generated_tokens=num_generated_tokens,
+            e2es_s=e2es_s,
         )
 
     def _forget(self, request_id: str) -> None:

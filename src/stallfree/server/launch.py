@@ -23,6 +23,8 @@ from stallfree.specs.gguf import KNOWN_GGUF_MODELS, is_gguf_path, read_gguf
 
 if TYPE_CHECKING:
     from stallfree.engine.config import EngineConfig
+    from stallfree.server.virtual import ServedTokenizer
+    from stallfree.sim.deployment import Deployment
 
 
 def build_server(
@@ -59,6 +61,35 @@ def build_server(
         max_waiting_requests=max_waiting_requests,
         num_threads=num_threads,
         step_log=step_log,
+    )
+    return build_app(thread, ServerConfig(served_model_name=name, api_key=api_key))
+
+
+def build_virtual_server(
+    deployment: Deployment,
+    *,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    max_waiting_requests: int = 256,
+    tokenizer: ServedTokenizer | None = None,
+    time_scale: float = 1.0,
+    seed: int = 0,
+) -> FastAPI:
+    """A virtual replica of ``deployment`` (:class:`~stallfree.server.virtual.VirtualEngine`: the
+    scheduler and its cost model on the wall clock) behind the same app; metrics named ``vllm:``.
+    ``served_model_name`` defaults to the priced model's name; ValueError on a deployment that
+    cannot be priced."""
+    from stallfree.server.virtual import VirtualEngine
+
+    engine = VirtualEngine(deployment, tokenizer, time_scale=time_scale, seed=seed)  # checked here
+    if served_model_name is not None and not served_model_name.strip():
+        raise ValueError("the served model name must not be empty")
+    name = served_model_name or engine.pick.model.name
+    thread = EngineThread(
+        lambda: engine,
+        ServerMetrics(name, prefix="vllm"),
+        max_waiting_requests=max_waiting_requests,
+        uses_torch=False,
     )
     return build_app(thread, ServerConfig(served_model_name=name, api_key=api_key))
 
@@ -121,16 +152,22 @@ def serve(app: FastAPI, sock: socket.socket, log_level: str = "info") -> None:
 
 
 class ServerThread:
-    """Serve ``app`` on 127.0.0.1 (a free port unless given) in a background thread.
+    """Serve ``app`` on 127.0.0.1 (a free port unless given, or the socket ``sock`` already bound)
+    in a background thread.
 
     ``with ServerThread(app) as server: httpx.get(server.base_url + "/health")``
     """
 
     def __init__(
-        self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+        self,
+        app: FastAPI,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        sock: socket.socket | None = None,
     ) -> None:
         self.app = app
-        self._sock = bind(host, port)
+        self._sock = sock if sock is not None else bind(host, port)
         bound_host, bound_port = self._sock.getsockname()[:2]
         self.base_url = f"http://{bound_host}:{bound_port}"
         self._server = _uvicorn_server(app, log_level)

@@ -4,7 +4,8 @@ Latencies are measured on the engine thread at the moment a token is sampled, so
 the scheduler and the model, not how fast a client reads. The engine thread reports once per
 step (:meth:`ServerMetrics.record_step`): per-token work there would hold the GIL the event loop
 needs, so histograms are plain bucket counts behind one lock taken once per step and once per
-scrape. Names follow vLLM's (``stallfree:`` instead of ``vllm:``).
+scrape. Names and meanings follow vLLM's, under ``stallfree:`` (a virtual replica, which stands
+in for a vLLM server, uses ``vllm:`` itself, so dashboards and autoscaling rules read it as one).
 """
 
 from __future__ import annotations
@@ -60,18 +61,18 @@ class _StepHistogram(Collector):
 class ServerMetrics:
     """Counters, gauges and histograms; every method is safe to call from any thread."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, prefix: str = "stallfree") -> None:
         self.registry = CollectorRegistry()
         labels = ("model_name",)
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(f"stallfree:{name}", doc, labels, registry=self.registry)
+            return Gauge(f"{prefix}:{name}", doc, labels, registry=self.registry)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(f"stallfree:{name}", doc, labels, registry=self.registry)
+            return Counter(f"{prefix}:{name}", doc, labels, registry=self.registry)
 
         def histogram(name: str, doc: str) -> _StepHistogram:
-            collector = _StepHistogram(f"stallfree:{name}", doc, model_name, _LATENCY_BUCKETS_S)
+            collector = _StepHistogram(f"{prefix}:{name}", doc, model_name, _LATENCY_BUCKETS_S)
             self.registry.register(collector)
             return collector
 
@@ -105,6 +106,9 @@ class ServerMetrics:
         self.inter_token_latency = histogram(
             "inter_token_latency_seconds", "Gap between two sampled tokens of a request."
         )
+        self.e2e_request_latency = histogram(
+            "e2e_request_latency_seconds", "Arrival to the last token of a request that finished."
+        )
         # vLLM's spec-decode counters: verify steps a request ran, draft tokens, accepted ones,
         # and accepted ones by draft position.
         self.spec_decode_drafts = counter("spec_decode_num_drafts", "Draft runs verified.").labels(model_name)
@@ -115,13 +119,13 @@ class ServerMetrics:
             "spec_decode_num_accepted_tokens", "Draft tokens accepted."
         ).labels(model_name)
         self._spec_decode_per_position = Counter(
-            "stallfree:spec_decode_num_accepted_tokens_per_pos",
+            f"{prefix}:spec_decode_num_accepted_tokens_per_pos",
             "Draft tokens accepted, by position in the draft.",
             ("model_name", "position"),
             registry=self.registry,
         )
         self._request_success = Counter(
-            "stallfree:request_success",
+            f"{prefix}:request_success",
             "Requests that ended, by finish reason.",
             ("model_name", "finished_reason"),
             registry=self.registry,
@@ -135,10 +139,13 @@ class ServerMetrics:
         itls_s: Sequence[float],
         num_prompt_tokens: int,
         num_generated_tokens: int,
+        e2es_s: Sequence[float] = (),
     ) -> None:
-        """One engine step's tokens: first-token latencies, gaps, prompt tokens of the new starters."""
+        """One engine step's tokens: first-token latencies, gaps, prompt tokens of the new starters,
+        and the whole latency of the requests that finished."""
         self.time_to_first_token.observe_many(ttfts_s)
         self.inter_token_latency.observe_many(itls_s)
+        self.e2e_request_latency.observe_many(e2es_s)
         if num_prompt_tokens:
             self.prompt_tokens.inc(num_prompt_tokens)
         if num_generated_tokens:

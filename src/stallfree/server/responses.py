@@ -31,7 +31,7 @@ from stallfree.server.engine_thread import (
 from stallfree.server.errors import ServerError, error_body, error_response
 
 if TYPE_CHECKING:
-    from stallfree.engine.requests import RequestOutput
+    from stallfree.core.outputs import RequestOutput
 
 RETRY_AFTER_S = 1
 

@@ -115,7 +115,7 @@ def simulate(
         if spec is not None
         else None
     )
-    kvs = {id(p): _kv_memory(p, serving, deployment.gpu_memory_utilization) for p in picks}
+    kvs = {id(p): replica_kv_memory(p, serving, deployment.gpu_memory_utilization) for p in picks}
     if len(picks) > 1 or deployment.route_delay_ms:
         router = make_router(deployment.router, len(picks), seed)
         return _simulate_fleet(
@@ -239,7 +239,7 @@ def _simulate_disaggregated(
         (replace(costs, tp=shape.tp_decode), serving, shape.num_decode),
     ):
         pick = pick_once(choice)
-        kv = _kv_memory(pick, pool_serving, deployment.gpu_memory_utilization)
+        kv = replica_kv_memory(pick, pool_serving, deployment.gpu_memory_utilization)
         schedulers = [
             pool_serving.make_scheduler(
                 pick.model.max_position_embeddings, kv.num_blocks, predictor=pick.pricer.step_time_s
@@ -357,8 +357,8 @@ def _speculative_summary(serving: ServingConfig, drafts: DraftStats | None) -> d
     }
 
 
-def _kv_memory(pick: CostPick, serving: ServingConfig, gpu_memory_utilization: float) -> KvMemory:
-    """The KV cache: ``serving.num_blocks``, a profiled engine's sizing, or what fits the hardware."""
+def replica_kv_memory(pick: CostPick, serving: ServingConfig, gpu_memory_utilization: float) -> KvMemory:
+    """A replica's KV cache: ``serving.num_blocks``, a profiled engine's sizing, or what fits the hardware."""
     model, context = pick.model, pick.model.max_position_embeddings
     num_blocks = serving.num_blocks
     if num_blocks is None and pick.measured is not None:
