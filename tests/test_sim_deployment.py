@@ -125,6 +125,7 @@ def _simulate(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, 
         ["--fleet", "1xh100-sxm:tp2,2xa100-80gb", "--router", "power-of-two"],
         ["--disaggregate", "1P2D", "--kv-link", "roce-200", "--prefill-token-budget", "1024", "--tp", "2"],
         ["--speculative-tokens", "3", "--acceptance-rate", "0.7", "--draft", "eagle", "--dtype", "fp8"],
+        ["--autoscale", "keda:running=6", "--min-replicas", "2", "--max-replicas", "5", "--startup-s", "3"],
     ],
 )
 def test_a_deployment_written_runs_again_from_its_file(

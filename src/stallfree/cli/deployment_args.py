@@ -113,6 +113,14 @@ def deployment_flags(d: Deployment) -> dict[str, Any]:
             prefill_token_budget=p.prefill_token_budget,
             prefill_profile=p.prefill_profile,
         )
+    if (a := d.autoscale) is not None:
+        flags.update(
+            autoscale=a.rule,
+            min_replicas=a.min_replicas,
+            max_replicas=a.max_replicas,
+            startup_s=a.startup_s,
+            scrape_s=a.scrape_s,
+        )
     if (s := d.speculation) is not None:
         flags.update(
             acceptance_rate=",".join(repr(r) for r in s.acceptance.rates),

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from stallfree.cli.common import UsageError, non_negative_float, positive_int
+from stallfree.cli.common import UsageError, non_negative_float, positive_float, positive_int
 from stallfree.cli.cost_args import (
     add_kv_link_arg,
     add_roofline_args,
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from stallfree.core.serving import ServingConfig
     from stallfree.costs.choice import CostChoice
     from stallfree.sim import SimulationResult
-    from stallfree.sim.deployment import Deployment, ReplicaGroup
+    from stallfree.sim.deployment import Autoscale, Deployment, ReplicaGroup
     from stallfree.sim.disagg import Disaggregation
     from stallfree.sim.speculative import Acceptance
 
@@ -128,6 +128,43 @@ def _add_fleet_args(p: argparse.ArgumentParser) -> None:
         type=non_negative_float,
         default=0.0,
         help="time from the router's choice to the replica's queue, counted in TTFT (default 0)",
+    )
+    _add_autoscale_args(p.add_argument_group("autoscaling (a fleet through the day)"))
+
+
+def _add_autoscale_args(a: argparse._ArgumentGroup) -> None:
+    a.add_argument(
+        "--autoscale",
+        metavar="keda:METRIC=TARGET",
+        help="resize the fleet as the Kubernetes HPA (KEDA) does on a per-replica target of vLLM's "
+        "num_requests_waiting (waiting), num_requests_running (running) or kv_cache_usage_perc (kv), "
+        "e.g. keda:waiting=8; --replicas is then the starting size (default --min-replicas)",
+    )
+    a.add_argument("--min-replicas", type=positive_int, default=1, help="the autoscaler's floor (default 1)")
+    a.add_argument(
+        "--max-replicas", type=positive_int, default=8, help="the autoscaler's ceiling (default 8)"
+    )
+    a.add_argument(
+        "--startup-s",
+        type=non_negative_float,
+        default=120.0,
+        help="a new replica's time from the decision to routable: scheduling, pulling, loading weights, "
+        "warm-up (default %(default)s)",
+    )
+    a.add_argument(
+        "--scrape-s",
+        type=positive_float,
+        default=15.0,
+        help="how often the autoscaler reads the replicas' metrics and decides (default %(default)s)",
+    )
+    a.add_argument(
+        "--window-s",
+        type=positive_float,
+        default=3600.0,
+        help="rows of the day's table, by arrival (default %(default)s: hourly)",
+    )
+    a.add_argument(
+        "--gpu-hour-cost", type=positive_float, metavar="USD", help="price of a GPU-hour, for the cost"
     )
 
 
@@ -257,6 +294,7 @@ def run(args: argparse.Namespace) -> int:
     if args.deployment_out:
         write_deployment(deployments[0], args.deployment_out)
     workload, requests, results = _simulate_all(args, deployments)
+    days = _days(args, results)
     interrupted = len(results) < len(policies) or any(r.partial for r in results)
     outputs = write_outputs(results, len(policies), args.requests_out, args.trace_out)
     if args.plot and not interrupted:
@@ -276,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
             body["outputs"] = outputs
         print(json.dumps(body, indent=2))
     elif results:
-        print(format_table(scenario, [r.summary for r in results], outputs))
+        print(format_table(scenario, [r.summary for r in results], outputs) + days)
     if stopped is None:
         return 0
     text = interrupted_text(stopped)
@@ -375,6 +413,7 @@ def _deployments(
     _, cost_model_note = pick_costs(args, **options)  # sets args.cost_model to the kind picked
     costs = cost_choice(args, **options)
     fleet = _fleet(args, costs) if args.fleet else ()
+    autoscale = _autoscale(args)
     speculation = None
     if acceptance is not None:
         try:
@@ -393,11 +432,30 @@ def _deployments(
         if disagg is not None:
             deployments.append(Deployment(**common, disaggregate=disagg))
         else:
+            if autoscale is not None and args.replicas == 1:
+                args.replicas = autoscale.min_replicas  # the day starts at the floor
             replicas = 1 if fleet else args.replicas
-            deployments.append(
-                Deployment(**common, replicas=replicas, fleet=fleet, route_delay_ms=args.route_delay_ms)
-            )
+            fields = {"replicas": replicas, "fleet": fleet, "route_delay_ms": args.route_delay_ms}
+            deployments.append(Deployment(**common, **fields, autoscale=autoscale))
     return deployments, cost_model_note
+
+
+def _autoscale(args: argparse.Namespace) -> Autoscale | None:
+    """``--autoscale`` and its bounds (None without it; its other flags then refused)."""
+    from stallfree.sim.deployment import Autoscale
+
+    if args.autoscale is None:
+        defaults = {"min_replicas": 1, "max_replicas": 8, "startup_s": 120.0, "scrape_s": 15.0}
+        for name, default in defaults.items():
+            if getattr(args, name) != default:
+                raise UsageError(f"--{name.replace('_', '-')} applies with --autoscale")
+        return None
+    if args.disaggregate is not None or any(p.startswith("disagg:") for p in args.policy.split(",")):
+        raise UsageError("--autoscale resizes a fleet of alike replicas, not prefill and decode pools")
+    try:
+        return Autoscale(args.autoscale, args.min_replicas, args.max_replicas, args.startup_s, args.scrape_s)
+    except ValueError as exc:
+        raise UsageError(f"--autoscale: {exc}") from None
 
 
 def _simulate_all(
@@ -417,6 +475,12 @@ def _simulate_all(
     else:
         workload, num_requests = traffic_workload(args)
         requests = sample(workload, num_requests, args.seed)
+    span_s = float(requests.arrival_time_s[-1] - requests.arrival_time_s[0]) if len(requests) else 0.0
+    if args.autoscale is not None and args.startup_s >= span_s:
+        raise UsageError(
+            f"--startup-s {args.startup_s:g} is longer than the run's {span_s:,.0f} s of arrivals: no replica "
+            "the autoscaler adds would serve"
+        )
     results: list[SimulationResult] = []
     with stop_on_signal() as stop:
         for deployment in deployments:
@@ -520,3 +584,22 @@ def _speculation(
         "draft_rate": acceptance.proposal_rate,
         "draft": args.draft,
     }
+
+
+def _days(args: argparse.Namespace, results: list[SimulationResult]) -> str:
+    """An autoscaled run's day, window by window: added to each summary (``autoscale.windows``),
+    and as text (empty without --autoscale)."""
+    from stallfree.metrics.io import parse_goodput
+    from stallfree.sim.day_report import day_windows, format_day
+
+    if args.autoscale is None:
+        return ""
+    goodput = parse_goodput(args.goodput) if args.goodput else None
+    text = []
+    for result in results:
+        scale = result.summary["autoscale"]
+        scale["windows"] = day_windows(result.records, scale, args.window_s, goodput)
+        if args.gpu_hour_cost:
+            scale["gpu_hour_cost"] = args.gpu_hour_cost
+        text.append(format_day(result.summary, scale["windows"], args.gpu_hour_cost))
+    return "\n".join(text)

@@ -20,8 +20,8 @@ def add_traffic_args(g: argparse._ActionsContainer) -> None:
     """``simulate``'s workload: arrivals, lengths, a trace or a bench result to replay, sessions."""
     g.add_argument(
         "--workload",
-        choices=("poisson", "gamma", "all-at-once", "trace"),
-        help="arrival process (default: trace if --trace, else poisson)",
+        choices=("poisson", "gamma", "all-at-once", "trace", "rate-profile"),
+        help="arrival process (default: trace if --trace, rate-profile if --rate-profile, else poisson)",
     )
     g.add_argument(
         "--qps", type=float, help=f"requests per second for poisson/gamma (default {DEFAULT_QPS:g})"
@@ -33,6 +33,19 @@ def add_traffic_args(g: argparse._ActionsContainer) -> None:
         f"a shipped trace ({', '.join(TRACE_NAMES)}) or a trace file (default {DEFAULT_LENGTHS} unless --trace)",
     )
     g.add_argument("--trace", help="replay this trace's arrival times (and its lengths unless --lengths)")
+    g.add_argument(
+        "--lengths-sampling",
+        choices=("in-order", "with-replacement"),
+        help="how a trace's rows are drawn for --lengths (default: in order for traces with prefix hashes "
+        "such as Mooncake's, else with replacement); with replacement, a drawn row keeps its hashes",
+    )
+    g.add_argument(
+        "--rate-profile",
+        metavar="CSV|diurnal:PEAK,TROUGH[,HOURS]",
+        help="Poisson arrivals at a rate that changes: a CSV of time_s,qps rows (linear between, repeating "
+        "after the last), or a cosine day from TROUGH to PEAK requests/s (default period 24 h); "
+        "--num-requests defaults to one period's",
+    )
     g.add_argument(
         "--replay",
         metavar="RESULT.json",
@@ -52,7 +65,7 @@ def traffic_workload(args: argparse.Namespace) -> tuple[Workload, int | None]:
     row of a trace read in order)."""
     from stallfree.workload import WorkloadOptions, workload_from_options
 
-    arrival = args.workload or ("trace" if args.trace else "poisson")
+    arrival = args.workload or ("trace" if args.trace else "rate-profile" if args.rate_profile else "poisson")
     qps = DEFAULT_QPS if args.qps is None and arrival in ("poisson", "gamma") else args.qps
     lengths = DEFAULT_LENGTHS if args.lengths is None and args.trace is None else args.lengths
     sessions = args.sessions is not None or args.turns is not None
@@ -63,12 +76,14 @@ def traffic_workload(args: argparse.Namespace) -> tuple[Workload, int | None]:
         burstiness=args.burstiness,
         trace=args.trace,
         lengths=lengths,
+        rate_profile=args.rate_profile,
+        sampling=args.lengths_sampling,
         **session_options(args),
     )
     workload = workload_from_options(options)
     if num_requests is not None and num_requests <= 0:
         raise UsageError(f"--num-requests must be positive, got {num_requests}")
-    if num_requests is None and workload.max_num_requests() is None:
+    if num_requests is None and workload.max_num_requests() is None and args.rate_profile is None:
         num_requests = DEFAULT_NUM_REQUESTS
     return workload, num_requests
 

@@ -45,11 +45,14 @@ ROUTER_NAMES = ("round-robin", "least-requests", "power-of-two", "consistent-has
 
 class Router(Protocol):
     """Picks a replica for each arrival; ``in_flight[i]``: requests routed to replica i and not
-    yet finished, as the router counts them."""
+    yet finished, as the router counts them; ``routable``: the replicas it may pick now (None:
+    every one), as a router's worker list changes when an autoscaler adds or drains workers."""
 
     name: str
 
-    def route(self, request: Request, in_flight: Sequence[int]) -> int: ...
+    def route(
+        self, request: Request, in_flight: Sequence[int], routable: Sequence[int] | None = None
+    ) -> int: ...
 
 
 class RoundRobin:
@@ -58,7 +61,10 @@ class RoundRobin:
     def __init__(self) -> None:
         self._next = 0
 
-    def route(self, request: Request, in_flight: Sequence[int]) -> int:
+    def route(self, request: Request, in_flight: Sequence[int], routable: Sequence[int] | None = None) -> int:
+        if routable is not None:  # the workers in turn, as listed now
+            self._next += 1
+            return routable[(self._next - 1) % len(routable)]
         chosen = self._next % len(in_flight)
         self._next = chosen + 1
         return chosen
@@ -67,8 +73,8 @@ class RoundRobin:
 class LeastRequests:
     name = "least-requests"
 
-    def route(self, request: Request, in_flight: Sequence[int]) -> int:
-        return min(range(len(in_flight)), key=in_flight.__getitem__)
+    def route(self, request: Request, in_flight: Sequence[int], routable: Sequence[int] | None = None) -> int:
+        return min(routable if routable is not None else range(len(in_flight)), key=in_flight.__getitem__)
 
 
 class PowerOfTwo:
@@ -77,10 +83,11 @@ class PowerOfTwo:
     def __init__(self, seed: int = 0) -> None:
         self._rng = random.Random(seed)
 
-    def route(self, request: Request, in_flight: Sequence[int]) -> int:
-        if len(in_flight) == 1:
-            return 0
-        a, b = self._rng.sample(range(len(in_flight)), 2)
+    def route(self, request: Request, in_flight: Sequence[int], routable: Sequence[int] | None = None) -> int:
+        pool = routable if routable is not None else range(len(in_flight))
+        if len(pool) == 1:
+            return pool[0]
+        a, b = self._rng.sample(pool, 2)
         return a if in_flight[a] <= in_flight[b] else b
 
 
@@ -94,10 +101,17 @@ class ConsistentHash:
         self._points = [point for point, _ in ring]
         self._owners = [owner for _, owner in ring]
 
-    def route(self, request: Request, in_flight: Sequence[int]) -> int:
+    def route(self, request: Request, in_flight: Sequence[int], routable: Sequence[int] | None = None) -> int:
         key = request.session_id if request.session_id is not None else request.request_id
         at = bisect.bisect_left(self._points, _hash(key))
-        return self._owners[at % len(self._points)]
+        if routable is None:
+            return self._owners[at % len(self._points)]
+        allowed = set(routable)  # the ring without the others: the next point a routable one owns
+        for step in range(len(self._points)):
+            owner = self._owners[(at + step) % len(self._points)]
+            if owner in allowed:
+                return owner
+        raise ValueError("no replica to route to")
 
 
 def _hash(text: str) -> int:
@@ -185,19 +199,25 @@ class CacheAware:
         self.config = config or CacheAwareConfig()
         self.trees = [PrefixTree(self.config.max_tree_size) for _ in range(num_replicas)]
 
-    def route(self, request: Request, in_flight: Sequence[int]) -> int:
+    def route(self, request: Request, in_flight: Sequence[int], routable: Sequence[int] | None = None) -> int:
         cfg = self.config
         units = prompt_units(request)
-        least = min(range(len(in_flight)), key=in_flight.__getitem__)
-        most, fewest = max(in_flight), min(in_flight)
+        pool = routable if routable is not None else range(len(in_flight))
+        least = min(pool, key=in_flight.__getitem__)
+        loads = [in_flight[i] for i in pool]
+        most, fewest = max(loads), min(loads)
         if most - fewest > cfg.balance_abs_threshold and most > fewest * cfg.balance_rel_threshold:
             chosen = least
         else:
-            matched = [tree.match(units) for tree in self.trees]
-            best = max(range(len(matched)), key=matched.__getitem__)
+            matched = {i: self.trees[i].match(units) for i in pool}
+            best = max(pool, key=matched.__getitem__)
             chosen = best if units and matched[best] / len(units) > cfg.cache_threshold else least
         self.trees[chosen].insert(units)
         return chosen
+
+    def forget(self, replica: int) -> None:
+        """A worker left (vllm-router's ``/remove_worker`` drops its tree); a new one starts bare."""
+        self.trees[replica] = PrefixTree(self.config.max_tree_size)
 
 
 def prompt_units(request: Request) -> tuple[int, ...]:

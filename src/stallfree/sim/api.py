@@ -10,6 +10,8 @@ says, sizes its KV cache, builds its scheduler and runs the workload through one
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -26,11 +28,12 @@ from stallfree.costs.measured import VariedSteps
 from stallfree.costs.memory import KvMemory, fixed_kv_memory, kv_memory
 from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
+from stallfree.sim.autoscaled import run_autoscaled
 from stallfree.sim.deployment import Deployment
 from stallfree.sim.disagg import Disaggregation, disaggregated_summary, run_disaggregated
 from stallfree.sim.fleet import run_fleet
 from stallfree.sim.speculative import DraftStats, DraftVerifier, draft_pricer
-from stallfree.sim.traffic import StepTrace, TrafficRun, run_traffic
+from stallfree.sim.traffic import StepTrace, TrafficReplica, TrafficRun, run_traffic
 from stallfree.workload import Workload, WorkloadArrays, sample
 
 DEFAULT_DEPLOYMENT = Deployment()
@@ -116,6 +119,10 @@ def simulate(
         else None
     )
     kvs = {id(p): replica_kv_memory(p, serving, deployment.gpu_memory_utilization) for p in picks}
+    if deployment.autoscale is not None:
+        return _simulate_autoscaled(
+            deployment, picks[0], kvs[id(picks[0])], requests, goodput, seed, fast, stop
+        )
     if len(picks) > 1 or deployment.route_delay_ms:
         router = make_router(deployment.router, len(picks), seed)
         return _simulate_fleet(
@@ -214,6 +221,78 @@ def _simulate_fleet(
         route_delay_ms=delay_s * 1000,
         load_imbalance=run.load_imbalance,
         replicas=each,
+    )
+    return SimulationResult(serving.policy, summary, run.records, run.itl, kv, None, run.stopped)
+
+
+def _simulate_autoscaled(
+    deployment: Deployment,
+    pick: CostPick,
+    kv: KvMemory,
+    requests: Iterable[Request],
+    goodput: Mapping[str, float] | None,
+    seed: int,
+    fast: bool,
+    stop: Callable[[], bool] | None,
+) -> SimulationResult:
+    """A fleet an autoscaler resizes (:func:`~stallfree.sim.autoscaled.run_autoscaled`); the
+    summary is the fleet's, plus ``autoscale``: its settings, the GPU-hours, every scaling
+    decision, each replica's lifetime and the fleet's size at every scrape."""
+    scale, serving = deployment.autoscale, deployment.serving
+    assert scale is not None
+    spec = deployment.speculation
+    context = pick.model.max_position_embeddings
+    made = itertools.count()
+
+    def make_replica() -> TrafficReplica:
+        i = next(made)
+        drafts = (
+            None
+            if spec is None
+            else DraftVerifier(
+                spec.acceptance, serving.num_speculative_tokens, seed + i, draft_pricer(spec.draft, pick)
+            )
+        )
+        scheduler = serving.make_scheduler(context, kv.num_blocks, predictor=pick.pricer.step_time_s)
+        return TrafficReplica(
+            scheduler,
+            pick.pricer,
+            fast=fast,
+            step_budget_s=serving.step_budget_s,
+            cuttable=True,
+            drafts=drafts,
+        )
+
+    router = make_router(deployment.router, scale.max_replicas, seed)
+    run = run_autoscaled(
+        make_replica,
+        router,
+        scale.make(),
+        requests,
+        initial=deployment.replicas,
+        startup_s=scale.startup_s,
+        scrape_s=scale.scrape_s,
+        stop=stop,
+    )
+    if not run.records and not run.stopped:
+        raise ValueError("no request could run: the workload is empty")
+    whole = _combined(run.runs, run.records, run.itl, run.duration_s, run.stopped)
+    summary = _summary(whole, serving, run.schedulers, kv, goodput)
+    gpu_hours = run.replica_seconds() * pick.tp / 3600
+    summary.update(
+        router=deployment.router,
+        num_replicas_max=max(
+            (ready + starting + draining for _, starting, ready, draining in run.sizes), default=0
+        ),
+        autoscale={
+            **dataclasses.asdict(scale),
+            "gpu_hours": gpu_hours,
+            "replica_hours": run.replica_seconds() / 3600,
+            "num_replicas_started": len(run.lifetimes),
+            "events": [dataclasses.asdict(e) for e in run.events],
+            "lifetimes": [dataclasses.asdict(life) for life in run.lifetimes],
+            "sizes": [list(size) for size in run.sizes],
+        },
     )
     return SimulationResult(serving.policy, summary, run.records, run.itl, kv, None, run.stopped)
 

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stallfree.core.autoscale import HpaAutoscaler, HpaRule
 from stallfree.core.router import ROUTER_NAMES
 from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice
@@ -85,6 +86,41 @@ class Speculation:
             raise ValueError(f"unknown draft method {self.draft!r}; choose from: {', '.join(DRAFT_METHODS)}")
 
 
+AUTOSCALERS = ("hpa", "keda")  # KEDA drives the HPA: one rule
+
+
+@dataclass(frozen=True, slots=True)
+class Autoscale:
+    """An autoscaler in front of the fleet: ``rule`` ``hpa:METRIC=TARGET`` (or ``keda:``, the same
+    HPA rule as KEDA drives it: :class:`~stallfree.core.autoscale.HpaRule`), between
+    ``min_replicas`` and ``max_replicas``, deciding every ``scrape_s``; a replica it adds is
+    routable ``startup_s`` later (its GPUs held from the decision on)."""
+
+    rule: str
+    min_replicas: int = 1
+    max_replicas: int = 8
+    startup_s: float = 120.0
+    scrape_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        self.make()  # the rule parses, the bounds hold
+        for name in ("startup_s", "scrape_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a number >= 0, got {value}")
+        if self.scrape_s <= 0:
+            raise ValueError(f"scrape_s must be positive, got {self.scrape_s}")
+
+    def make(self) -> HpaAutoscaler:
+        """A fresh autoscaler (it keeps its recommendations over a run)."""
+        kind, _, rule = self.rule.partition(":")
+        if kind not in AUTOSCALERS:
+            raise ValueError(
+                f"unknown autoscaler {kind!r}; choose from {', '.join(AUTOSCALERS)} (e.g. keda:waiting=8)"
+            )
+        return HpaAutoscaler(HpaRule.parse(rule), self.min_replicas, self.max_replicas)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Deployment:
     """What is deployed (see the module's docstring). ``replicas`` copies of the replica behind
@@ -103,6 +139,7 @@ class Deployment:
     route_delay_ms: float = 0.0
     disaggregate: Disaggregation | None = None
     speculation: Speculation | None = None
+    autoscale: Autoscale | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -131,6 +168,17 @@ class Deployment:
                 )
             if k or self.serving.policy != "chunked":
                 raise ValueError("a disaggregated run's pools schedule as the chunked policy, without drafts")
+
+        if (a := self.autoscale) is not None:
+            if self.fleet or self.disaggregate is not None or self.route_delay_ms:
+                raise ValueError(
+                    "an autoscaled fleet is of one kind of replica: no replica groups, pools or route delay"
+                )
+            if not a.min_replicas <= self.replicas <= a.max_replicas:
+                raise ValueError(
+                    f"an autoscaled fleet starts with {self.replicas} replicas, outside its bounds "
+                    f"[{a.min_replicas}, {a.max_replicas}]"
+                )
 
     @property
     def num_replicas(self) -> int:
@@ -180,6 +228,8 @@ class Deployment:
                 "prefill_token_budget": d.prefill_token_budget,
                 "prefill_profile": d.prefill_profile,
             }
+        if self.autoscale is not None:
+            out["autoscale"] = dataclasses.asdict(self.autoscale)
         if (s := self.speculation) is not None:
             out["speculation"] = {
                 "acceptance_rates": list(s.acceptance.rates),
@@ -206,6 +256,8 @@ class Deployment:
                 fields["fleet"] = tuple(
                     ReplicaGroup(**_section({"fleet": g}, "fleet", ReplicaGroup)) for g in groups
                 )
+            if data.get("autoscale") is not None:
+                fields["autoscale"] = Autoscale(**_section(data, "autoscale", Autoscale))
             if (d := data.get("disaggregate")) is not None:
                 fields["disaggregate"] = _disaggregation(d)
             if (s := data.get("speculation")) is not None:

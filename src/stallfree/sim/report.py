@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from stallfree.metrics import format_metric
 from stallfree.workload import AllAtOnce, GammaArrivals, ReplayArrivals, Workload
+from stallfree.workload.arrivals import RateProfile
 
 if TYPE_CHECKING:
     from stallfree.sim.api import SimulationResult
@@ -47,6 +48,12 @@ def describe_workload(workload: Workload) -> str:
         when = "all at once"
     elif isinstance(arrivals, ReplayArrivals):
         when = f"arrivals replayed from {arrivals.trace}"
+    elif isinstance(arrivals, RateProfile):
+        mean = arrivals.expected_requests() / arrivals.period_s
+        when = (
+            f"poisson at a rate profile's {min(arrivals.qps):g}-{max(arrivals.qps):g} QPS (mean {mean:.3g}) "
+            f"over {arrivals.period_s / 3600:g} h"
+        )
     else:  # pragma: no cover - a new arrival process
         when = repr(arrivals)
     kind = type(lengths).__name__.removesuffix("Lengths").lower()

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stallfree.workload.arrivals import ARRIVAL_NAMES, AllAtOnce, Arrivals, ReplayArrivals, gamma, poisson
+from stallfree.workload.arrivals import (
+    ARRIVAL_NAMES,
+    AllAtOnce,
+    Arrivals,
+    RateProfile,
+    ReplayArrivals,
+    gamma,
+    poisson,
+)
 from stallfree.workload.lengths import FixedLengths, Lengths, TraceLengths, parse_lengths
 from stallfree.workload.requests import Workload
 from stallfree.workload.sessions import Sessions
@@ -35,6 +43,7 @@ class WorkloadOptions:
     sampling: str | None = None
     max_prompt_tokens: int | None = None
     max_total_tokens: int | None = None
+    rate_profile: str | None = None
     turns: int | None = None
     system_prompt_tokens: int = 0
     think_time_s: float = 0.0
@@ -42,7 +51,9 @@ class WorkloadOptions:
 
 def workload_from_options(options: WorkloadOptions) -> Workload:
     """Check that the options fit together and build the workload; ValueError says what is wrong."""
-    arrival = options.arrival or ("trace" if options.trace is not None else "poisson")
+    arrival = options.arrival or (
+        "trace" if options.trace is not None else "rate-profile" if options.rate_profile else "poisson"
+    )
     if arrival not in ARRIVAL_NAMES:
         raise ValueError(f"unknown workload {arrival!r}; choose from {', '.join(ARRIVAL_NAMES)}")
     sessions = None
@@ -78,6 +89,12 @@ def _arrivals_from_options(arrival: str, options: WorkloadOptions) -> Arrivals:
         raise ValueError(f"qps does not apply to the {arrival} workload")
     if arrival == "all-at-once":
         return AllAtOnce()
+    if arrival == "rate-profile":
+        if options.rate_profile is None:
+            raise ValueError("the rate-profile workload needs a profile (a CSV file or diurnal:PEAK,TROUGH)")
+        return RateProfile.parse(options.rate_profile)
+    if options.rate_profile is not None:
+        raise ValueError(f"a rate profile sets the arrivals, which the {arrival} workload does too")
     if options.trace is None:
         raise ValueError("the trace workload needs a trace (path or one of: " + ", ".join(TRACE_NAMES) + ")")
     resolve_trace_path(options.trace)  # fail early, naming the file

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stallfree.core.request import PromptBlocks, Request
-from stallfree.workload.arrivals import Arrivals, ReplayArrivals
+from stallfree.workload.arrivals import Arrivals, RateProfile, ReplayArrivals
 from stallfree.workload.lengths import Lengths, TraceLengths, cap_lengths
 from stallfree.workload.sessions import Sessions, session_turns
 from stallfree.workload.traces import load_trace
@@ -89,10 +89,13 @@ class WorkloadArrays:
 
 
 def sample(workload: Workload, num_requests: int | None = None, seed: int = 0) -> WorkloadArrays:
-    """Draw ``num_requests`` rows (None: every row a trace read in order allows)."""
+    """Draw ``num_requests`` rows (None: every row a trace read in order allows, or the requests
+    one period of a rate profile brings on average)."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
     limit = workload.max_num_requests()
+    if num_requests is None and limit is None and isinstance(workload.arrivals, RateProfile):
+        num_requests = max(1, round(workload.arrivals.expected_requests()))  # one period of the profile
     if num_requests is None:
         if limit is None:
             raise ValueError("num_requests is required unless the workload reads a trace in order")

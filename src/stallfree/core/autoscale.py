@@ -1,0 +1,124 @@
+"""Autoscalers: how many replicas a fleet wants, from what a real autoscaler can see.
+
+Pure policies, like routers: each scrape (every ``scrape_s`` of the fleet's clock) hands the
+policy the metrics of the replicas that were ready then (vLLM's gauges: requests running and
+waiting, KV-cache usage) and how many replicas the fleet has (starting ones included, as
+Kubernetes counts a Deployment's replicas); it answers the count it wants. No clock of its own,
+no I/O. Joining, starting up and draining are the fleet's (:mod:`stallfree.sim.autoscaled`).
+
+- ``hpa``: the Kubernetes Horizontal Pod Autoscaler's rule as KEDA drives it on a Prometheus
+  metric with an ``AverageValue`` target (the Kubernetes docs' algorithm and defaults): usage
+  ratio = the metric summed over the ready replicas / (target x current replicas); within the
+  tolerance (0.1) nothing changes, else desired = ceil(sum / target). Scaling down takes the
+  highest recommendation of the stabilization window (300 s), scaling up the lowest of its own
+  (0 s: the newest); one decision adds at most max(100% of the current replicas, 4) and removes
+  at most 100% (the default ``behavior`` policies, applied per decision); the answer is clamped
+  to [min, max].
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+AUTOSCALE_METRICS = {
+    "waiting": "vllm:num_requests_waiting",
+    "running": "vllm:num_requests_running",
+    "kv": "vllm:kv_cache_usage_perc",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaMetrics:
+    """One ready replica's gauges at a scrape (vLLM's: requests running and waiting, KV usage 0-1)."""
+
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+
+    def value(self, metric: str) -> float:
+        if metric == "waiting":
+            return float(self.num_waiting)
+        if metric == "running":
+            return float(self.num_running)
+        return self.kv_usage
+
+
+@dataclass(frozen=True, slots=True)
+class HpaRule:
+    """A per-replica ``target`` of one metric (:data:`AUTOSCALE_METRICS`), and the HPA's knobs."""
+
+    metric: str
+    target: float
+    tolerance: float = 0.1
+    scale_up_window_s: float = 0.0
+    scale_down_window_s: float = 300.0
+    scale_up_percent: float = 100.0
+    scale_up_pods: int = 4
+    scale_down_percent: float = 100.0
+
+    def __post_init__(self) -> None:
+        if self.metric not in AUTOSCALE_METRICS:
+            raise ValueError(
+                f"unknown autoscaling metric {self.metric!r}; choose from {', '.join(AUTOSCALE_METRICS)}"
+            )
+        if not (math.isfinite(self.target) and self.target > 0):
+            raise ValueError(f"the autoscaling target must be positive, got {self.target}")
+        if self.metric == "kv" and self.target > 1:
+            raise ValueError(f"a KV-usage target is a share of the cache (0-1], got {self.target}")
+        if not 0 <= self.tolerance < 1:
+            raise ValueError(f"the tolerance must be in [0, 1), got {self.tolerance}")
+        if min(self.scale_up_window_s, self.scale_down_window_s) < 0:
+            raise ValueError("stabilization windows must be >= 0 s")
+
+    @classmethod
+    def parse(cls, text: str) -> HpaRule:
+        """``waiting=8`` (a metric and its per-replica target)."""
+        metric, sep, target = text.partition("=")
+        try:
+            value = float(target)
+        except ValueError:
+            value = float("nan")
+        if not sep or value != value:
+            raise ValueError(f"give the rule as METRIC=TARGET (e.g. waiting=8), got {text!r}")
+        return cls(metric.strip(), value)
+
+
+class HpaAutoscaler:
+    """The HPA's decisions over a run (see the module's docstring); one per fleet."""
+
+    name = "hpa"
+
+    def __init__(self, rule: HpaRule, min_replicas: int, max_replicas: int) -> None:
+        if not 1 <= min_replicas <= max_replicas:
+            raise ValueError(f"need 1 <= min replicas <= max replicas, got {min_replicas} and {max_replicas}")
+        self.rule = rule
+        self.min_replicas, self.max_replicas = min_replicas, max_replicas
+        self._history: deque[tuple[float, int]] = deque()  # (time, recommendation)
+
+    def desired(self, now_s: float, current: int, ready: Sequence[ReplicaMetrics]) -> int:
+        """The replicas wanted at ``now_s`` with ``current`` replicas, ``ready`` of them scraped."""
+        rule = self.rule
+        total = sum(m.value(rule.metric) for m in ready)
+        if not ready:
+            recommendation = current  # nothing scraped (all starting): hold
+        else:
+            ratio = total / (rule.target * current)
+            recommendation = current if abs(ratio - 1) <= rule.tolerance else math.ceil(total / rule.target)
+        self._history.append((now_s, recommendation))
+        keep_s = max(rule.scale_up_window_s, rule.scale_down_window_s)
+        while self._history and self._history[0][0] < now_s - keep_s:
+            self._history.popleft()
+        if recommendation > current:  # scale up: the lowest recommendation of the up window
+            wanted = min(r for t, r in self._history if t >= now_s - rule.scale_up_window_s)
+            most = max(math.ceil(current * (1 + rule.scale_up_percent / 100)), current + rule.scale_up_pods)
+            wanted = max(current, min(wanted, most))
+        elif recommendation < current:  # scale down: the highest of the down window
+            wanted = max(r for t, r in self._history if t >= now_s - rule.scale_down_window_s)
+            fewest = math.floor(current * (1 - rule.scale_down_percent / 100))
+            wanted = min(current, max(wanted, fewest))
+        else:
+            wanted = current
+        return max(self.min_replicas, min(self.max_replicas, wanted))
