@@ -119,7 +119,7 @@ def test_nothing_is_lost_or_counted_twice_as_replicas_come_and_go(
     scaler = RandomScaler(seed, 1, 4)
     run = run_autoscaled(
         make,
-        make_router(router, 4, seed),
+        make_router(router, 8, seed),
         scaler,
         requests,
         initial=2,

@@ -28,7 +28,7 @@ from stallfree.costs.measured import VariedSteps
 from stallfree.costs.memory import KvMemory, fixed_kv_memory, kv_memory
 from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
-from stallfree.sim.autoscaled import run_autoscaled
+from stallfree.sim.autoscaled import num_slots, run_autoscaled
 from stallfree.sim.deployment import Deployment
 from stallfree.sim.disagg import Disaggregation, disaggregated_summary, run_disaggregated
 from stallfree.sim.fleet import run_fleet
@@ -263,7 +263,7 @@ def _simulate_autoscaled(
             drafts=drafts,
         )
 
-    router = make_router(deployment.router, scale.max_replicas, seed)
+    router = make_router(deployment.router, num_slots(scale.max_replicas), seed)
     run = run_autoscaled(
         make_replica,
         router,

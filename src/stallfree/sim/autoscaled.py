@@ -1,6 +1,7 @@
 """A fleet whose size an autoscaler sets, on the one clock (:func:`~stallfree.sim.driver.drive`).
 
-The fleet has ``max_replicas`` slots. A slot is *off*, *starting* (its GPUs held, its weights
+The fleet has twice ``max_replicas`` slots (as many again for replicas still draining: Kubernetes
+counts a terminating pod out of the replicas at once). A slot is *off*, *starting* (its GPUs held, its weights
 loading: not routable until ``startup_s`` has passed), *ready* (routable) or *draining* (taking
 nothing new, leaving once its last request ends). Every ``scrape_s`` the autoscaler
 (:mod:`stallfree.core.autoscale`) reads the ready replicas' gauges and answers a count: more
@@ -140,7 +141,7 @@ class _Fleet:
             autoscaler,
             startup_s,
         )
-        self.slots = [_Slot(i) for i in range(autoscaler.max_replicas)]
+        self.slots = [_Slot(i) for i in range(num_slots(autoscaler.max_replicas))]
         self.retired: list[TrafficReplica] = []
         self.lifetimes: list[Lifetime] = []
         self.events: list[ScalingEvent] = []
@@ -252,6 +253,11 @@ def run_autoscaled(
     return AutoscaledRun(
         runs, schedulers, records, itl, end_s, stopped, fleet.events, fleet.lifetimes, fleet.sizes
     )
+
+
+def num_slots(max_replicas: int) -> int:
+    """Slots for a fleet of at most ``max_replicas``: each may be draining while another takes its place."""
+    return 2 * max_replicas
 
 
 def _in_flight(slot: _Slot) -> int:
