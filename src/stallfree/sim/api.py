@@ -282,7 +282,7 @@ def _simulate_autoscaled(
     summary.update(
         router=deployment.router,
         num_replicas_max=max(
-            (ready + starting + draining for _, starting, ready, draining in run.sizes), default=0
+            (starting + ready for _, starting, ready, _ in run.sizes), default=deployment.replicas
         ),
         autoscale={
             **dataclasses.asdict(scale),

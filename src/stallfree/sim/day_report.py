@@ -80,11 +80,11 @@ def format_day(
         "",
         f"  autoscaled by {a['rule']} between {a['min_replicas']} and {a['max_replicas']} replicas "
         f"(start-up {a['startup_s']:g} s, scrape every {a['scrape_s']:g} s): {len(a['events']):,} decisions, "
-        f"{a['num_replicas_started']:,} replicas started, at most {peak} at once",
+        f"{a['num_replicas_started']:,} replicas started, at most {peak} wanted at once",
         f"  {a['gpu_hours']:,.1f} GPU-hours{cost} over {hours:,.2f} h; a fixed fleet of {peak} (the peak) "
         f"for as long: {fixed:,.1f}",
         "",
-        f"  {'window':>8}{'arrivals':>10}{'replicas':>10}{'TTFT p50':>11}{'TTFT p99':>11}{'TPOT p50':>10}"
+        f"  {'window':>8}{'arrivals':>10}{'on GPUs':>10}{'TTFT p50':>11}{'TTFT p99':>11}{'TPOT p50':>10}"
         f"{'SLOs met':>10}{'in start-up':>13}",
     ]
     for w in windows:
