@@ -46,28 +46,11 @@ def test_synthetic_steps_refuse_a_busy_runner_or_a_small_cache(engine: LLMEngine
     assert torch.is_grad_enabled()  # inference mode never leaks out of the runner
 
 
-def test_the_budget_is_the_smallest_power_of_two_within_the_price(monkeypatch: pytest.MonkeyPatch) -> None:
-    """F = 10 ms a step, 0.5 ms a prompt token: B >= F / (0.1 x 0.5 ms) = 200 -> 256, price ~7.8%."""
-    from stallfree.engine import step_timing
-
-    def fake_step(runner: object, num_decodes: int, context: int, chunk_tokens: int = 0, **_: int) -> float:
-        return 0.010 + max(0, chunk_tokens - 1) * 0.0005
-
-    monkeypatch.setattr(step_timing, "time_step", fake_step)
-    choice = step_timing.choose_token_budget(None)  # type: ignore[arg-type]
-    assert choice.tokens == 256 and choice.per_token_s == pytest.approx(0.0005)
-    assert choice.prompt_price == pytest.approx(1 + 0.010 / (256 * 0.0005))
-    assert choice.longest_step_s == pytest.approx(0.010 + 0.128)
-    assert "256-token steps" in choice.reason() and "8%" in choice.reason()
-    assert step_timing.choose_token_budget(None, max_price=1.5).tokens == 64  # type: ignore[arg-type]
-    assert step_timing.choose_token_budget(None, max_price=1.001).tokens == 2048  # type: ignore[arg-type]
-
-
 def test_the_engine_measures_its_budget_only_when_none_was_given() -> None:
     auto = LLMEngine("random:tiny", dtype="float32", device="cpu", num_blocks=64, auto_token_budget=True)
     assert auto.budget_choice is not None
     assert auto.serving.max_num_batched_tokens == auto.budget_choice.tokens
-    assert auto.budget_choice.tokens in (64, 128, 256, 512, 1024, 2048)
+    assert 16 <= auto.budget_choice.tokens <= 2048 and auto.budget_choice.timings.decode_s > 0
     assert "auto:" in auto.describe_budget()
     asked = LLMEngine(
         "random:tiny", dtype="float32", device="cpu", num_blocks=64, auto_token_budget=True, token_budget=32

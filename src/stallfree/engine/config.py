@@ -28,7 +28,7 @@ class EngineConfig:
     leave free (:mod:`stallfree.engine.cpu_share`); a profile turns it off to measure the machine
     at fixed threads. ``auto_token_budget``: on the CPU, a chunked ``serving`` with no budget,
     chunk size or step-time budget gets the token budget this machine's steps call for
-    (:func:`~stallfree.engine.step_timing.choose_token_budget`), measured at start-up.
+    (:func:`~stallfree.engine.auto_budget.choose_token_budget`), measured at start-up.
     ``prompt_lookup_min`` / ``prompt_lookup_max``: with ``serving.num_speculative_tokens``, the
     n-gram lengths the drafter looks up (:mod:`~stallfree.engine.drafts`; vLLM's names and
     defaults: one given sets the other). ``adaptive_drafts``: propose a request only the drafts

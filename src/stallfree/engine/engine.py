@@ -37,6 +37,7 @@ from stallfree.core import (
     run_step,
 )
 from stallfree.core.serving import ServingConfig
+from stallfree.engine.auto_budget import BudgetChoice, choose_token_budget
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.cpu_share import CoreShare
 from stallfree.engine.drafts import propose_ngram
@@ -46,7 +47,7 @@ from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.native import bf16_dot_products, chunk_kernel_for, kernel_for
 from stallfree.engine.requests import RequestOutput, RequestState
 from stallfree.engine.sampler import sample_tokens, verify_drafts
-from stallfree.engine.step_timing import BudgetChoice, choose_token_budget, measure_draft_cost
+from stallfree.engine.step_timing import measure_draft_cost
 from stallfree.engine.weights import load_model
 
 # Share of free memory the KV cache takes by default: the CPU is shared with everything else.

@@ -6,6 +6,8 @@ at most ``tolerance`` x a pure decode step (the chunk size stall-free batching s
 on this machine). Synthetic steps write garbage K/V into the cache, so they run only on an
 idle runner (no live block tables) and leave none behind.
 
+:mod:`stallfree.engine.auto_budget` chooses the CPU's default token budget from such steps.
+
 :mod:`stallfree.engine.profiler` builds profiles from these.
 """
 
@@ -114,60 +116,6 @@ def measure_ridge(
         if step_s / decode_s > tolerance:
             break
     return decode_s, points
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetChoice:
-    """A token budget chosen from this machine's steps, and the figures it came from."""
-
-    tokens: int
-    step_s: float  # a one-token step: what every step pays, however few its tokens
-    per_token_s: float  # what each prompt token adds to a step
-    max_price: float
-
-    @property
-    def prompt_price(self) -> float:
-        """A long prompt's time chunked at the budget over its time in one step (about)."""
-        return 1 + self.step_s / (self.tokens * self.per_token_s)
-
-    @property
-    def longest_step_s(self) -> float:
-        """About the longest step a prompt chunk makes: the gap the decoding streams see."""
-        return self.step_s + self.tokens * self.per_token_s
-
-    def reason(self) -> str:
-        return (
-            f"auto: a 1-token step takes {self.step_s * 1e3:.1f} ms here and each prompt token adds "
-            f"{self.per_token_s * 1e3:.2f} ms, so {self.tokens}-token steps cost a long prompt alone ~"
-            f"{self.prompt_price - 1:.0%} over running it whole (at most {self.max_price - 1:.0%}) and "
-            f"keep the streams' gaps near {self.longest_step_s * 1e3:.0f} ms"
-        )
-
-
-def choose_token_budget(
-    runner: ModelRunner,
-    max_price: float = 1.1,
-    probe_tokens: int = 256,
-    bounds: tuple[int, int] = (64, 2048),
-) -> BudgetChoice:
-    """The smallest power-of-two token budget (within ``bounds``) whose chunks cost a long prompt
-    at most ``max_price`` x its time in one step, from two timed steps on an idle ``runner``: one
-    token, and a ``probe_tokens``-token prompt. A chunked prompt of P tokens runs P/B steps, each
-    paying the one-token step's fixed part F besides its tokens: price ~ 1 + F / (B x per-token
-    time), so B = F / ((max_price - 1) x per-token time). On a GPU F is the weights' read and B
-    lands near the roofline's ridge (hundreds of tokens); on a CPU a step's tokens cost more, F
-    less, and the budget that keeps streams flowing is smaller."""
-    if not max_price > 1:
-        raise ValueError(f"max_price must be above 1, got {max_price}")
-    step_s = time_step(runner, 1, 16)
-    per_token_s = max(
-        1e-9, (time_step(runner, 0, 0, chunk_tokens=probe_tokens) - step_s) / (probe_tokens - 1)
-    )
-    wanted = step_s / ((max_price - 1) * per_token_s)
-    tokens = bounds[0]
-    while tokens < wanted and tokens < bounds[1]:
-        tokens *= 2
-    return BudgetChoice(tokens, step_s, per_token_s, max_price)
 
 
 def measure_draft_cost(runner: ModelRunner, num_drafts: int, context: int = 128) -> DraftCost:

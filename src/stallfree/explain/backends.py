@@ -340,9 +340,11 @@ def _torch(
     }
     if options.chunk_tokens is None and device == "cpu":
         # On a CPU the ridge costs a long prompt several times its time: serve's and generate's
-        # rule bounds that price instead.
-        from stallfree.engine.step_timing import choose_token_budget
+        # rule (the streams' gaps within ~3x their step, the prompt's price capped) for these streams.
+        from stallfree.engine.auto_budget import choose_token_budget
 
-        choice = choose_token_budget(timer.model_runner)
-        echo["auto_chunk_tokens"], echo["chunk_reason"] = choice.tokens, choice.reason()
+        choice = choose_token_budget(
+            timer.model_runner, num_streams=options.streams, prompt_tokens=prompt, context=context
+        )
+        echo["auto_chunk_tokens"], echo["chunk_reason"] = choice.chunk_tokens, choice.reason()
     return timer, echo
