@@ -255,3 +255,30 @@ def test_the_day_command_prints_windows_and_writes_them(
     assert [w["start_s"] for w in windows] == [0, 600, 1200, 1800][: len(windows)]
     assert sum(w["arrivals"] for w in windows) == pytest.approx(17.5 * 1800, rel=0.05)
     assert max(w["replicas_max"] or 0 for w in windows) > 1 and scale["gpu_hour_cost"] == 3
+
+
+def test_tune_for_a_day_finds_the_rule_that_meets_the_slos_at_the_fewest_gpu_hours(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["tune", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--cost-model", "full", "--json"]
+    argv += ["--lengths", "fixed:1500,150", "--rate-profile", "diurnal:60,10,0.1", "--max-replicas", "4"]
+    argv += ["--autoscale", "keda:running=64,keda:kv=0.5", "--min-replicas", "1,2", "--startup-s", "20"]
+    argv += ["--slo-ttft-p99-ms", "3000", "--workers", "1", "--deployment-out", str(tmp_path / "best.yaml")]
+    assert main(argv) in (0, 1)
+    out = json.loads(capsys.readouterr().out)
+    rows = out["candidates"]
+    assert [(r["rule"], r["min_replicas"]) for r in rows] == [
+        ("keda:running=64", 1),
+        ("keda:running=64", 2),
+        ("keda:kv=0.5", 1),
+        ("keda:kv=0.5", 2),
+    ]
+    met = [r for r in rows if r["met"]]
+    if out["best"] is not None:
+        assert out["best"]["gpu_hours"] == min(r["gpu_hours"] for r in met)
+        assert f'threshold: "{out["best"]["rule"].split("=")[1]}"' in out["scaled_object"]
+        best = Deployment.from_dict(__import__("yaml").safe_load((tmp_path / "best.yaml").read_text()))
+        assert best.autoscale is not None and best.autoscale.rule == out["best"]["rule"]
+    fixed = out["fixed"]
+    assert fixed is not None and 1 <= fixed["replicas"] <= 4
+    assert all(r["met"] == (not r["binds"]) for r in rows)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,7 @@ from stallfree.costs.kv_transfer import DEFAULT_KV_LINK
 
 if TYPE_CHECKING:
     from stallfree.costs.choice import CostChoice
-    from stallfree.sim.deployment import Speculation
+    from stallfree.sim.deployment import Deployment, Speculation
     from stallfree.tune.capacity import TuneInterrupted
     from stallfree.tune.trial import TrialSpec
 
@@ -56,6 +57,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_candidate_args(p)
     _add_fleet_args(p)
     _add_mode_args(p)
+    _add_day_args(p)
     _add_search_args(p)
     add_run_args(p)
     add_deployment_out_arg(
@@ -170,6 +172,31 @@ def _add_fleet_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_day_args(p: argparse.ArgumentParser) -> None:
+    """The "a day" group: autoscaling rules tried through a day of traffic."""
+    d = p.add_argument_group(
+        "a day (--rate-profile): the autoscaling rule and bounds that keep the SLOs at the fewest GPU-hours"
+    )
+    d.add_argument(
+        "--rate-profile",
+        metavar="CSV|diurnal:PEAK,TROUGH[,HOURS]",
+        help="the day's traffic, as `simulate --rate-profile`; each candidate runs the whole day "
+        "(--num-requests: one period's unless given)",
+    )
+    d.add_argument(
+        "--autoscale",
+        metavar="RULE,...",
+        help="KEDA rules to try, e.g. keda:waiting=4,keda:waiting=8,keda:kv=0.7",
+    )
+    d.add_argument("--min-replicas", metavar="N,...", default="1", help="floors to try (default 1)")
+    d.add_argument(
+        "--startup-s", type=non_negative_float, default=120.0, help="a replica's start-up (default 120)"
+    )
+    d.add_argument(
+        "--scrape-s", type=positive_float, default=15.0, help="the autoscaler's period (default 15)"
+    )
+
+
 def _add_mode_args(p: argparse.ArgumentParser) -> None:
     """The "modes" group: the layouts of ``--gpus`` GPUs, aggregated and disaggregated."""
     m = p.add_argument_group(
@@ -257,6 +284,10 @@ def run_tune(args: argparse.Namespace) -> int:
         num_requests=args.num_requests,
         seed=args.seed,
     )
+    if args.rate_profile is not None:
+        return _run_day_tune(args, base.deployment)
+    if args.autoscale is not None:
+        raise UsageError("--autoscale tunes a day of traffic: give --rate-profile")
     if args.gpus is not None:
         return _run_mode_tune(args, base, cost_model_note)
     for flag, value in (("--tp-sizes", args.tp_sizes), ("--kv-link", args.kv_link != DEFAULT_KV_LINK)):
@@ -476,6 +507,48 @@ def _step_budgets(text: str | None) -> tuple[float, ...] | str:
     if not values or len(set(values)) != len(values):
         raise UsageError("--step-budgets-ms: give auto or distinct step-time targets in ms")
     return values
+
+
+def _run_day_tune(args: argparse.Namespace, base: Deployment) -> int:
+    """``tune --rate-profile P --autoscale R1,R2 --min-replicas A,B``: every rule and floor through
+    the day, the fixed fleet for the peak beside them, the best as KEDA's ScaledObject."""
+    from stallfree.core import DEFAULT_TOKEN_BUDGET
+    from stallfree.tune.day import DayTuneConfig, check_rules, format_day_tune, tune_day
+    from stallfree.tune.slo import SLO_FLAGS, Slos
+    from stallfree.workload import WorkloadOptions, workload_from_options
+
+    rules = tuple(r.strip() for r in (args.autoscale or "").split(",") if r.strip())
+    routers = [r.strip() for r in (args.router or "least-requests").split(",") if r.strip()]
+    if len(routers) != 1:
+        raise UsageError("--rate-profile tunes one fleet: give one --router")
+    budgets = tuple(_int_list(args.budgets)) if args.budgets != "auto" else (DEFAULT_TOKEN_BUDGET,)
+    limits = {n: getattr(args, f"slo_{n}") for n in SLO_FLAGS if getattr(args, f"slo_{n}") is not None}
+    try:
+        check_rules(rules)
+        floors = tuple(int(f) for f in args.min_replicas.split(",") if f.strip())
+        workload = workload_from_options(
+            WorkloadOptions(rate_profile=args.rate_profile, lengths=args.lengths)
+        )
+        serving = replace(base.serving, max_num_batched_tokens=budgets[0])
+        config = DayTuneConfig(
+            base=replace(base, serving=serving, router=routers[0]),
+            workload=workload,
+            num_requests=None if args.num_requests == 2000 else args.num_requests,
+            seed=args.seed,
+            slos=Slos.from_mapping(limits),
+            rules=rules,
+            floors=floors,
+            max_replicas=16 if args.max_replicas == 256 else args.max_replicas,
+            startup_s=args.startup_s,
+            scrape_s=args.scrape_s,
+        )
+        config.candidates()  # each candidate's bounds hold
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    out = tune_day(config, workers=args.workers or os.cpu_count() or 1)
+    _write_best(args, None if out["best"] is None else out["best"]["deployment"])
+    print(json.dumps(out, indent=2) if args.json else format_day_tune(out))
+    return 0 if out["best"] is not None else 1
 
 
 def _write_best(args: argparse.Namespace, deployment: dict[str, Any] | None) -> None:
