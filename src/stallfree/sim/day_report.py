@@ -6,6 +6,7 @@ Pure functions of a :class:`~stallfree.sim.api.SimulationResult` whose deploymen
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -57,12 +58,8 @@ def day_windows(
 
 def _starting_at(starting: Sequence[tuple[float, int]], time_s: float) -> bool:
     """Whether a replica was starting at ``time_s`` (as of the last scrape before it)."""
-    last = 0
-    for t, n in starting:
-        if t > time_s:
-            break
-        last = n
-    return last > 0
+    at = bisect.bisect_right(starting, (time_s, float("inf"))) - 1
+    return at >= 0 and starting[at][1] > 0
 
 
 def format_day(
