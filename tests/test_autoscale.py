@@ -77,7 +77,7 @@ class RandomScaler:
         self.min_replicas, self.max_replicas = low, high
         self._rng = random.Random(seed)
 
-    def desired(self, now_s: float, current: int, ready: list[ReplicaMetrics]) -> int:
+    def desired(self, now_s: float, current: int, ready: list[ReplicaMetrics], num_arrivals: int) -> int:
         return self._rng.randint(self.min_replicas, self.max_replicas)
 
 
@@ -282,3 +282,42 @@ def test_tune_for_a_day_finds_the_rule_that_meets_the_slos_at_the_fewest_gpu_hou
     fixed = out["fixed"]
     assert fixed is not None and 1 <= fixed["replicas"] <= 4
     assert all(r["met"] == (not r["binds"]) for r in rows)
+
+
+def test_the_scale_down_window_is_a_deployment_setting() -> None:
+    assert Autoscale("keda:waiting=4").make().rule.scale_down_window_s == 300.0
+    short = Autoscale("keda:running=2", 1, 4, scale_down_window_s=30)
+    hpa = short.make()
+    assert hpa.rule.scale_down_window_s == 30.0
+    busy = [ReplicaMetrics(8, 0, 0.0)]
+    assert hpa.desired(0.0, 1, busy) == 4
+    idle = [ReplicaMetrics(0, 0, 0.0)] * 4
+    assert hpa.desired(15.0, 4, idle) == 4  # the 0 s recommendation of 4 is in the window
+    assert hpa.desired(31.0, 4, idle) == 1
+    with pytest.raises(ValueError, match="scale_down_window_s"):
+        Autoscale("keda:waiting=4", scale_down_window_s=-1)
+
+
+def test_the_sla_rule_forecasts_the_rate_over_its_window_and_divides_by_a_replicas_capacity() -> None:
+    from stallfree.core.autoscale import SlaAutoscaler, SlaRule
+
+    sla = SlaAutoscaler(SlaRule.parse("qps=2,interval=60,window=2"), 1, 10)
+    assert sla.desired(0.0, 3, [], 0) == 3  # no interval seen yet: hold
+    assert sla.desired(30.0, 3, [], 200) == 3  # between plans: hold
+    assert sla.desired(60.0, 3, [], 600) == 5  # 10 requests/s / 2 a replica
+    assert sla.desired(120.0, 5, [], 1800) == 8  # (10 + 20) / 2 = 15 requests/s
+    assert sla.desired(180.0, 8, [], 1800) == 5  # (20 + 0) / 2
+    assert sla.desired(240.0, 5, [], 1800) == 1  # (0 + 0): the floor
+    for bad in ("qps=0", "interval=60", "qps=2,lag=3"):
+        with pytest.raises(ValueError):
+            Autoscale(f"sla:{bad}")
+
+
+def test_simulate_with_the_sla_rule_sizes_the_fleet_to_the_rate() -> None:
+    costs = CostChoice(kind="full", model="llama-3.1-8b", hardware="h100-sxm")
+    scale = Autoscale("sla:qps=4,interval=30,window=1", 1, 8, startup_s=10, scrape_s=10)
+    rising = [Request(str(i), 500, 50, i / 16) for i in range(16 * 120)]  # 16 requests/s for two minutes
+    result = simulate(rising, Deployment(costs=costs, router="least-requests", autoscale=scale))
+    assert result.summary["completed"] == len(rising)
+    # first scraped at 10 s, planned 30 s later: 16 requests/s over 4 a replica
+    assert result.summary["autoscale"]["events"][0] == {"time_s": 40.0, "current": 1, "desired": 4}

@@ -121,6 +121,8 @@ def deployment_flags(d: Deployment) -> dict[str, Any]:
             startup_s=a.startup_s,
             scrape_s=a.scrape_s,
         )
+        if a.scale_down_window_s != 300.0:  # only simulate has the flag; the default goes unsaid
+            flags["scale_down_window_s"] = a.scale_down_window_s
     if (s := d.speculation) is not None:
         flags.update(
             acceptance_rate=",".join(repr(r) for r in s.acceptance.rates),

@@ -158,6 +158,13 @@ def _add_autoscale_args(a: argparse._ArgumentGroup) -> None:
         help="how often the autoscaler reads the replicas' metrics and decides (default %(default)s)",
     )
     a.add_argument(
+        "--scale-down-window-s",
+        type=non_negative_float,
+        default=300.0,
+        help="the HPA's scale-down stabilization window: a scale-down takes the highest count wanted "
+        "over this long (KEDA's behavior.scaleDown.stabilizationWindowSeconds; default %(default)s)",
+    )
+    a.add_argument(
         "--window-s",
         type=positive_float,
         default=3600.0,
@@ -445,7 +452,13 @@ def _autoscale(args: argparse.Namespace) -> Autoscale | None:
     from stallfree.sim.deployment import Autoscale
 
     if args.autoscale is None:
-        defaults = {"min_replicas": 1, "max_replicas": 8, "startup_s": 120.0, "scrape_s": 15.0}
+        defaults = {
+            "min_replicas": 1,
+            "max_replicas": 8,
+            "startup_s": 120.0,
+            "scrape_s": 15.0,
+            "scale_down_window_s": 300.0,
+        }
         for name, default in defaults.items():
             if getattr(args, name) != default:
                 raise UsageError(f"--{name.replace('_', '-')} applies with --autoscale")
@@ -453,7 +466,14 @@ def _autoscale(args: argparse.Namespace) -> Autoscale | None:
     if args.disaggregate is not None or any(p.startswith("disagg:") for p in args.policy.split(",")):
         raise UsageError("--autoscale resizes a fleet of alike replicas, not prefill and decode pools")
     try:
-        return Autoscale(args.autoscale, args.min_replicas, args.max_replicas, args.startup_s, args.scrape_s)
+        return Autoscale(
+            args.autoscale,
+            args.min_replicas,
+            args.max_replicas,
+            args.startup_s,
+            args.scrape_s,
+            args.scale_down_window_s,
+        )
     except ValueError as exc:
         raise UsageError(f"--autoscale: {exc}") from None
 

@@ -14,6 +14,10 @@ no I/O. Joining, starting up and draining are the fleet's (:mod:`stallfree.sim.a
   (0 s: the newest); one decision adds at most max(100% of the current replicas, 4) and removes
   at most 100% (the default ``behavior`` policies, applied per decision); the answer is clamped
   to [min, max].
+- ``sla``: a forecast, as Dynamo's SLA planner plans: every ``interval_s`` the request rate the
+  router saw over the last ``window`` intervals (a moving average) is the next interval's, and the
+  fleet is that rate over one replica's capacity at the SLOs (``stallfree tune`` finds it),
+  rounded up, within [min, max]; between intervals it holds.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 AUTOSCALE_METRICS = {
     "waiting": "vllm:num_requests_waiting",
@@ -86,6 +91,18 @@ class HpaRule:
         return cls(metric.strip(), value)
 
 
+class Autoscaler(Protocol):
+    """Wants a replica count at each scrape, from the ready replicas' gauges and the number of
+    requests the router has seen so far (``num_arrivals``)."""
+
+    min_replicas: int
+    max_replicas: int
+
+    def desired(
+        self, now_s: float, current: int, ready: Sequence[ReplicaMetrics], num_arrivals: int
+    ) -> int: ...
+
+
 class HpaAutoscaler:
     """The HPA's decisions over a run (see the module's docstring); one per fleet."""
 
@@ -98,7 +115,9 @@ class HpaAutoscaler:
         self.min_replicas, self.max_replicas = min_replicas, max_replicas
         self._history: deque[tuple[float, int]] = deque()  # (time, recommendation)
 
-    def desired(self, now_s: float, current: int, ready: Sequence[ReplicaMetrics]) -> int:
+    def desired(
+        self, now_s: float, current: int, ready: Sequence[ReplicaMetrics], num_arrivals: int = 0
+    ) -> int:
         """The replicas wanted at ``now_s`` with ``current`` replicas, ``ready`` of them scraped."""
         rule = self.rule
         total = sum(m.value(rule.metric) for m in ready)
@@ -121,4 +140,63 @@ class HpaAutoscaler:
             wanted = min(current, max(wanted, fewest))
         else:
             wanted = current
+        return max(self.min_replicas, min(self.max_replicas, wanted))
+
+
+@dataclass(frozen=True, slots=True)
+class SlaRule:
+    """One replica's capacity at the SLOs (requests/s), how often to plan and how many past
+    intervals the forecast averages."""
+
+    capacity_qps: float
+    interval_s: float = 180.0
+    window: int = 3
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.capacity_qps) and self.capacity_qps > 0):
+            raise ValueError(f"a replica's capacity must be positive requests/s, got {self.capacity_qps}")
+        if not self.interval_s > 0 or self.window < 1:
+            raise ValueError("the SLA rule needs a positive interval and a window of at least one interval")
+
+    @classmethod
+    def parse(cls, text: str) -> SlaRule:
+        """``qps=4.2`` or ``qps=4.2,interval=300,window=5``."""
+        fields: dict[str, float] = {}
+        for part in text.split(","):
+            name, sep, value = part.partition("=")
+            try:
+                fields[name.strip()] = float(value)
+            except ValueError:
+                sep = ""
+            if not sep or name.strip() not in ("qps", "interval", "window"):
+                raise ValueError(f"give the SLA rule as qps=CAPACITY[,interval=S][,window=N], got {text!r}")
+        if "qps" not in fields:
+            raise ValueError("the SLA rule needs qps=: one replica's capacity at the SLOs (stallfree tune)")
+        return cls(fields["qps"], fields.get("interval", 180.0), int(fields.get("window", 3)))
+
+
+class SlaAutoscaler:
+    """The forecast rule (see the module's docstring); one per fleet."""
+
+    name = "sla"
+
+    def __init__(self, rule: SlaRule, min_replicas: int, max_replicas: int) -> None:
+        if not 1 <= min_replicas <= max_replicas:
+            raise ValueError(f"need 1 <= min replicas <= max replicas, got {min_replicas} and {max_replicas}")
+        self.rule = rule
+        self.min_replicas, self.max_replicas = min_replicas, max_replicas
+        self._rates: deque[float] = deque(maxlen=rule.window)
+        self._last: tuple[float, int] | None = None  # (time, arrivals) at the last plan
+        self._wanted: int | None = None
+
+    def desired(self, now_s: float, current: int, ready: Sequence[ReplicaMetrics], num_arrivals: int) -> int:
+        if self._last is None:
+            self._last = (now_s, num_arrivals)
+        then_s, then_arrivals = self._last
+        if now_s - then_s >= self.rule.interval_s:
+            self._rates.append((num_arrivals - then_arrivals) / (now_s - then_s))
+            self._last = (now_s, num_arrivals)
+            forecast = sum(self._rates) / len(self._rates)
+            self._wanted = math.ceil(forecast / self.rule.capacity_qps)
+        wanted = current if self._wanted is None else self._wanted
         return max(self.min_replicas, min(self.max_replicas, wanted))

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from stallfree.core import Request, Scheduler
-from stallfree.core.autoscale import HpaAutoscaler, ReplicaMetrics
+from stallfree.core.autoscale import Autoscaler, ReplicaMetrics
 from stallfree.core.router import Router
 from stallfree.metrics import ItlAccumulator, RequestRecord
 from stallfree.sim.driver import SimClock, drive
@@ -132,7 +132,7 @@ class _Fleet:
         self,
         make_replica: Callable[[], TrafficReplica],
         router: Router,
-        autoscaler: HpaAutoscaler,
+        autoscaler: Autoscaler,
         startup_s: float,
     ) -> None:
         self.make_replica, self.router, self.autoscaler, self.startup_s = (
@@ -179,7 +179,8 @@ class _Fleet:
         ready = self.routable(now_s)
         self.leave_if_drained()
         live = [s for s in self.slots if s.state in ("starting", "ready")]
-        wanted = self.autoscaler.desired(now_s, len(live), [_gauges(self.slots[i].replica) for i in ready])
+        metrics = [_gauges(self.slots[i].replica) for i in ready]
+        wanted = self.autoscaler.desired(now_s, len(live), metrics, len(self.order))
         if wanted != len(live):
             self.events.append(ScalingEvent(now_s, len(live), wanted))
         for slot in [s for s in self.slots if s.state == "off"][: max(0, wanted - len(live))]:
@@ -215,7 +216,7 @@ class _Fleet:
 def run_autoscaled(
     make_replica: Callable[[], TrafficReplica],
     router: Router,
-    autoscaler: HpaAutoscaler,
+    autoscaler: Autoscaler,
     requests: Iterable[Request],
     *,
     initial: int,

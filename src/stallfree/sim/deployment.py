@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stallfree.core.autoscale import HpaAutoscaler, HpaRule
+from stallfree.core.autoscale import Autoscaler, HpaAutoscaler, HpaRule, SlaAutoscaler, SlaRule
 from stallfree.core.router import ROUTER_NAMES
 from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice
@@ -86,39 +86,47 @@ class Speculation:
             raise ValueError(f"unknown draft method {self.draft!r}; choose from: {', '.join(DRAFT_METHODS)}")
 
 
-AUTOSCALERS = ("hpa", "keda")  # KEDA drives the HPA: one rule
+AUTOSCALERS = ("hpa", "keda", "sla")  # KEDA drives the HPA: one rule; sla forecasts the rate
 
 
 @dataclass(frozen=True, slots=True)
 class Autoscale:
     """An autoscaler in front of the fleet: ``rule`` ``hpa:METRIC=TARGET`` (or ``keda:``, the same
-    HPA rule as KEDA drives it: :class:`~stallfree.core.autoscale.HpaRule`), between
+    HPA rule as KEDA drives it: :class:`~stallfree.core.autoscale.HpaRule`), or
+    ``sla:qps=CAPACITY[,interval=S][,window=N]`` (a forecast of the rate:
+    :class:`~stallfree.core.autoscale.SlaRule`), between
     ``min_replicas`` and ``max_replicas``, deciding every ``scrape_s``; a replica it adds is
-    routable ``startup_s`` later (its GPUs held from the decision on)."""
+    routable ``startup_s`` later (its GPUs held from the decision on). ``scale_down_window_s`` is
+    the HPA's scale-down stabilization window (KEDA's ``advanced.horizontalPodAutoscalerConfig.
+    behavior.scaleDown.stabilizationWindowSeconds``; the Kubernetes default 300 s)."""
 
     rule: str
     min_replicas: int = 1
     max_replicas: int = 8
     startup_s: float = 120.0
     scrape_s: float = 15.0
+    scale_down_window_s: float = 300.0
 
     def __post_init__(self) -> None:
-        self.make()  # the rule parses, the bounds hold
-        for name in ("startup_s", "scrape_s"):
+        for name in ("startup_s", "scrape_s", "scale_down_window_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a number >= 0, got {value}")
+        self.make()  # the rule parses, the bounds hold
         if self.scrape_s <= 0:
             raise ValueError(f"scrape_s must be positive, got {self.scrape_s}")
 
-    def make(self) -> HpaAutoscaler:
+    def make(self) -> Autoscaler:
         """A fresh autoscaler (it keeps its recommendations over a run)."""
         kind, _, rule = self.rule.partition(":")
         if kind not in AUTOSCALERS:
             raise ValueError(
                 f"unknown autoscaler {kind!r}; choose from {', '.join(AUTOSCALERS)} (e.g. keda:waiting=8)"
             )
-        return HpaAutoscaler(HpaRule.parse(rule), self.min_replicas, self.max_replicas)
+        if kind == "sla":
+            return SlaAutoscaler(SlaRule.parse(rule), self.min_replicas, self.max_replicas)
+        parsed = dataclasses.replace(HpaRule.parse(rule), scale_down_window_s=self.scale_down_window_s)
+        return HpaAutoscaler(parsed, self.min_replicas, self.max_replicas)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
