@@ -15,7 +15,7 @@ from stallfree.core import Request, SamplingParams
 from stallfree.core.serving import ServingConfig
 from stallfree.costs import CostChoice
 from stallfree.server.launch import ServerThread, build_server, build_virtual_server
-from stallfree.server.virtual import EstimateTokenizer, VirtualEngine
+from stallfree.server.virtual import EstimateTokenizer, TrackingError, VirtualEngine
 from stallfree.sim import Deployment, simulate
 
 # A small, fast replica: ~4-15 ms steps, so a run of a few dozen steps takes well under a second.
@@ -59,6 +59,7 @@ def test_the_estimate_tokenizer_decodes_what_it_encoded_and_repeats_ids_for_repe
     ids = tokenizer.encode(text)
     assert tokenizer.decode(ids) == text
     assert 9 <= len(ids) <= 18  # about 1.3 tokens a word
+    assert EstimateTokenizer.pieces("  computers x\u00a0y ") == ["  comp", "uter", "s", " x", "\u00a0y", " "]
     assert tokenizer.encode(text + " More.")[: len(ids)] == ids  # a prefix keeps its ids
     chat = tokenizer.encode_chat([{"role": "user", "content": "hi"}])
     assert tokenizer.decode(chat) == "<|user|>\nhi\n<|assistant|>\n"
@@ -104,6 +105,37 @@ def test_its_metrics_are_named_as_vllms(virtual: ServerThread) -> None:
         "vllm:e2e_request_latency_seconds_bucket",
         "vllm:request_success_total",
     } <= names
+
+
+def test_its_steps_lateness_is_a_stallfree_metric(virtual: ServerThread) -> None:
+    """/metrics shows the engine's TrackingError: every step counted, the buckets cumulative, the worst."""
+    httpx.post(
+        f"{virtual.base_url}/v1/completions",
+        json={"model": "llama-3.1-8b", "prompt": "a b c", "max_tokens": 4},
+        timeout=30,
+    )
+    tracking = virtual.app.state.engine_thread.engine.tracking
+    samples: dict[str, float] = {}
+    for line in httpx.get(f"{virtual.base_url}/metrics").text.splitlines():
+        if line.startswith("stallfree:virtual_step_late"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    count = samples['stallfree:virtual_step_late_seconds_count{model_name="llama-3.1-8b"}']
+    assert count == tracking.num_steps >= 4
+    assert samples['stallfree:virtual_step_late_seconds_bucket{le="+Inf",model_name="llama-3.1-8b"}'] == count
+    within_5ms = samples['stallfree:virtual_step_late_seconds_bucket{le="0.005",model_name="llama-3.1-8b"}']
+    assert within_5ms == sum(tracking.bucket_counts[:4])
+    worst = samples['stallfree:virtual_step_late_max_seconds{model_name="llama-3.1-8b"}']
+    assert worst == pytest.approx(tracking.max_late_s) and worst >= 0
+
+
+def test_the_lateness_histogram_puts_each_step_in_its_bucket() -> None:
+    tracking = TrackingError()
+    for late_s in (0.0001, 0.0005, 0.003, 0.2, 9.0):
+        tracking.add(late_s)
+    assert tracking.bucket_counts == [2, 0, 0, 1, 0, 0, 0, 0, 1, 1]
+    assert tracking.num_steps == 5 and tracking.max_late_s == 9.0
+    assert tracking.mean_late_s == pytest.approx(9.2036 / 5)
 
 
 BAD = [

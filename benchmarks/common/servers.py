@@ -141,6 +141,23 @@ def launched(
         stop(proc, stop_timeout_s)
 
 
+def free_ports(count: int, tries: int = 50) -> int:
+    """The first of ``count`` consecutive loopback ports no one listens on now."""
+    for _ in range(tries):
+        first = free_port()
+        if first + count - 1 > 65535:
+            continue
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(first + 1, first + count):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return first
+    raise ServerError(f"no {count} consecutive free ports found in {tries} tries")
+
+
 @contextlib.contextmanager
 def stallfree_serve(
     serve_args: Sequence[str],
@@ -148,12 +165,21 @@ def stallfree_serve(
     log: Path | None = None,
     name: str = "stallfree serve",
     ready_timeout_s: float = 120.0,
+    replicas: int = 1,
+    prefix: Sequence[str] = (),
 ) -> Iterator[Server]:
     """``stallfree serve SERVE_ARGS`` through this Python (so a ``PYTHONPATH`` copy of the package is
-    the one served), on a free port, ``--log-level warning``."""
-    port = free_port()
-    argv = [sys.executable, *PYTHON_MAIN, "serve", *serve_args, "--port", str(port), "--log-level", "warning"]
+    the one served), on a free port, ``--log-level warning``. ``replicas`` > 1 (``serve --simulate
+    --replicas N``): N consecutive free ports, ready once each answers; the server is replica 0,
+    replica i is on ``server.port + i``. ``prefix`` runs the command under another (``taskset -c 1``)."""
+    port = free_ports(replicas) if replicas > 1 else free_port()
+    argv = [*prefix, sys.executable, *PYTHON_MAIN, "serve", *serve_args]
+    if replicas > 1:
+        argv += ["--replicas", str(replicas)]
+    argv += ["--port", str(port), "--log-level", "warning"]
     with launched(name, argv, port=port, log=log, ready_timeout_s=ready_timeout_s) as server:
+        for i in range(1, replicas):
+            wait_healthy(server.proc, f"http://127.0.0.1:{port + i}", ready_timeout_s, f"{name} replica {i}")
         yield server
 
 

@@ -76,18 +76,21 @@ def build_virtual_server(
     seed: int = 0,
 ) -> FastAPI:
     """A virtual replica of ``deployment`` (:class:`~stallfree.server.virtual.VirtualEngine`: the
-    scheduler and its cost model on the wall clock) behind the same app; metrics named ``vllm:``.
+    scheduler and its cost model on the wall clock) behind the same app; metrics named ``vllm:``,
+    and its steps' lateness as ``stallfree:virtual_step_late_seconds`` (and ``_max_seconds``).
     ``served_model_name`` defaults to the priced model's name; ValueError on a deployment that
     cannot be priced."""
-    from stallfree.server.virtual import VirtualEngine
+    from stallfree.server.virtual import LATE_BUCKETS_S, VirtualEngine
 
     engine = VirtualEngine(deployment, tokenizer, time_scale=time_scale, seed=seed)  # checked here
     if served_model_name is not None and not served_model_name.strip():
         raise ValueError("the served model name must not be empty")
     name = served_model_name or engine.pick.model.name
+    metrics = ServerMetrics(name, prefix="vllm")
+    metrics.track_steps(engine.tracking, LATE_BUCKETS_S)  # stallfree:virtual_step_late_seconds
     thread = EngineThread(
         lambda: engine,
-        ServerMetrics(name, prefix="vllm"),
+        metrics,
         max_waiting_requests=max_waiting_requests,
         uses_torch=False,
     )

@@ -5,7 +5,8 @@ the scheduler and the model, not how fast a client reads. The engine thread repo
 step (:meth:`ServerMetrics.record_step`): per-token work there would hold the GIL the event loop
 needs, so histograms are plain bucket counts behind one lock taken once per step and once per
 scrape. Names and meanings follow vLLM's, under ``stallfree:`` (a virtual replica, which stands
-in for a vLLM server, uses ``vllm:`` itself, so dashboards and autoscaling rules read it as one).
+in for a vLLM server, uses ``vllm:`` itself, so dashboards and autoscaling rules read it as one;
+its own ``stallfree:virtual_step_late_seconds`` says how late its steps end against their price).
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from stallfree.core import StepPlan
+
+if TYPE_CHECKING:
+    from stallfree.server.virtual import TrackingError
 
 _LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
@@ -49,13 +54,44 @@ class _StepHistogram(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             counts, sum_s = list(self._counts), self._sum_s
-        cumulative, buckets = 0, []
-        for bound, count in zip((*(str(b) for b in self._bounds_s), "+Inf"), counts, strict=True):
-            cumulative += count
-            buckets.append((bound, float(cumulative)))
         family = HistogramMetricFamily(self._name, self._doc, labels=["model_name"])
-        family.add_metric([self._model_name], buckets, sum_s)
+        family.add_metric([self._model_name], _cumulative(self._bounds_s, counts), sum_s)
         yield family
+
+
+def _cumulative(bounds_s: Sequence[float], counts: Sequence[int]) -> list[tuple[str, float]]:
+    """``le`` buckets (cumulative counts, ``+Inf`` last) from per-bucket counts."""
+    cumulative, buckets = 0, []
+    for bound, count in zip((*(str(b) for b in bounds_s), "+Inf"), counts, strict=True):
+        cumulative += count
+        buckets.append((bound, float(cumulative)))
+    return buckets
+
+
+class _StepLateness(Collector):
+    """A virtual replica's step lateness, read from its :class:`TrackingError` at each scrape: the
+    histogram ``stallfree:virtual_step_late_seconds`` and the worst, ``..._max_seconds``."""
+
+    def __init__(self, tracking: TrackingError, bounds_s: Sequence[float], model_name: str) -> None:
+        self._tracking, self._bounds_s, self._model_name = tracking, tuple(bounds_s), model_name
+
+    def collect(self) -> Iterator[Metric]:
+        tracking = self._tracking
+        counts, sum_s, max_s = list(tracking.bucket_counts), tracking.total_late_s, tracking.max_late_s
+        family = HistogramMetricFamily(
+            "stallfree:virtual_step_late_seconds",
+            "How late a virtual replica's steps ended against their priced end.",
+            labels=["model_name"],
+        )
+        family.add_metric([self._model_name], _cumulative(self._bounds_s, counts), sum_s)
+        yield family
+        worst = GaugeMetricFamily(
+            "stallfree:virtual_step_late_max_seconds",
+            "The latest a virtual replica's step has ended against its priced end.",
+            labels=["model_name"],
+        )
+        worst.add_metric([self._model_name], max_s)
+        yield worst
 
 
 class ServerMetrics:
@@ -186,6 +222,10 @@ class ServerMetrics:
         if new_prefix_queries:
             self.prefix_cache_queries.inc(new_prefix_queries)
             self.prefix_cache_hits.inc(new_prefix_hits)
+
+    def track_steps(self, tracking: TrackingError, bounds_s: Sequence[float]) -> None:
+        """Show a virtual replica's step lateness (its histogram's ``bounds_s``) on every scrape."""
+        self.registry.register(_StepLateness(tracking, bounds_s, self._model_name))
 
     def render(self) -> bytes:
         """The Prometheus text exposition format."""
