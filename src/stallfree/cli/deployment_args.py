@@ -22,12 +22,17 @@ if TYPE_CHECKING:
 _DTYPE_NAMES = {size: name for name, size in reversed(ROOFLINE_DTYPE_BYTES.items())}  # 2: bf16
 
 
-def add_deployment_file_arg(parser: argparse._ActionsContainer) -> None:
+def add_deployment_file_arg(parser: argparse._ActionsContainer, flags_win: bool = True) -> None:
+    """``--deployment FILE``; ``flags_win``: the command reads its flags beside the file (else the
+    file is the whole deployment and the pricing and scheduling flags are not read)."""
+    beside = (
+        "flags given beside it win" if flags_win else "the pricing and scheduling flags are then not read"
+    )
     parser.add_argument(
         "--deployment",
         metavar="FILE",
         help="a deployment as YAML (what --deployment-out or `tune --deployment-out` wrote): its model, "
-        "hardware, pricing, scheduling, fleet, pools and drafts; flags given beside it win",
+        f"hardware, pricing, scheduling, fleet, pools and drafts; {beside}",
     )
 
 

@@ -116,7 +116,7 @@ def _add_virtual_args(g: argparse._ArgumentGroup) -> None:
         help="share of GPU memory for weights, activations and KV cache (default %(default)s)",
     )
     add_acceptance_arg(g, draft=True)
-    add_deployment_file_arg(g)
+    add_deployment_file_arg(g, flags_win=False)
     g.add_argument(
         "--tokenizer",
         metavar="DIR",

@@ -244,9 +244,11 @@ class VirtualEngine:
 
     def describe(self) -> str:
         """One line: what prices the steps and how the KV cache was sized."""
+        pick = self.pick
+        how = pick.why if pick.why != "asked" else f"the {pick.kind} {pick.source}"  # a kind named
         return (
-            f"virtual replica: {self.pick.model.name} on {self.pick.tp} x {self.pick.hardware.name}, steps "
-            f"priced by {self.pick.why}; {self.kv.num_blocks:,} KV blocks of {self.serving.block_size} tokens"
+            f"virtual replica: {pick.model.name} on {pick.tp} x {pick.hardware.name}, steps "
+            f"priced by {how}; {self.kv.num_blocks:,} KV blocks of {self.serving.block_size} tokens"
             + (f"; clock x{self.time_scale:g}" if self.time_scale != 1 else "")
         )
 
