@@ -147,18 +147,25 @@ def pick_costs(args: argparse.Namespace, **options: Any) -> tuple[CostPick, str 
     ``args.cost_model`` set to the kind picked (never ``auto``); the pick and, for ``auto``, the few
     words that say why (None when a kind was named). ``options`` are further
     :class:`~stallfree.costs.choice.CostChoice` fields (``dtype_bytes``, ``sampling``, ``step_overhead_s``)."""
-    from stallfree.costs.choice import pick_cost_model
+    _, pick, why = picked_choice(args, **options)
+    return pick, why
+
+
+def picked_choice(args: argparse.Namespace, **options: Any) -> tuple[CostChoice, CostPick, str | None]:
+    """:func:`pick_costs`, with the choice it picked (kind as asked): a run priced by that choice
+    finds it picked already (:func:`~stallfree.costs.choice.pick_once`: GPU tables load once)."""
+    from stallfree.costs.choice import pick_once
 
     kind = args.cost_model
     if kind != "auto":
         measured_profile(args, gpu_tables=True)  # measured with neither: say which flag is missing
     choice = cost_choice(args, **options)
     try:
-        pick = pick_cost_model(choice)
+        pick = pick_once(choice)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     args.cost_model = pick.kind
-    return pick, pick.why if kind == "auto" else None
+    return choice, pick, pick.why if kind == "auto" else None
 
 
 def cost_choice(args: argparse.Namespace, **options: Any) -> CostChoice:

@@ -21,7 +21,7 @@ from stallfree.cli.cost_args import (
     add_roofline_dtype_arg,
     cost_choice,
     dtype_bytes_arg,
-    pick_costs,
+    picked_choice,
 )
 from stallfree.cli.deployment_args import (
     add_deployment_file_arg,
@@ -417,7 +417,9 @@ def _deployments(
         "sampling": args.sampling,
         "step_overhead_s": args.step_overhead_ms / 1000,
     }
-    _, cost_model_note = pick_costs(args, **options)  # sets args.cost_model to the kind picked
+    # A lone kind of replica is priced by the choice as asked (picked once, here); pools and
+    # replica groups by its kind resolved (args.cost_model is set to it), each at its own TP.
+    asked, _, cost_model_note = picked_choice(args, **options)
     costs = cost_choice(args, **options)
     fleet = _fleet(args, costs) if args.fleet else ()
     autoscale = _autoscale(args)
@@ -443,7 +445,9 @@ def _deployments(
                 args.replicas = autoscale.min_replicas  # the day starts at the floor
             replicas = 1 if fleet else args.replicas
             fields = {"replicas": replicas, "fleet": fleet, "route_delay_ms": args.route_delay_ms}
-            deployments.append(Deployment(**common, **fields, autoscale=autoscale))
+            if not fleet:
+                fields["costs"] = asked
+            deployments.append(Deployment(**{**common, **fields}, autoscale=autoscale))
     return deployments, cost_model_note
 
 
