@@ -388,8 +388,7 @@ def run_part(name: str, part: Part, out: Path, seed: int, profile: Path | None) 
         thread.join()
         for r in control.replicas:
             if r.state != "off":
-                r.off_s = end_s
-                r.state = "off"
+                r.off_s = end_s  # on to the end; fleet() stops them on the way out
     load_after = load()
     lifetimes = control.lifetimes()
     startups = [x["startup_s"] for x in lifetimes if x["startup_s"] is not None]
