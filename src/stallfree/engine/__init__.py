@@ -6,10 +6,10 @@ core's :class:`SamplingParams`. This package imports torch; nothing outside it m
 """
 
 from stallfree.core import SamplingParams
-from stallfree.engine.engine import EngineStep, LLMEngine, StepOutputs
+from stallfree.core.outputs import EngineStep, RequestOutput, StepOutputs
+from stallfree.engine.engine import LLMEngine
 from stallfree.engine.llm import LLM
 from stallfree.engine.random_models import RANDOM_PRESETS
-from stallfree.engine.requests import RequestOutput
 
 __all__ = [
     "LLM",

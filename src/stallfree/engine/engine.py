@@ -29,13 +29,13 @@ from stallfree.core import (
     PromptBlocks,
     Request,
     SamplingParams,
-    StepEvents,
     StepPlan,
     StepResult,
     StepTimePredictor,
     ceil_div,
     run_step,
 )
+from stallfree.core.outputs import IDLE, EngineStep, StepOutputs
 from stallfree.core.serving import ServingConfig
 from stallfree.engine.auto_budget import BudgetChoice, choose_token_budget
 from stallfree.engine.config import EngineConfig
@@ -45,7 +45,7 @@ from stallfree.engine.dtypes import choose_dtype
 from stallfree.engine.kv_cache import KVCache, free_memory_bytes, kv_bytes_per_block
 from stallfree.engine.model_runner import ModelRunner
 from stallfree.engine.native import bf16_dot_products, chunk_kernel_for, kernel_for
-from stallfree.engine.requests import RequestOutput, RequestState
+from stallfree.engine.requests import RequestState
 from stallfree.engine.sampler import sample_tokens, verify_drafts
 from stallfree.engine.step_timing import measure_draft_cost
 from stallfree.engine.weights import load_model
@@ -53,35 +53,6 @@ from stallfree.engine.weights import load_model
 # Share of free memory the KV cache takes by default: the CPU is shared with everything else.
 _DEFAULT_KV_FRACTION = {"cpu": 0.05, "cuda": 0.8}
 _log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStep:
-    """A step that ran: what the scheduler planned, what the executor measured, what finished."""
-
-    plan: StepPlan
-    result: StepResult
-    events: StepEvents
-
-
-@dataclass(frozen=True, slots=True)
-class StepOutputs:
-    """What one :meth:`LLMEngine.step` call did.
-
-    ``outputs``: one per request that got a token, finished ones included; ``step``: the
-    step that ran, or None when nothing could be scheduled (no KV blocks for any waiting
-    prompt, say): a driver then waits for something to change instead of spinning.
-    """
-
-    outputs: tuple[RequestOutput, ...]
-    step: EngineStep | None
-
-    @property
-    def ran(self) -> bool:
-        return self.step is not None
-
-
-_IDLE = StepOutputs((), None)
 
 
 @dataclass(slots=True)
@@ -264,7 +235,7 @@ class LLMEngine:
         """Run one step: the outputs of the requests that got a token, and the step that ran."""
         out = run_step(self.scheduler, self._execute)
         if out is None:
-            return _IDLE
+            return IDLE
         plan, result, events = out
         step = self.last_step = EngineStep(plan, result, events)
         if self.step_budget_stats is not None and self.predictor is not None:
