@@ -100,9 +100,10 @@ def _requests(seed: int, n: int) -> list[Request]:
     ),
     startup_s=st.sampled_from([0.0, 0.5, 3.0]),
     num_blocks=st.sampled_from([12, 200]),
+    delay_s=st.sampled_from([0.0, 0.2]),
 )
 def test_nothing_is_lost_or_counted_twice_as_replicas_come_and_go(
-    seed: int, router: str, startup_s: float, num_blocks: int
+    seed: int, router: str, startup_s: float, num_blocks: int, delay_s: float
 ) -> None:
     requests = _requests(seed, 60)
     routed: Counter[str] = Counter()
@@ -124,7 +125,8 @@ def test_nothing_is_lost_or_counted_twice_as_replicas_come_and_go(
         requests,
         initial=2,
         startup_s=startup_s,
-        scrape_s=0.7,  # type: ignore[arg-type]
+        scrape_s=0.7,
+        route_delay_s=delay_s,
     )
     ids = [r.request_id for r in run.records]
     assert sorted(ids, key=int) == [r.request_id for r in requests]  # each exactly once, in arrival order
@@ -150,7 +152,12 @@ def test_a_fleet_that_never_scales_is_the_fixed_fleet_byte_for_byte() -> None:
     def make() -> TrafficReplica:
         return TrafficReplica(make_scheduler(max_num_seqs=4, num_blocks=64), OneSecondCosts(), cuttable=True)
 
-    for router in ("round-robin", "least-requests", "cache-aware"):
+    for router, delay_s in (
+        ("round-robin", 0.0),
+        ("least-requests", 0.0),
+        ("cache-aware", 0.0),
+        ("least-requests", 0.3),
+    ):
         scaled = run_autoscaled(
             make,
             make_router(router, 3),
@@ -159,9 +166,14 @@ def test_a_fleet_that_never_scales_is_the_fixed_fleet_byte_for_byte() -> None:
             initial=3,
             startup_s=5,
             scrape_s=1.0,
+            route_delay_s=delay_s,
         )
         fixed = run_fleet(
-            [make().scheduler for _ in range(3)], [OneSecondCosts()] * 3, make_router(router, 3), requests
+            [make().scheduler for _ in range(3)],
+            [OneSecondCosts()] * 3,
+            make_router(router, 3),
+            requests,
+            route_delay_s=delay_s,
         )
         assert scaled.records == fixed.records and not scaled.events
 

@@ -273,6 +273,7 @@ def _simulate_autoscaled(
         startup_s=scale.startup_s,
         scrape_s=scale.scrape_s,
         stop=stop,
+        route_delay_s=deployment.route_delay_ms / 1000,
     )
     if not run.records and not run.stopped:
         raise ValueError("no request could run: the workload is empty")

@@ -25,6 +25,7 @@ from stallfree.core.autoscale import Autoscaler, ReplicaMetrics
 from stallfree.core.router import Router
 from stallfree.metrics import ItlAccumulator, RequestRecord
 from stallfree.sim.driver import SimClock, drive
+from stallfree.sim.fleet import DelayedReplica
 from stallfree.sim.traffic import TrafficReplica, TrafficRun
 
 
@@ -68,11 +69,13 @@ class AutoscaledRun:
 
 
 class _Slot:
-    """A participant whose replica can be swapped: the driver sees one participant per slot."""
+    """A participant whose replica can be swapped: the driver sees one participant per slot.
+    ``stepper`` is the replica, or the replica behind a routing delay."""
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.replica: TrafficReplica | None = None
+        self.stepper: TrafficReplica | DelayedReplica | None = None
         self.state = "off"
         self.on_s = 0.0
         self.ready_s = 0.0
@@ -80,21 +83,21 @@ class _Slot:
 
     # the Replica protocol: an off slot is never routed to, so never stepped
     def add_request(self, request: Request, now_s: float) -> None:
-        assert self.replica is not None
-        self.replica.add_request(request, now_s)
+        assert self.stepper is not None
+        self.stepper.add_request(request, now_s)
 
     def has_unfinished_requests(self) -> bool:
-        return self.replica is not None and self.replica.has_unfinished_requests()
+        return self.stepper is not None and self.stepper.has_unfinished_requests()
 
     def start_step(self, now_s: float, next_arrival_s: float | None) -> float | None:
-        return None if self.replica is None else self.replica.start_step(now_s, next_arrival_s)
+        return None if self.stepper is None else self.stepper.start_step(now_s, next_arrival_s)
 
     def cut(self, at_s: float) -> float | None:
-        return None if self.replica is None else self.replica.cut(at_s)
+        return None if self.stepper is None else self.stepper.cut(at_s)
 
     def finish_step(self) -> None:
-        if self.replica is not None:
-            self.replica.finish_step()
+        if self.stepper is not None:
+            self.stepper.finish_step()
 
 
 class _Scraper:
@@ -134,7 +137,9 @@ class _Fleet:
         router: Router,
         autoscaler: Autoscaler,
         startup_s: float,
+        route_delay_s: float,
     ) -> None:
+        self.route_delay_s = route_delay_s
         self.make_replica, self.router, self.autoscaler, self.startup_s = (
             make_replica,
             router,
@@ -152,6 +157,9 @@ class _Fleet:
         if slot.replica is not None:
             self.retired.append(slot.replica)
         slot.replica, slot.state, slot.on_s, slot.ready_s = self.make_replica(), "starting", now_s, ready_s
+        slot.stepper = (
+            DelayedReplica(slot.replica, self.route_delay_s) if self.route_delay_s else slot.replica
+        )
         forget = getattr(self.router, "forget", None)
         if forget is not None:
             forget(slot.index)
@@ -199,6 +207,9 @@ class _Fleet:
 
     def route(self, request: Request) -> int:
         self.order[request.request_id] = len(self.order)
+        for slot in self.slots:  # the router counts what each replica has not yet answered
+            if isinstance(slot.stepper, DelayedReplica):
+                slot.stepper.land(request.arrival_time_s)
         self.leave_if_drained()
         in_flight = [_in_flight(s) for s in self.slots]
         return self.router.route(request, in_flight, self.routable(request.arrival_time_s))
@@ -223,13 +234,15 @@ def run_autoscaled(
     startup_s: float,
     scrape_s: float,
     stop: Callable[[], bool] | None = None,
+    route_delay_s: float = 0.0,
 ) -> AutoscaledRun:
     """Serve ``requests`` (ordered by arrival) from ``initial`` ready replicas (built by
     ``make_replica``, cuttable), the autoscaler resizing the fleet every ``scrape_s`` within its
-    bounds, a new replica routable ``startup_s`` after it was asked for."""
+    bounds, a new replica routable ``startup_s`` after it was asked for; each request reaches its
+    replica ``route_delay_s`` after it arrives (:class:`~stallfree.sim.fleet.DelayedReplica`)."""
     listed = list(requests)
     last_arrival_s = listed[-1].arrival_time_s if listed else 0.0
-    fleet = _Fleet(make_replica, router, autoscaler, startup_s)
+    fleet = _Fleet(make_replica, router, autoscaler, startup_s, route_delay_s)
     for slot in fleet.slots[:initial]:
         fleet.turn_on(slot, 0.0, 0.0)
 
@@ -262,7 +275,7 @@ def num_slots(max_replicas: int) -> int:
 
 
 def _in_flight(slot: _Slot) -> int:
-    return 0 if slot.replica is None or slot.state == "off" else slot.replica.num_in_flight
+    return 0 if slot.stepper is None or slot.state == "off" else slot.stepper.num_in_flight
 
 
 def _gauges(replica: TrafficReplica | None) -> ReplicaMetrics:

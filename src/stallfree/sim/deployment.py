@@ -178,10 +178,8 @@ class Deployment:
                 raise ValueError("a disaggregated run's pools schedule as the chunked policy, without drafts")
 
         if (a := self.autoscale) is not None:
-            if self.fleet or self.disaggregate is not None or self.route_delay_ms:
-                raise ValueError(
-                    "an autoscaled fleet is of one kind of replica: no replica groups, pools or route delay"
-                )
+            if self.fleet or self.disaggregate is not None:
+                raise ValueError("an autoscaled fleet is of one kind of replica: no replica groups or pools")
             if not a.min_replicas <= self.replicas <= a.max_replicas:
                 raise ValueError(
                     f"an autoscaled fleet starts with {self.replicas} replicas, outside its bounds "
