@@ -8,11 +8,12 @@ through :func:`priced_executor`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from stallfree.core.plan import StepPlan, StepResult
+from stallfree.core.request import PromptBlocks, Request, SamplingParams
 from stallfree.core.scheduler import Scheduler, StepEvents
 
 Executor = Callable[[StepPlan], StepResult]
@@ -56,3 +57,27 @@ def run_step(scheduler: Scheduler, executor: Executor) -> tuple[StepPlan, StepRe
     result = executor(plan)
     events = scheduler.update_from_output(plan, result)
     return plan, result, events
+
+
+def prompt_token_ids(
+    prompt: str | None, token_ids: Sequence[int] | None, encode: Callable[[str], list[int]]
+) -> list[int]:
+    """A request's prompt as token ids: its text encoded, or the ids given (exactly one of the
+    two; ValueError otherwise, or when the prompt is empty). Every engine's ``add_request``."""
+    if (prompt is None) == (token_ids is None):
+        raise ValueError("give exactly one of prompt or prompt_token_ids")
+    ids = encode(prompt) if prompt is not None else list(token_ids or ())
+    if not ids:
+        raise ValueError("the prompt is empty")
+    return ids
+
+
+def queue_prompt(
+    scheduler: Scheduler, request_id: str, ids: Sequence[int], params: SamplingParams, arrival_s: float
+) -> None:
+    """Hand ``scheduler`` the request of prompt ``ids`` (prefix-cacheable by them); a ValueError
+    saying why if it can never run."""
+    request = Request(request_id, len(ids), params.max_tokens, arrival_s, params, PromptBlocks(tuple(ids)))
+    reason = scheduler.add_request(request)
+    if reason is not None:
+        raise ValueError(f"request {request_id} rejected: {reason}")

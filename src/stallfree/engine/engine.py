@@ -26,8 +26,6 @@ from typing import Any
 import torch
 
 from stallfree.core import (
-    PromptBlocks,
-    Request,
     SamplingParams,
     StepPlan,
     StepResult,
@@ -37,6 +35,8 @@ from stallfree.core import (
 )
 from stallfree.core.outputs import IDLE, EngineStep, StepOutputs
 from stallfree.core.serving import ServingConfig
+from stallfree.core.step import prompt_token_ids as prompt_token_ids_of
+from stallfree.core.step import queue_prompt
 from stallfree.engine.auto_budget import BudgetChoice, choose_token_budget
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.cpu_share import CoreShare
@@ -195,22 +195,14 @@ class LLMEngine:
     ) -> str:
         """Queue a prompt (text or token ids); return its id. ValueError if it can never run."""
         params = sampling_params or SamplingParams()
-        if (prompt is None) == (prompt_token_ids is None):
-            raise ValueError("give exactly one of prompt or prompt_token_ids")
-        ids = self.tokenizer.encode(prompt) if prompt is not None else list(prompt_token_ids or ())
+        ids = prompt_token_ids_of(prompt, prompt_token_ids, self.tokenizer.encode)
         vocab = self.model.spec.vocab_size
-        if not ids:
-            raise ValueError("the prompt is empty")
         if any(not 0 <= t < vocab for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._requests:
             raise ValueError(f"request id {rid!r} is already in use")
-        arrival_s = time.perf_counter() - self._start_s
-        request = Request(rid, len(ids), params.max_tokens, arrival_s, params, PromptBlocks(tuple(ids)))
-        reason = self.scheduler.add_request(request)
-        if reason is not None:
-            raise ValueError(f"request {rid} rejected: {reason}")
+        queue_prompt(self.scheduler, rid, ids, params, time.perf_counter() - self._start_s)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         generator = torch.Generator(device=self.device).manual_seed(seed)
         eos = self.model.spec.eos_token_ids

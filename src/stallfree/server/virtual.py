@@ -25,9 +25,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from stallfree.core import PromptBlocks, Request, SamplingParams, run_step
+from stallfree.core import SamplingParams, run_step
 from stallfree.core.outputs import IDLE, EngineStep, RequestOutput, StepOutputs
 from stallfree.core.plan import StepPlan, StepResult
+from stallfree.core.step import prompt_token_ids as prompt_token_ids_of
+from stallfree.core.step import queue_prompt
 from stallfree.costs.choice import pick_once
 from stallfree.sim.api import replica_kv_memory
 from stallfree.sim.deployment import Deployment
@@ -169,19 +171,11 @@ class VirtualEngine:
     ) -> str:
         """Queue a prompt (text or token ids); return its id. ValueError if it can never run."""
         params = sampling_params or SamplingParams()
-        if (prompt is None) == (prompt_token_ids is None):
-            raise ValueError("give exactly one of prompt or prompt_token_ids")
-        ids = self.tokenizer.encode(prompt) if prompt is not None else list(prompt_token_ids or ())
-        if not ids:
-            raise ValueError("the prompt is empty")
+        ids = prompt_token_ids_of(prompt, prompt_token_ids, self.tokenizer.encode)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._requests:
             raise ValueError(f"request id {rid!r} is already in use")
-        arrival_s = time.perf_counter() - self._start_s
-        request = Request(rid, len(ids), params.max_tokens, arrival_s, params, PromptBlocks(tuple(ids)))
-        reason = self.scheduler.add_request(request)
-        if reason is not None:
-            raise ValueError(f"request {rid} rejected: {reason}")
+        queue_prompt(self.scheduler, rid, ids, params, time.perf_counter() - self._start_s)
         self._requests[rid] = _Virtual(prompt, ids, params)
         return rid
 
