@@ -108,21 +108,13 @@ def simulate(
             deployment, deployment.disaggregate, requests, seed, goodput, fast, stop
         )
     serving, picks = deployment.serving, _picks(deployment)
-    spec = deployment.speculation
-    k = serving.num_speculative_tokens
-    drafts = (
-        [
-            DraftVerifier(spec.acceptance, k, seed + i, draft_pricer(spec.draft, p))
-            for i, p in enumerate(picks)
-        ]
-        if spec is not None
-        else None
-    )
     kvs = {id(p): replica_kv_memory(p, serving, deployment.gpu_memory_utilization) for p in picks}
     if deployment.autoscale is not None:
         return _simulate_autoscaled(
             deployment, picks[0], kvs[id(picks[0])], requests, goodput, seed, fast, stop
         )
+    verifiers = [_verifier(deployment, p, seed + i) for i, p in enumerate(picks)]
+    drafts = None if deployment.speculation is None else [v for v in verifiers if v is not None]
     if len(picks) > 1 or deployment.route_delay_ms:
         router = make_router(deployment.router, len(picks), seed)
         return _simulate_fleet(
@@ -155,6 +147,15 @@ def simulate(
         raise ValueError("no request could run: the workload is empty")
     summary = _summary(run, serving, [scheduler], kv, goodput)
     return SimulationResult(serving.policy, summary, run.records, run.itl, kv, run.steps, run.stopped)
+
+
+def _verifier(deployment: Deployment, pick: CostPick, seed: int) -> DraftVerifier | None:
+    """A replica's drafts' verifier (None without speculative decoding)."""
+    spec = deployment.speculation
+    if spec is None:
+        return None
+    k = deployment.serving.num_speculative_tokens
+    return DraftVerifier(spec.acceptance, k, seed, draft_pricer(spec.draft, pick))
 
 
 def _picks(deployment: Deployment) -> list[CostPick]:
@@ -240,19 +241,11 @@ def _simulate_autoscaled(
     decision, each replica's lifetime and the fleet's size at every scrape."""
     scale, serving = deployment.autoscale, deployment.serving
     assert scale is not None
-    spec = deployment.speculation
     context = pick.model.max_position_embeddings
     made = itertools.count()
 
     def make_replica() -> TrafficReplica:
-        i = next(made)
-        drafts = (
-            None
-            if spec is None
-            else DraftVerifier(
-                spec.acceptance, serving.num_speculative_tokens, seed + i, draft_pricer(spec.draft, pick)
-            )
-        )
+        drafts = _verifier(deployment, pick, seed + next(made))
         scheduler = serving.make_scheduler(context, kv.num_blocks, predictor=pick.pricer.step_time_s)
         return TrafficReplica(
             scheduler,
@@ -279,7 +272,8 @@ def _simulate_autoscaled(
         raise ValueError("no request could run: the workload is empty")
     whole = _combined(run.runs, run.records, run.itl, run.duration_s, run.stopped)
     summary = _summary(whole, serving, run.schedulers, kv, goodput)
-    gpu_hours = run.replica_seconds() * pick.tp / 3600
+    replica_s = run.replica_seconds()
+    gpu_hours = replica_s * pick.tp / 3600
     summary.update(
         router=deployment.router,
         num_replicas_max=max(
@@ -288,7 +282,7 @@ def _simulate_autoscaled(
         autoscale={
             **dataclasses.asdict(scale),
             "gpu_hours": gpu_hours,
-            "replica_hours": run.replica_seconds() / 3600,
+            "replica_hours": replica_s / 3600,
             "num_replicas_started": len(run.lifetimes),
             "events": [dataclasses.asdict(e) for e in run.events],
             "lifetimes": [dataclasses.asdict(life) for life in run.lifetimes],
