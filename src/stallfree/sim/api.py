@@ -35,6 +35,7 @@ from stallfree.sim.fleet import run_fleet
 from stallfree.sim.speculative import DraftStats, DraftVerifier, draft_pricer
 from stallfree.sim.traffic import StepTrace, TrafficReplica, TrafficRun, run_traffic
 from stallfree.workload import Workload, WorkloadArrays, sample
+from stallfree.workload.agents import AgentTurns, TurnQueue
 
 DEFAULT_DEPLOYMENT = Deployment()
 
@@ -54,7 +55,7 @@ class SimulationResult:
 
 
 def simulate(
-    workload: Workload | WorkloadArrays | Iterable[Request],
+    workload: Workload | WorkloadArrays | AgentTurns | Iterable[Request],
     deployment: Deployment = DEFAULT_DEPLOYMENT,
     *,
     num_requests: int | None = None,
@@ -71,7 +72,9 @@ def simulate(
     priced by the full roofline of llama-3-8b on an a100-80gb).
 
     ``workload``: a :class:`~stallfree.workload.Workload` (sampled with ``num_requests`` and
-    ``seed``), sampled :class:`~stallfree.workload.WorkloadArrays`, or requests ordered by arrival.
+    ``seed``), sampled :class:`~stallfree.workload.WorkloadArrays`, requests ordered by arrival, or
+    :class:`~stallfree.workload.agents.AgentTurns` (turns that arrive once the turns they wait for
+    have finished; one replica or a fleet).
     A replica's ``max_model_len`` defaults to the model's context and its ``num_blocks`` to what
     fits in ``gpu_memory_utilization`` of the hardware's memory; with a profile (an engine's, not
     the hardware's) to what the engine allocates where memory allows, ``max_num_seqs`` full
@@ -102,7 +105,17 @@ def simulate(
     Disaggregated: the summary is the client's, plus ``disaggregation`` (the pools and the KV's
     trips: :func:`~stallfree.sim.disagg.disaggregated_summary`).
     """
-    requests = _requests(workload, num_requests, seed)
+    requests: Iterable[Request] = ()
+    queue: TurnQueue | None = None  # agent turns: released as the turns they wait for finish
+    if not isinstance(workload, AgentTurns):
+        requests = _requests(workload, num_requests, seed)
+    elif deployment.disaggregate is not None or deployment.autoscale is not None:
+        raise ValueError(
+            "agent turns run on one replica or a fleet: not with disaggregation or an autoscaler"
+        )
+    else:
+        queue = workload.queue()
+    on_finished = None if queue is None else queue.finished
     if deployment.disaggregate is not None:
         return _simulate_disaggregated(
             deployment, deployment.disaggregate, requests, seed, goodput, fast, stop
@@ -121,11 +134,12 @@ def simulate(
             [(p, kvs[id(p)]) for p in picks],
             serving,
             (router, deployment.route_delay_ms / 1000),
-            requests,
+            queue or requests,
             goodput,
             (fast, step_noise, step_scales, seed),
             stop,
             drafts,
+            on_finished,
         )
     pick = picks[0]
     kv = kvs[id(pick)]
@@ -136,12 +150,13 @@ def simulate(
     run = run_traffic(
         scheduler,
         _varied(pick, step_noise, step_scales, seed),
-        requests,
+        queue or requests,
         fast=fast,
         keep_steps=keep_steps,
         step_budget_s=serving.step_budget_s,
         stop=stop,
         drafts=drafts[0] if drafts else None,
+        on_finished=on_finished,
     )
     if not run.records and not run.stopped:
         raise ValueError("no request could run: the workload is empty")
@@ -176,11 +191,12 @@ def _simulate_fleet(
     replicas: list[tuple[CostPick, KvMemory]],
     serving: ServingConfig,
     fleet: tuple[Router, float],
-    requests: Iterable[Request],
+    requests: Iterable[Request] | TurnQueue,
     goodput: Mapping[str, float] | None,
     how: tuple[bool, bool, tuple[float, float] | None, int],
     stop: Callable[[], bool] | None,
     drafts: list[DraftVerifier] | None,
+    on_finished: Callable[[str, float], None] | None = None,
 ) -> SimulationResult:
     """``replicas``: each one's pricing and KV cache; ``fleet`` = (router, routing delay s); ``how``
     = (fast, step_noise, step_scales, seed)."""
@@ -200,6 +216,7 @@ def _simulate_fleet(
         stop=stop,
         route_delay_s=delay_s,
         drafts=drafts,
+        on_finished=on_finished,
     )
     if not run.records and not run.stopped:
         raise ValueError("no request could run: the workload is empty")

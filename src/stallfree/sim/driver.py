@@ -24,7 +24,7 @@ import gc
 import heapq
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from stallfree.core import Request
 
@@ -96,6 +96,32 @@ class Replica(Protocol):
         ...
 
 
+@runtime_checkable
+class ArrivalQueue(Protocol):
+    """Requests not all known ahead: some arrive only once others finish (an agent's next turn, a
+    tool's wait after its previous one). ``head`` is the earliest arrival known now and not yet
+    handed over (None: none known now); :meth:`advance` hands it over. A request becomes known
+    only when one of the run's steps ends (its participant's ``on_finished``, wired by whoever
+    built the queue), never earlier than that instant, so arrivals stay in order."""
+
+    head: Request | None
+
+    def advance(self) -> None: ...
+
+
+class _InOrder:
+    """Requests known ahead, in arrival order, as an :class:`ArrivalQueue`."""
+
+    __slots__ = ("_pending", "head")
+
+    def __init__(self, requests: Iterable[Request]) -> None:
+        self._pending = iter(requests)
+        self.head: Request | None = next(self._pending, None)
+
+    def advance(self) -> None:
+        self.head = next(self._pending, None)
+
+
 Route = Callable[[Request], int]
 Handoff = tuple[int, Callable[[float], None]]
 """Participant ``i`` changed at the current instant by calling ``f(now_s)`` (a request handed to
@@ -104,7 +130,7 @@ it, blocks freed in it): it is then woken, or its step in flight cut, as for an 
 
 def drive(
     clock: Clock,
-    requests: Iterable[Request],
+    requests: Iterable[Request] | ArrivalQueue,
     replicas: Sequence[Replica],
     *,
     route: Route | None = None,
@@ -112,6 +138,7 @@ def drive(
     handoffs: list[Handoff] | None = None,
 ) -> bool:
     """Run ``requests`` (ordered by ``arrival_time_s``) through ``replicas`` until all is done.
+    ``requests`` may be an :class:`ArrivalQueue`, whose head is read again at every instant.
 
     ``route`` picks each arrival's replica (default: the first). ``stop`` is asked whenever steps
     have ended; once it returns True while work remains, the run ends there
@@ -144,14 +171,13 @@ def drive(
 
 def _drive(
     clock: Clock,
-    requests: Iterable[Request],
+    requests: Iterable[Request] | ArrivalQueue,
     replicas: Sequence[Replica],
     route: Route | None,
     stop: Callable[[], bool] | None,
     handoffs: list[Handoff] | None,
 ) -> bool:
-    pending = iter(requests)
-    upcoming = next(pending, None)
+    queue = requests if isinstance(requests, ArrivalQueue) else _InOrder(requests)
     lone = len(replicas) == 1
     ends_s: list[float | None] = [None] * len(replicas)  # the step in flight's end, per replica
     due: list[tuple[float, int]] = []  # (end, replica) of the steps in flight; stale ones skipped
@@ -168,7 +194,7 @@ def _drive(
             replicas[i].finish_step()
             ready.append(i)
             stepped = True
-        if stepped and stop is not None and stop() and _work_left(upcoming, replicas):
+        if stepped and stop is not None and stop() and _work_left(queue.head, replicas):
             return True
         while handoffs:
             batch = handoffs[:]
@@ -176,7 +202,7 @@ def _drive(
             for i, change in batch:  # a change may hand on more: the next turn takes them
                 change(now_s)
                 _touched(i, now_s, replicas, ends_s, due, ready)
-        while upcoming is not None and upcoming.arrival_time_s <= now_s:
+        while (upcoming := queue.head) is not None and upcoming.arrival_time_s <= now_s:
             if upcoming.arrival_time_s < last_arrival_s:
                 raise ValueError(f"request {upcoming.request_id} arrives before the one before it")
             last_arrival_s = upcoming.arrival_time_s
@@ -186,7 +212,8 @@ def _drive(
                 ready.append(i)
             elif not lone:
                 _touched(i, now_s, replicas, ends_s, due, ready)
-            upcoming = next(pending, None)
+            queue.advance()
+        upcoming = queue.head
         next_arrival_s = upcoming.arrival_time_s if upcoming is not None else None
         for i in sorted(set(ready)):
             if ends_s[i] is None:

@@ -21,7 +21,7 @@ from stallfree.core import Request, Scheduler
 from stallfree.core.router import Router
 from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord
-from stallfree.sim.driver import SimClock, drive
+from stallfree.sim.driver import ArrivalQueue, SimClock, drive
 from stallfree.sim.speculative import DraftVerifier
 from stallfree.sim.traffic import TrafficReplica, TrafficRun
 
@@ -92,23 +92,28 @@ def run_fleet(
     schedulers: Sequence[Scheduler],
     cost_models: Sequence[SteadyCostModel],
     router: Router,
-    requests: Iterable[Request],
+    requests: Iterable[Request] | ArrivalQueue,
     *,
     fast: bool = True,
     step_budget_s: float | None = None,
     stop: Callable[[], bool] | None = None,
     route_delay_s: float = 0.0,
     drafts: Sequence[DraftVerifier] | None = None,
+    on_finished: Callable[[str, float], None] | None = None,
 ) -> FleetRun:
-    """Route ``requests`` (ordered by arrival) over one replica per scheduler, each priced by its
-    cost model, until all are done (or ``stop``); each reaches its replica ``route_delay_s``
-    after it arrives. ``drafts``: one draft verifier per replica (speculative decoding)."""
+    """Route ``requests`` (ordered by arrival, or an :class:`~stallfree.sim.driver.ArrivalQueue`)
+    over one replica per scheduler, each priced by its cost model, until all are done (or
+    ``stop``); each reaches its replica ``route_delay_s`` after it arrives. ``drafts``: one draft
+    verifier per replica (speculative decoding). ``on_finished(request_id, end_s)``: called as
+    each request finishes, whichever replica ran it."""
     if not (route_delay_s >= 0 and route_delay_s < float("inf")):
         raise ValueError(f"the routing delay must be a finite number >= 0, got {route_delay_s}")
     cuttable = len(schedulers) > 1  # one replica is told each arrival ahead (drive)
     verifiers: Sequence[DraftVerifier | None] = drafts or [None] * len(schedulers)
     traffic = [
-        TrafficReplica(s, c, fast=fast, step_budget_s=step_budget_s, cuttable=cuttable, drafts=d)
+        TrafficReplica(
+            s, c, fast=fast, step_budget_s=step_budget_s, cuttable=cuttable, drafts=d, on_finished=on_finished
+        )
         for s, c, d in zip(schedulers, cost_models, verifiers, strict=True)
     ]
     delayed = [DelayedReplica(r, route_delay_s) for r in traffic] if route_delay_s > 0 else []

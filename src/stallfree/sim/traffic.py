@@ -37,7 +37,7 @@ from stallfree.core.scheduler import StepEvents
 from stallfree.core.steady import SINGLE_STEP
 from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord
-from stallfree.sim.driver import SimClock, drive
+from stallfree.sim.driver import ArrivalQueue, SimClock, drive
 from stallfree.sim.itl import ItlSamples
 from stallfree.sim.speculative import DraftStats, DraftVerifier
 
@@ -322,15 +322,17 @@ class TrafficReplica:
 def run_traffic(
     scheduler: Scheduler,
     cost_model: SteadyCostModel,
-    requests: Iterable[Request],
+    requests: Iterable[Request] | ArrivalQueue,
     *,
     fast: bool = True,
     keep_steps: bool = False,
     step_budget_s: float | None = None,
     stop: Callable[[], bool] | None = None,
     drafts: DraftVerifier | None = None,
+    on_finished: Callable[[str, float], None] | None = None,
 ) -> TrafficRun:
-    """Run ``requests`` (ordered by ``arrival_time_s``) through ``scheduler`` until all are done.
+    """Run ``requests`` (ordered by ``arrival_time_s``, or an
+    :class:`~stallfree.sim.driver.ArrivalQueue`) through ``scheduler`` until all are done.
 
     The clock starts at 0. Requests the scheduler rejects become records with finish reason
     ``rejected``. ``keep_steps`` keeps a :class:`StepTrace` (for figures and Perfetto traces).
@@ -338,9 +340,16 @@ def run_traffic(
     ``stop`` is asked after each plan's steps; once it returns True the run ends there (``stopped``),
     with the records of the requests finished so far and ``duration_s`` the clock at the stop.
     ``drafts``: what verifies the drafts of a scheduler that plans them (speculative decoding).
+    ``on_finished(request_id, end_s)``: called as each request finishes (a queue's dependents).
     """
     replica = TrafficReplica(
-        scheduler, cost_model, fast=fast, keep_steps=keep_steps, step_budget_s=step_budget_s, drafts=drafts
+        scheduler,
+        cost_model,
+        fast=fast,
+        keep_steps=keep_steps,
+        step_budget_s=step_budget_s,
+        drafts=drafts,
+        on_finished=on_finished,
     )
     clock = SimClock()
     stopped = drive(clock, requests, [replica], stop=stop)
