@@ -29,6 +29,7 @@ def make_scheduler(
     block_size: int = 16,
     num_blocks: int | None = None,
     watermark: float = 0.01,
+    scheduling_policy: str = "fcfs",
     **policy_kw: int,
 ) -> Scheduler:
     """A scheduler over an unbounded KV cache unless ``num_blocks`` is given."""
@@ -37,7 +38,9 @@ def make_scheduler(
     elif policy_kw:
         raise TypeError("policy options go with a policy name, not a Policy")
     return Scheduler(
-        SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len),
+        SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len, scheduling_policy=scheduling_policy
+        ),
         CacheConfig(block_size=block_size, num_blocks=num_blocks, watermark=watermark),
         policy,
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,9 +18,16 @@ BLOCK = 4
 @st.composite
 def scenarios(draw: st.DrawFn) -> tuple[str, dict[str, int], SchedulerConfig, CacheConfig, list[Request]]:
     policy, kw, config = draw(policy_cases())
+    config = dataclasses.replace(config, scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])))
     num_blocks = draw(st.integers(8, 64))
     reqs = [
-        Request(str(i), draw(st.integers(1, 80)), draw(st.integers(1, 20)), draw(st.floats(0, 10)))
+        Request(
+            str(i),
+            draw(st.integers(1, 80)),
+            draw(st.integers(1, 20)),
+            draw(st.floats(0, 10)),
+            priority=draw(st.integers(0, 3)),
+        )
         for i in range(draw(st.integers(1, 12)))
     ]
     cache = CacheConfig(block_size=BLOCK, num_blocks=num_blocks, watermark=draw(st.sampled_from([0.0, 0.1])))

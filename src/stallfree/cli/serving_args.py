@@ -38,6 +38,7 @@ SERVING_FLAGS: dict[str, tuple[str, ...]] = {
     "enable_prefix_caching": ("--enable-prefix-caching",),
     "num_speculative_tokens": ("--speculative-tokens", "--num-speculative-tokens"),
     "speculative_rule": ("--speculative-rule",),
+    "scheduling_policy": ("--scheduling-policy",),
 }
 """The command-line flags of each :class:`~stallfree.core.serving.ServingConfig` field (vLLM's
 names; ``--token-budget`` is Sarathi-Serve's name for the same budget)."""
@@ -58,6 +59,8 @@ _SERVING_HELP = {
     "num_speculative_tokens": "chunked: speculative decoding, each decode verifies up to N draft tokens a "
     "step (default 0: none)",
     "speculative_rule": "how drafts share a step with prompt chunks: {rules} (default {rule})",
+    "scheduling_policy": "who waits first and who is preempted when KV blocks run out: {orders} "
+    "(default {order})",
     "enable_prefix_caching": "reuse the KV blocks of prompt prefixes seen before (vLLM V1's automatic "
     "prefix caching; default on, as in vLLM); applies to requests whose prompts are known: the engine's, "
     "traces with block hashes, multi-turn sessions",
@@ -69,6 +72,7 @@ _SERVING_TYPES: dict[str, Callable[[str], Any]] = {
     "step_budget_ms": positive_float,
     "num_speculative_tokens": non_negative_int,
     "speculative_rule": str,
+    "scheduling_policy": str,
 }
 
 
@@ -94,7 +98,7 @@ def add_serving_args(
     ``policy_list``: ``--policy`` takes a comma list (simulate compares policies), and also what
     ``more_policies`` says (simulate's ``disagg:xPyD``).
     """
-    from stallfree.core import DEFAULT_STEP_TOKEN_CAP, DEFAULT_TOKEN_BUDGET, POLICIES
+    from stallfree.core import DEFAULT_STEP_TOKEN_CAP, DEFAULT_TOKEN_BUDGET, POLICIES, SCHEDULING_POLICIES
     from stallfree.core.policy import SPECULATIVE_RULES
     from stallfree.core.serving import DEFAULT_MAX_NUM_SEQS, ServingConfig
 
@@ -107,7 +111,10 @@ def add_serving_args(
         "watermark": defaults.watermark,
         "rules": "; ".join(f"{name}: {rule}" for name, rule in SPECULATIVE_RULES.items()),
         "rule": defaults.speculative_rule,
+        "orders": "; ".join(f"{name}: {rule}" for name, rule in SCHEDULING_POLICIES.items()),
+        "order": defaults.scheduling_policy,
     }
+    choices = {"speculative_rule": tuple(SPECULATIVE_RULES), "scheduling_policy": tuple(SCHEDULING_POLICIES)}
     if policy_list:
         parser.add_argument(
             "--policy",
@@ -133,8 +140,10 @@ def add_serving_args(
             dest=name,
             type=value_type,
             default=getattr(defaults, name),
-            metavar={"step_budget_ms": "MS", "speculative_rule": "RULE"}.get(name, "N"),
-            choices=tuple(SPECULATIVE_RULES) if name == "speculative_rule" else None,
+            metavar={"step_budget_ms": "MS", "speculative_rule": "RULE", "scheduling_policy": "POLICY"}.get(
+                name, "N"
+            ),
+            choices=choices.get(name),
             help=_SERVING_HELP[name].format(**fill),
         )
 

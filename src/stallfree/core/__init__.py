@@ -8,6 +8,7 @@ from stallfree.core.block_manager import BlockManager
 from stallfree.core.config import (
     DEFAULT_STEP_TOKEN_CAP,
     DEFAULT_TOKEN_BUDGET,
+    SCHEDULING_POLICIES,
     CacheConfig,
     SchedulerConfig,
     ceil_div,
@@ -34,6 +35,7 @@ __all__ = [
     "DEFAULT_STEP_TOKEN_CAP",
     "DEFAULT_TOKEN_BUDGET",
     "POLICIES",
+    "SCHEDULING_POLICIES",
     "BlockManager",
     "CacheConfig",
     "ChunkedPolicy",

@@ -18,6 +18,16 @@ target decides the chunks, this only bounds the activation memory a step may nee
 default ``--max-prefill-tokens``)."""
 
 
+SCHEDULING_POLICIES = {
+    "fcfs": "the waiting queue in arrival order; short of KV blocks the newest running request is "
+    "preempted (vLLM's default)",
+    "priority": "the waiting queue by each request's priority (lower first), then arrival; short of KV "
+    "blocks the running request of the lowest priority (highest value), latest arrival, is preempted "
+    "(vLLM's --scheduling-policy priority)",
+}
+"""Which request waits and which is preempted (vLLM's ``--scheduling-policy``)."""
+
+
 def ceil_div(a: int, b: int) -> int:
     """``ceil(a / b)`` for non-negative ``a`` and positive ``b``, in integers."""
     return -(-a // b)
@@ -25,16 +35,21 @@ def ceil_div(a: int, b: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """Limits that hold whatever the policy."""
+    """Limits that hold whatever the policy, and the queues' order (:data:`SCHEDULING_POLICIES`)."""
 
     max_num_seqs: int = 256
     max_model_len: int | None = None
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs <= 0:
             raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"unknown scheduling policy {self.scheduling_policy!r}; choose from: {', '.join(SCHEDULING_POLICIES)}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,15 +115,7 @@ class StepContext:
             return num_tokens
         if preempt:
             while not bm.can_allocate(need):
-                # Never a request already in this plan: its chunk would run on freed blocks.
-                victim = next(
-                    (
-                        v
-                        for v in reversed(state.running)
-                        if v is not seq and v.request_id not in self._scheduled
-                    ),
-                    seq,
-                )
+                victim = self._victim(seq)
                 self._preempt(victim)
                 if victim is seq:
                     return 0
@@ -255,6 +247,48 @@ class StepContext:
         if new_blocks:
             self._new_blocks[rid] = new_blocks
 
+    def _victim(self, seq: Sequence) -> Sequence:
+        """Whom to preempt so that ``seq`` gets blocks (``seq`` itself when no one else can go).
+
+        ``fcfs``: the newest running request not in this plan (a chunk in the plan would run on
+        freed blocks). ``priority`` (vLLM's rule): the lowest priority, latest arrival, first in
+        running order on a tie, ``seq`` included; one already in this plan leaves it (its tokens
+        go back to the step's budget), unless its chunk filled a block, which the prefix cache
+        then holds as computed (vLLM takes it out all the same; a later prompt would find KV that
+        was never computed), when the next lowest goes.
+        """
+        state = self._state
+        if not state.by_priority:
+            return next(
+                (v for v in reversed(state.running) if v is not seq and v.request_id not in self._scheduled),
+                seq,
+            )
+        candidates = [v for v in state.running if v is seq or not self._fills_block(v)]
+        victim = max(candidates, key=_victim_key)
+        if victim is not seq and victim.request_id in self._scheduled:
+            self._unschedule(victim)
+        return victim
+
+    def _fills_block(self, seq: Sequence) -> bool:
+        """``seq``'s chunk in this plan fills a block (one the prefix cache may now hold)."""
+        index = self._scheduled.get(seq.request_id)
+        if index is None:
+            return False
+        chunk = self._chunks[index]
+        size = self._state.block_manager.block_size
+        start = chunk.num_computed_tokens
+        return (start + chunk.num_tokens) // size > start // size
+
+    def _unschedule(self, seq: Sequence) -> None:
+        """Take ``seq``'s chunk out of this plan (it is about to be preempted)."""
+        index = self._scheduled.pop(seq.request_id)
+        chunk = self._chunks.pop(index)
+        self.num_scheduled_tokens -= chunk.num_tokens
+        self._new_blocks.pop(seq.request_id, None)
+        for rid, i in self._scheduled.items():
+            if i > index:
+                self._scheduled[rid] = i - 1
+
     def _preempt(self, victim: Sequence) -> None:
         self._state.preempt(victim)
         self._preempted.append(victim.request_id)
@@ -267,6 +301,10 @@ class StepContext:
             freed_request_ids=freed + tuple(self._preempted),
             trimmed_block_tables=trimmed if trimmed else _NOTHING_TRIMMED,
         )
+
+
+def _victim_key(seq: Sequence) -> tuple[int, float]:
+    return seq.request.priority, seq.request.arrival_time_s
 
 
 def _external(seq: Sequence) -> int:

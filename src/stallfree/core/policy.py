@@ -230,27 +230,27 @@ class ChunkedPolicy(Policy):
 
     @staticmethod
     def _fill_prompts(ctx: StepContext, budget: int) -> None:
-        """Prompt chunks of up to ``budget`` tokens in all: running prompts, then new ones."""
+        """Prompt chunks of up to ``budget`` tokens in all: running prompts, then new ones. A
+        chunk taken out of the step by a preemption (the priority rule) gives its tokens back."""
+        end = ctx.num_scheduled_tokens + budget
         # 2. Prompts already part-way through prefill (and recomputes) continue. Short of KV
         # blocks they preempt the newest running request, possibly themselves, as vLLM V1 does
         # (docs/vllm-parity.md); a chunk shrunk to the free blocks would run a step vLLM never runs.
         for seq in ctx.running:
-            if budget <= 0:
+            if ctx.num_scheduled_tokens >= end:
                 return
             if not seq.is_decoding and ctx.is_running(seq) and not ctx.is_scheduled(seq):
-                budget -= ctx.schedule_running(seq, budget, preempt=True)
+                ctx.schedule_running(seq, end - ctx.num_scheduled_tokens, preempt=True)
                 if not ctx.is_running(seq):
-                    return  # it preempted itself: nothing newer is left to run
-        # 3. New prompts, first-come-first-served, each chunked to what is left; none in a step
-        # that preempted (vLLM V1: the preempted request, now at the queue's head, goes first
-        # once blocks free up, and a new prompt must not take them).
+                    return  # it preempted itself: nothing newer (fcfs) or lower (priority) is left
+        # 3. New prompts, in the waiting queue's order, each chunked to what is left; none in a
+        # step that preempted (vLLM V1: the preempted request, back in the queue ahead of newer
+        # ones, goes first once blocks free up, and a new prompt must not take them).
         if any(not ctx.is_running(seq) for seq in ctx.running):
             return
-        while budget > 0 and ctx.waiting:
-            admitted = ctx.admit(budget)
-            if admitted == 0:
+        while ctx.num_scheduled_tokens < end and ctx.waiting:
+            if ctx.admit(end - ctx.num_scheduled_tokens) == 0:
                 return
-            budget -= admitted
 
     def steadiness(self, plan: StepPlan, num_running: int) -> Steadiness:
         if self.num_speculative_tokens:

@@ -100,6 +100,9 @@ class Request:
     # until :meth:`~stallfree.core.scheduler.Scheduler.release_kv`.
     num_external_tokens: int = field(default=0, compare=False, repr=False)
     sends_kv: bool = field(default=False, compare=False, repr=False)
+    # vLLM's request priority: lower runs first under the "priority" scheduling policy (ignored
+    # under "fcfs"); any integer, negative included, as vLLM takes it
+    priority: int = field(default=0, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens <= 0:
@@ -108,6 +111,8 @@ class Request:
             raise ValueError(f"request {self.request_id}: max_tokens must be positive")
         if not (math.isfinite(self.arrival_time_s) and self.arrival_time_s >= 0):
             raise ValueError(f"request {self.request_id}: arrival_time_s must be finite and >= 0")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise ValueError(f"request {self.request_id}: priority must be an integer, got {self.priority!r}")
         if not 0 <= self.num_external_tokens <= self.num_prompt_tokens:
             raise ValueError(
                 f"request {self.request_id}: num_external_tokens must be in [0, num_prompt_tokens]"

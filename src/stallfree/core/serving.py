@@ -64,6 +64,9 @@ class ServingConfig:
     ``num_speculative_tokens`` (chunked only): each decode may verify up to this many draft
     tokens a step, shared with prompt chunks by ``speculative_rule``
     (:data:`~stallfree.core.policy.SPECULATIVE_RULES`: ``vllm`` or ``sglang``).
+
+    ``scheduling_policy``: ``fcfs`` or ``priority`` (vLLM's ``--scheduling-policy``: who waits
+    first and who is preempted, :data:`~stallfree.core.config.SCHEDULING_POLICIES`).
     """
 
     policy: str = "chunked"
@@ -78,6 +81,7 @@ class ServingConfig:
     enable_prefix_caching: bool = True
     num_speculative_tokens: int = 0
     speculative_rule: str = "vllm"
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -110,6 +114,7 @@ class ServingConfig:
                 f"unknown speculative rule {self.speculative_rule!r}; choose from: {', '.join(SPECULATIVE_RULES)}"
             )
         CacheConfig(block_size=self.block_size, watermark=self.watermark)  # validates both
+        SchedulerConfig(scheduling_policy=self.scheduling_policy)  # validates it
         check_budget_holds_seqs(self.token_budget, self.max_num_seqs)
 
     @classmethod
@@ -217,7 +222,11 @@ class ServingConfig:
         (this config's ``num_blocks`` wins; None for both: unbounded); ``predictor`` prices steps
         for ``step_budget_ms`` (see :meth:`make_policy`)."""
         return Scheduler(
-            SchedulerConfig(max_num_seqs=self.num_seqs_limit, max_model_len=self.model_len(model_context)),
+            SchedulerConfig(
+                max_num_seqs=self.num_seqs_limit,
+                max_model_len=self.model_len(model_context),
+                scheduling_policy=self.scheduling_policy,
+            ),
             CacheConfig(
                 block_size=self.block_size,
                 num_blocks=self.num_blocks if self.num_blocks is not None else num_blocks,

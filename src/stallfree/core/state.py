@@ -5,6 +5,8 @@ only through the methods below, which keep the invariants:
 
 - a request is in exactly one of ``waiting`` / ``running`` / gone, and ``running_by_id`` indexes
   ``running`` (kept in admission order, oldest first);
+- ``waiting`` is in arrival order, a preempted request at its head (``fcfs``), or ordered by
+  :attr:`Sequence.queue_key`, priority then arrival (``priority``: vLLM's order);
 - a running request holds exactly the KV blocks of its computed tokens (plus those scheduled
   this step, draft tokens' included: the scheduler trims what rejected drafts took when the
   step's result comes back); a waiting one holds none, so a preempted request recomputes from token 0, less
@@ -15,6 +17,7 @@ only through the methods below, which keep the invariants:
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
 from collections.abc import Iterable
 
@@ -35,12 +38,16 @@ class Sequence:
         "num_prompt_tokens",
         "num_proposed_drafts",
         "pending_ids",
+        "queue_key",
         "request",
         "request_id",
     )
 
-    def __init__(self, request: Request) -> None:
+    def __init__(self, request: Request, order: int = 0) -> None:
         self.request = request
+        # Its place in a priority-ordered waiting queue: priority, arrival, then the order it was
+        # queued in (ties go first come, first served).
+        self.queue_key = (request.priority, request.arrival_time_s, order)
         self.request_id = request.request_id
         self.num_prompt_tokens = request.num_prompt_tokens
         self.num_computed_tokens = 0
@@ -73,7 +80,9 @@ class Sequence:
 class SchedulerState:
     """Queues and blocks of one scheduler."""
 
-    def __init__(self, cache: CacheConfig) -> None:
+    def __init__(self, cache: CacheConfig, *, by_priority: bool = False) -> None:
+        self.by_priority = by_priority
+        self.num_added = 0
         self.block_manager = BlockManager(
             cache.block_size, cache.num_blocks, enable_prefix_caching=cache.enable_prefix_caching
         )
@@ -88,8 +97,9 @@ class SchedulerState:
         self.num_prefix_hit_tokens = 0
 
     def add(self, request: Request) -> None:
-        """Queue ``request`` last."""
-        seq = Sequence(request)
+        """Queue ``request``: last, or by its priority (``by_priority``)."""
+        seq = Sequence(request, self.num_added)
+        self.num_added += 1
         content = request.prompt_blocks
         if self.block_manager.enable_prefix_caching and content is not None:
             # Ids may go on into the output (a session's answers, known to its workload).
@@ -98,7 +108,10 @@ class SchedulerState:
             seq.block_keys = keys if len(keys) else None
             if content.tokens_per_id == 1 and content.num_named_tokens == request.num_prompt_tokens:
                 seq.pending_ids = list(content.ids[len(keys) * size :])
-        self.waiting.append(seq)
+        if self.by_priority:
+            insort(self.waiting, seq, key=_queue_key)
+        else:
+            self.waiting.append(seq)
 
     def key_sampled(self, seq: Sequence, token_id: int) -> None:
         """An executor sampled ``token_id`` for ``seq``: once such tokens fill a block, key it as
@@ -138,7 +151,8 @@ class SchedulerState:
         return seq
 
     def preempt(self, seq: Sequence) -> None:
-        """Back to the front of ``waiting`` with no blocks: it recomputes from token 0."""
+        """Back to ``waiting`` (its front, or its place by priority) with no blocks: it recomputes
+        from token 0."""
         if self.running[-1] is seq:  # the usual case: the newest
             self.running.pop()
         else:
@@ -146,7 +160,10 @@ class SchedulerState:
         del self.running_by_id[seq.request_id]
         self.block_manager.free(seq.request_id)
         seq.num_computed_tokens = seq.num_external_tokens = 0
-        self.waiting.appendleft(seq)
+        if self.by_priority:
+            insort(self.waiting, seq, key=_queue_key)
+        else:
+            self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
     def finish(self, request_ids: Iterable[str]) -> None:
@@ -166,3 +183,7 @@ class SchedulerState:
 
     def drop_waiting(self, request_id: str) -> None:
         self.waiting = deque(s for s in self.waiting if s.request_id != request_id)
+
+
+def _queue_key(seq: Sequence) -> tuple[int, float, int]:
+    return seq.queue_key

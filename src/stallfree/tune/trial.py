@@ -145,6 +145,8 @@ class TrialSpec:
         else:
             for name in ("num_speculative_tokens", "speculative_rule"):
                 del fields["serving"][name]
+        if self.serving.scheduling_policy == "fcfs":
+            del fields["serving"]["scheduling_policy"]
         if d.disaggregate is not None and pools is not None:
             fields.update(
                 disaggregate=f"{pools.num_prefill}P{pools.num_decode}D",
