@@ -32,7 +32,7 @@ from dataclasses import astuple, dataclass, field, replace
 import numpy as np
 
 from stallfree.core.request import PromptBlocks, Request
-from stallfree.workload.arrivals import AllAtOnce, Arrivals
+from stallfree.workload.arrivals import AllAtOnce, Arrivals, GammaArrivals
 from stallfree.workload.lengths import Lengths, LognormalLengths
 
 ID_TOKENS = 16
@@ -216,8 +216,16 @@ class Agents:
             if self.subagent_probability
             else ""
         )
+        starts = self.arrivals
+        when = (
+            "all at once"
+            if not isinstance(starts, GammaArrivals)
+            else f"at {starts.qps:g}/s"
+            if starts.burstiness == 1
+            else f"at {starts.qps:g}/s (gamma, burstiness {starts.burstiness:g})"
+        )
         return (
-            f"{self.num_agents} agents of {self.turns} turns; shared prefix {self.shared_prefix_tokens} "
+            f"{self.num_agents} agents of {self.turns} turns starting {when}; shared prefix {self.shared_prefix_tokens} "
             f"tokens; each turn's tool output and answer {_named(self.lengths)}; tool wait "
             f"{self.tool_wait_s:g} s mean{fan}"
         )

@@ -90,7 +90,7 @@ def _load_cached(path: Path, mtime_ns: int) -> Trace:
     del mtime_ns  # only part of the cache key: an edited file is read again
     if path.name.endswith((".jsonl", ".jsonl.gz")):
         return _load_jsonl(path)
-    with _open_text(path) as text:
+    with open_text(path) as text:
         content = text.read()
     reader = csv.reader(io.StringIO(content, newline=""))
     header = [name.strip() for name in next(reader, [])]
@@ -115,8 +115,8 @@ def _load_cached(path: Path, mtime_ns: int) -> Trace:
         where = f"{path}, line {reader.line_num}"
         if len(row) != len(header):
             raise ValueError(f"{where}: expected {len(header)} fields, got {len(row)}")
-        prompts.append(_positive_int(row[prompt_at], PROMPT_COLUMN, where))
-        outputs.append(_positive_int(row[output_at], OUTPUT_COLUMN, where))
+        prompts.append(positive_int(row[prompt_at], PROMPT_COLUMN, where))
+        outputs.append(positive_int(row[output_at], OUTPUT_COLUMN, where))
         if arrival_at is not None:
             arrival_s = _arrival(row[arrival_at], where)
             if arrivals and arrival_s < arrivals[-1]:
@@ -173,7 +173,7 @@ def _load_jsonl(path: Path) -> Trace:
     outputs: list[int] = []
     arrivals: list[float] = []
     hash_ids: list[tuple[int, ...]] = []
-    with _open_text(path) as text:
+    with open_text(path) as text:
         for line_num, line in enumerate(text, 1):
             if not line.strip():
                 continue
@@ -187,8 +187,8 @@ def _load_jsonl(path: Path) -> Trace:
                     f"hash_ids ({exc})"
                 ) from None
             timestamp_ms, prompt, output, ids = fields
-            prompts.append(_positive_int(str(prompt), "input_length", where))
-            outputs.append(_positive_int(str(output), "output_length", where))
+            prompts.append(positive_int(str(prompt), "input_length", where))
+            outputs.append(positive_int(str(output), "output_length", where))
             arrival_s = _arrival(str(timestamp_ms), where) / 1000
             if arrivals and arrival_s < arrivals[-1]:
                 raise ValueError(f"{where}: timestamp goes back in time ({arrival_s} s < {arrivals[-1]} s)")
@@ -207,13 +207,13 @@ def _load_jsonl(path: Path) -> Trace:
     )
 
 
-def _open_text(path: Path) -> io.TextIOWrapper:
+def open_text(path: Path) -> io.TextIOWrapper:
     if path.suffix == ".gz":
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
     return path.open(encoding="utf-8", newline="")
 
 
-def _positive_int(text: str, column: str, where: str) -> int:
+def positive_int(text: str, column: str, where: str) -> int:
     try:
         value = float(text)
     except ValueError:
