@@ -36,7 +36,7 @@ from stallfree.cli.serving_args import (
     serving_config,
     serving_configs,
 )
-from stallfree.cli.workload_args import add_traffic_args, traffic_workload
+from stallfree.cli.workload_args import add_traffic_args, agent_workload, traffic_workload, workload_text
 from stallfree.core.router import ROUTER_NAMES
 from stallfree.costs.kv_transfer import DEFAULT_KV_LINK, KV_CONNECTORS
 from stallfree.tune.sigint import stop_on_signal  # light: stdlib only
@@ -492,14 +492,22 @@ def _simulate_all(
     from stallfree.workload import sample
 
     goodput = parse_goodput(args.goodput) if args.goodput else None
-    if args.replay:
+    workload: Any
+    requests: Any
+    if (agents := agent_workload(args)) is not None:
+        workload = requests = agents
+    elif args.replay:
         from stallfree.workload.bench_result import load_bench_result
 
         workload, requests = None, load_bench_result(args.replay).arrays
     else:
         workload, num_requests = traffic_workload(args)
         requests = sample(workload, num_requests, args.seed)
-    span_s = float(requests.arrival_time_s[-1] - requests.arrival_time_s[0]) if len(requests) else 0.0
+    span_s = (
+        float(requests.arrival_time_s[-1] - requests.arrival_time_s[0])
+        if args.autoscale and len(requests)
+        else 0.0
+    )
     if args.autoscale is not None and args.startup_s >= span_s:
         raise UsageError(
             f"--startup-s {args.startup_s:g} is longer than the run's {span_s:,.0f} s of arrivals: no replica "
@@ -554,7 +562,6 @@ def _scenario(
     acceptance: Acceptance | None,
 ) -> dict[str, Any]:
     from stallfree.sim.deployment import ReplicaGroup
-    from stallfree.sim.report import describe_workload
     from stallfree.specs import HARDWARE_PRESETS, load_hardware_spec
     from stallfree.specs.step_profile import machine_label
 
@@ -576,7 +583,7 @@ def _scenario(
         "step_overhead_ms": args.step_overhead_ms,
         "step_noise": args.step_noise,
         "num_requests": num_requests,
-        "workload": describe_workload(workload) if workload is not None else f"replayed from {args.replay}",
+        "workload": workload_text(workload, args.replay),
         "seed": args.seed,
         "replicas": sum(g.count for g in mix) if mix else args.replicas,
         "fleet": args.fleet,
