@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = yaml.safe_load(Path(args.deployment).read_text())
         deployment = Deployment.from_dict(data if data is not None else {})
+        check_translatable(deployment)
         out.mkdir(parents=True, exist_ok=True)
         trace = plain_trace(args.trace, out)
         profile = out / "perf_data.npz"
@@ -191,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         args_json.write_text(json.dumps(engine_args(deployment, profile.resolve())))
         cmd = command_line(deployment, trace.resolve(), args_json, out.resolve() / "report.json")
     except (OSError, ValueError, yaml.YAMLError) as exc:
-        print(f"error: {str(exc).splitlines()[0] if str(exc) else exc!r}", file=sys.stderr)
+        message = str(exc).strip().splitlines()
+        print(f"error: {message[0] if message else type(exc).__name__}", file=sys.stderr)
         return 2
     print(shlex.join(cmd))
     return 0

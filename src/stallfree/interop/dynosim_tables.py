@@ -26,7 +26,8 @@ shifted by ``j`` steps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,7 @@ from stallfree.core.step import StepCostModel
 FloatArray = npt.NDArray[np.float64]
 KEYS = ("prefill_isl", "prefill_ttft_ms", "decode_active_kv_tokens", "decode_context_length", "decode_itl")
 MIN_DECODE_MS = 1.0  # the mocker's floor on a token-emitting pass
+SHORT_RUN_STEPS = 32  # steady runs up to this long are priced step by step, without numpy
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -49,6 +51,11 @@ class DynoSimTables:
     decode_active_kv_tokens: FloatArray
     decode_context_length: FloatArray
     decode_itl: FloatArray
+    _isl_list: list[float] = field(init=False, repr=False)
+    _ttft_list: list[float] = field(init=False, repr=False)
+    _kv_list: list[float] = field(init=False, repr=False)
+    _ctx_list: list[float] = field(init=False, repr=False)
+    _itl_rows: list[list[float]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("prefill_isl", "decode_active_kv_tokens", "decode_context_length"):
@@ -60,6 +67,12 @@ class DynoSimTables:
         shape = (len(self.decode_active_kv_tokens), len(self.decode_context_length))
         if self.decode_itl.shape != shape:
             raise ValueError(f"decode_itl: shape {self.decode_itl.shape}, expected {shape}")
+        # plain lists for the scalar lookups (a step priced at a time: numpy's cost a call dominates)
+        object.__setattr__(self, "_isl_list", self.prefill_isl.tolist())
+        object.__setattr__(self, "_ttft_list", self.prefill_ttft_ms.tolist())
+        object.__setattr__(self, "_kv_list", self.decode_active_kv_tokens.tolist())
+        object.__setattr__(self, "_ctx_list", self.decode_context_length.tolist())
+        object.__setattr__(self, "_itl_rows", self.decode_itl.tolist())
 
     @classmethod
     def load(cls, path: str | Path) -> DynoSimTables:
@@ -80,7 +93,21 @@ class DynoSimTables:
         """The prompt part of a pass running ``num_tokens`` new prompt tokens (0 for none)."""
         if num_tokens <= 0:
             return 0.0
-        return max(0.0, float(_interp1(self.prefill_isl, self.prefill_ttft_ms, np.array([num_tokens]))[0]))
+        x, y = self._isl_list, self._ttft_list
+        i = min(max(bisect.bisect_right(x, num_tokens) - 1, 0), len(x) - 2)
+        return max(0.0, y[i] + (y[i + 1] - y[i]) * ((num_tokens - x[i]) / (x[i + 1] - x[i])))
+
+    def decode_ms_at(self, active_kv_tokens: float, context_len: float) -> float:
+        """:meth:`decode_ms` of one pass, without numpy (the same arithmetic, in floats)."""
+        kv_axis, ctx_axis = self._kv_list, self._ctx_list
+        i = min(max(bisect.bisect_right(kv_axis, active_kv_tokens) - 1, 0), len(kv_axis) - 2)
+        j = min(max(bisect.bisect_right(ctx_axis, context_len) - 1, 0), len(ctx_axis) - 2)
+        tx = (active_kv_tokens - kv_axis[i]) / (kv_axis[i + 1] - kv_axis[i])
+        ty = (context_len - ctx_axis[j]) / (ctx_axis[j + 1] - ctx_axis[j])
+        g0, g1 = self._itl_rows[i], self._itl_rows[i + 1]
+        low = g0[j] * (1 - ty) + g0[j + 1] * ty
+        high = g1[j] * (1 - ty) + g1[j + 1] * ty
+        return max(low * (1 - tx) + high * tx, MIN_DECODE_MS)
 
     def decode_ms(self, active_kv_tokens: FloatArray, context_len: FloatArray) -> FloatArray:
         """The emitting part of passes, elementwise (bilinear, extrapolated, floored at 1 ms)."""
@@ -93,14 +120,6 @@ class DynoSimTables:
         high = grid[i + 1, j] * (1 - ty) + grid[i + 1, j + 1] * ty
         out: FloatArray = np.maximum(low * (1 - tx) + high * tx, MIN_DECODE_MS)
         return out
-
-
-def _interp1(x: FloatArray, y: FloatArray, at: FloatArray) -> FloatArray:
-    """Piecewise-linear through (x, y), the end segments continued past the ends."""
-    i = np.clip(np.searchsorted(x, at, side="right") - 1, 0, len(x) - 2)
-    t = (at - x[i]) / (x[i + 1] - x[i])
-    out: FloatArray = y[i] + (y[i + 1] - y[i]) * t
-    return out
 
 
 def _axis(largest: float, num_points: int, first: float) -> FloatArray:
@@ -173,17 +192,27 @@ class DynoSimPricer:
         return 0 if count == 0 else count * (ends // count - starts // count)
 
     def step_time_s(self, plan: StepPlan) -> float:
-        return float(self.steady_durations(plan, 1)[0]) if plan.chunks else 0.0
+        chunks = plan.chunks
+        prefill_ms = self.tables.prefill_ms(self._prompt_tokens(chunks))
+        bs = self.block_size
+        blocks = known = emitting = 0
+        for c in chunks:
+            blocks += -(-c.context_len // bs)
+            if c.emits_token:
+                known += c.num_known_tokens
+                emitting += 1
+        if not emitting:
+            return prefill_ms / 1000
+        return (prefill_ms + self.tables.decode_ms_at(blocks * bs, known // emitting)) / 1000
 
     def steady_durations(self, plan: StepPlan, num_steps: int) -> FloatArray:
         if num_steps < 0:
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")
         chunks = plan.chunks
-        if not chunks:
-            return np.zeros(num_steps)
-        # A shifted plan: every chunk's computed and known tokens j further on (its prompt part's
-        # token count is unchanged: the sums' integer divisions shift together only for whole
-        # multiples, so it is priced per step where prompts are present).
+        if num_steps <= SHORT_RUN_STEPS or not chunks:  # numpy's cost a call outweighs its speed
+            return np.array([self.step_time_s(StepPlan(_shifted(chunks, j))) for j in range(num_steps)])
+        # A shifted plan: every chunk's computed and known tokens j further on; its prompt part
+        # is priced step by step (the sums' integer divisions need not shift together).
         steps = np.arange(num_steps, dtype=np.int64)
         prefill = np.array(
             [self.tables.prefill_ms(self._prompt_tokens(_shifted(chunks, int(j)))) for j in steps]
