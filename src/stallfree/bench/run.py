@@ -2,9 +2,9 @@
 :class:`BenchSpec` in, the result dict (vLLM's keys plus ours) out.
 
 The run discovers the model and its context, sizes prompts on the server (:mod:`.prompts`), runs
-the scenario (:mod:`.scenarios`): the long-prompt experiment, a sampled workload open loop, or
-multi-turn sessions closed loop, and scores it with :func:`stallfree.metrics.summarize`. A set
-``stop`` event (Ctrl-C) ends it early with what was measured (``interrupted`` in the result).
+the scenario (:mod:`.scenarios`, :mod:`.agents`): the long-prompt experiment, a sampled workload
+open loop, multi-turn or agent sessions closed loop, and scores it with
+:func:`stallfree.metrics.summarize`. A set ``stop`` event (Ctrl-C) ends it early with what was measured (``interrupted`` in the result).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import httpx
 
 from stallfree.bench import client as bc
 from stallfree.bench import spec_decode
+from stallfree.bench.agents import run_agents
 from stallfree.bench.fleet import fleet_json, list_workers, scrape
 from stallfree.bench.prompts import PromptSizer, calibrate, fallback_target, fit_prompts
 from stallfree.bench.scenarios import (
@@ -33,6 +34,7 @@ from stallfree.bench.scenarios import (
 )
 from stallfree.metrics import summarize
 from stallfree.workload import Workload, WorkloadArrays, sample, sample_sessions
+from stallfree.workload.agents import AgentTurns
 
 CONTEXT_MARGIN = 0.05  # of the server's context, left free when capping lengths to it
 
@@ -65,6 +67,7 @@ class BenchSpec:
     burstiness: float | None = None
     goodput: dict[str, float] | None = None
     prompt_texts: tuple[str, ...] | None = None  # request i sends prompt_texts[i % len]
+    agents: AgentTurns | None = None  # the agents scenario's turns (workload None)
 
 
 async def run_bench(
@@ -98,7 +101,9 @@ async def run_bench(
         servers = workers or [spec.base_url]
         spec_before = await spec_decode.scrape(http, servers)
         started()
-        if workload is None:
+        if spec.agents is not None:
+            run = await _agents(http, endpoint, sizer, spec, spec.agents, stop, on_done)
+        elif workload is None:
             run = await _long_prompt(http, endpoint, sizer, spec, stop, note)
         elif workload.sessions is not None:
             run = await _sessions(http, endpoint, sizer, spec, workload, stop, on_done)
@@ -175,6 +180,27 @@ async def _sessions(
         http, endpoint, sessions, starts_s.tolist(), messages.tolist(), answers.tolist(), sizer,
         seed=spec.seed, on_done=on_done, stop=stop,
     )  # fmt: skip
+
+
+async def _agents(
+    http: httpx.AsyncClient,
+    endpoint: bc.Endpoint,
+    sizer: PromptSizer,
+    spec: BenchSpec,
+    agents: AgentTurns,
+    stop: asyncio.Event,
+    on_done: Callable[[], None] | None,
+) -> BenchRun:
+    """Agent sessions, closed loop (:func:`stallfree.bench.agents.run_agents`); refused before any
+    is sent when a turn's prompt and answer would not fit the server's context."""
+    context = endpoint.max_model_len
+    longest = max(t.request.num_prompt_tokens + t.request.max_tokens for t in agents.turns)
+    if context is not None and longest > context * (1 - CONTEXT_MARGIN):
+        raise ValueError(
+            f"an agent's turn grows to {longest:,} tokens; the server's context is {context:,}: fewer "
+            "--agent-turns, a shorter --agent-prefix-tokens or shorter --lengths"
+        )
+    return await run_agents(http, endpoint, agents, sizer, seed=spec.seed, on_done=on_done, stop=stop)
 
 
 async def _workload(

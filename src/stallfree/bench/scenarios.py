@@ -81,7 +81,7 @@ def _record(
     )
 
 
-def _build(results: list[StreamResult], prompts: list[int], start_s: float, end_s: float) -> BenchRun:
+def build_run(results: list[StreamResult], prompts: list[int], start_s: float, end_s: float) -> BenchRun:
     itl = ItlAccumulator()
     records = [
         _record(str(i), res, start_s, p, itl) for i, (res, p) in enumerate(zip(results, prompts, strict=True))
@@ -124,14 +124,14 @@ async def run_workload(
     ]
     if stop is None:
         results = list(await asyncio.gather(*tasks))
-        return _build(results, prompts, start_s, time.perf_counter())
+        return build_run(results, prompts, start_s, time.perf_counter())
     await wait_any(stop, tasks)
     end_s = time.perf_counter()
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     finished = [i for i, task in enumerate(tasks) if not task.cancelled() and task.exception() is None]
-    run = _build([tasks[i].result() for i in finished], [prompts[i] for i in finished], start_s, end_s)
+    run = build_run([tasks[i].result() for i in finished], [prompts[i] for i in finished], start_s, end_s)
     if len(finished) < len(tasks):
         run.extra["interrupted"] = {"finished": len(finished), "requests": len(tasks)}
     return run
@@ -184,7 +184,7 @@ async def run_sessions(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     sent.sort(key=lambda row: row[2].sent_s)
-    run = _build([r for _, _, r, _ in sent], [n for _, _, _, n in sent], start_s, time.perf_counter())
+    run = build_run([r for _, _, r, _ in sent], [n for _, _, _, n in sent], start_s, time.perf_counter())
     run.extra["sessions"] = {
         "turns": turns,
         "system_prompt_tokens": sessions.system_prompt_tokens,
@@ -321,7 +321,7 @@ async def run_long_prompt(
     if interrupted():
         return _interrupted_long_prompt(stream_results, prompt_result, alone, options, start_s, end_s, phase)
     assert prompt_result is not None  # not interrupted: the prompt was sent
-    run = _build(
+    run = build_run(
         [*stream_results, prompt_result],
         [options.context_tokens] * n + [options.prompt_tokens],
         start_s,
@@ -379,7 +379,7 @@ def _interrupted_long_prompt(
     if prompt is not None:
         sent.append((prompt, options.prompt_tokens))
     kept = [(result, tokens) for result, tokens in sent if result.chunk_times_s]
-    run = _build([r for r, _ in kept], [t for _, t in kept], start_s, end_s)
+    run = build_run([r for r, _ in kept], [t for _, t in kept], start_s, end_s)
     kept_streams = [r for r, _ in kept if r is not prompt]
     kept_prompt = prompt if prompt is not None and prompt.chunk_times_s else None
     run.extra = _long_prompt_numbers(run, kept_streams, kept_prompt, alone, options)

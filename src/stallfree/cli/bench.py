@@ -12,9 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.cli.common import UsageError, check_writable, positive_float, positive_int
-from stallfree.cli.workload_args import add_session_args, session_options, session_requests
+from stallfree.cli.workload_args import (
+    add_agent_args,
+    add_session_args,
+    agent_workload,
+    session_options,
+    session_requests,
+)
 
-SCENARIOS = ("long-prompt", "poisson", "gamma", "trace", "multi-turn")
+SCENARIOS = ("long-prompt", "poisson", "gamma", "trace", "multi-turn", "agents")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,8 +31,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Streams /v1/completions from any OpenAI-compatible server (stallfree, vLLM, SGLang) and stamps "
             "every chunk. Scenarios: long-prompt (N streams decode, one long prompt arrives: the streams' "
             "longest gap and the prompt's TTFT), poisson / gamma (arrivals at --qps, lengths from --lengths) "
-            "trace (replayed arrival times) and multi-turn (--sessions chats of --turns turns, each prompt "
-            "the conversation so far: what a prefix cache serves). Prompts are random words sized to the requested token "
+            "trace (replayed arrival times), multi-turn (--sessions chats of --turns turns, each prompt "
+            "the conversation so far: what a prefix cache serves) and agents (--agents coding agents, or "
+            "a trace's agent sessions: each turn sent once the turns it waits for are back and the tool "
+            "has run, its prompt the session so far). Prompts are random words sized to the requested token "
             "count by two calibration requests; real counts come from the server's usage."
         ),
     )
@@ -40,6 +48,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--output-tokens: each turn's new message and answer)"
     )
     add_session_args(m)
+    a = p.add_argument_group(
+        "agents (agents start at --qps, else all at once; --lengths: each turn's tool output and answer; "
+        "or --trace FILE --trace-format: a trace's agent sessions)"
+    )
+    add_agent_args(a)
     p.set_defaults(handler=run)
 
 
@@ -179,7 +192,9 @@ def _spec(args: argparse.Namespace) -> Any:
     if args.scenario != "long-prompt" and args.streams is not None:
         raise UsageError("--streams applies only to the long-prompt scenario")
     prompts = _prompts_file(args) if args.prompts_file else None
-    workload = None if args.scenario == "long-prompt" else _workload(args)
+    seed = random.SystemRandom().randrange(2**31) if args.seed is None else args.seed
+    agents = _agents(args, seed)
+    workload = None if args.scenario in ("long-prompt", "agents") else _workload(args)
     long_prompt = LongPromptOptions(
         streams=args.streams or 16,
         prompt_tokens=args.prompt_tokens or 4096,
@@ -194,7 +209,7 @@ def _spec(args: argparse.Namespace) -> Any:
     return BenchSpec(
         base_url=args.base_url,
         scenario=args.scenario,
-        seed=random.SystemRandom().randrange(2**31) if args.seed is None else args.seed,
+        seed=seed,
         text_seed=args.text_seed,
         model=args.model,
         api_key=args.api_key,
@@ -210,6 +225,7 @@ def _spec(args: argparse.Namespace) -> Any:
         burstiness=args.burstiness,
         goodput=parse_goodput(args.goodput) if args.goodput else None,
         prompt_texts=prompts,
+        agents=agents,
     )
 
 
@@ -227,6 +243,30 @@ async def _run(spec: Any, progress: bool) -> dict[str, Any]:
         return await run_bench(
             spec, stop, on_done=bar.update, started=lambda: loop.add_signal_handler(signal.SIGINT, stop.set)
         )
+
+
+def _agents(args: argparse.Namespace, seed: int) -> Any:
+    """The agents scenario's turns (None for another scenario, whose agent flags are refused)."""
+    if args.scenario != "agents":
+        given = [f for f in ("agents", "trace_format") if getattr(args, f) is not None]
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} applies to the agents scenario only")
+        agent_workload(args)  # refuses the shaping flags without --agents
+        return None
+    if args.agents is None and args.trace_format is None:
+        raise UsageError("the agents scenario needs --agents N (or --trace FILE --trace-format FORMAT)")
+    for flag in (
+        "prompt_tokens",
+        "output_tokens",
+        "max_tokens",
+        "max_prompt_tokens",
+        "max_total_tokens",
+        "prompts_file",
+    ):
+        if getattr(args, flag) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} does not apply to the agents scenario")
+    args.seed = seed
+    return agent_workload(args)
 
 
 def _prompts_file(args: argparse.Namespace) -> tuple[str, ...]:
