@@ -180,7 +180,7 @@ def _root(row: _Row) -> AgentTurn:
 
 def _from_zero(turns: list[AgentTurn]) -> list[AgentTurn]:
     """The turns with their starts shifted so that the first is at 0 s."""
-    origin_s = min(t.request.arrival_time_s for t in turns if not t.wait_for)
+    origin_s = min((t.request.arrival_time_s for t in turns if not t.wait_for), default=0.0)
     if origin_s == 0:
         return turns
     return [
