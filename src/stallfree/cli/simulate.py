@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from stallfree.cli.classes_args import add_classes_arg, classes_text, classes_workload
 from stallfree.cli.common import UsageError, non_negative_float, positive_float, positive_int
 from stallfree.cli.cost_args import (
     add_kv_link_arg,
@@ -36,7 +37,13 @@ from stallfree.cli.serving_args import (
     serving_config,
     serving_configs,
 )
-from stallfree.cli.workload_args import add_traffic_args, agent_workload, traffic_workload, workload_text
+from stallfree.cli.workload_args import (
+    DEFAULT_NUM_REQUESTS,
+    add_traffic_args,
+    agent_workload,
+    traffic_workload,
+    workload_text,
+)
 from stallfree.core.router import ROUTER_NAMES
 from stallfree.costs.kv_transfer import DEFAULT_KV_LINK, KV_CONNECTORS
 from stallfree.tune.sigint import stop_on_signal  # light: stdlib only
@@ -93,7 +100,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_disaggregation_args(p)
     _add_model_args(p)
     _add_scheduler_args(p)
-    add_traffic_args(p.add_argument_group("workload"))
+    workload = p.add_argument_group("workload")
+    add_traffic_args(workload)
+    add_classes_arg(workload)
     _add_output_args(p)
     p.set_defaults(handler=run)
     p.set_defaults(flag_defaults=vars(p.parse_args([])))  # last: every flag's default
@@ -490,12 +499,21 @@ def _simulate_all(
     from stallfree.metrics.io import parse_goodput
     from stallfree.sim import simulate
     from stallfree.workload import sample
+    from stallfree.workload.classes import TrafficClasses
 
     goodput = parse_goodput(args.goodput) if args.goodput else None
     workload: Any
     requests: Any
+    drawn = None  # how many requests simulate draws (traffic classes)
     if (agents := agent_workload(args)) is not None:
         workload = requests = agents
+    elif (classes := classes_workload(args)) is not None:
+        if args.autoscale is not None or args.disaggregate:
+            raise UsageError(
+                "--classes runs on one replica or a fleet: not with --autoscale or --disaggregate"
+            )
+        drawn = DEFAULT_NUM_REQUESTS if args.num_requests is None else args.num_requests
+        workload, requests = classes, classes.sample(drawn, args.seed)
     elif args.replay:
         from stallfree.workload.bench_result import load_bench_result
 
@@ -520,8 +538,9 @@ def _simulate_all(
                 break
             started = time.perf_counter()
             result = simulate(
-                requests,
+                workload if isinstance(workload, TrafficClasses) else requests,
                 deployment,
+                num_requests=drawn,
                 goodput=goodput,
                 keep_steps=bool(args.trace_out or args.plot),
                 fast=not args.step_by_step,
@@ -564,6 +583,7 @@ def _scenario(
     from stallfree.sim.deployment import ReplicaGroup
     from stallfree.specs import HARDWARE_PRESETS, load_hardware_spec
     from stallfree.specs.step_profile import machine_label
+    from stallfree.workload.classes import TrafficClasses
 
     chunked = serving_config(args, "chunked")  # the header describes the chunked policy's step
     mix = ReplicaGroup.parse_fleet(args.fleet) if args.fleet else ()
@@ -583,7 +603,9 @@ def _scenario(
         "step_overhead_ms": args.step_overhead_ms,
         "step_noise": args.step_noise,
         "num_requests": num_requests,
-        "workload": workload_text(workload, args.replay),
+        "workload": classes_text(workload)
+        if isinstance(workload, TrafficClasses)
+        else workload_text(workload, args.replay),
         "seed": args.seed,
         "replicas": sum(g.count for g in mix) if mix else args.replicas,
         "fleet": args.fleet,
@@ -595,6 +617,7 @@ def _scenario(
         "step_budget_ms": chunked.step_budget_ms,
         "max_num_seqs": chunked.num_seqs_limit,
         "enable_prefix_caching": chunked.enable_prefix_caching,
+        **({"scheduling_policy": "priority"} if chunked.scheduling_policy == "priority" else {}),
         **_speculation(args, chunked, acceptance),
         "block_size": chunked.block_size,
         "num_blocks": chunked.num_blocks,

@@ -103,6 +103,8 @@ class Request:
     # vLLM's request priority: lower runs first under the "priority" scheduling policy (ignored
     # under "fcfs"); any integer, negative included, as vLLM takes it
     priority: int = field(default=0, compare=False, repr=False)
+    # the kind of traffic it belongs to (per-class metrics group by it); None: one class
+    traffic_class: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens <= 0:

@@ -29,6 +29,7 @@ from stallfree.costs.memory import KvMemory, fixed_kv_memory, kv_memory
 from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.sim.autoscaled import num_slots, run_autoscaled
+from stallfree.sim.classes import class_summaries
 from stallfree.sim.deployment import Deployment
 from stallfree.sim.disagg import Disaggregation, disaggregated_summary, run_disaggregated
 from stallfree.sim.fleet import run_fleet
@@ -36,6 +37,7 @@ from stallfree.sim.speculative import DraftStats, DraftVerifier, draft_pricer
 from stallfree.sim.traffic import StepTrace, TrafficReplica, TrafficRun, run_traffic
 from stallfree.workload import Workload, WorkloadArrays, sample
 from stallfree.workload.agents import AgentTurns, TurnQueue
+from stallfree.workload.classes import TrafficClasses
 
 DEFAULT_DEPLOYMENT = Deployment()
 
@@ -52,10 +54,11 @@ class SimulationResult:
     kv: KvMemory
     steps: StepTrace | None
     partial: bool = False
+    class_itl: Mapping[str, ItlAccumulator] = dataclasses.field(default_factory=dict)  # by traffic class
 
 
 def simulate(
-    workload: Workload | WorkloadArrays | AgentTurns | Iterable[Request],
+    workload: Workload | WorkloadArrays | AgentTurns | TrafficClasses | Iterable[Request],
     deployment: Deployment = DEFAULT_DEPLOYMENT,
     *,
     num_requests: int | None = None,
@@ -102,9 +105,16 @@ def simulate(
     Drafts (speculative decoding): the summary adds vLLM's spec-decode counters and rates
     (:meth:`~stallfree.sim.speculative.DraftStats.summary`).
 
+    Traffic classes (:class:`~stallfree.workload.classes.TrafficClasses`, one replica or a fleet):
+    ``summary["classes"]`` scores each class as the run is scored (its goodput by its own SLOs),
+    and ``class_itl`` holds each class's ITL samples.
+
     Disaggregated: the summary is the client's, plus ``disaggregation`` (the pools and the KV's
     trips: :func:`~stallfree.sim.disagg.disaggregated_summary`).
     """
+    if isinstance(workload, TrafficClasses):
+        how = {"keep_steps": keep_steps, "fast": fast, "step_noise": step_noise, "step_scales": step_scales}
+        return _simulate_classes(workload, deployment, num_requests, seed, goodput, {**how, "stop": stop})
     requests: Iterable[Request] = ()
     queue: TurnQueue | None = None  # agent turns: released as the turns they wait for finish
     if not isinstance(workload, AgentTurns):
@@ -161,7 +171,33 @@ def simulate(
     if not run.records and not run.stopped:
         raise ValueError("no request could run: the workload is empty")
     summary = _summary(run, serving, [scheduler], kv, goodput)
-    return SimulationResult(serving.policy, summary, run.records, run.itl, kv, run.steps, run.stopped)
+    return SimulationResult(
+        serving.policy, summary, run.records, run.itl, kv, run.steps, run.stopped, run.class_itl
+    )
+
+
+def _simulate_classes(
+    classes: TrafficClasses,
+    deployment: Deployment,
+    num_requests: int | None,
+    seed: int,
+    goodput: Mapping[str, float] | None,
+    how: dict[str, Any],
+) -> SimulationResult:
+    """Traffic classes: their requests merged, run as any requests are, and scored per class too
+    (``summary["classes"]``: :func:`~stallfree.sim.classes.class_summaries`)."""
+    if deployment.disaggregate is not None or deployment.autoscale is not None:
+        raise ValueError(
+            "traffic classes run on one replica or a fleet: not with disaggregation or an autoscaler"
+        )
+    if num_requests is None:
+        raise ValueError("traffic classes need a number of requests")
+    requests = classes.sample(num_requests, seed)
+    result = simulate(requests, deployment, seed=seed, goodput=goodput, **how)
+    result.summary["classes"] = class_summaries(
+        classes, requests, result.records, result.class_itl, result.summary["duration"]
+    )
+    return result
 
 
 def _verifier(deployment: Deployment, pick: CostPick, seed: int) -> DraftVerifier | None:
@@ -240,7 +276,16 @@ def _simulate_fleet(
         load_imbalance=run.load_imbalance,
         replicas=each,
     )
-    return SimulationResult(serving.policy, summary, run.records, run.itl, kv, None, run.stopped)
+    class_itl = _merged_class_itl(run.runs)
+    return SimulationResult(serving.policy, summary, run.records, run.itl, kv, None, run.stopped, class_itl)
+
+
+def _merged_class_itl(runs: Iterable[TrafficRun]) -> dict[str, ItlAccumulator]:
+    merged: dict[str, ItlAccumulator] = {}
+    for run in runs:
+        for name, acc in run.class_itl.items():
+            merged.setdefault(name, ItlAccumulator()).add_many(acc.values_s, acc.counts)
+    return merged
 
 
 def _simulate_autoscaled(

@@ -82,6 +82,7 @@ class TrafficRun:
     stopped: bool = False  # stop() said so before every request had finished
     busy_s: float = 0.0  # time spent running steps (the rest the replica was idle)
     drafts: DraftStats | None = None  # speculative decoding's counters (None: no drafts)
+    class_itl: dict[str, ItlAccumulator] = field(default_factory=dict)  # by traffic class, where given
 
 
 class _Live:
@@ -92,6 +93,7 @@ class _Live:
         "arrival_s",
         "first_scheduled_s",
         "first_token_s",
+        "itl",
         "last_token_s",
         "max_itl_s",
         "num_cached_tokens",
@@ -100,8 +102,9 @@ class _Live:
         "num_prompt_tokens",
     )
 
-    def __init__(self, request: Request, arrival_index: int) -> None:
+    def __init__(self, request: Request, arrival_index: int, itl: ItlSamples | None = None) -> None:
         self.arrival_index = arrival_index
+        self.itl = itl  # its traffic class's ITL samples (None: no class)
         self.arrival_s = request.arrival_time_s
         self.num_prompt_tokens = request.num_prompt_tokens
         self.first_scheduled_s: float | None = None
@@ -156,6 +159,7 @@ class TrafficReplica:
         self.rejected: dict[str, int] = {}
         self._shown: dict[str, str] = {}  # reason with numbers as N -> the first real reason of that kind
         self.itl = ItlSamples()
+        self.class_itl: dict[str, ItlSamples] = {}  # by Request.traffic_class, where requests have one
         self.trace = StepTrace() if keep_steps else None
         self.num_steps = self.num_plans = self.num_preemptions = self.num_over = 0
         self.max_step_s = 0.0
@@ -194,7 +198,9 @@ class TrafficReplica:
     def add_request(self, request: Request, now_s: float) -> None:
         reason = self.scheduler.add_request(request)
         if reason is None:
-            self._live[request.request_id] = _Live(request, self._num_arrived)
+            name = request.traffic_class
+            itl = None if name is None else self.class_itl.setdefault(name, ItlSamples())
+            self._live[request.request_id] = _Live(request, self._num_arrived, itl)
         else:
             self.records.append(_rejected_record(request))
             self._arrival_order.append(self._num_arrived)
@@ -282,6 +288,8 @@ class TrafficReplica:
         assert plan is not None and events is not None
         self.num_steps += self._steps
         self.num_plans += 1
+        if self.class_itl:
+            _record_class_gaps(plan, self._live, self._first_end_s, self._ends)
         _record_tokens(
             plan,
             self._live,
@@ -316,6 +324,7 @@ class TrafficReplica:
             stopped=stopped,
             busy_s=self.busy_s,
             drafts=None if self._drafts is None else self._drafts.stats,
+            class_itl={name: samples.accumulator() for name, samples in self.class_itl.items()},
         )
 
 
@@ -431,6 +440,28 @@ def _record_tokens(
         state.last_token_s = last_s
         if longest_s > state.max_itl_s:
             state.max_itl_s = longest_s
+
+
+def _record_class_gaps(
+    plan: StepPlan, live: dict[str, _Live], first_end: float, ends: list[float] | None
+) -> None:
+    """The gaps :func:`_record_tokens` is about to add, added to each request's class's samples
+    too (called before it, while ``last_token_s`` is the previous token's time)."""
+    samplers: dict[ItlSamples, int] = {}
+    for chunk in plan.chunks:
+        if not chunk.emits_token:
+            continue
+        state = live[chunk.request_id]
+        samples = state.itl
+        if samples is None:
+            continue
+        samplers[samples] = samplers.get(samples, 0) + 1
+        if state.num_output_tokens:
+            samples.add(first_end - state.last_token_s)
+    if ends is not None and len(ends) > 1:
+        gaps_s = [b - a for a, b in pairwise(ends)]
+        for samples, count in samplers.items():
+            samples.add_many(gaps_s, count)
 
 
 def _finished_record(request_id: str, state: _Live, finish_s: float, reason: str) -> RequestRecord:

@@ -1,0 +1,159 @@
+"""Traffic classes: several kinds of traffic in one run, each with its own lengths, rate, priority
+and SLOs (people chatting beside a batch job, say).
+
+A :class:`TrafficClasses` samples each class as its own :class:`~stallfree.workload.Workload` over
+the same stretch of time and merges them by arrival: request ids ``"0"``, ``"1"``, ... in arrival
+order, each :class:`~stallfree.core.request.Request` carrying its class's ``priority`` (what the
+``priority`` scheduling policy orders by) and ``traffic_class`` (what per-class metrics group by).
+Class ``i`` draws from seed ``seed + i``, so changing one class's rate keeps the others' requests.
+
+On the command line a class is ``NAME:key=value,...`` (:func:`parse_class`) with keys ``lengths``
+(as ``--lengths`` takes it), ``qps``, ``burstiness`` (gamma arrivals; default Poisson),
+``priority`` (an integer; lower runs first) and SLOs in ms for its goodput: ``ttft``, ``tpot``,
+``e2el``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from stallfree.core.request import Request
+from stallfree.metrics.summary import GOODPUT_METRICS
+from stallfree.workload.arrivals import gamma, poisson
+from stallfree.workload.lengths import parse_lengths
+from stallfree.workload.requests import Workload, sample
+
+CLASS_KEYS = ("lengths", "qps", "burstiness", "priority", *GOODPUT_METRICS)
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficClass:
+    """One kind of traffic: its workload (arrivals at a known rate), priority and SLOs (metric ->
+    ms, as ``--goodput`` takes them)."""
+
+    name: str
+    workload: Workload
+    qps: float
+    priority: int = 0
+    slos: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(f"class name {self.name!r}: use letters, digits and _ (starting with a letter)")
+        if not (math.isfinite(self.qps) and self.qps > 0):
+            raise ValueError(f"class {self.name}: qps must be positive, got {self.qps}")
+        unknown = sorted(set(self.slos) - set(GOODPUT_METRICS))
+        if unknown:
+            raise ValueError(
+                f"class {self.name}: unknown SLO {', '.join(unknown)}; choose from {', '.join(GOODPUT_METRICS)}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficClasses:
+    """Classes sampled together (see the module docstring)."""
+
+    classes: tuple[TrafficClass, ...]
+
+    def __post_init__(self) -> None:
+        if not self.classes:
+            raise ValueError("no traffic class given")
+        names = [c.name for c in self.classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"class names must differ, got {', '.join(names)}")
+
+    @property
+    def qps(self) -> float:
+        return sum(c.qps for c in self.classes)
+
+    def by_name(self, name: str) -> TrafficClass:
+        for c in self.classes:
+            if c.name == name:
+                return c
+        raise ValueError(f"unknown class {name!r}; the classes are {', '.join(c.name for c in self.classes)}")
+
+    def sample(self, num_requests: int, seed: int = 0) -> list[Request]:
+        """About ``num_requests`` requests in all: each class its share by rate (at least one)
+        over the same time, merged by arrival (ties: the class given first)."""
+        if num_requests <= 0:
+            raise ValueError(f"num_requests must be positive, got {num_requests}")
+        rows = []
+        for index, c in enumerate(self.classes):
+            count = max(1, round(num_requests * c.qps / self.qps))
+            arrays = sample(c.workload, count, seed + index)
+            blocks = arrays.prompt_blocks or (None,) * len(arrays)
+            rows += [
+                (t, index, p, o, c, b)
+                for t, p, o, b in zip(
+                    arrays.arrival_time_s.tolist(),
+                    arrays.num_prompt_tokens.tolist(),
+                    arrays.max_tokens.tolist(),
+                    blocks,
+                    strict=True,
+                )
+            ]
+        order = sorted(range(len(rows)), key=lambda k: (rows[k][0], rows[k][1]))  # stable: ties keep order
+        return [
+            Request(
+                request_id=str(i),
+                num_prompt_tokens=rows[k][2],
+                max_tokens=rows[k][3],
+                arrival_time_s=rows[k][0],
+                prompt_blocks=rows[k][5],
+                priority=rows[k][4].priority,
+                traffic_class=rows[k][4].name,
+            )
+            for i, k in enumerate(order)
+        ]
+
+
+def parse_class(text: str) -> TrafficClass:
+    """``chat:lengths=sharegpt,qps=4,priority=0,ttft=500``; ValueError says what is wrong. A
+    value may hold commas (``lengths=fixed:512,128``): a piece without ``=`` continues the one
+    before."""
+    name, sep, rest = text.partition(":")
+    if not sep or not rest:
+        raise ValueError(f"bad class {text!r}; expected NAME:lengths=...,qps=...[,priority=N]")
+    pairs: list[list[str]] = []
+    for piece in rest.split(","):
+        key, eq, value = piece.partition("=")
+        if eq:
+            pairs.append([key.strip(), value.strip()])
+        elif pairs:
+            pairs[-1][1] += "," + piece.strip()
+        else:
+            raise ValueError(f"class {name}: expected key=value, got {piece!r}")
+    values: dict[str, str] = {}
+    for key, value in pairs:
+        if key not in CLASS_KEYS:
+            raise ValueError(f"class {name}: unknown key {key!r}; choose from {', '.join(CLASS_KEYS)}")
+        if key in values:
+            raise ValueError(f"class {name}: {key} given twice")
+        values[key] = value
+    for needed in ("lengths", "qps"):
+        if needed not in values:
+            raise ValueError(f"class {name}: give {needed}=...")
+    qps = _number(name, "qps", values["qps"])
+    burstiness = values.get("burstiness")
+    arrivals = poisson(qps) if burstiness is None else gamma(qps, _number(name, "burstiness", burstiness))
+    try:
+        priority = int(values.get("priority", "0"))
+    except ValueError:
+        raise ValueError(f"class {name}: priority must be an integer, got {values['priority']!r}") from None
+    slos = {m: _number(name, m, values[m], allow_zero=True) for m in GOODPUT_METRICS if m in values}
+    workload = Workload(arrivals, parse_lengths(values["lengths"], None))
+    return TrafficClass(name, workload, qps, priority, slos)
+
+
+def _number(name: str, key: str, text: str, *, allow_zero: bool = False) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and (value > 0 or (allow_zero and value == 0))):
+        raise ValueError(f"class {name}: {key} must be a positive number, got {text!r}")
+    return value

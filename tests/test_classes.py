@@ -1,0 +1,117 @@
+"""Traffic classes: sampling, per-class metrics in simulate, the priority policy's effect, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stallfree.cli import main
+from stallfree.core.serving import ServingConfig
+from stallfree.sim import Deployment, simulate
+from stallfree.workload import sample
+from stallfree.workload.classes import TrafficClasses, parse_class
+
+CHAT = "chat:lengths=fixed:256,64,qps=4,ttft=2000,tpot=100"
+BATCH = "batch:lengths=fixed:6000,32,qps=0.5,priority=10"
+
+
+def _classes(*specs: str) -> TrafficClasses:
+    return TrafficClasses(tuple(parse_class(s) for s in specs))
+
+
+def test_classes_share_requests_by_rate_and_merge_by_arrival() -> None:
+    classes = _classes(CHAT, BATCH)
+    requests = classes.sample(900, seed=3)
+    assert [r.request_id for r in requests] == [str(i) for i in range(len(requests))]
+    times = [r.arrival_time_s for r in requests]
+    assert times == sorted(times)
+    chat = [r for r in requests if r.traffic_class == "chat"]
+    batch = [r for r in requests if r.traffic_class == "batch"]
+    assert (len(chat), len(batch)) == (800, 100)
+    assert {r.priority for r in chat} == {0} and {r.priority for r in batch} == {10}
+    assert {r.num_prompt_tokens for r in batch} == {6000}
+    # Class i draws from seed + i: the chat class alone gives the same arrivals.
+    alone = sample(classes.classes[0].workload, 800, 3)
+    assert [r.arrival_time_s for r in chat] == alone.arrival_time_s.tolist()
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("chat", "expected NAME:lengths"),
+        ("chat:qps=2", "give lengths"),
+        ("chat:lengths=sharegpt,qps=2,priority=high", "priority must be an integer"),
+        ("chat:lengths=sharegpt,qps=0", "qps must be a positive number"),
+        ("chat:lengths=sharegpt,qps=2,colour=red", "unknown key 'colour'"),
+        ("2chat:lengths=sharegpt,qps=2", "class name"),
+    ],
+)
+def test_bad_class_specs_say_what_is_wrong(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_class(spec)
+
+
+def test_priority_serves_the_chats_first_and_the_classes_add_up() -> None:
+    """Long batch prompts at a low priority beside chats: under fcfs a chat waits behind the batch
+    prompts queued before it; under priority it goes first, and the batch waits longer."""
+    classes = _classes(CHAT.replace("qps=4", "qps=8"), BATCH.replace("qps=0.5", "qps=1.5"))
+    out = {}
+    for policy in ("fcfs", "priority"):
+        deployment = Deployment(serving=ServingConfig(max_num_batched_tokens=512, scheduling_policy=policy))
+        result = simulate(classes, deployment, num_requests=400, seed=1)
+        per = result.summary["classes"]
+        assert per["chat"]["completed"] + per["batch"]["completed"] == result.summary["completed"]
+        assert (
+            per["chat"]["total_output_tokens"] + per["batch"]["total_output_tokens"]
+            == (result.summary["total_output_tokens"])
+        )
+        # Every ITL sample belongs to one class: the classes' counts add up to the run's.
+        assert sum(acc.num_samples for acc in result.class_itl.values()) == result.itl.num_samples
+        slow = simulate(classes, deployment, num_requests=400, seed=1, fast=False)
+        assert slow.summary == result.summary  # the fast path keeps classes exact too
+        out[policy] = per
+    assert out["priority"]["chat"]["p99_ttft_ms"] < 0.75 * out["fcfs"]["chat"]["p99_ttft_ms"]
+    assert out["priority"]["batch"]["p99_ttft_ms"] > out["fcfs"]["batch"]["p99_ttft_ms"]
+
+
+def test_a_fleet_scores_classes_across_replicas() -> None:
+    classes = _classes(CHAT, BATCH)
+    result = simulate(classes, Deployment(replicas=3, router="least-requests"), num_requests=300, seed=2)
+    per = result.summary["classes"]
+    assert per["chat"]["completed"] + per["batch"]["completed"] == 300
+    assert sum(acc.num_samples for acc in result.class_itl.values()) == result.itl.num_samples
+
+
+def test_cli_prints_a_row_per_class_and_json_has_them(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--classes", CHAT, BATCH, "--num-requests", "200", "--scheduling-policy", "priority"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "queues by priority" in text
+    rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["chat"], ["batch"])]
+    assert [(r[0], r[1]) for r in rows] == [("chat", "0"), ("batch", "10")]
+    assert main([*args, "--json"]) == 0
+    per = json.loads(capsys.readouterr().out)["policies"]["chunked"]["classes"]
+    assert per["chat"]["slos_ms"] == {"ttft": 2000.0, "tpot": 100.0}
+    assert per["chat"]["request_goodput"] is not None and per["batch"]["request_goodput"] is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--classes", "chat:lengths=sharegpt,qps=2", "--qps", "3"], "--qps describes one workload"),
+        (["--classes", "chat:lengths=sharegpt,qps=2,priority=1.5"], "priority must be an integer"),
+        (["--classes", "chat:lengths=sharegpt,qps=2", "chat:lengths=arxiv,qps=1"], "class names must differ"),
+        (["--scheduling-policy", "lifo"], "invalid choice: 'lifo'"),
+    ],
+)
+def test_cli_bad_classes_exit_2_with_one_line(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = main(["simulate", *args])
+    except SystemExit as exc:  # argparse's own errors
+        code = int(exc.code or 0)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and "Traceback" not in err
