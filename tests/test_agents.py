@@ -208,6 +208,25 @@ def test_a_bad_trace_is_one_line_and_exit_2(
     assert err.count("\n") == 1 and message in err
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--agents", "2", "--tool-wait-s", "-1"], "--tool-wait-s must be >= 0"),
+        (["--agents", "2", "--subagent-probability", "2"], "--subagent-probability must be in [0, 1]"),
+        (["--agents", "2", "--sessions", "3"], "not with --sessions"),
+        (["--agent-turns", "3"], "applies to agent sessions"),
+        (["--trace-format", "mooncake"], "give --trace"),
+        (["--agents", "2", "--policy", "chunked,disagg:1P1D"], "not with disaggregation"),
+    ],
+)
+def test_simulate_agent_options_fail_with_one_line(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", "--model", "llama-3.1-8b", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
 def test_simulate_agents_prints_true_counts(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["simulate", "--agents", "3", "--agent-turns", "3", "--agent-prefix-tokens", "1000"]
     argv += ["--lengths", "fixed:200,20", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--json"]

@@ -4,6 +4,7 @@ shares with ``bench``."""
 from __future__ import annotations
 
 import argparse
+import re
 from typing import TYPE_CHECKING, Any
 
 from stallfree.cli.common import UsageError, positive_int
@@ -199,6 +200,16 @@ _AGENT_SHAPE = (
 )
 
 
+_AGENT_FIELDS = (
+    "turns",
+    "shared_prefix_tokens",
+    "tool_wait_s",
+    "subagent_probability",
+    "subagent_width",
+    "subagent_turns",
+)
+
+
 def agent_workload(args: argparse.Namespace) -> AgentTurns | None:
     """:func:`add_agent_args`' flags as agent turns (None: no ``--agents`` nor ``--trace-format``)."""
     shape = [f"--{name.replace('_', '-')}" for name in _AGENT_SHAPE if getattr(args, name, None) is not None]
@@ -218,26 +229,17 @@ def agent_workload(args: argparse.Namespace) -> AgentTurns | None:
 
     given = {
         field: getattr(args, flag)
-        for flag, field in zip(
-            _AGENT_SHAPE,
-            (
-                "turns",
-                "shared_prefix_tokens",
-                "tool_wait_s",
-                "subagent_probability",
-                "subagent_width",
-                "subagent_turns",
-            ),
-            strict=True,
-        )
+        for flag, field in zip(_AGENT_SHAPE, _AGENT_FIELDS, strict=True)
         if getattr(args, flag) is not None
     }
-    agents = Agents(
-        args.agents,
-        lengths=_agent_lengths(args) or DEFAULT_AGENT_LENGTHS,
-        arrivals=_agent_starts(args),
-        **given,
-    )
+    lengths, starts = _agent_lengths(args) or DEFAULT_AGENT_LENGTHS, _agent_starts(args)
+    try:
+        agents = Agents(args.agents, lengths=lengths, arrivals=starts, **given)
+    except ValueError as exc:  # said with the flag's name, not the field's
+        text = str(exc)
+        for flag, name in zip(_AGENT_SHAPE, _AGENT_FIELDS, strict=True):
+            text = re.sub(rf"\b{name} must", f"--{flag.replace('_', '-')} must", text)
+        raise UsageError(text) from None
     return agent_turns(agents, args.seed or 0)
 
 

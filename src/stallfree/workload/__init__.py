@@ -13,7 +13,8 @@ prompt lengths, ``max_tokens``) and :func:`generate` / :func:`iter_requests` int
 
 Modules: :mod:`.arrivals` (when), :mod:`.lengths` (how long), :mod:`.traces` (the shipped
 and user trace files), :mod:`.requests` (sampling), :mod:`.sessions` (multi-turn chat),
-:mod:`.options` (the command-line form).
+:mod:`.agents` and :mod:`.agent_traces` (agent sessions: turns that arrive once the turns they wait
+for have finished), :mod:`.options` (the command-line form).
 Shared by the simulator, the engine and the HTTP benchmark client: stdlib + numpy only.
 """
 
