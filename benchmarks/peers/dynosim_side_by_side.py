@@ -40,6 +40,7 @@ import compiled
 
 from common.cli import stallfree_argv
 from common.host import loadavg, log, machine
+from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice, CostPick
 from stallfree.interop.dynosim import engine_args, write_mooncake, write_profile
 from stallfree.sim.deployment import Deployment
@@ -94,6 +95,18 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     parser.add_argument("--steps", action="store_true", help="check single steps' prices first")
     parser.add_argument("--compiled", action="store_true", help="add a row on the compiled build (mypyc)")
+    parser.add_argument(
+        "--num-blocks",
+        type=int,
+        default=29_059,
+        help="KV blocks a worker (default: what stallfree sizes for an H100)",
+    )
+    parser.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="both sides without prefix caching",
+    )
     parser.add_argument("--venv", type=Path, default=Path(tempfile.gettempdir()) / "dynosim-venv")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "dynosim-side-by-side")
     args = parser.parse_args()
@@ -106,9 +119,9 @@ def main() -> None:
     print(f"machine: {machine()}; load {loadavg()}")
     deployment = Deployment(
         costs=CostChoice(kind="measured", model=MODEL, hardware=HARDWARE, gpu_tables="vidur"),
-        serving=replace_serving(),
+        serving=serving_config(args.num_blocks, args.prefix_caching),
     )
-    npz = args.workdir / "perf_data.npz"
+    npz = args.workdir / f"perf_data_{args.num_blocks}.npz"
     if not npz.exists():
         log("writing stallfree's prices as DynoSim's tables")
         write_profile(deployment, npz)
@@ -118,25 +131,27 @@ def main() -> None:
         check_steps(python, deployment, eargs, args.workdir)
     compiled_env = None
     if args.compiled:
-        compiled_env = compiled.environ(compiled.build_copy(args.workdir / "compiled"))
+        built = args.workdir / "compiled" / "src"  # a build from an earlier run is reused
+        compiled_env = compiled.environ(built if built.exists() else compiled.build_copy(built.parent))
     for name in names:
         workload, workers, router = CASES[name]
         trace = write_case(workload, args.workdir)
-        runs = run_case(python, trace, workers, router, eargs, npz, args.workdir, compiled_env)
+        runs = run_case(
+            python, trace, workers, router, (deployment.serving, eargs), npz, args.workdir, compiled_env
+        )
         report(name, trace, runs)
 
 
-def replace_serving() -> Any:
-    from stallfree.core.serving import ServingConfig
-
-    # num_blocks: what stallfree sizes for one H100 (29,059 blocks), given to both; no watermark
-    # (DynoSim's vLLM mocker admits while blocks are free, as vLLM V1 does).
+def serving_config(num_blocks: int, prefix_caching: bool) -> ServingConfig:
+    """One replica as both sides run it; no watermark (DynoSim's vLLM mocker admits while blocks
+    are free, as vLLM V1 does)."""
     return ServingConfig(
         max_num_batched_tokens=BUDGET,
         max_num_seqs=MAX_NUM_SEQS,
         block_size=BLOCK_SIZE,
-        num_blocks=29_059,
+        num_blocks=num_blocks,
         watermark=0.0,
+        enable_prefix_caching=prefix_caching,
     )
 
 
@@ -213,7 +228,7 @@ def dynosim_metrics(report: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def simulate_args(trace: Path, workers: int, router: str) -> list[str]:
+def simulate_args(trace: Path, workers: int, router: str, serving: ServingConfig) -> list[str]:
     args = ["simulate", "--trace", str(trace), "--model", MODEL, "--hardware", HARDWARE]
     args += [
         "--cost-model",
@@ -225,13 +240,15 @@ def simulate_args(trace: Path, workers: int, router: str) -> list[str]:
         "--max-num-seqs",
         str(MAX_NUM_SEQS),
     ]
-    args += ["--block-size", str(BLOCK_SIZE), "--num-blocks", "29059", "--kv-watermark", "0"]
+    args += ["--block-size", str(BLOCK_SIZE), "--num-blocks", str(serving.num_blocks), "--kv-watermark", "0"]
+    if not serving.enable_prefix_caching:
+        args.append("--no-enable-prefix-caching")
     return [*args, "--replicas", str(workers), "--router", router, "--json"]
 
 
 def stallfree_metrics(stdout: str) -> dict[str, float]:
     summary = json.loads(stdout)["policies"]["chunked"]
-    out = {ours: float(summary[ours]) for ours, _ in METRICS}
+    out = {ours: float(summary[ours]) for ours, _ in METRICS if summary.get(ours) is not None}
     out["completed"] = float(summary["completed"])
     out["duration_s"] = float(summary["duration"])
     out["preemptions"] = float(summary["num_preemptions"])
@@ -243,15 +260,16 @@ def run_case(
     trace: Path,
     workers: int,
     router: str,
-    eargs: dict[str, Any],
+    sides: tuple[ServingConfig, dict[str, Any]],
     npz: Path,
     workdir: Path,
     compiled_env: dict[str, str] | None,
 ) -> list[Run]:
+    serving, eargs = sides
     log(f"{trace.name}: {workers} worker(s), {router}")
     wall_s, rss_mb, dyn = run_dynosim(python, trace, workers, router, eargs, workdir)
     runs = [Run("DynoSim 1.4.2", dynosim_metrics(dyn), wall_s, rss_mb)]
-    sim = simulate_args(trace, workers, router)
+    sim = simulate_args(trace, workers, router, serving)
     me = str(Path(__file__).resolve())
     wall_s, rss_mb, out = timed([sys.executable, me, "--same-prices-child", str(npz), *sim], workdir)
     runs.append(Run("stallfree, same prices", stallfree_metrics(out), wall_s, rss_mb))
