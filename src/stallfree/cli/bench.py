@@ -239,7 +239,10 @@ async def _run(spec: Any, progress: bool) -> dict[str, Any]:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     total = spec.num_requests or (spec.workload.max_num_requests() if spec.workload else None)
-    with tqdm(total=total, disable=not progress or spec.workload is None, unit="req", file=sys.stderr) as bar:
+    if spec.agents is not None:
+        total = len(spec.agents)
+    shown = progress and (spec.workload is not None or spec.agents is not None)
+    with tqdm(total=total, disable=not shown, unit="req", file=sys.stderr) as bar:
         return await run_bench(
             spec, stop, on_done=bar.update, started=lambda: loop.add_signal_handler(signal.SIGINT, stop.set)
         )
