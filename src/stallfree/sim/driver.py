@@ -24,7 +24,7 @@ import gc
 import heapq
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast
 
 from stallfree.core import Request
 
@@ -96,7 +96,6 @@ class Replica(Protocol):
         ...
 
 
-@runtime_checkable
 class ArrivalQueue(Protocol):
     """Requests not all known ahead: some arrive only once others finish (an agent's next turn, a
     tool's wait after its previous one). ``head`` is the earliest arrival known now and not yet
@@ -177,7 +176,11 @@ def _drive(
     stop: Callable[[], bool] | None,
     handoffs: list[Handoff] | None,
 ) -> bool:
-    queue = requests if isinstance(requests, ArrivalQueue) else _InOrder(requests)
+    # A queue is told by its advance() (mypyc compiles no runtime-checkable protocol).
+    if hasattr(requests, "advance"):
+        queue = cast(ArrivalQueue, requests)
+    else:
+        queue = _InOrder(requests)
     lone = len(replicas) == 1
     ends_s: list[float | None] = [None] * len(replicas)  # the step in flight's end, per replica
     due: list[tuple[float, int]] = []  # (end, replica) of the steps in flight; stale ones skipped
