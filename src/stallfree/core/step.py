@@ -73,11 +73,24 @@ def prompt_token_ids(
 
 
 def queue_prompt(
-    scheduler: Scheduler, request_id: str, ids: Sequence[int], params: SamplingParams, arrival_s: float
+    scheduler: Scheduler,
+    request_id: str,
+    ids: Sequence[int],
+    params: SamplingParams,
+    arrival_s: float,
+    priority: int = 0,
 ) -> None:
     """Hand ``scheduler`` the request of prompt ``ids`` (prefix-cacheable by them); a ValueError
     saying why if it can never run."""
-    request = Request(request_id, len(ids), params.max_tokens, arrival_s, params, PromptBlocks(tuple(ids)))
+    request = Request(
+        request_id,
+        len(ids),
+        params.max_tokens,
+        arrival_s,
+        params,
+        PromptBlocks(tuple(ids)),
+        priority=priority,
+    )
     reason = scheduler.add_request(request)
     if reason is not None:
         raise ValueError(f"request {request_id} rejected: {reason}")

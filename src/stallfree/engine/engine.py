@@ -192,8 +192,10 @@ class LLMEngine:
         prompt: str | None = None,
         sampling_params: SamplingParams | None = None,
         prompt_token_ids: Sequence[int] | None = None,
+        priority: int = 0,
     ) -> str:
-        """Queue a prompt (text or token ids); return its id. ValueError if it can never run."""
+        """Queue a prompt (text or token ids); return its id. ValueError if it can never run.
+        ``priority``: lower first under the ``priority`` scheduling policy (vLLM's)."""
         params = sampling_params or SamplingParams()
         ids = prompt_token_ids_of(prompt, prompt_token_ids, self.tokenizer.encode)
         vocab = self.model.spec.vocab_size
@@ -202,7 +204,7 @@ class LLMEngine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._requests:
             raise ValueError(f"request id {rid!r} is already in use")
-        queue_prompt(self.scheduler, rid, ids, params, time.perf_counter() - self._start_s)
+        queue_prompt(self.scheduler, rid, ids, params, time.perf_counter() - self._start_s, priority)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         generator = torch.Generator(device=self.device).manual_seed(seed)
         eos = self.model.spec.eos_token_ids

@@ -145,7 +145,7 @@ def prepare_completion(state: AppState, body: p.CompletionRequest) -> Prepared:
         echo = ""
         if body.echo:
             echo = prompt if isinstance(prompt, str) else state.tokenizer.decode(ids)
-        choices += [Choice(ids, sample, echo) for sample in _samples(params, body.n)]
+        choices += [Choice(ids, sample, echo, body.priority) for sample in _samples(params, body.n)]
         num_prompt_tokens += len(ids)
     return Prepared(choices, num_prompt_tokens, body.stream, body.include_usage, chat=False, echo=body.echo)
 
@@ -164,7 +164,7 @@ def prepare_chat(state: AppState, body: p.ChatCompletionRequest) -> Prepared:
     params = state.sampling(body, ids, "messages", max_tokens)
     if body.logprobs:
         params = replace(params, logprobs=True, top_logprobs=body.top_logprobs or 0)
-    choices = [Choice(ids, sample) for sample in _samples(params, body.n)]
+    choices = [Choice(ids, sample, priority=body.priority) for sample in _samples(params, body.n)]
     return Prepared(choices, len(ids), body.stream, body.include_usage, chat=True)
 
 

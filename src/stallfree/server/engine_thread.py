@@ -78,7 +78,21 @@ class RequestRejected(ValueError):
 
 
 class OverloadedError(RuntimeError):
-    """Too many requests are waiting for their first token."""
+    """Too many requests are waiting for their first token (or a sheddable one came while many do)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShedRule:
+    """Refuse sheddable requests (``priority >= min_priority``) while ``max_waiting`` or more wait
+    for a first token: a batch job's requests are turned away first, before the overload bound
+    refuses everyone (llm-d's flow control sheds sheddable bands the same way)."""
+
+    min_priority: int
+    max_waiting: int
+
+    def __post_init__(self) -> None:
+        if self.max_waiting < 0:
+            raise ValueError(f"the shedding bound must be >= 0 waiting requests, got {self.max_waiting}")
 
 
 class RequestStream:
@@ -120,6 +134,7 @@ class _Add:
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     arrival_s: float
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +166,7 @@ class EngineThread:
         num_threads: int | None = None,
         step_log: str | None = None,
         uses_torch: bool = True,
+        shed: ShedRule | None = None,
     ) -> None:
         if max_waiting_requests <= 0:
             raise ValueError(f"max_waiting_requests must be positive, got {max_waiting_requests}")
@@ -161,6 +177,7 @@ class EngineThread:
         self.num_threads = num_threads or default_num_threads()
         self.metrics = metrics
         self.max_waiting_requests = max_waiting_requests
+        self.shed = shed
         self.step_log = step_log  # a JSON line per step (server/step_log.py), written by the engine thread
         self.dead_reason: str | None = None
         # Held while checking health and queueing, and while dying: no request slips in unanswered.
@@ -212,18 +229,27 @@ class EngineThread:
 
     # -- requests (event loop) -------------------------------------------------------------
 
-    async def add(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> RequestStream:
+    async def add(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, priority: int = 0
+    ) -> RequestStream:
         """Queue a request and wait until the engine holds it; then iterate the stream.
 
         Raises :class:`EngineDeadError`, :class:`OverloadedError` or :class:`RequestRejected`.
         """
-        if len(self._waiting) >= self.max_waiting_requests:
-            raise OverloadedError(f"{len(self._waiting)} requests are already waiting for a first token")
+        waiting = len(self._waiting)
+        if waiting >= self.max_waiting_requests:
+            raise OverloadedError(f"{waiting} requests are already waiting for a first token")
+        shed = self.shed
+        if shed is not None and priority >= shed.min_priority and waiting >= shed.max_waiting:
+            self.metrics.request_shed()
+            raise OverloadedError(
+                f"shed: requests of priority >= {shed.min_priority} are refused while {waiting} wait for a first token"
+            )
         stream = RequestStream(f"cmpl-{next(self._ids)}-{time.monotonic_ns():x}")
         with self._lock:
             if not self.is_healthy:
                 raise EngineDeadError(self.dead_reason or "the engine is not running")
-            self._inbox.put(_Add(stream, tuple(prompt_token_ids), params, time.perf_counter()))
+            self._inbox.put(_Add(stream, tuple(prompt_token_ids), params, time.perf_counter(), priority))
         self._waiting.add(stream.request_id)
         try:
             await stream.accepted
@@ -344,6 +370,7 @@ class EngineThread:
                 stream.request_id,
                 prompt_token_ids=list(command.prompt_token_ids),
                 sampling_params=command.params,
+                priority=command.priority,
             )
         except Exception as exc:  # a bad request fails alone; the engine keeps going
             deliveries.append(functools.partial(stream.put, RequestRejected(str(exc))))

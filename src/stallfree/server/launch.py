@@ -17,7 +17,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from stallfree.server.app import ServerConfig, build_app
-from stallfree.server.engine_thread import EngineThread
+from stallfree.server.engine_thread import EngineThread, ShedRule
 from stallfree.server.prometheus import ServerMetrics
 from stallfree.specs.gguf import KNOWN_GGUF_MODELS, is_gguf_path, read_gguf
 
@@ -33,6 +33,7 @@ def build_server(
     served_model_name: str | None = None,
     api_key: str | None = None,
     max_waiting_requests: int = 256,
+    shed: ShedRule | None = None,
     num_threads: int | None = None,
     step_log: str | None = None,
     **engine_options: Any,
@@ -45,7 +46,8 @@ def build_server(
     ``served_model_name``: the name clients ask for, in /v1/models, every answer's ``model`` and
     every metric's label (default: :func:`default_served_model_name`);
     ``num_threads``: torch threads for the engine (default: every core up to 4, every core but one above; see EngineThread);
-    ``step_log``: a file the engine thread appends a JSON line to per step (server/step_log.py)."""
+    ``step_log``: a file the engine thread appends a JSON line to per step (server/step_log.py);
+    ``shed``: sheddable requests refused early (:class:`~stallfree.server.engine_thread.ShedRule`)."""
     from stallfree.engine.config import EngineConfig
     from stallfree.engine.engine import LLMEngine
 
@@ -59,6 +61,7 @@ def build_server(
         lambda: LLMEngine(config),
         ServerMetrics(name),
         max_waiting_requests=max_waiting_requests,
+        shed=shed,
         num_threads=num_threads,
         step_log=step_log,
     )
@@ -71,6 +74,7 @@ def build_virtual_server(
     served_model_name: str | None = None,
     api_key: str | None = None,
     max_waiting_requests: int = 256,
+    shed: ShedRule | None = None,
     tokenizer: ServedTokenizer | None = None,
     time_scale: float = 1.0,
     seed: int = 0,
@@ -92,6 +96,7 @@ def build_virtual_server(
         lambda: engine,
         metrics,
         max_waiting_requests=max_waiting_requests,
+        shed=shed,
         uses_torch=False,
     )
     return build_app(thread, ServerConfig(served_model_name=name, api_key=api_key))

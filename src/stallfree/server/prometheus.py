@@ -166,6 +166,12 @@ class ServerMetrics:
             ("model_name", "finished_reason"),
             registry=self.registry,
         )
+        self._requests_shed = Counter(
+            "stallfree:requests_shed",
+            "Sheddable requests refused (429) while the waiting queue was past the shedding bound.",
+            ("model_name",),
+            registry=self.registry,
+        )
         self._model_name = model_name
 
     def record_step(
@@ -198,6 +204,9 @@ class ServerMetrics:
                     self.spec_decode_accepted_tokens.inc(kept)
                 for position in range(kept):
                     self._spec_decode_per_position.labels(self._model_name, str(position)).inc()
+
+    def request_shed(self) -> None:
+        self._requests_shed.labels(self._model_name).inc()
 
     def request_finished(self, finish_reason: str) -> None:
         self._request_success.labels(self._model_name, finish_reason).inc()

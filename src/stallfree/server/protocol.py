@@ -67,6 +67,8 @@ class _SamplingFields(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    # vLLM's extra: lower runs first under --scheduling-policy priority (ignored under fcfs)
+    priority: int = Field(default=0, strict=True)
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())

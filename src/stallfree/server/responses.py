@@ -43,6 +43,7 @@ class Choice:
     prompt_token_ids: list[int]
     params: SamplingParams
     echo_text: str = ""
+    priority: int = 0  # lower first under --scheduling-policy priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +77,8 @@ async def respond(
 async def _add_all(engine_thread: EngineThread, choices: Sequence[Choice]) -> list[RequestStream]:
     """Queue every choice at once (one engine step takes them all); all or none."""
     results = await asyncio.gather(
-        *(engine_thread.add(c.prompt_token_ids, c.params) for c in choices), return_exceptions=True
+        *(engine_thread.add(c.prompt_token_ids, c.params, c.priority) for c in choices),
+        return_exceptions=True,
     )
     streams = [r for r in results if isinstance(r, RequestStream)]
     error = next((r for r in results if isinstance(r, BaseException)), None)

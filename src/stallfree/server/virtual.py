@@ -168,14 +168,16 @@ class VirtualEngine:
         prompt: str | None = None,
         sampling_params: SamplingParams | None = None,
         prompt_token_ids: Sequence[int] | None = None,
+        priority: int = 0,
     ) -> str:
-        """Queue a prompt (text or token ids); return its id. ValueError if it can never run."""
+        """Queue a prompt (text or token ids); return its id. ValueError if it can never run.
+        ``priority``: lower first under the ``priority`` scheduling policy (vLLM's)."""
         params = sampling_params or SamplingParams()
         ids = prompt_token_ids_of(prompt, prompt_token_ids, self.tokenizer.encode)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._requests:
             raise ValueError(f"request id {rid!r} is already in use")
-        queue_prompt(self.scheduler, rid, ids, params, time.perf_counter() - self._start_s)
+        queue_prompt(self.scheduler, rid, ids, params, time.perf_counter() - self._start_s, priority)
         self._requests[rid] = _Virtual(prompt, ids, params)
         return rid
 

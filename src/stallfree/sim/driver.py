@@ -177,10 +177,7 @@ def _drive(
     handoffs: list[Handoff] | None,
 ) -> bool:
     # A queue is told by its advance() (mypyc compiles no runtime-checkable protocol).
-    if hasattr(requests, "advance"):
-        queue = cast(ArrivalQueue, requests)
-    else:
-        queue = _InOrder(requests)
+    queue = cast(ArrivalQueue, requests) if hasattr(requests, "advance") else _InOrder(requests)
     lone = len(replicas) == 1
     ends_s: list[float | None] = [None] * len(replicas)  # the step in flight's end, per replica
     due: list[tuple[float, int]] = []  # (end, replica) of the steps in flight; stale ones skipped
