@@ -26,6 +26,11 @@ simulated fleet caches every ~8K-token prompt (~500 blocks) and evicts it later.
 kept per block: a request's keys (:class:`BlockKeys`) are worked out as they are read, a run's
 are those of the request that cached it, and how far two chains agree is found by bisection
 (a key equal means every key before it is).
+
+KV tiers (:mod:`stallfree.core.kv_tiers`, optional): every block the cache takes in is written
+through to the replica's host tier and the fleet's shared store, by the units of its keys; a
+request's blocks past its GPU hit that the tiers hold are :meth:`BlockManager.tier_hits`. Without
+tiers nothing here changes.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from stallfree.core.config import ceil_div
+from stallfree.core.kv_tiers import KvTier, KvTiers
 from stallfree.core.request import PromptBlocks
 
 
@@ -98,6 +104,15 @@ class BlockKeys:
             raise ValueError("only keys of one per block grow")
         self._bases.append(key)
         self._len += 1
+
+    @property
+    def blocks_per_unit(self) -> int:
+        """Blocks one key base covers: a KV tier's unit (:mod:`stallfree.core.kv_tiers`)."""
+        return self._per_base
+
+    def unit(self, j: int) -> int:
+        """Unit ``j``'s key: that of blocks ``j * blocks_per_unit``.. (their base)."""
+        return self._bases[j]
 
     def to_list(self) -> list[int]:
         """Every key, in order."""
@@ -180,6 +195,7 @@ class BlockManager:
         self._holds: dict[str, list[_Run]] = {}
         self._duplicates: dict[str, list[int]] = {}
         self._tip: dict[str, _Run] = {}
+        self.tiers: KvTiers | None = None  # written through as blocks are cached (None: no tiers)
 
     def blocks_for(self, num_tokens: int) -> int:
         return ceil_div(num_tokens, self.block_size)
@@ -380,6 +396,27 @@ class BlockManager:
         assert tip is not None
         self._tip[request_id] = tip
         self._num_keyed[request_id] = upto
+        if self.tiers is not None:
+            self._write_through(self.tiers, keys, done, upto)
+
+    def _write_through(self, tiers: KvTiers, keys: BlockKeys, lo: int, hi: int) -> None:
+        """Store the units of blocks ``lo``..``hi - 1`` in the tiers, each with its blocks before
+        ``hi`` (the request holds all of them: a unit's earlier blocks go with it)."""
+        per = keys.blocks_per_unit
+        for j in range(lo // per, (hi - 1) // per + 1):
+            tiers.store(keys.unit(j), min(hi, (j + 1) * per) - j * per)
+
+    def tier_hits(self, keys: BlockKeys, start: int, limit: int) -> tuple[int, int]:
+        """How many of the blocks from ``start`` (past the GPU's hit), at most ``limit`` in all,
+        the host tier holds one after another, and how many the shared store holds after those;
+        the units found become their tier's most recently used (0, 0 without tiers)."""
+        tiers = self.tiers
+        if tiers is None:
+            return 0, 0
+        limit = min(limit, len(keys))
+        host = 0 if tiers.host is None else _tier_run(tiers.host, keys, start, limit)
+        shared = 0 if tiers.shared is None else _tier_run(tiers.shared, keys, start + host, limit)
+        return host, shared
 
     def _next_start(self, keys: BlockKeys, lo: int, hi: int) -> int:
         """The first of keys ``lo``..``hi - 1`` that starts a run (a run starting at ``j`` starts at key
@@ -436,6 +473,19 @@ class BlockManager:
         self._num_starting[run.start] -= 1
         if not self._num_starting[run.start]:
             del self._num_starting[run.start], self._starts[bisect_left(self._starts, run.start)]
+
+
+def _tier_run(tier: KvTier, keys: BlockKeys, start: int, limit: int) -> int:
+    """How many blocks from ``start`` (short of ``limit``) ``tier`` holds one after another."""
+    per = keys.blocks_per_unit
+    at = start
+    while at < limit:
+        j = at // per
+        end = min(j * per + tier.use(keys.unit(j)), limit)
+        if end <= at:
+            break
+        at = end
+    return at - start
 
 
 def _common_prefix(items: list[int], run_items: list[int]) -> int:
