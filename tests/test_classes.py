@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +116,75 @@ def test_cli_bad_classes_exit_2_with_one_line(
     err = capsys.readouterr().err
     assert code == 2
     assert message in err and "Traceback" not in err
+
+
+def test_bench_sends_each_class_with_its_priority_and_scores_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Against a virtual replica that queues by priority: every request goes out with its class's
+    priority, the result keeps both per request, and each class's scores add up to the run's."""
+    from stallfree.costs import CostChoice
+    from stallfree.server.launch import ServerThread, build_virtual_server
+
+    deployment = Deployment(
+        costs=CostChoice(kind="full", model="llama-3.1-8b", hardware="h100-sxm"),
+        serving=ServingConfig(max_num_batched_tokens=512, max_num_seqs=8, scheduling_policy="priority"),
+    )
+    out = tmp_path / "classes.json"
+    with ServerThread(build_virtual_server(deployment, time_scale=4.0)) as server:
+        argv = ["bench", "--base-url", server.base_url, "--scenario", "classes", "--classes", CHAT, BATCH]
+        assert main([*argv, "--num-requests", "30", "--no-progress", "--save-result", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "per class" in text
+    result = json.loads(out.read_text())
+    requests = _classes(CHAT, BATCH).sample(30, result["seed"])
+    assert result["priorities"] == [r.priority for r in requests]
+    assert result["traffic_classes"] == [r.traffic_class for r in requests]
+    per = result["classes"]
+    assert per["chat"]["completed"] + per["batch"]["completed"] == result["completed"] == 30
+    assert (
+        per["chat"]["total_output_tokens"] + per["batch"]["total_output_tokens"]
+        == result["total_output_tokens"]
+    )
+
+
+def test_tune_finds_each_policys_capacity_for_the_mix() -> None:
+    """The search's invariant for each candidate: the capacity's trial met every class's SLOs and
+    every trial above it missed one; the best is the highest."""
+    from stallfree.tune.classes import ClassesTuneConfig, parse_class_slo, tune_classes
+    from stallfree.tune.slo import Slos
+
+    name, slo = parse_class_slo("chat:ttft-p99-ms=1500")
+    config = ClassesTuneConfig(
+        classes=_classes(CHAT, BATCH),
+        base=Deployment(),
+        slos={name: Slos((slo,))},
+        budgets=(512,),
+        num_requests=200,
+        precision=0.2,
+    )
+    out = tune_classes(config)
+    assert [c["scheduling_policy"] for c in out["candidates"]] == ["fcfs", "priority"]
+    for c in out["candidates"]:
+        passed = [t["scale"] for t in c["trials"] if t["passed"]]
+        failed = [t["scale"] for t in c["trials"] if not t["passed"]]
+        assert c["scale"] == max(passed) and all(f > c["scale"] for f in failed)
+        assert c["capacity_qps"] == pytest.approx(c["scale"] * 4.5)
+    assert out["best"]["capacity_qps"] == max(c["capacity_qps"] for c in out["candidates"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--class-slo", "chat:ttft-p99-ms=100"], "--class-slo applies with --classes"),
+        (["--classes", CHAT, "--class-slo", "bulk:ttft-p99-ms=100"], "unknown class 'bulk'"),
+        (["--classes", CHAT, "--class-slo", "chat:ttft=100"], "unknown SLO 'ttft'"),
+        (["--classes", CHAT], "give at least one class SLO"),
+        (["--classes", CHAT, "--class-slo", "chat:ttft-p99-ms=9", "--scheduling-policies", "lifo"], "lifo"),
+    ],
+)
+def test_tune_bad_class_options_exit_2(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["tune", *args]) == 2
+    assert message in capsys.readouterr().err

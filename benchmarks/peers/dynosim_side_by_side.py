@@ -107,6 +107,7 @@ def main() -> None:
         action="store_false",
         help="both sides without prefix caching",
     )
+    parser.add_argument("--repeat", type=int, default=1, help="time every process N times, keep the fastest")
     parser.add_argument("--venv", type=Path, default=Path(tempfile.gettempdir()) / "dynosim-venv")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "dynosim-side-by-side")
     args = parser.parse_args()
@@ -114,6 +115,9 @@ def main() -> None:
     unknown = [n for n in names if n not in CASES]
     if unknown:
         parser.exit(2, f"error: unknown case {unknown[0]!r}; choose from {', '.join(CASES)}\n")
+    if args.repeat < 1:
+        parser.exit(2, "error: --repeat must be >= 1\n")
+    REPEAT[0] = args.repeat
     args.workdir.mkdir(parents=True, exist_ok=True)
     python = ensure_dynosim(args.venv)
     print(f"machine: {machine()}; load {loadavg()}")
@@ -140,6 +144,7 @@ def main() -> None:
             python, trace, workers, router, (deployment.serving, eargs), npz, args.workdir, compiled_env
         )
         report(name, trace, runs)
+    print(f"\nload at the end {loadavg()}; wall times: the fastest of {args.repeat} run(s) of each process")
 
 
 def serving_config(num_blocks: int, prefix_caching: bool) -> ServingConfig:
@@ -192,8 +197,17 @@ def write_case(workload: str, workdir: Path) -> Path:
     return path
 
 
+REPEAT = [1]  # --repeat: every timed process runs this many times, the fastest kept
+
+
 def timed(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[float, float, str]:
-    """Run ``cmd``; its wall seconds, peak RSS (MB) and stdout."""
+    """Run ``cmd`` ``REPEAT[0]`` times (its outputs are the same each time); the fastest run's
+    wall seconds, the largest peak RSS (MB), and stdout."""
+    runs = [_timed_once(cmd, cwd, env) for _ in range(REPEAT[0])]
+    return min(r[0] for r in runs), max(r[1] for r in runs), runs[-1][2]
+
+
+def _timed_once(cmd: list[str], cwd: Path, env: dict[str, str] | None) -> tuple[float, float, str]:
     stats = cwd / "time.txt"
     done = subprocess.run(
         ["nice", "/usr/bin/time", "-f", "%e %M", "-o", str(stats), *cmd],

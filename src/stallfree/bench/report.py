@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from stallfree.metrics import format_metric
+from stallfree.metrics.io import class_lines
 
 _ROWS = (
     ("completed", "Successful requests", "{}"),
@@ -103,5 +104,7 @@ def format_result(result: Mapping[str, Any]) -> str:
         if len(kinds) > 1:
             lines.append("errors by kind: " + ", ".join(f"{kind} x{n}" for kind, n in kinds.most_common()))
     lines += _fleet_lines(result.get("fleet"))
+    if result.get("classes"):
+        lines += class_lines("per class", result["classes"])
     lines.append("=" * 60)
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import httpx
+import numpy as np
 
 from stallfree.bench import client as bc
 from stallfree.bench import spec_decode
@@ -32,9 +33,10 @@ from stallfree.bench.scenarios import (
     run_sessions,
     run_workload,
 )
-from stallfree.metrics import summarize
+from stallfree.metrics import ItlAccumulator, summarize
 from stallfree.workload import Workload, WorkloadArrays, sample, sample_sessions
 from stallfree.workload.agents import AgentTurns
+from stallfree.workload.classes import TrafficClasses, class_summaries
 
 CONTEXT_MARGIN = 0.05  # of the server's context, left free when capping lengths to it
 
@@ -68,6 +70,7 @@ class BenchSpec:
     goodput: dict[str, float] | None = None
     prompt_texts: tuple[str, ...] | None = None  # request i sends prompt_texts[i % len]
     agents: AgentTurns | None = None  # the agents scenario's turns (workload None)
+    classes: TrafficClasses | None = None  # the classes scenario's (workload None)
 
 
 async def run_bench(
@@ -103,6 +106,8 @@ async def run_bench(
         started()
         if spec.agents is not None:
             run = await _agents(http, endpoint, sizer, spec, spec.agents, stop, on_done)
+        elif spec.classes is not None:
+            run = await _classes(http, endpoint, sizer, spec, spec.classes, stop, on_done)
         elif workload is None:
             run = await _long_prompt(http, endpoint, sizer, spec, stop, note)
         elif workload.sessions is not None:
@@ -201,6 +206,49 @@ async def _agents(
             "--agent-turns, a shorter --agent-prefix-tokens or shorter --lengths"
         )
     return await run_agents(http, endpoint, agents, sizer, seed=spec.seed, on_done=on_done, stop=stop)
+
+
+async def _classes(
+    http: httpx.AsyncClient,
+    endpoint: bc.Endpoint,
+    sizer: PromptSizer,
+    spec: BenchSpec,
+    classes: TrafficClasses,
+    stop: asyncio.Event,
+    on_done: Callable[[], None] | None,
+) -> BenchRun:
+    """Traffic classes sent open loop, each request with its class's priority; the result adds
+    each request's ``priorities`` and ``traffic_classes`` and each class's scores (``classes``)."""
+    if spec.num_requests is None:
+        raise ValueError("the classes scenario needs --num-requests")
+    requests = classes.sample(spec.num_requests, spec.seed)
+    context = endpoint.max_model_len
+    longest = max(r.num_prompt_tokens + r.max_tokens for r in requests)
+    if context is not None and longest > context * (1 - CONTEXT_MARGIN):
+        raise ValueError(
+            f"a class's request needs {longest:,} tokens; the server's context is {context:,}: shorter lengths"
+        )
+    arrays = WorkloadArrays(
+        arrival_time_s=np.array([r.arrival_time_s for r in requests]),
+        num_prompt_tokens=np.array([r.num_prompt_tokens for r in requests], dtype=np.int64),
+        max_tokens=np.array([r.max_tokens for r in requests], dtype=np.int64),
+    )
+    seed = spec.seed if spec.text_seed is None else spec.text_seed
+    priorities = [r.priority for r in requests]
+    run = await run_workload(
+        http, endpoint, arrays, sizer, seed=seed, on_done=on_done, stop=stop, priorities=priorities
+    )
+    if "interrupted" in run.extra:
+        return run  # the finished requests' places are lost: no per-class scores
+    class_itl: dict[str, ItlAccumulator] = {}
+    for request, result in zip(requests, run.results, strict=True):
+        assert request.traffic_class is not None  # every sampled request has its class
+        gaps = np.diff(result.chunk_times_s)
+        class_itl.setdefault(request.traffic_class, ItlAccumulator()).add_many(gaps, 1)
+    run.extra["classes"] = class_summaries(classes, requests, run.records, class_itl, run.duration_s)
+    run.extra["priorities"] = priorities
+    run.extra["traffic_classes"] = [r.traffic_class for r in requests]
+    return run
 
 
 async def _workload(

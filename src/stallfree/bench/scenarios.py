@@ -21,7 +21,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -99,10 +99,12 @@ async def run_workload(
     on_done: Callable[[], None] | None = None,
     texts: Sequence[str] | None = None,
     stop: asyncio.Event | None = None,
+    priorities: Sequence[int] | None = None,
 ) -> BenchRun:
-    """Send row ``i`` at ``arrival_time_s[i]`` seconds after the start; wait for all, or until
-    ``stop`` is set (Ctrl-C): then the requests in flight are cancelled and the run holds the
-    ones that had finished (``extra["interrupted"]`` says how many of how many)."""
+    """Send row ``i`` at ``arrival_time_s[i]`` seconds after the start (with ``priorities[i]`` as
+    its body's ``priority``, vLLM's field, where given); wait for all, or until ``stop`` is set
+    (Ctrl-C): then the requests in flight are cancelled and the run holds the ones that had
+    finished (``extra["interrupted"]`` says how many of how many)."""
     rng = random.Random(seed)
     prompts = arrays.num_prompt_tokens.tolist()
     if texts is None:
@@ -110,7 +112,10 @@ async def run_workload(
 
     async def one(i: int, delay_s: float, max_tokens: int) -> StreamResult:
         await asyncio.sleep(max(0.0, start_s + delay_s - time.perf_counter()))
-        result = await stream_completion(http, endpoint, texts[i], max_tokens)
+        target = endpoint
+        if priorities is not None:
+            target = replace(endpoint, extra_body={**endpoint.extra_body, "priority": priorities[i]})
+        result = await stream_completion(http, target, texts[i], max_tokens)
         if on_done is not None:
             on_done()
         return result

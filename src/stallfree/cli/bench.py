@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stallfree.cli.classes_args import add_classes_arg, classes_workload
 from stallfree.cli.common import UsageError, check_writable, positive_float, positive_int
 from stallfree.cli.workload_args import (
     add_agent_args,
@@ -20,7 +21,7 @@ from stallfree.cli.workload_args import (
     session_requests,
 )
 
-SCENARIOS = ("long-prompt", "poisson", "gamma", "trace", "multi-turn", "agents")
+SCENARIOS = ("long-prompt", "poisson", "gamma", "trace", "multi-turn", "agents", "classes")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -163,6 +164,11 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--goodput", nargs="+", metavar="METRIC:MS", help="SLOs for goodput, e.g. ttft:500 tpot:50"
     )
+    add_classes_arg(
+        p.add_argument_group(
+            "classes (--num-requests shared by rate; each request sends its class's priority)"
+        )
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,7 +200,8 @@ def _spec(args: argparse.Namespace) -> Any:
     prompts = _prompts_file(args) if args.prompts_file else None
     seed = random.SystemRandom().randrange(2**31) if args.seed is None else args.seed
     agents = _agents(args, seed)
-    workload = None if args.scenario in ("long-prompt", "agents") else _workload(args)
+    classes = _classes(args)
+    workload = None if args.scenario in ("long-prompt", "agents", "classes") else _workload(args)
     long_prompt = LongPromptOptions(
         streams=args.streams or 16,
         prompt_tokens=args.prompt_tokens or 4096,
@@ -226,6 +233,7 @@ def _spec(args: argparse.Namespace) -> Any:
         goodput=parse_goodput(args.goodput) if args.goodput else None,
         prompt_texts=prompts,
         agents=agents,
+        classes=classes,
     )
 
 
@@ -241,11 +249,24 @@ async def _run(spec: Any, progress: bool) -> dict[str, Any]:
     total = spec.num_requests or (spec.workload.max_num_requests() if spec.workload else None)
     if spec.agents is not None:
         total = len(spec.agents)
-    shown = progress and (spec.workload is not None or spec.agents is not None)
+    shown = progress and (spec.workload is not None or spec.agents is not None or spec.classes is not None)
     with tqdm(total=total, disable=not shown, unit="req", file=sys.stderr) as bar:
         return await run_bench(
             spec, stop, on_done=bar.update, started=lambda: loop.add_signal_handler(signal.SIGINT, stop.set)
         )
+
+
+def _classes(args: argparse.Namespace) -> Any:
+    """The classes scenario's classes (None for another scenario, which refuses --classes)."""
+    if args.scenario != "classes":
+        if args.classes:
+            raise UsageError("--classes applies to the classes scenario only")
+        return None
+    if not args.classes:
+        raise UsageError("the classes scenario needs --classes NAME:lengths=L,qps=R[,priority=P] ...")
+    if args.num_requests is None:
+        raise UsageError("the classes scenario needs --num-requests")
+    return classes_workload(args)
 
 
 def _agents(args: argparse.Namespace, seed: int) -> Any:

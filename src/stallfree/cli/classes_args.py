@@ -32,7 +32,12 @@ def classes_workload(args: argparse.Namespace) -> TrafficClasses | None:
 
     if not args.classes:
         return None
-    given = [name for name in _ONE_WORKLOAD_FLAGS if getattr(args, name, None) is not None]
+    defaults = getattr(args, "flag_defaults", {})  # a command's own defaults are not "given"
+    given = [
+        name
+        for name in _ONE_WORKLOAD_FLAGS
+        if getattr(args, name, None) is not None and getattr(args, name) != defaults.get(name)
+    ]
     if given:
         flag = "--" + given[0].replace("_", "-")
         raise UsageError(

@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from stallfree.cli.classes_args import add_classes_arg, classes_workload
 from stallfree.cli.common import (
     UsageError,
     int_list,
@@ -58,6 +59,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_fleet_args(p)
     _add_mode_args(p)
     _add_day_args(p)
+    _add_classes_args(p)
     _add_search_args(p)
     add_run_args(p)
     add_deployment_out_arg(
@@ -66,6 +68,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (every trial included)")
     p.add_argument("--plot", metavar="DIR", help="write capacity-vs-budget and P99-TBT-vs-QPS figures to DIR")
     p.set_defaults(handler=run_tune)
+    p.set_defaults(flag_defaults=vars(p.parse_args([])))  # last: every flag's default
 
 
 def _add_deployment_args(p: argparse.ArgumentParser) -> None:
@@ -216,6 +219,27 @@ def _add_mode_args(p: argparse.ArgumentParser) -> None:
     add_kv_link_arg(m.add_argument, "between the pools")
 
 
+def _add_classes_args(p: argparse.ArgumentParser) -> None:
+    """The "classes" group: a traffic mix whose classes each keep their own SLOs."""
+    c = p.add_argument_group(
+        "classes (the mix's capacity: the highest total rate, its classes' rates scaled together, at "
+        "which every class keeps its own SLOs; per scheduling policy and budget)"
+    )
+    add_classes_arg(c)
+    c.add_argument(
+        "--class-slo",
+        nargs="+",
+        metavar="CLASS:NAME=LIMIT",
+        help="a class's SLO, NAME one of the --slo-* names (chat:tpot-p99-ms=50 batch:e2el-p99-s=600)",
+    )
+    c.add_argument(
+        "--scheduling-policies",
+        default="fcfs,priority",
+        metavar="P1,P2",
+        help="scheduling policies to compare (default %(default)s)",
+    )
+
+
 def _add_search_args(p: argparse.ArgumentParser) -> None:
     """Each capacity search's limits: the running sequences, the SLOs, the precision, the first QPS."""
     from stallfree.tune.slo import (  # light
@@ -284,6 +308,10 @@ def run_tune(args: argparse.Namespace) -> int:
         num_requests=args.num_requests,
         seed=args.seed,
     )
+    if args.classes:
+        return _run_classes_tune(args, base.deployment)
+    if args.class_slo:
+        raise UsageError("--class-slo applies with --classes")
     if args.rate_profile is not None:
         return _run_day_tune(args, base.deployment)
     if args.autoscale is not None:
@@ -548,6 +576,39 @@ def _run_day_tune(args: argparse.Namespace, base: Deployment) -> int:
     out = tune_day(config, workers=args.workers or os.cpu_count() or 1)
     _write_best(args, None if out["best"] is None else out["best"]["deployment"])
     print(json.dumps(out, indent=2) if args.json else format_day_tune(out))
+    return 0 if out["best"] is not None else 1
+
+
+def _run_classes_tune(args: argparse.Namespace, base: Deployment) -> int:
+    """``tune --classes ... --class-slo ...``: each (scheduling policy, budget)'s capacity for the mix."""
+    from stallfree.core import DEFAULT_TOKEN_BUDGET
+    from stallfree.tune.classes import ClassesTuneConfig, format_classes_tune, parse_class_slo, tune_classes
+    from stallfree.tune.slo import Slo, Slos
+
+    classes = classes_workload(args)
+    assert classes is not None  # given
+    budgets = tuple(_int_list(args.budgets)) if args.budgets != "auto" else (DEFAULT_TOKEN_BUDGET,)
+    try:
+        by_class: dict[str, list[Slo]] = {}
+        for text in args.class_slo or ():
+            name, slo = parse_class_slo(text)
+            by_class.setdefault(name, []).append(slo)
+        config = ClassesTuneConfig(
+            classes=classes,
+            base=base,
+            slos={name: Slos(tuple(slos)) for name, slos in by_class.items()},
+            scheduling_policies=tuple(p.strip() for p in args.scheduling_policies.split(",") if p.strip()),
+            budgets=budgets,
+            num_requests=args.num_requests,
+            seed=args.seed,
+            precision=args.precision,
+        )
+        for policy in config.scheduling_policies:
+            replace(base.serving, scheduling_policy=policy)  # an unknown one fails here
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    out = tune_classes(config)
+    print(json.dumps(out, indent=2) if args.json else format_classes_tune(out))
     return 0 if out["best"] is not None else 1
 
 

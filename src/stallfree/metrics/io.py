@@ -14,9 +14,10 @@ import csv
 import math
 import operator
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from stallfree.metrics.summary import GOODPUT_METRICS, RequestRecord
 
@@ -113,3 +114,29 @@ def read_records_csv(path: str | os.PathLike[str]) -> list[RequestRecord]:
             except (TypeError, ValueError) as error:
                 raise ValueError(f"{source}, line {reader.line_num}: {error}") from None
     return records
+
+
+_CLASS_COLUMNS = (
+    ("done", "completed", "{:,}"),
+    ("TTFT p50", "median_ttft_ms", "{:,.1f}"),
+    ("TTFT p99", "p99_ttft_ms", "{:,.1f}"),
+    ("TPOT p50", "median_tpot_ms", "{:,.2f}"),
+    ("ITL p50", "median_itl_ms", "{:,.2f}"),
+    ("ITL p99", "p99_itl_ms", "{:,.2f}"),
+    ("max ITL", "max_itl_ms", "{:,.1f}"),
+    ("goodput/s", "request_goodput", "{:,.3f}"),
+)
+
+
+def class_lines(title: str, classes: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """A table of traffic classes' scores (:func:`stallfree.workload.classes.class_summaries`):
+    each class's latencies (ms) and goodput by its own SLOs."""
+    lines = [
+        "",
+        f"  {title} (ms; goodput: completed requests a second within the class's SLOs):",
+        f"  {'':<12}{'priority':>9}" + "".join(f"{label:>11}" for label, _, _ in _CLASS_COLUMNS),
+    ]
+    for name, c in classes.items():
+        cells = "".join(f"{format_metric(c.get(key), fmt):>11}" for _, key, fmt in _CLASS_COLUMNS)
+        lines.append(f"  {name:<12}{c['priority']:>9}{cells}")
+    return lines

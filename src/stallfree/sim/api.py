@@ -29,7 +29,6 @@ from stallfree.costs.memory import KvMemory, fixed_kv_memory, kv_memory
 from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.sim.autoscaled import num_slots, run_autoscaled
-from stallfree.sim.classes import class_summaries
 from stallfree.sim.deployment import Deployment
 from stallfree.sim.disagg import Disaggregation, disaggregated_summary, run_disaggregated
 from stallfree.sim.fleet import run_fleet
@@ -37,7 +36,7 @@ from stallfree.sim.speculative import DraftStats, DraftVerifier, draft_pricer
 from stallfree.sim.traffic import StepTrace, TrafficReplica, TrafficRun, run_traffic
 from stallfree.workload import Workload, WorkloadArrays, sample
 from stallfree.workload.agents import AgentTurns, TurnQueue
-from stallfree.workload.classes import TrafficClasses
+from stallfree.workload.classes import TrafficClasses, class_summaries
 
 DEFAULT_DEPLOYMENT = Deployment()
 
@@ -185,7 +184,7 @@ def _simulate_classes(
     how: dict[str, Any],
 ) -> SimulationResult:
     """Traffic classes: their requests merged, run as any requests are, and scored per class too
-    (``summary["classes"]``: :func:`~stallfree.sim.classes.class_summaries`)."""
+    (``summary["classes"]``: :func:`~stallfree.workload.classes.class_summaries`)."""
     if deployment.disaggregate is not None or deployment.autoscale is not None:
         raise ValueError(
             "traffic classes run on one replica or a fleet: not with disaggregation or an autoscaler"

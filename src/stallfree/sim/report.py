@@ -10,6 +10,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from stallfree.metrics import format_metric
+from stallfree.metrics.io import class_lines
 from stallfree.workload import AllAtOnce, GammaArrivals, ReplayArrivals, Workload
 from stallfree.workload.arrivals import RateProfile
 
@@ -178,7 +179,9 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
                 else f"  {s['policy']}: no request completed, so it has no latencies (-)"
             )
     for s in summaries:
-        lines += _replica_lines(s) + _class_lines(s) + _disagg_lines(s)
+        classes = s.get("classes")
+        title = f"{s['policy']}, per class"
+        lines += _replica_lines(s) + (class_lines(title, classes) if classes else []) + _disagg_lines(s)
     if outputs:
         lines += ["", "  wrote: " + ", ".join(outputs)]
     return "\n".join(lines)
@@ -209,34 +212,6 @@ def _replica_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(
             f"  {'replica ' + str(i):<12}{str(r['tp']) + ' x ' + r['hardware']:>16}{r['completed'] + r['rejected']:>10,}{hits:>12}{r['busy_s']:>11,.1f}{ttft:>15}"
         )
-    return lines
-
-
-_CLASS_COLUMNS = (
-    ("done", "completed", "{:,}"),
-    ("TTFT p50", "median_ttft_ms", "{:,.1f}"),
-    ("TTFT p99", "p99_ttft_ms", "{:,.1f}"),
-    ("TPOT p50", "median_tpot_ms", "{:,.2f}"),
-    ("ITL p50", "median_itl_ms", "{:,.2f}"),
-    ("ITL p99", "p99_itl_ms", "{:,.2f}"),
-    ("max ITL", "max_itl_ms", "{:,.1f}"),
-    ("goodput/s", "request_goodput", "{:,.3f}"),
-)
-
-
-def _class_lines(summary: dict[str, Any]) -> list[str]:
-    """A run with traffic classes: each class's own latencies (ms) and goodput (its SLOs)."""
-    classes = summary.get("classes")
-    if not classes:
-        return []
-    lines = [
-        "",
-        f"  {summary['policy']}, per class (ms; goodput: completed requests a second within the class's SLOs):",
-        f"  {'':<12}{'priority':>9}" + "".join(f"{label:>11}" for label, _, _ in _CLASS_COLUMNS),
-    ]
-    for name, c in classes.items():
-        cells = "".join(f"{format_metric(c.get(key), fmt):>11}" for _, key, fmt in _CLASS_COLUMNS)
-        lines.append(f"  {name:<12}{c['priority']:>9}{cells}")
     return lines
 
 

@@ -36,6 +36,7 @@ SLO_FLAGS: dict[str, SloFlag] = {
     "tpot_p50_ms": SloFlag("median_tpot_ms", "P50 TPOT", "ms"),
     "tpot_p99_ms": SloFlag("p99_tpot_ms", "P99 TPOT", "ms"),
     "e2el_p99_ms": SloFlag("p99_e2el_ms", "P99 E2E latency", "ms"),
+    "e2el_p99_s": SloFlag("p99_e2el_ms", "P99 E2E latency", "s"),
     "sched_delay_p50_s": SloFlag("median_scheduling_delay_ms", "P50 scheduling delay", "s"),
     "sched_delay_p99_s": SloFlag("p99_scheduling_delay_ms", "P99 scheduling delay", "s"),
 }

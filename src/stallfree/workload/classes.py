@@ -10,17 +10,19 @@ Class ``i`` draws from seed ``seed + i``, so changing one class's rate keeps the
 On the command line a class is ``NAME:key=value,...`` (:func:`parse_class`) with keys ``lengths``
 (as ``--lengths`` takes it), ``qps``, ``burstiness`` (gamma arrivals; default Poisson),
 ``priority`` (an integer; lower runs first) and SLOs in ms for its goodput: ``ttft``, ``tpot``,
-``e2el``.
+``e2el``. :func:`class_summaries` scores a run per class (the simulator's and ``bench``'s).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from stallfree.core.request import Request
+from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.metrics.summary import GOODPUT_METRICS
 from stallfree.workload.arrivals import gamma, poisson
 from stallfree.workload.lengths import parse_lengths
@@ -157,3 +159,29 @@ def _number(name: str, key: str, text: str, *, allow_zero: bool = False) -> floa
     if not (math.isfinite(value) and (value > 0 or (allow_zero and value == 0))):
         raise ValueError(f"class {name}: {key} must be a positive number, got {text!r}")
     return value
+
+
+def class_summaries(
+    classes: TrafficClasses,
+    requests: Sequence[Request],
+    records: Sequence[RequestRecord],
+    class_itl: Mapping[str, ItlAccumulator],
+    duration_s: float,
+) -> dict[str, dict[str, Any]]:
+    """Each class's :func:`~stallfree.metrics.summarize` over the whole run's ``duration_s`` (its
+    goodput against its own SLOs), with its ``priority`` and offered ``qps``; classes in the order
+    given."""
+    class_of = {r.request_id: r.traffic_class for r in requests}
+    out: dict[str, dict[str, Any]] = {}
+    for c in classes.classes:
+        mine = [r for r in records if class_of.get(r.request_id) == c.name]
+        scores = summarize(mine, class_itl.get(c.name, ItlAccumulator()), duration_s, c.slos or None)
+        exact_max = max((r.max_itl_s for r in mine), default=0.0) * 1000
+        out[c.name] = {
+            "priority": c.priority,
+            "qps": c.qps,
+            "slos_ms": dict(c.slos),
+            **scores,
+            "max_itl_ms": exact_max if scores["max_itl_ms"] is not None else None,
+        }
+    return out

@@ -1,0 +1,185 @@
+"""Priority scheduling checked on real vLLM (its CPU build): chats at priority 0 beside batch
+prompts at priority 10, vLLM under ``--scheduling-policy fcfs`` and ``priority``, each class's
+medians measured and predicted on the same requests.
+
+``make vllm`` builds vLLM in ``.venv-vllm``. This script:
+
+1. saves a random-weight model (``--model``, fp32) and starts vLLM on it at its CPU defaults
+   (2,048 tokens a step, 128 sequences) with ``--scheduling-policy fcfs``;
+2. profiles it as a black box (``stallfree profile --base-url``; reused with ``--skip-profile``);
+3. sizes the mix to ``--load`` x the highest rate the profile says it serves without a queue
+   building up (the classes' rates scaled together);
+4. for fcfs, then priority (vLLM restarted with ``--scheduling-policy priority``): ``stallfree bench
+   --scenario classes`` (every request with its class's ``priority`` field, greedy, a fresh prompt
+   text each run so vLLM's prefix cache holds none of it), then the same requests (arrivals and the
+   lengths the server counted) simulated with the profile under the same policy;
+5. prints, per policy and class, measured / predicted (ratio) of median TTFT, TPOT and ITL, and
+   whether the order is right: which class waits longer under each policy, and which policy
+   serves the chats sooner.
+
+    make vllm && .venv/bin/python benchmarks/fidelity/priority_check.py            # ~35 min on 2 cores
+    .venv/bin/python benchmarks/fidelity/priority_check.py --skip-profile --num-requests 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from stallfree.core import Request
+from stallfree.core.serving import ServingConfig
+from stallfree.costs import CostChoice
+from stallfree.sim import Deployment, simulate
+from stallfree.specs.step_profile import load_profile
+from stallfree.workload.classes import TrafficClasses, class_summaries, parse_class
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common/ and the groups
+from common.cli import stallfree
+from common.host import loadavg as load
+from common.host import machine
+from common.servers import vllm_serve
+from fidelity.vllm_side_by_side import VLLM_DEFAULT, profile_server
+
+KEYS = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms")
+POLICIES = ("fcfs", "priority")
+
+
+def classes_at(args: argparse.Namespace, scale: float) -> TrafficClasses:
+    """The mix with both classes' rates times ``scale``."""
+    chat = f"chat:lengths={args.chat_lengths},qps={args.chat_qps * scale:.6g},priority=0"
+    batch = f"batch:lengths={args.batch_lengths},qps={args.batch_qps * scale:.6g},priority=10"
+    return TrafficClasses((parse_class(chat), parse_class(batch)))
+
+
+def serving(policy: str, num_blocks: int) -> ServingConfig:
+    budget, seqs = VLLM_DEFAULT
+    return ServingConfig(
+        max_num_batched_tokens=budget, max_num_seqs=seqs, num_blocks=num_blocks, scheduling_policy=policy
+    )
+
+
+def sustained_scale(args: argparse.Namespace, costs: CostChoice, num_blocks: int) -> float:
+    """The largest rate scale (x1.25 steps) at which the profile predicts the fcfs queue does not
+    build up: the median scheduling delay stays under a second."""
+    scale, best = 0.05, 0.05
+    while scale < 50:
+        deployment = Deployment(costs=costs, serving=serving("fcfs", num_blocks))
+        summary = simulate(classes_at(args, scale), deployment, num_requests=200, seed=args.seed).summary
+        if (summary["median_scheduling_delay_ms"] or 0.0) > 1000:
+            return best
+        best, scale = scale, scale * 1.25
+    return best
+
+
+def predicted(result: dict[str, Any], classes: TrafficClasses, deployment: Deployment) -> dict[str, Any]:
+    """The bench run's requests (arrival times, the lengths the server counted, priorities and
+    classes) through the simulator."""
+    requests = [
+        Request(str(i), max(1, int(p)), max(1, int(o)), float(t), priority=int(q), traffic_class=c)
+        for i, (t, p, o, q, c) in enumerate(
+            zip(
+                result["arrival_times"],
+                result["input_lens"],
+                result["output_lens"],
+                result["priorities"],
+                result["traffic_classes"],
+                strict=True,
+            )
+        )
+    ]
+    requests.sort(key=lambda r: r.arrival_time_s)
+    sim = simulate(requests, deployment)
+    return class_summaries(classes, requests, sim.records, sim.class_itl, sim.summary["duration"])
+
+
+def cell(measured: float | None, predicted: float | None) -> str:
+    if measured is None or predicted is None:
+        return "-"
+    return f"{measured:,.0f} / {predicted:,.0f} ({predicted / measured:.2f})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("out/priority-check"))
+    parser.add_argument(
+        "--model", default="random:small", help="a random-weight preset (default %(default)s)"
+    )
+    parser.add_argument("--chat-lengths", default="fixed:128,32")
+    parser.add_argument("--batch-lengths", default="fixed:1536,8")
+    parser.add_argument("--chat-qps", type=float, default=4.0, help="the chats' share of the mix")
+    parser.add_argument("--batch-qps", type=float, default=1.0, help="the batch prompts' share")
+    parser.add_argument("--load", type=float, default=0.9, help="share of the rate the profile sustains")
+    parser.add_argument("--num-requests", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-profile", action="store_true", help="reuse the profile under --out")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model_dir = args.out / f"{args.model.split(':')[-1]}-fp32"
+    if not (model_dir / "config.json").exists():
+        stallfree("save-model", args.model, str(model_dir), "--dtype", "float32")
+    profile = args.out / "vllm.profile.json"
+    rows = [f"machine: {machine()}, load {load()}; {args.num_requests} requests a run, seed {args.seed}"]
+    body: dict[str, Any] = {"runs": {}}
+    for policy in POLICIES:
+        flags = ["--scheduling-policy", policy]
+        with vllm_serve(model_dir, flags, log=args.out / f"vllm-{policy}.log") as server:
+            assert server.kv_cache_tokens is not None
+            num_blocks = server.kv_cache_tokens // 16
+            if policy == "fcfs" and not (args.skip_profile and profile.exists()):
+                profile_server(server.url, profile, model_dir)
+            costs = CostChoice(kind="measured", profile=load_profile(profile))
+            if policy == "fcfs":
+                scale = args.load * sustained_scale(args, costs, num_blocks)
+                classes = classes_at(args, scale)
+                rows.append(
+                    f"mix at {args.load:g} x the sustained rate: "
+                    + ", ".join(f"{c.name} {c.qps:.3f} req/s" for c in classes.classes)
+                )
+            specs = [
+                f"{c.name}:lengths={args.chat_lengths if c.name == 'chat' else args.batch_lengths},"
+                f"qps={c.qps:.6g},priority={c.priority}"
+                for c in classes.classes
+            ]
+            result_path = args.out / f"bench-{policy}.json"
+            before, started = load(), time.perf_counter()
+            stallfree("bench", "--base-url", server.url, "--scenario", "classes", "--classes", *specs,
+                      "--num-requests", str(args.num_requests), "--seed", str(args.seed),
+                      "--text-seed", str(args.seed + POLICIES.index(policy) + 1), "--temperature", "0",
+                      "--save-result", str(result_path), "--no-progress")  # fmt: skip
+            wall_s = time.perf_counter() - started
+            result = json.loads(result_path.read_text())
+            deployment = Deployment(costs=costs, serving=serving(policy, num_blocks))
+            guess = predicted(result, classes, deployment)
+            body["runs"][policy] = {"measured": result["classes"], "predicted": guess, "wall_s": wall_s}
+            rows.append(f"{policy}: {wall_s:.0f} s, load {before} -> {load()}")
+    rows += [
+        "",
+        "| policy | class | median TTFT ms | median TPOT ms | median ITL ms |",
+        "|---|---|---|---|---|",
+    ]
+    runs = body["runs"]
+    for policy in POLICIES:
+        for name in ("chat", "batch"):
+            m, p = runs[policy]["measured"][name], runs[policy]["predicted"][name]
+            rows.append(f"| {policy} | {name} | " + " | ".join(cell(m[k], p[k]) for k in KEYS) + " |")
+    rows.append("")
+    for side in ("measured", "predicted"):
+        ttft = {pol: {n: runs[pol][side][n]["median_ttft_ms"] for n in ("chat", "batch")} for pol in POLICIES}
+        rows.append(
+            f"{side}: chats' median TTFT fcfs {ttft['fcfs']['chat']:,.0f} ms -> priority "
+            f"{ttft['priority']['chat']:,.0f} ms; batch {ttft['fcfs']['batch']:,.0f} -> "
+            f"{ttft['priority']['batch']:,.0f} ms"
+        )
+    text = "\n".join(rows)
+    print(text)
+    (args.out / "priority-check.json").write_text(json.dumps(body, indent=2) + "\n")
+    (args.out / "priority-check.md").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
