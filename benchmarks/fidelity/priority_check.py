@@ -1,11 +1,10 @@
-"""Priority scheduling checked on real vLLM (its CPU build): chats at priority 0 beside batch
-prompts at priority 10, vLLM under ``--scheduling-policy fcfs`` and ``priority``, each class's
-medians measured and predicted on the same requests.
+"""Priority scheduling checked on real servers: chats at priority 0 beside batch prompts at
+priority 10, the server under ``--scheduling-policy fcfs`` and ``priority``, each class's medians
+measured and predicted on the same requests. ``--server vllm`` (vLLM's CPU build; ``make vllm``
+builds it in ``.venv-vllm``) or ``--server stallfree`` (``stallfree serve``, the engine).
 
-``make vllm`` builds vLLM in ``.venv-vllm``. This script:
-
-1. saves a random-weight model (``--model``, fp32) and starts vLLM on it at its CPU defaults
-   (2,048 tokens a step, 128 sequences) with ``--scheduling-policy fcfs``;
+1. saves a random-weight model (``--model``, fp32) and starts the server on it at vLLM's CPU
+   defaults (2,048 tokens a step, 128 sequences) with ``--scheduling-policy fcfs``;
 2. profiles it as a black box (``stallfree profile --base-url``; reused with ``--skip-profile``);
 3. sizes the mix to ``--load`` x the highest rate the profile says it serves without a queue
    building up (the classes' rates scaled together);
@@ -17,16 +16,18 @@ medians measured and predicted on the same requests.
    whether the order is right: which class waits longer under each policy, and which policy
    serves the chats sooner.
 
-    make vllm && .venv/bin/python benchmarks/fidelity/priority_check.py            # ~35 min on 2 cores
-    .venv/bin/python benchmarks/fidelity/priority_check.py --skip-profile --num-requests 60
+    make vllm && .venv/bin/python benchmarks/fidelity/priority_check.py     # ~6 min on 2 cores
+    .venv/bin/python benchmarks/fidelity/priority_check.py --server stallfree --out out/priority-check-sf
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +42,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 from common.cli import stallfree
 from common.host import loadavg as load
 from common.host import machine
-from common.servers import vllm_serve
+from common.servers import Server, stallfree_serve, vllm_serve
 from fidelity.vllm_side_by_side import VLLM_DEFAULT, profile_server
 
 KEYS = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms")
 POLICIES = ("fcfs", "priority")
+STALLFREE_BLOCKS = 6000  # stallfree serve's KV cache, fixed (vLLM's is what its 2 GiB hold)
+
+
+@contextlib.contextmanager
+def served(args: argparse.Namespace, model_dir: Path, policy: str) -> Iterator[tuple[Server, int]]:
+    """The server under ``policy``, and its KV cache's blocks of 16 tokens."""
+    log = args.out / f"{args.server}-{policy}.log"
+    if args.server == "vllm":
+        with vllm_serve(model_dir, ["--scheduling-policy", policy], log=log) as server:
+            assert server.kv_cache_tokens is not None
+            yield server, server.kv_cache_tokens // 16
+        return
+    budget, seqs = VLLM_DEFAULT
+    flags = ["--model", str(model_dir), "--dtype", "float32", "--scheduling-policy", policy,
+             "--max-num-batched-tokens", str(budget), "--max-num-seqs", str(seqs),
+             "--num-blocks", str(STALLFREE_BLOCKS)]  # fmt: skip
+    with stallfree_serve(flags, log=log) as server:
+        yield server, STALLFREE_BLOCKS
 
 
 def classes_at(args: argparse.Namespace, scale: float) -> TrafficClasses:
@@ -105,6 +124,7 @@ def cell(measured: float | None, predicted: float | None) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("out/priority-check"))
+    parser.add_argument("--server", choices=("vllm", "stallfree"), default="vllm")
     parser.add_argument(
         "--model", default="random:small", help="a random-weight preset (default %(default)s)"
     )
@@ -121,14 +141,13 @@ def main() -> int:
     model_dir = args.out / f"{args.model.split(':')[-1]}-fp32"
     if not (model_dir / "config.json").exists():
         stallfree("save-model", args.model, str(model_dir), "--dtype", "float32")
-    profile = args.out / "vllm.profile.json"
-    rows = [f"machine: {machine()}, load {load()}; {args.num_requests} requests a run, seed {args.seed}"]
+    profile = args.out / f"{args.server}.profile.json"
+    rows = [
+        f"{args.server}; machine: {machine()}, load {load()}; {args.num_requests} requests a run, seed {args.seed}"
+    ]
     body: dict[str, Any] = {"runs": {}}
     for policy in POLICIES:
-        flags = ["--scheduling-policy", policy]
-        with vllm_serve(model_dir, flags, log=args.out / f"vllm-{policy}.log") as server:
-            assert server.kv_cache_tokens is not None
-            num_blocks = server.kv_cache_tokens // 16
+        with served(args, model_dir, policy) as (server, num_blocks):
             if policy == "fcfs" and not (args.skip_profile and profile.exists()):
                 profile_server(server.url, profile, model_dir)
             costs = CostChoice(kind="measured", profile=load_profile(profile))
