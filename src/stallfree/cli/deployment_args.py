@@ -128,6 +128,13 @@ def deployment_flags(d: Deployment) -> dict[str, Any]:
         )
         if a.scale_down_window_s != 300.0:  # only simulate has the flag; the default goes unsaid
             flags["scale_down_window_s"] = a.scale_down_window_s
+    if (t := d.kv_tiers) is not None:
+        flags.update(
+            kv_host_gb=t.host_gb,
+            kv_host_link=t.host_link,
+            kv_shared_gb=t.shared_gb,
+            kv_shared_link=t.shared_link,
+        )
     if (s := d.speculation) is not None:
         flags.update(
             acceptance_rate=",".join(repr(r) for r in s.acceptance.rates),

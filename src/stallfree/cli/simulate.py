@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from stallfree.sim import SimulationResult
     from stallfree.sim.deployment import Autoscale, Deployment, ReplicaGroup
     from stallfree.sim.disagg import Disaggregation
+    from stallfree.sim.kv_tiers import KvTierConfig
     from stallfree.sim.speculative import Acceptance
 
 _DESCRIPTION = """\
@@ -98,6 +99,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_deployment_file_arg(p.add_argument_group("deployment"))
     _add_fleet_args(p)
     _add_disaggregation_args(p)
+    _add_kv_tier_args(p)
     _add_model_args(p)
     _add_scheduler_args(p)
     workload = p.add_argument_group("workload")
@@ -216,6 +218,59 @@ def _add_disaggregation_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="tokens a prefill replica's step may hold (default --token-budget)",
     )
+
+
+def _add_kv_tier_args(p: argparse.ArgumentParser) -> None:
+    """The "KV tiers" group: a host tier per replica and a store the fleet shares, below the GPU's
+    prefix cache."""
+    from stallfree.costs.kv_transfer import HOST_LINKS, LINKS
+
+    t = p.add_argument_group("KV tiers (below each replica's GPU prefix cache; docs/kv-tiers.md)")
+    t.add_argument(
+        "--kv-host-gb",
+        type=positive_float,
+        metavar="GB",
+        help="host memory for KV a replica: every block cached on the GPU is written through, "
+        "evicted least recently used, loaded back over --kv-host-link when a prompt needs it",
+    )
+    t.add_argument(
+        "--kv-host-link",
+        default="pcie5",
+        metavar="LINK",
+        help=f"a GPU's link to host memory: {', '.join(HOST_LINKS)}, or GB/s a GPU (default %(default)s)",
+    )
+    t.add_argument(
+        "--kv-shared-gb",
+        type=positive_float,
+        metavar="GB",
+        help="a KV store the whole fleet shares (as LMCache or Mooncake Store): written through by "
+        "every replica, read over each replica's --kv-shared-link",
+    )
+    networks = ", ".join(name for name in LINKS if name != "nvlink")
+    t.add_argument(
+        "--kv-shared-link",
+        default="ib-400",
+        metavar="LINK",
+        help=f"a GPU's network link to the shared store: {networks}, or GB/s a GPU (default %(default)s)",
+    )
+
+
+def _kv_tiers(args: argparse.Namespace) -> KvTierConfig | None:
+    """The KV tiers the flags ask for (None without --kv-host-gb or --kv-shared-gb)."""
+    from stallfree.sim.kv_tiers import KvTierConfig
+
+    if args.kv_host_gb is None and args.kv_shared_gb is None:
+        for flag, default in (("kv_host_link", "pcie5"), ("kv_shared_link", "ib-400")):
+            if getattr(args, flag) != default:
+                tier = "--kv-host-gb" if flag == "kv_host_link" else "--kv-shared-gb"
+                raise UsageError(f"--{flag.replace('_', '-')} applies with {tier}")
+        return None
+    if args.autoscale is not None or args.disaggregate is not None:
+        raise UsageError("KV tiers run on one replica or a fleet: not with --autoscale or --disaggregate yet")
+    try:
+        return KvTierConfig(args.kv_host_gb, args.kv_host_link, args.kv_shared_gb, args.kv_shared_link)
+    except ValueError as exc:
+        raise UsageError(f"--kv-*: {exc}") from None
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -432,6 +487,7 @@ def _deployments(
     costs = cost_choice(args, **options)
     fleet = _fleet(args, costs) if args.fleet else ()
     autoscale = _autoscale(args)
+    kv_tiers = _kv_tiers(args)
     speculation = None
     if acceptance is not None:
         try:
@@ -456,7 +512,7 @@ def _deployments(
             fields = {"replicas": replicas, "fleet": fleet, "route_delay_ms": args.route_delay_ms}
             if not fleet:
                 fields["costs"] = asked
-            deployments.append(Deployment(**{**common, **fields}, autoscale=autoscale))
+            deployments.append(Deployment(**{**common, **fields}, autoscale=autoscale, kv_tiers=kv_tiers))
     return deployments, cost_model_note
 
 
@@ -622,6 +678,16 @@ def _scenario(
         "block_size": chunked.block_size,
         "num_blocks": chunked.num_blocks,
         "gpu_memory_utilization": args.gpu_memory_utilization,
+        **(
+            {
+                "kv_host_gb": args.kv_host_gb,
+                "kv_host_link": args.kv_host_link,
+                "kv_shared_gb": args.kv_shared_gb,
+                "kv_shared_link": args.kv_shared_link,
+            }
+            if args.kv_host_gb or args.kv_shared_gb
+            else {}
+        ),
     }
 
 

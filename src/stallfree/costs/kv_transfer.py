@@ -27,6 +27,13 @@ LINKS: dict[str, tuple[float | None, float, str]] = {
 """The ``--kv-link`` presets; a number instead names a link of that many GB/s a GPU."""
 DEFAULT_KV_LINK = "nvlink"
 
+HOST_LINKS: dict[str, tuple[float, float, str]] = {
+    # name: (bytes/s per GPU, one direction; latency s; what it is)
+    "pcie4": (32e9, 10e-6, "PCIe 4.0 x16 between a GPU and host memory: 32 GB/s nominal a direction"),
+    "pcie5": (64e9, 10e-6, "PCIe 5.0 x16 between a GPU and host memory: 64 GB/s nominal a direction"),
+}
+"""The ``--kv-host-link`` presets (a KV host tier's loads); a number instead names GB/s a GPU."""
+
 KV_CONNECTORS = {
     "nixl": "every prompt token's KV moves (vLLM's NixlConnector; SGLang's transfer backends)",
     "shared-storage": "the prompt's full blocks short of its last token move through files, the rest is "
@@ -64,6 +71,29 @@ def kv_link(name: str, hardware: HardwareSpec) -> KvLink:
     if not gb_per_s > 0:
         raise ValueError(f"a KV link's bandwidth must be positive, got {name} GB/s")
     return KvLink(f"{gb_per_s:g} GB/s", gb_per_s * 1e9, LINKS["ib-400"][1])
+
+
+def tier_link(name: str, *, host: bool) -> KvLink:
+    """A KV tier's link: to host memory (``host``: :data:`HOST_LINKS`) or to a shared store over
+    the network (:data:`LINKS` but NVLink), or ``GBPS``, GB/s a GPU."""
+    presets = {
+        n: (rate, latency_s)
+        for n, (rate, latency_s, _) in (HOST_LINKS if host else LINKS).items()
+        if rate is not None
+    }
+    if name in presets:
+        rate, latency_s = presets[name]
+        return KvLink(name, rate, latency_s)
+    try:
+        gb_per_s = float(name)
+    except ValueError:
+        raise ValueError(
+            f"unknown {'host' if host else 'shared store'} link {name!r}; choose from "
+            f"{', '.join(presets)} or give GB/s a GPU"
+        ) from None
+    if not 0 < gb_per_s < float("inf"):
+        raise ValueError(f"a KV tier link's bandwidth must be a positive number of GB/s, got {name}")
+    return KvLink(f"{gb_per_s:g} GB/s", gb_per_s * 1e9, next(iter(presets.values()))[1])
 
 
 def kv_transfer_bytes(model: ModelSpec, num_tokens: int, dtype_bytes: int) -> int:

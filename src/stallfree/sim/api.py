@@ -20,10 +20,11 @@ from typing import Any, cast
 import numpy as np
 
 from stallfree.core import ChunkedPolicy, Request, Scheduler
+from stallfree.core.kv_tiers import KvTiers
 from stallfree.core.router import Router, make_router
 from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostPick, pick_once
-from stallfree.costs.kv_transfer import kv_link, kv_transfer_bytes
+from stallfree.costs.kv_transfer import kv_link, kv_transfer_bytes, tier_link
 from stallfree.costs.measured import VariedSteps
 from stallfree.costs.memory import KvMemory, fixed_kv_memory, kv_memory
 from stallfree.costs.protocol import SteadyCostModel
@@ -32,6 +33,7 @@ from stallfree.sim.autoscaled import num_slots, run_autoscaled
 from stallfree.sim.deployment import Deployment
 from stallfree.sim.disagg import Disaggregation, disaggregated_summary, run_disaggregated
 from stallfree.sim.fleet import run_fleet
+from stallfree.sim.kv_tiers import KvTierConfig, TierLoads, tier_summary
 from stallfree.sim.speculative import DraftStats, DraftVerifier, draft_pricer
 from stallfree.sim.traffic import StepTrace, TrafficReplica, TrafficRun, run_traffic
 from stallfree.workload import Workload, WorkloadArrays, sample
@@ -108,6 +110,12 @@ def simulate(
     ``summary["classes"]`` scores each class as the run is scored (its goodput by its own SLOs),
     and ``class_itl`` holds each class's ITL samples.
 
+    KV tiers (``deployment.kv_tiers``, one replica or a fleet): the summary adds ``kv_tiers``
+    (each tier's capacity, link, tokens it supplied and their share of those looked up, bytes
+    loaded, blocks written and evicted; the loads' waits: :func:`~stallfree.sim.kv_tiers.tier_summary`),
+    ``kv_host_hit_rate``, ``kv_shared_hit_rate`` and ``mean_kv_load_wait_ms``; the prefix cache's
+    keys stay the GPU's.
+
     Disaggregated: the summary is the client's, plus ``disaggregation`` (the pools and the KV's
     trips: :func:`~stallfree.sim.disagg.disaggregated_summary`).
     """
@@ -149,6 +157,7 @@ def simulate(
             stop,
             drafts,
             on_finished,
+            deployment.kv_tiers,
         )
     pick = picks[0]
     kv = kvs[id(pick)]
@@ -156,6 +165,7 @@ def simulate(
     scheduler = serving.make_scheduler(
         pick.model.max_position_embeddings, kv.num_blocks, predictor=pick.pricer.step_time_s
     )
+    tiers = _tier_loads(deployment.kv_tiers, serving, [pick], [scheduler])
     run = run_traffic(
         scheduler,
         _varied(pick, step_noise, step_scales, seed),
@@ -166,10 +176,13 @@ def simulate(
         stop=stop,
         drafts=drafts[0] if drafts else None,
         on_finished=on_finished,
+        tiers=tiers[0] if tiers else None,
     )
     if not run.records and not run.stopped:
         raise ValueError("no request could run: the workload is empty")
     summary = _summary(run, serving, [scheduler], kv, goodput)
+    if tiers:
+        summary.update(tier_summary(tiers, summary["prefix_cache_queried_tokens"]))
     return SimulationResult(
         serving.policy, summary, run.records, run.itl, kv, run.steps, run.stopped, run.class_itl
     )
@@ -232,15 +245,17 @@ def _simulate_fleet(
     stop: Callable[[], bool] | None,
     drafts: list[DraftVerifier] | None,
     on_finished: Callable[[str, float], None] | None = None,
+    kv_tiers: KvTierConfig | None = None,
 ) -> SimulationResult:
     """``replicas``: each one's pricing and KV cache; ``fleet`` = (router, routing delay s); ``how``
-    = (fast, step_noise, step_scales, seed)."""
+    = (fast, step_noise, step_scales, seed); ``kv_tiers``: the tiers below each replica's GPU cache."""
     (router, delay_s), (fast, step_noise, step_scales, seed) = fleet, how
     schedulers = [
         serving.make_scheduler(p.model.max_position_embeddings, kv.num_blocks, predictor=p.pricer.step_time_s)
         for p, kv in replicas
     ]
     costs = [_varied(p, step_noise, step_scales, seed + i) for i, (p, _) in enumerate(replicas)]
+    tiers = _tier_loads(kv_tiers, serving, [p for p, _ in replicas], schedulers)
     run = run_fleet(
         schedulers,
         costs,
@@ -252,6 +267,7 @@ def _simulate_fleet(
         route_delay_s=delay_s,
         drafts=drafts,
         on_finished=on_finished,
+        tiers=tiers,
     )
     if not run.records and not run.stopped:
         raise ValueError("no request could run: the workload is empty")
@@ -275,8 +291,44 @@ def _simulate_fleet(
         load_imbalance=run.load_imbalance,
         replicas=each,
     )
+    if tiers:
+        summary.update(tier_summary(tiers, summary["prefix_cache_queried_tokens"]))
     class_itl = _merged_class_itl(run.runs)
     return SimulationResult(serving.policy, summary, run.records, run.itl, kv, None, run.stopped, class_itl)
+
+
+def _tier_loads(
+    config: KvTierConfig | None,
+    serving: ServingConfig,
+    picks: Sequence[CostPick],
+    schedulers: Sequence[Scheduler],
+) -> list[TierLoads] | None:
+    """Each replica's KV tiers (its host tier, the one shared store) and their links, sized in
+    blocks of the model's KV layout; None without tiers."""
+    if config is None:
+        return None
+    if not serving.enable_prefix_caching:
+        raise ValueError("KV tiers keep the prefix cache's blocks: not with prefix caching off")
+    size = serving.block_size
+    links = (tier_link(config.host_link, host=True), tier_link(config.shared_link, host=False))
+    shared = config.make_shared(kv_transfer_bytes(picks[0].model, size, picks[0].dtype_bytes))
+    loads = []
+    for pick, scheduler in zip(picks, schedulers, strict=True):
+        tiers = KvTiers(config.make_host(kv_transfer_bytes(pick.model, size, pick.dtype_bytes)), shared)
+        loads.append(TierLoads(scheduler, tiers, links, _kv_price(pick)))
+    return loads
+
+
+def _kv_price(pick: CostPick) -> Callable[[int], tuple[int, float]]:
+    """A replica's KV of ``n`` tokens: its bytes, and its seconds on links of 1 byte/s a GPU (its
+    ``tp`` GPUs each move their shard)."""
+    model, dtype_bytes, tp = pick.model, pick.dtype_bytes, pick.tp
+
+    def price(num_tokens: int) -> tuple[int, float]:
+        num_bytes = kv_transfer_bytes(model, num_tokens, dtype_bytes)
+        return num_bytes, num_bytes / tp
+
+    return price
 
 
 def _merged_class_itl(runs: Iterable[TrafficRun]) -> dict[str, ItlAccumulator]:

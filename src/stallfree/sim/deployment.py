@@ -27,6 +27,7 @@ from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice
 from stallfree.costs.kv_transfer import DEFAULT_KV_LINK, KV_CONNECTORS, PoolShape
 from stallfree.sim.disagg import Disaggregation
+from stallfree.sim.kv_tiers import KvTierConfig
 from stallfree.sim.speculative import DRAFT_METHODS, Acceptance
 
 ROOFLINE = CostChoice(kind="full")  # simulate's default: the full roofline of the default model
@@ -136,7 +137,9 @@ class Deployment:
     replica ``route_delay_ms`` after it arrives; or ``fleet``: groups of replicas that differ in
     hardware and TP, priced as ``costs`` says otherwise; or ``disaggregate``: prefill and decode
     pools (the pools' TPs are its shape's; ``router`` picks a replica in each pool).
-    ``speculation`` goes with ``serving.num_speculative_tokens`` > 0 and only with it."""
+    ``speculation`` goes with ``serving.num_speculative_tokens`` > 0 and only with it. ``kv_tiers``:
+    a host tier per replica and a store the fleet shares, below each GPU's prefix cache
+    (:mod:`stallfree.sim.kv_tiers`; one replica or a fleet)."""
 
     costs: CostChoice = ROOFLINE
     serving: ServingConfig = field(default_factory=ServingConfig)
@@ -148,6 +151,7 @@ class Deployment:
     disaggregate: Disaggregation | None = None
     speculation: Speculation | None = None
     autoscale: Autoscale | None = None
+    kv_tiers: KvTierConfig | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -177,6 +181,10 @@ class Deployment:
             if k or self.serving.policy != "chunked":
                 raise ValueError("a disaggregated run's pools schedule as the chunked policy, without drafts")
 
+        if self.kv_tiers is not None and (self.disaggregate is not None or self.autoscale is not None):
+            raise ValueError(
+                "KV tiers run on one replica or a fleet: not with disaggregation or an autoscaler yet"
+            )
         if (a := self.autoscale) is not None:
             if self.fleet or self.disaggregate is not None:
                 raise ValueError("an autoscaled fleet is of one kind of replica: no replica groups or pools")
@@ -236,6 +244,8 @@ class Deployment:
             }
         if self.autoscale is not None:
             out["autoscale"] = dataclasses.asdict(self.autoscale)
+        if self.kv_tiers is not None:
+            out["kv_tiers"] = dataclasses.asdict(self.kv_tiers)
         if (s := self.speculation) is not None:
             out["speculation"] = {
                 "acceptance_rates": list(s.acceptance.rates),
@@ -264,6 +274,8 @@ class Deployment:
                 )
             if data.get("autoscale") is not None:
                 fields["autoscale"] = Autoscale(**_section(data, "autoscale", Autoscale))
+            if data.get("kv_tiers") is not None:
+                fields["kv_tiers"] = KvTierConfig(**_section(data, "kv_tiers", KvTierConfig))
             if (d := data.get("disaggregate")) is not None:
                 fields["disaggregate"] = _disaggregation(d)
             if (s := data.get("speculation")) is not None:

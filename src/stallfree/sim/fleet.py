@@ -22,6 +22,7 @@ from stallfree.core.router import Router
 from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord
 from stallfree.sim.driver import ArrivalQueue, SimClock, drive
+from stallfree.sim.kv_tiers import TieredReplica, TierLoads
 from stallfree.sim.speculative import DraftVerifier
 from stallfree.sim.traffic import TrafficReplica, TrafficRun
 
@@ -48,7 +49,7 @@ class FleetRun:
 class DelayedReplica:
     """A replica whose requests reach it ``delay_s`` after they are routed to it."""
 
-    def __init__(self, inner: TrafficReplica, delay_s: float) -> None:
+    def __init__(self, inner: TrafficReplica | TieredReplica, delay_s: float) -> None:
         self.inner = inner
         self._delay_s = delay_s
         self._on_the_way: deque[tuple[float, Request]] = deque()  # (due, request), in due order
@@ -100,12 +101,14 @@ def run_fleet(
     route_delay_s: float = 0.0,
     drafts: Sequence[DraftVerifier] | None = None,
     on_finished: Callable[[str, float], None] | None = None,
+    tiers: Sequence[TierLoads] | None = None,
 ) -> FleetRun:
     """Route ``requests`` (ordered by arrival, or an :class:`~stallfree.sim.driver.ArrivalQueue`)
     over one replica per scheduler, each priced by its cost model, until all are done (or
     ``stop``); each reaches its replica ``route_delay_s`` after it arrives. ``drafts``: one draft
     verifier per replica (speculative decoding). ``on_finished(request_id, end_s)``: called as
-    each request finishes, whichever replica ran it."""
+    each request finishes, whichever replica ran it. ``tiers``: each replica's KV tiers below its
+    GPU cache (:class:`~stallfree.sim.kv_tiers.TieredReplica`)."""
     if not (route_delay_s >= 0 and route_delay_s < float("inf")):
         raise ValueError(f"the routing delay must be a finite number >= 0, got {route_delay_s}")
     cuttable = len(schedulers) > 1  # one replica is told each arrival ahead (drive)
@@ -116,8 +119,11 @@ def run_fleet(
         )
         for s, c, d in zip(schedulers, cost_models, verifiers, strict=True)
     ]
-    delayed = [DelayedReplica(r, route_delay_s) for r in traffic] if route_delay_s > 0 else []
-    replicas: Sequence[TrafficReplica | DelayedReplica] = delayed or traffic
+    inner: Sequence[TrafficReplica | TieredReplica] = (
+        traffic if tiers is None else [TieredReplica(r, t) for r, t in zip(traffic, tiers, strict=True)]
+    )
+    delayed = [DelayedReplica(r, route_delay_s) for r in inner] if route_delay_s > 0 else []
+    replicas: Sequence[TrafficReplica | TieredReplica | DelayedReplica] = delayed or inner
     order: dict[str, int] = {}
 
     def route(request: Request) -> int:

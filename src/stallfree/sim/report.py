@@ -36,6 +36,16 @@ def _kv_line(sc: dict[str, Any]) -> str:
     )
 
 
+def _tiers_line(sc: dict[str, Any]) -> str:
+    """The KV tiers below each replica's GPU cache (docs/kv-tiers.md)."""
+    parts = []
+    if sc.get("kv_host_gb"):
+        parts.append(f"a host tier of {sc['kv_host_gb']:,g} GB a replica over {sc['kv_host_link']}")
+    if sc.get("kv_shared_gb"):
+        parts.append(f"a shared store of {sc['kv_shared_gb']:,g} GB over {sc['kv_shared_link']} a GPU")
+    return "KV tiers: " + " and ".join(parts) + "; every block cached on a GPU written through, LRU"
+
+
 def describe_workload(workload: Workload) -> str:
     """The arrivals and lengths in a few words (the table's third line)."""
     arrivals, lengths = workload.arrivals, workload.lengths
@@ -109,6 +119,9 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
     ("sched. delay p99 (ms)", "p99_scheduling_delay_ms", "{:,.1f}"),
     ("preemptions", "num_preemptions", "{:,}"),
     ("prefix cache hits", "prefix_cache_hit_rate", "{:.1%}"),
+    ("  + host tier hits", "kv_host_hit_rate", "{:.1%}"),
+    ("  + shared store hits", "kv_shared_hit_rate", "{:.1%}"),
+    ("  KV load wait mean (ms)", "mean_kv_load_wait_ms", "{:,.1f}"),
     ("  requests with a hit", "prefix_cache_hit_requests", "{:.1%}"),
     ("  TTFT p50 ms, >1/2 hit", "median_ttft_ms_mostly_cached", "{:,.1f}"),
     ("  TTFT p50 ms, the rest", "median_ttft_ms_mostly_computed", "{:,.1f}"),
@@ -129,6 +142,9 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
 _OPTIONAL_ROWS = {
     "request_goodput",
     "prefix_cache_hit_rate",
+    "kv_host_hit_rate",
+    "kv_shared_hit_rate",
+    "mean_kv_load_wait_ms",
     "prefix_cache_hit_requests",
     "median_ttft_ms_mostly_cached",
     "median_ttft_ms_mostly_computed",
@@ -158,6 +174,7 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
         + (", queues by priority" if sc.get("scheduling_policy") == "priority" else ""),
         *([_speculative_line(sc)] if sc.get("num_speculative_tokens") else []),
         _kv_line(sc),
+        *([_tiers_line(sc)] if sc.get("kv_host_gb") or sc.get("kv_shared_gb") else []),
         f"{sc['num_requests']:,} requests: {sc['workload']}, seed {sc['seed']}",
         *(_fleet_lines(sc) if sc.get("replicas", 1) > 1 or sc.get("route_delay_ms") else []),
         "",

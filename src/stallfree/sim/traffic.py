@@ -39,6 +39,7 @@ from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord
 from stallfree.sim.driver import ArrivalQueue, SimClock, drive
 from stallfree.sim.itl import ItlSamples
+from stallfree.sim.kv_tiers import TieredReplica, TierLoads
 from stallfree.sim.speculative import DraftStats, DraftVerifier
 
 
@@ -339,6 +340,7 @@ def run_traffic(
     stop: Callable[[], bool] | None = None,
     drafts: DraftVerifier | None = None,
     on_finished: Callable[[str, float], None] | None = None,
+    tiers: TierLoads | None = None,
 ) -> TrafficRun:
     """Run ``requests`` (ordered by ``arrival_time_s``, or an
     :class:`~stallfree.sim.driver.ArrivalQueue`) through ``scheduler`` until all are done.
@@ -350,6 +352,8 @@ def run_traffic(
     with the records of the requests finished so far and ``duration_s`` the clock at the stop.
     ``drafts``: what verifies the drafts of a scheduler that plans them (speculative decoding).
     ``on_finished(request_id, end_s)``: called as each request finishes (a queue's dependents).
+    ``tiers``: KV tiers below the GPU's cache, each request first loading what they hold of it
+    (:class:`~stallfree.sim.kv_tiers.TieredReplica`).
     """
     replica = TrafficReplica(
         scheduler,
@@ -361,8 +365,17 @@ def run_traffic(
         on_finished=on_finished,
     )
     clock = SimClock()
-    stopped = drive(clock, requests, [replica], stop=stop)
-    return replica.result(clock.now(), stopped)
+    if tiers is None:
+        stopped = drive(clock, requests, [replica], stop=stop)
+        return replica.result(clock.now(), stopped)
+    stopped = drive(clock, requests, [TieredReplica(replica, tiers)], stop=stop)
+    run = replica.result(clock.now(), stopped)
+    run.records.sort(key=_arrival_s)  # a request joins the queue once loaded: back in arrival order
+    return run
+
+
+def _arrival_s(record: RequestRecord) -> float:
+    return record.arrival_s
 
 
 def _steady_ends(
