@@ -32,6 +32,8 @@ TESTS = [
     "tests/test_sim_time_budget.py",
     "tests/test_core_scheduler.py",
     "tests/test_core_prefix_cache.py",
+    "tests/test_core_kv_tiers.py",
+    "tests/test_sim_kv_tiers.py",
     "tests/test_core_router.py",
     "tests/test_costs_aiconfigurator.py",
     "tests/test_explain.py",

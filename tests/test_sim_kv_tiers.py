@@ -82,6 +82,25 @@ def test_the_tiers_give_back_what_the_gpu_evicted_and_the_fast_path_equals_the_s
     assert s["mean_ttft_ms"] < off.summary["mean_ttft_ms"]
 
 
+def test_a_fleet_with_a_route_delay_loads_and_its_fast_path_equals_the_slow_one() -> None:
+    """Loads that land while other replicas step, requests that reach their replica late: a
+    replica's steady runs are cut where a load lands, as where a request arrives."""
+    tiers = KvTierConfig(host_gb=50, shared_gb=400)
+    deployment = Deployment(
+        costs=COSTS,
+        serving=replace(SERVING, num_blocks=3000),
+        replicas=3,
+        router="cache-aware",
+        route_delay_ms=2.0,
+        kv_tiers=tiers,
+    )
+    fast = simulate(MOONCAKE, deployment, num_requests=300)
+    slow = simulate(MOONCAKE, deployment, num_requests=300, fast=False)
+    assert fast.records == slow.records
+    t = fast.summary["kv_tiers"]
+    assert t["num_loads"] > 0 and t["host"]["hit_tokens"] > 0 and t["shared"]["hit_tokens"] > 0
+
+
 def _units_held(tier: dict[str, Any]) -> int:
     """The blocks a tier holds at the end: written and not evicted (its capacity at most)."""
     held = tier["stored_blocks"] - tier["evicted_blocks"]
