@@ -103,33 +103,41 @@ def test_blocks_move_between_the_tiers_without_loss_or_duplication(
     """Random prompts (ids that repeat, so prefixes are shared) run one after another through a
     small GPU pool with both tiers small: eviction at every level. Each tier holds exactly what
     was written through and not evicted; a lookup past the GPU hit finds, tier by tier, exactly
-    the blocks each holds; a request's freshly cached units are in both tiers."""
+    the blocks each holds; what it found lands in the GPU's cache right after the hit (as much as
+    fits), is taken by the request's admission and counted once, by the tier it came from; a
+    request's freshly cached units are in both tiers."""
     bm = BlockManager(BLOCK, gpu, enable_prefix_caching=True)
     host_tier, shared_tier = KvTier("host", host), KvTier("shared", shared)
-    bm.tiers = KvTiers(host_tier, shared_tier)
+    tiers = KvTiers(host_tier, shared_tier)
+    bm.tiers = tiers
     reference = {"host": ReferenceTier(host), "shared": ReferenceTier(shared)}
     for i, prompt in enumerate(prompts):
-        keys = _keys(prompt, per_id)
-        tokens = len(keys) * BLOCK
+        keys, rid = _keys(prompt, per_id), str(i)
+        tokens, per = len(keys) * BLOCK, keys.blocks_per_unit
+        on_gpu = len(bm.match(keys, len(keys)))
+        want_host = _held_run(host_tier, keys, on_gpu, len(keys))
+        want_shared = _held_run(shared_tier, keys, on_gpu + want_host, len(keys))
+        assert bm.tier_hits(keys, on_gpu, len(keys)) == (want_host, want_shared)
+        assert _reference_lookup(reference["host"], keys, on_gpu) == want_host
+        assert _reference_lookup(reference["shared"], keys, on_gpu + want_host) == want_shared
+        bm.stage(rid, keys, (on_gpu, on_gpu + want_host, on_gpu + want_host + want_shared))
+        landed = bm.land_staged(rid)
         hit = bm.match(keys, len(keys))
-        want_host = _held_run(host_tier, keys, len(hit), len(keys))
-        want_shared = _held_run(shared_tier, keys, len(hit) + want_host, len(keys))
-        assert bm.tier_hits(keys, len(hit), len(keys)) == (want_host, want_shared)
-        assert _reference_lookup(reference["host"], keys, len(hit)) == want_host
-        assert _reference_lookup(reference["shared"], keys, len(hit) + want_host) == want_shared
+        assert landed <= want_host + want_shared and len(hit) >= on_gpu + landed
+        _written(reference, keys, on_gpu, on_gpu + landed)
         need = bm.blocks_for(tokens) - len(hit) + bm.num_evictable(hit)
         if not bm.can_allocate(need):
+            bm.free(rid)  # not admitted: what landed stays cached, counted for no one
             continue
-        rid = str(i)
+        counted = sum(tiers.num_hit_blocks)
         if hit:
             bm.take_cached(rid, hit)
+        assert sum(tiers.num_hit_blocks) == counted + landed  # all it landed, once
         bm.allocate(rid, tokens)
         bm.cache_blocks(rid, keys, tokens)
-        per = keys.blocks_per_unit
-        for j in range(len(hit) // per, (len(keys) - 1) // per + 1 if len(hit) < len(keys) else 0):
-            for ref in reference.values():
-                ref.store(keys.unit(j), min(len(keys), (j + 1) * per) - j * per)
+        _written(reference, keys, len(hit), len(keys))
         bm.free(rid)
+        assert bm.num_used_blocks == 0 and bm.num_free_blocks == gpu  # every GPU block back
         for tier in (host_tier, shared_tier):
             ref = reference[tier.name]
             assert tier.units() == list(ref.units.items())
@@ -137,6 +145,15 @@ def test_blocks_move_between_the_tiers_without_loss_or_duplication(
             assert tier.num_stored_blocks == tier.num_used_blocks + tier.num_evicted_blocks
             if len(hit) < len(keys):  # this request wrote its last unit through: the newest
                 assert tier.units()[-1][0] == keys.unit((len(keys) - 1) // per)
+
+
+def _written(reference: dict[str, ReferenceTier], keys: BlockKeys, lo: int, hi: int) -> None:
+    """Write-through as the reference sees it: blocks ``lo``..``hi - 1`` newly cached, each unit
+    they touch stored with its blocks before ``hi``."""
+    per = keys.blocks_per_unit
+    for j in range(lo // per, (hi - 1) // per + 1 if lo < hi else 0):
+        for ref in reference.values():
+            ref.store(keys.unit(j), min(hi, (j + 1) * per) - j * per)
 
 
 def _reference_lookup(reference: ReferenceTier, keys: BlockKeys, start: int) -> int:
@@ -179,3 +196,46 @@ def test_without_tiers_the_block_manager_finds_nothing_below_the_gpu() -> None:
     bm.allocate("a", 8)
     bm.cache_blocks("a", keys, 8)
     assert bm.tier_hits(keys, 0, 2) == (0, 0)
+
+
+def _evicted_prompt(gpu: int, host: int, shared: int) -> tuple[BlockManager, KvTiers, BlockKeys]:
+    """A six-block prompt cached, freed, then evicted from the GPU by another prompt's blocks."""
+    bm = BlockManager(BLOCK, gpu, enable_prefix_caching=True)
+    tiers = KvTiers(KvTier("host", host), KvTier("shared", shared))
+    bm.tiers = tiers
+    keys = _keys([1, 2, 3, 4, 5, 6], BLOCK)
+    bm.allocate("a", 24)
+    bm.cache_blocks("a", keys, 24)
+    bm.free("a")
+    bm.allocate("b", gpu * BLOCK)
+    bm.cache_blocks("b", _keys([9] * gpu, BLOCK), gpu * BLOCK)
+    bm.free("b")
+    assert bm.match(keys, 6) == []
+    return bm, tiers, keys
+
+
+def test_loaded_blocks_land_after_the_gpu_hit_and_count_by_tier_when_admitted() -> None:
+    bm, tiers, keys = _evicted_prompt(gpu=8, host=8, shared=16)
+    # b's eight blocks took the whole host tier; the store kept a's six
+    assert bm.tier_hits(keys, 0, 6) == (0, 6)
+    bm.stage("c", keys, (0, 0, 6))
+    assert bm.land_staged("c") == 6 and len(bm.match(keys, 6)) == 6
+    assert bm.num_free_blocks == 8  # landed blocks are cached and evictable until taken
+    bm.take_cached("c", bm.match(keys, 4))  # admitted with a hit of four of them
+    assert tiers.num_hit_blocks == [0, 4]
+    assert bm.land_staged("c") == 0  # counted once: admitted, nothing is staged any more
+
+
+def test_loaded_blocks_land_only_after_a_hit_that_still_reaches_them_and_where_there_is_room() -> None:
+    bm, tiers, keys = _evicted_prompt(gpu=8, host=8, shared=16)
+    bm.stage("c", keys, (2, 4, 6))  # loaded past a hit of two blocks the GPU no longer holds
+    assert bm.land_staged("c") == 0 and bm.match(keys, 6) == []
+    bm.allocate("held", 5 * BLOCK)  # five blocks in use: three free
+    bm.stage("d", keys, (0, 2, 6))
+    assert bm.land_staged("d", reserve=1) == 2  # two fit above the reserve
+    bm.take_cached("d", bm.match(keys, 6))
+    assert tiers.num_hit_blocks == [2, 0]  # both from before the split: the host tier's
+    bm.free("d")
+    bm.stage("e", keys, (0, 2, 6))
+    bm.free("e")  # gone before it was admitted: nothing stays staged
+    assert bm.land_staged("e") == 0

@@ -29,8 +29,11 @@ are those of the request that cached it, and how far two chains agree is found b
 
 KV tiers (:mod:`stallfree.core.kv_tiers`, optional): every block the cache takes in is written
 through to the replica's host tier and the fleet's shared store, by the units of its keys; a
-request's blocks past its GPU hit that the tiers hold are :meth:`BlockManager.tier_hits`. Without
-tiers nothing here changes.
+request's blocks past its GPU hit that the tiers hold are :meth:`BlockManager.tier_hits`; once
+loaded they wait (:meth:`~BlockManager.stage`) until the request is about to be admitted, then
+:meth:`~BlockManager.land` in the cache after its GPU hit, where its admission finds them as
+cached blocks, counted by the tier they came from (``KvTiers.num_hit_blocks``). Without tiers
+nothing here changes.
 """
 
 from __future__ import annotations
@@ -196,6 +199,11 @@ class BlockManager:
         self._duplicates: dict[str, list[int]] = {}
         self._tip: dict[str, _Run] = {}
         self.tiers: KvTiers | None = None  # written through as blocks are cached (None: no tiers)
+        # requests whose blocks were loaded from the tiers, until admitted: their keys and the
+        # blocks loaded (first, first from the shared store, past the last); then those that
+        # landed in the cache (the same, past the GPU's hit as it was then)
+        self._staged: dict[str, tuple[BlockKeys, tuple[int, int, int]]] = {}
+        self._landed: dict[str, tuple[int, int, int]] = {}
 
     def blocks_for(self, num_tokens: int) -> int:
         return ceil_div(num_tokens, self.block_size)
@@ -284,6 +292,10 @@ class BlockManager:
     def free(self, request_id: str) -> None:
         """Release every block of ``request_id`` (no-op if it holds none); cached blocks no one
         else holds become evictable, its last blocks first."""
+        if self._staged:
+            self._staged.pop(request_id, None)
+        if self._landed:
+            self._landed.pop(request_id, None)
         table = self._tables.pop(request_id, None)
         num_keyed = self._num_keyed.pop(request_id, 0)
         holds = self._holds.pop(request_id, [])
@@ -352,6 +364,8 @@ class BlockManager:
         """Start ``request_id``'s (empty) table with cached ``blocks`` from :meth:`match`."""
         if self._tables.get(request_id):
             raise RuntimeError(f"request {request_id}: cached blocks go first in an empty table")
+        if self._landed and request_id in self._landed:
+            self._count_landed(request_id, len(blocks))
         holds = []
         for run, num in self._spans(blocks):
             taken = num - run.held()
@@ -417,6 +431,57 @@ class BlockManager:
         host = 0 if tiers.host is None else _tier_run(tiers.host, keys, start, limit)
         shared = 0 if tiers.shared is None else _tier_run(tiers.shared, keys, start + host, limit)
         return host, shared
+
+    def stage(self, request_id: str, keys: BlockKeys, span: tuple[int, int, int]) -> None:
+        """Blocks ``start``..``end - 1`` of ``keys`` were loaded from the tiers for ``request_id``
+        (``span`` = (start, the first from the shared store, end)): they wait to :meth:`land`
+        until it is about to be admitted (vLLM allocates a request's blocks as it schedules it)."""
+        self._staged[request_id] = (keys, span)
+
+    def land_staged(self, request_id: str, reserve: int = 0) -> int:
+        """:meth:`land` what was loaded for ``request_id``, if anything was (0 otherwise)."""
+        staged = self._staged.get(request_id)
+        return 0 if staged is None else self.land(request_id, staged[0], staged[1], reserve)
+
+    def land(self, request_id: str, keys: BlockKeys, span: tuple[int, int, int], reserve: int = 0) -> int:
+        """Cache blocks ``start``..``end - 1`` of ``keys``, loaded from the tiers for ``request_id``
+        (``span`` = (start, the first from the shared store, end)), after the GPU's hit, as a freed
+        request's (evictable, the most recently freed), and count those of them its admission
+        starts from. Only past the hit as it is now: none if it no longer reaches ``start`` (a
+        block before them was evicted while they waited), and as many as the free blocks (less
+        ``reserve``) hold. Returns how many landed."""
+        start, split, end = span
+        hits = self.match(keys, end)
+        lo = len(hits)
+        if lo < start or lo >= end:
+            return 0
+        hi = end
+        free = self.num_free_blocks
+        if free is not None:
+            hi = min(end, lo + free - reserve - self.num_evictable(hits))
+            if hi <= lo:
+                return 0
+        holder = "\0landing"  # no request's id: its blocks are freed at once
+        if hits:
+            self.take_cached(holder, hits)
+        self.allocate(holder, hi * self.block_size)
+        self.cache_blocks(holder, keys, hi * self.block_size)
+        self.free(holder)
+        before = self._landed.get(request_id)  # landed before, some since evicted: one span
+        self._landed[request_id] = (
+            (lo, split, hi) if before is None else (min(lo, before[0]), split, max(hi, before[2]))
+        )
+        return hi - lo
+
+    def _count_landed(self, request_id: str, num_hit: int) -> None:
+        """``request_id`` is admitted with a hit of ``num_hit`` blocks: count those that landed
+        for it, by the tier they came from."""
+        lo, split, hi = self._landed.pop(request_id)
+        self._staged.pop(request_id, None)
+        if self.tiers is not None:
+            counts = self.tiers.num_hit_blocks
+            counts[0] += max(0, min(num_hit, split, hi) - lo)
+            counts[1] += max(0, min(num_hit, hi) - max(lo, split))
 
     def _next_start(self, keys: BlockKeys, lo: int, hi: int) -> int:
         """The first of keys ``lo``..``hi - 1`` that starts a run (a run starting at ``j`` starts at key

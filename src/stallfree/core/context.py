@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from stallfree.core.config import SchedulerConfig
+from stallfree.core.config import PRIORITY_PREEMPTION_THRESHOLD, SchedulerConfig
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.state import SchedulerState, Sequence
 
@@ -209,6 +209,8 @@ class StepContext:
             return 0
         seq = state.waiting[0]
         bm = state.block_manager
+        if bm.tiers is not None:  # KV loaded from the tiers goes into the cache as it is admitted
+            bm.land_staged(seq.request_id, state.watermark_blocks)
         hits = state.cached_prefix(seq)
         num_cached = len(hits) * bm.block_size
         start = max(num_cached, _external(seq))  # KV that came with it costs no budget either
@@ -268,6 +270,43 @@ class StepContext:
         if victim is not seq and victim.request_id in self._scheduled:
             self._unschedule(victim)
         return victim
+
+    @property
+    def preempts_to_admit(self) -> bool:
+        """A waiting request may preempt running ones to be admitted (``sglang-priority``)."""
+        return self._config.scheduling_policy == "sglang-priority"
+
+    def preempt_for_head(self) -> bool:
+        """SGLang's priority preemption: when the waiting queue's head finds too few KV blocks,
+        preempt running requests whose priority is more than
+        :data:`~stallfree.core.config.PRIORITY_PREEMPTION_THRESHOLD` below its own, lowest first,
+        if together they hold the blocks it lacks (none is preempted otherwise); True if any was.
+        A victim in this plan leaves it, unless its chunk filled a block (see :meth:`_victim`)."""
+        state = self._state
+        bm = state.block_manager
+        if not state.waiting or bm.num_blocks is None:
+            return False
+        head = state.waiting[0]
+        hits = state.cached_prefix(head)
+        whole = bm.blocks_for(head.num_known_tokens) - len(hits) + bm.num_evictable(hits)
+        lacking = whole + state.watermark_blocks - (bm.num_free_blocks or 0)
+        if lacking <= 0:
+            return False  # held back by something else (a sequence slot)
+        floor = head.request.priority + PRIORITY_PREEMPTION_THRESHOLD
+        below = [v for v in state.running if v.request.priority > floor and not self._fills_block(v)]
+        chosen: list[Sequence] = []
+        for victim in sorted(below, key=_victim_key, reverse=True):
+            if lacking <= 0:
+                break
+            chosen.append(victim)
+            lacking -= len(bm.block_table(victim.request_id))
+        if lacking > 0:
+            return False
+        for victim in chosen:
+            if victim.request_id in self._scheduled:
+                self._unschedule(victim)
+            self._preempt(victim)
+        return True
 
     def _fills_block(self, seq: Sequence) -> bool:
         """``seq``'s chunk in this plan fills a block (one the prefix cache may now hold)."""

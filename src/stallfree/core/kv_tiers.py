@@ -79,15 +79,17 @@ class KvTier:
 
 class KvTiers:
     """The tiers below one replica's GPU pool: its own ``host`` tier and the fleet's ``shared``
-    store (the same object in every replica), either of them absent."""
+    store (the same object in every replica), either of them absent; ``num_hit_blocks``: the
+    blocks loaded from each (host, shared) that this replica's requests started from."""
 
-    __slots__ = ("host", "shared")
+    __slots__ = ("host", "num_hit_blocks", "shared")
 
     def __init__(self, host: KvTier | None = None, shared: KvTier | None = None) -> None:
         if host is None and shared is None:
             raise ValueError("KV tiers: give a host tier, a shared store or both")
         self.host = host
         self.shared = shared
+        self.num_hit_blocks = [0, 0]
 
     def store(self, key: int, num_blocks: int) -> None:
         """Write the first ``num_blocks`` blocks of unit ``key`` through to every tier."""

@@ -110,11 +110,11 @@ def simulate(
     ``summary["classes"]`` scores each class as the run is scored (its goodput by its own SLOs),
     and ``class_itl`` holds each class's ITL samples.
 
-    KV tiers (``deployment.kv_tiers``, one replica or a fleet): the summary adds ``kv_tiers``
-    (each tier's capacity, link, tokens it supplied and their share of those looked up, bytes
-    loaded, blocks written and evicted; the loads' waits: :func:`~stallfree.sim.kv_tiers.tier_summary`),
-    ``kv_host_hit_rate``, ``kv_shared_hit_rate`` and ``mean_kv_load_wait_ms``; the prefix cache's
-    keys stay the GPU's.
+    KV tiers (``deployment.kv_tiers``, one replica or a fleet): the prefix cache's keys count the
+    blocks loaded from the tiers with the GPU's, and the summary adds ``kv_tiers`` (the hits by
+    source, each tier's capacity, link, tokens and bytes loaded, blocks written and evicted; the
+    loads' waits: :func:`~stallfree.sim.kv_tiers.tier_summary`), ``kv_gpu_hit_rate``,
+    ``kv_host_hit_rate``, ``kv_shared_hit_rate`` and ``mean_kv_load_wait_ms``.
 
     Disaggregated: the summary is the client's, plus ``disaggregation`` (the pools and the KV's
     trips: :func:`~stallfree.sim.disagg.disaggregated_summary`).
@@ -182,7 +182,9 @@ def simulate(
         raise ValueError("no request could run: the workload is empty")
     summary = _summary(run, serving, [scheduler], kv, goodput)
     if tiers:
-        summary.update(tier_summary(tiers, summary["prefix_cache_queried_tokens"]))
+        summary.update(
+            tier_summary(tiers, summary["prefix_cache_queried_tokens"], summary["prefix_cache_hit_tokens"])
+        )
     return SimulationResult(
         serving.policy, summary, run.records, run.itl, kv, run.steps, run.stopped, run.class_itl
     )
@@ -292,7 +294,9 @@ def _simulate_fleet(
         replicas=each,
     )
     if tiers:
-        summary.update(tier_summary(tiers, summary["prefix_cache_queried_tokens"]))
+        summary.update(
+            tier_summary(tiers, summary["prefix_cache_queried_tokens"], summary["prefix_cache_hit_tokens"])
+        )
     class_itl = _merged_class_itl(run.runs)
     return SimulationResult(serving.policy, summary, run.records, run.itl, kv, None, run.stopped, class_itl)
 

@@ -11,16 +11,21 @@ adds the clock, as a request reaches a replica (:class:`TieredReplica`):
    network link to the store, one of each per GPU (a replica of ``tp`` GPUs loads its shards in
    parallel); a link carries one load at a time, first come first served, so loads queue behind
    each other;
-3. the request reaches the scheduler's queue once its last load has landed, with that KV as its
-   own (``Request.num_external_tokens``: it costs no budget, as a disaggregated decode's KV).
+3. once its last load is in, the request joins the scheduler's queue; as it is admitted its loaded
+   blocks land in the GPU's prefix cache after its hit (as many as the free blocks hold:
+   :meth:`~stallfree.core.block_manager.BlockManager.land`), where its admission finds them.
 
 While it loads the request is outside the scheduler, other requests run (vLLM holds such a
 request in WAITING_FOR_REMOTE_KVS and schedules the others; SGLang's HiCache prefetches from its
-storage tier as a request is queued). Simplifications, said where they matter: the request holds
-no GPU blocks while it loads (vLLM allocates them first); writes to the tiers are not priced
-(they go the other way on full-duplex links, and off the critical path); a request preempted later
-recomputes what the GPU cache no longer holds (no second load). The router sees none of the tiers
-(vllm-router does not).
+storage tier as a request is queued). Simplifications, said where they matter: the lookup and the
+loads happen as the request reaches the replica (vLLM looks up as it schedules the request), and
+what was loaded waits, free, until the request is admitted (as in a host staging buffer; if the
+GPU has by then evicted a block of its hit before them, they are not used and the request
+computes them); writes to the tiers are not priced (they go the other way on full-duplex links,
+and off the critical path); a request preempted later finds what the GPU cache still holds (no
+second load). The router sees none of the tiers (vllm-router does not).
+A tier's hits are the loaded blocks a request's admission started from
+(``KvTiers.num_hit_blocks``); the prefix cache's counters count them with the GPU's.
 """
 
 from __future__ import annotations
@@ -28,13 +33,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from stallfree.core import Request, Scheduler
-from stallfree.core.block_manager import block_keys
+from stallfree.core.block_manager import BlockKeys, block_keys
 from stallfree.core.kv_tiers import KvTier, KvTiers
 from stallfree.costs.kv_transfer import KvLink, tier_link
 
@@ -102,15 +107,17 @@ class TierLoads:
         self._price = price
         scheduler.state.block_manager.tiers = tiers
         self._free_s = [0.0, 0.0]  # when each link (host, shared) ends its last load
-        self.hit_tokens = [0, 0]  # tokens loaded from each tier
+        self.loaded_tokens = [0, 0]  # tokens loaded from each tier (host, shared)
         self.bytes_loaded = [0, 0]
+        self.block_size = scheduler.state.block_manager.block_size
         self.num_loads = 0  # requests that loaded anything
         self.waits_s: list[float] = []  # each such request's wait, from reaching the replica
 
-    def load(self, request: Request, now_s: float) -> tuple[float, int] | None:
-        """Start loading what the tiers hold of ``request``'s prompt past the GPU's hit: when it
-        has landed and the tokens of KV the request then has (GPU hit included); None if the
-        tiers hold none of it (or the scheduler would refuse it, or it keeps no prefix)."""
+    def load(self, request: Request, now_s: float) -> tuple[float, BlockKeys, tuple[int, int, int]] | None:
+        """Start loading what the tiers hold of ``request``'s prompt past the GPU's hit: when the
+        loads are in, the prompt's keys and the blocks loaded (first, first from the shared store,
+        past the last); None if the tiers hold none of it (or the scheduler would refuse it, or it
+        keeps no prefix)."""
         scheduler = self.scheduler
         bm = scheduler.state.block_manager
         content = request.prompt_blocks
@@ -135,11 +142,11 @@ class TierLoads:
                 end_s = max(now_s, self._free_s[i]) + link.latency_s + unit_s / link.bytes_per_s
                 self._free_s[i] = end_s
                 ready_s = max(ready_s, end_s)
-                self.hit_tokens[i] += num_blocks * size
+                self.loaded_tokens[i] += num_blocks * size
                 self.bytes_loaded[i] += num_bytes
         self.num_loads += 1
         self.waits_s.append(ready_s - now_s)
-        return ready_s, (on_gpu + host + shared) * size
+        return ready_s, keys, (on_gpu, on_gpu + host, on_gpu + host + shared)
 
 
 class TieredReplica:
@@ -149,7 +156,8 @@ class TieredReplica:
     def __init__(self, inner: TrafficReplica, loads: TierLoads) -> None:
         self.inner = inner
         self.loads = loads
-        self._loading: list[tuple[float, int, Request]] = []  # (landed, order, request with its KV)
+        # (loads in, order, the request, its keys, the blocks loaded), earliest first
+        self._loading: list[tuple[float, int, Request, BlockKeys, tuple[int, int, int]]] = []
         self._num_added = 0
         self._lands_s = 0.0  # when the request added last reaches the scheduler
         self._stepping = False
@@ -166,10 +174,9 @@ class TieredReplica:
             self._lands_s = now_s
             self.inner.add_request(request, now_s)
             return
-        ready_s, num_tokens = loaded
+        ready_s, keys, span = loaded
         self._lands_s = ready_s
-        with_kv = replace(request, num_external_tokens=num_tokens)
-        heapq.heappush(self._loading, (ready_s, self._num_added, with_kv))
+        heapq.heappush(self._loading, (ready_s, self._num_added, request, keys, span))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._loading) or self.inner.has_unfinished_requests()
@@ -177,7 +184,9 @@ class TieredReplica:
     def start_step(self, now_s: float, next_arrival_s: float | None) -> float | None:
         loading = self._loading
         while loading and loading[0][0] <= now_s:
-            self.inner.add_request(heapq.heappop(loading)[2], now_s)
+            _, _, request, keys, span = heapq.heappop(loading)
+            self.loads.scheduler.state.block_manager.stage(request.request_id, keys, span)
+            self.inner.add_request(request, now_s)
         next_s = loading[0][0] if loading else None
         if next_arrival_s is not None and (next_s is None or next_arrival_s < next_s):
             next_s = next_arrival_s
@@ -204,41 +213,52 @@ class TieredReplica:
         self._wake_s = None
 
 
-def tier_summary(loads: Sequence[TierLoads], queried_tokens: int) -> dict[str, Any]:
-    """The tiers' part of a run's summary: ``kv_tiers``, for each tier its capacity, link, the
-    prompt tokens it supplied (and their share of ``queried_tokens``, those the prefix cache looked
-    up), the bytes it loaded, its blocks written and evicted, and how many requests loaded and how
-    long they waited for it (from reaching the replica to the last load landing; TTFT counts it
-    too); and for the table, ``kv_host_hit_rate``, ``kv_shared_hit_rate``, ``mean_kv_load_wait_ms``."""
-    tiers = _tiers_summary(loads, queried_tokens)
+def tier_summary(loads: Sequence[TierLoads], queried_tokens: int, hit_tokens: int) -> dict[str, Any]:
+    """The tiers' part of a run's summary, given the prefix cache's looked-up and hit tokens (which
+    count what landed from the tiers): ``kv_tiers``, the hits by source (``gpu``, ``host``,
+    ``shared``: tokens, and their share of those looked up), for each tier its capacity, link,
+    tokens and bytes loaded, blocks written and evicted; how many requests loaded and how long they waited (from reaching the replica to the last load
+    in; TTFT counts it too). For the table: ``kv_gpu_hit_rate``, ``kv_host_hit_rate``,
+    ``kv_shared_hit_rate``, ``mean_kv_load_wait_ms``."""
+    tiers = _tiers_summary(loads, queried_tokens, hit_tokens)
     return {
         "kv_tiers": tiers,
-        "kv_host_hit_rate": tiers["host"]["hit_rate"] if "host" in tiers else None,
-        "kv_shared_hit_rate": tiers["shared"]["hit_rate"] if "shared" in tiers else None,
+        **{
+            f"kv_{name}_hit_rate": tiers[name]["hit_rate"]
+            for name in ("gpu", "host", "shared")
+            if name in tiers
+        },
         "mean_kv_load_wait_ms": tiers["mean_load_wait_ms"],
     }
 
 
-def _tiers_summary(loads: Sequence[TierLoads], queried_tokens: int) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _tiers_summary(loads: Sequence[TierLoads], queried_tokens: int, hit_tokens: int) -> dict[str, Any]:
+    def share(tokens: int) -> float | None:
+        return tokens / queried_tokens if queried_tokens else None
+
     first = loads[0]
+    out: dict[str, Any] = {"gpu": {}}
+    from_tiers = 0
     for i, name in enumerate(("host", "shared")):
         tiers = [getattr(t.tiers, name) for t in loads]
         if tiers[0] is None:
             continue
         distinct = list({id(t): t for t in tiers}.values())  # the shared store is one object
-        hits = sum(t.hit_tokens[i] for t in loads)
+        hits = sum(t.tiers.num_hit_blocks[i] for t in loads) * first.block_size
+        from_tiers += hits
         link = first.links[i]
         out[name] = {
+            "hit_tokens": hits,
+            "hit_rate": share(hits),
             "capacity_blocks": sum(t.num_blocks for t in distinct),
             "link": link.name,
             "link_gb_per_s": link.bytes_per_s / _GB,
-            "hit_tokens": hits,
-            "hit_rate": hits / queried_tokens if queried_tokens else None,
+            "loaded_tokens": sum(t.loaded_tokens[i] for t in loads),
             "bytes_loaded": sum(t.bytes_loaded[i] for t in loads),
             "stored_blocks": sum(t.num_stored_blocks for t in distinct),
             "evicted_blocks": sum(t.num_evicted_blocks for t in distinct),
         }
+    out["gpu"] = {"hit_tokens": hit_tokens - from_tiers, "hit_rate": share(hit_tokens - from_tiers)}
     waits_s = [w for t in loads for w in t.waits_s]
     out["num_loads"] = len(waits_s)
     out["total_load_wait_s"] = sum(waits_s)
