@@ -156,3 +156,52 @@ def test_unknown_policy_and_non_integer_priority_are_refused() -> None:
         SchedulerConfig(scheduling_policy="lifo")
     with pytest.raises(ValueError, match="priority must be an integer"):
         Request("x", 4, 4, priority=1.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("batch_priority", "preempted"), [(11, True), (10, False)])
+def test_sglangs_rule_lets_a_much_more_urgent_request_preempt_to_get_in(
+    batch_priority: int, preempted: bool
+) -> None:
+    """``sglang-priority``: the urgent request finds no blocks; the batch request's priority is
+    more than 10 below (11 vs 0): it is preempted and the urgent one admitted in the same step. At
+    exactly 10 apart it waits, as under vLLM's rule."""
+    sched = make_scheduler(
+        "chunked",
+        max_num_seqs=4,
+        block_size=4,
+        num_blocks=4,
+        watermark=0.0,
+        token_budget=32,
+        scheduling_policy="sglang-priority",
+    )
+    assert sched.add_request(Request("batch", 12, 2, priority=batch_priority)) is None
+    assert run_step(sched, one_second) is not None  # batch: 3 blocks
+    assert sched.add_request(Request("urgent", 8, 2, arrival_time_s=1.0, priority=0)) is None
+    plan = sched.schedule()
+    if preempted:
+        assert plan.preempted_request_ids == ("batch",)
+        assert [(c.request_id, c.num_tokens) for c in plan.chunks] == [("urgent", 8)]
+    else:
+        assert not plan.preempted_request_ids
+        assert [c.request_id for c in plan.chunks] == ["batch"]
+
+
+def test_sglangs_rule_preempts_nobody_when_the_victims_cannot_free_enough() -> None:
+    """The urgent prompt lacks blocks; only the request 50 below may go (the one 5 below may not),
+    and its one block would not do: nobody is preempted, the urgent prompt waits."""
+    sched = make_scheduler(
+        "chunked",
+        max_num_seqs=4,
+        block_size=4,
+        num_blocks=8,
+        watermark=0.0,
+        token_budget=64,
+        scheduling_policy="sglang-priority",
+    )
+    assert sched.add_request(Request("mid", 16, 2, priority=5)) is None
+    assert sched.add_request(Request("low", 3, 2, priority=50)) is None
+    assert run_step(sched, one_second) is not None  # mid 4 blocks, low 1: 3 free
+    assert sched.add_request(Request("high", 20, 1, arrival_time_s=1.0, priority=0)) is None
+    plan = sched.schedule()  # mid's decode takes a 5th block; high needs 5 of the 2 left
+    assert not plan.preempted_request_ids
+    assert {c.request_id for c in plan.chunks} == {"mid", "low"}

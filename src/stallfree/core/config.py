@@ -18,14 +18,21 @@ target decides the chunks, this only bounds the activation memory a step may nee
 default ``--max-prefill-tokens``)."""
 
 
+PRIORITY_PREEMPTION_THRESHOLD = 10
+"""``sglang-priority``: how far apart two priorities must be for the waiting one to preempt the
+running one (SGLang's ``--priority-scheduling-preemption-threshold`` default)."""
+
 SCHEDULING_POLICIES = {
     "fcfs": "the waiting queue in arrival order; short of KV blocks the newest running request is "
     "preempted (vLLM's default)",
     "priority": "the waiting queue by each request's priority (lower first), then arrival; short of KV "
     "blocks the running request of the lowest priority (highest value), latest arrival, is preempted "
     "(vLLM's --scheduling-policy priority)",
+    "sglang-priority": "as priority, and a waiting request that finds no KV blocks preempts running ones "
+    f"whose priority is more than {PRIORITY_PREEMPTION_THRESHOLD} below its own (SGLang's "
+    "--enable-priority-scheduling --schedule-low-priority-values-first)",
 }
-"""Which request waits and which is preempted (vLLM's ``--scheduling-policy``)."""
+"""Which request waits and which is preempted (vLLM's ``--scheduling-policy``; SGLang's rule beside)."""
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -249,7 +249,9 @@ class ChunkedPolicy(Policy):
         if any(not ctx.is_running(seq) for seq in ctx.running):
             return
         while ctx.num_scheduled_tokens < end and ctx.waiting:
-            if ctx.admit(end - ctx.num_scheduled_tokens) == 0:
+            # SGLang's rule: a head short of blocks may preempt much lower priorities, then go.
+            admitted = ctx.admit(end - ctx.num_scheduled_tokens)
+            if not admitted and not (ctx.preempts_to_admit and ctx.preempt_for_head()):
                 return
 
     def steadiness(self, plan: StepPlan, num_running: int) -> Steadiness:

@@ -69,7 +69,7 @@ class Scheduler:
         self.config = config
         self.cache_config = cache
         self.policy = policy
-        self.state = SchedulerState(cache, by_priority=config.scheduling_policy == "priority")
+        self.state = SchedulerState(cache, by_priority=config.scheduling_policy != "fcfs")
         self._known_ids: set[str] = set()
         self._freed: list[str] = []  # released since the last plan: announced in the next
         self._trimmed: dict[str, int] = {}  # blocks kept by requests whose rejected drafts' were released

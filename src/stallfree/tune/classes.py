@@ -5,7 +5,7 @@ runs every class at ``s`` times its rate. For each scheduling policy (``fcfs``, 
 token budget a :class:`~stallfree.tune.search.CapacitySearch` finds the highest scale whose
 seeded simulation meets every class's SLOs (each judged on that class's requests alone); the
 capacity is that scale times the mix's total rate. The best candidate is the one of highest
-capacity (ties: the first listed), with its vLLM flags. Trials run one after another, in process.
+capacity (ties: the first listed), with its launch line. Trials run one after another, in process.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def tune_classes(config: ClassesTuneConfig) -> dict[str, Any]:
                     "capacity_qps": search.capacity_qps * total,
                     "scale": search.capacity_qps,
                     "trials": trials,
-                    "vllm": f"--scheduling-policy {policy} --max-num-batched-tokens {budget}",
+                    "launch": _launch(policy, budget),
                 }
             )
     best = max(candidates, key=lambda c: c["capacity_qps"])
@@ -106,6 +106,16 @@ def tune_classes(config: ClassesTuneConfig) -> dict[str, Any]:
         "candidates": candidates,
         "best": best if best["capacity_qps"] > 0 else None,
     }
+
+
+def _launch(policy: str, budget: int) -> str:
+    """The server command that schedules as ``policy`` at ``budget`` (SGLang's for its own rule)."""
+    if policy == "sglang-priority":
+        return (
+            "python -m sglang.launch_server --model-path MODEL --enable-priority-scheduling "
+            f"--schedule-low-priority-values-first --chunked-prefill-size {budget}"
+        )
+    return f"vllm serve MODEL --scheduling-policy {policy} --max-num-batched-tokens {budget}"
 
 
 def _trial(config: ClassesTuneConfig, deployment: Deployment, scale: float) -> tuple[bool, str]:
@@ -148,6 +158,6 @@ def format_classes_tune(out: dict[str, Any]) -> str:
     else:
         lines.append(
             f"best: {best['scheduling_policy']}, budget {best['token_budget']}: {best['capacity_qps']:,.3f} req/s; "
-            f"vllm serve MODEL {best['vllm']}"
+            f"{best['launch']}"
         )
     return "\n".join(lines)
