@@ -174,7 +174,7 @@ def test_the_table_shows_hits_by_tier(capsys: pytest.CaptureFixture[str]) -> Non
     argv = ["simulate", "--trace", TRACE, "--num-requests", "200", "--cost-model", "full"]
     assert main([*argv, "--model", "llama-3.1-8b", "--num-blocks", "1500", "--kv-host-gb", "100"]) == 0
     out = capsys.readouterr().out
-    assert "KV tiers: a host tier of 100 GB a replica over pcie5" in out
+    assert "KV tiers: a host tier of 100 GB a replica (pcie5); every block a GPU caches written" in out
     assert "from the GPU" in out and "from the host tier" in out and "KV load wait mean (ms)" in out
     assert "from the shared store" not in out
 

@@ -40,10 +40,10 @@ def _tiers_line(sc: dict[str, Any]) -> str:
     """The KV tiers below each replica's GPU cache (docs/kv-tiers.md)."""
     parts = []
     if sc.get("kv_host_gb"):
-        parts.append(f"a host tier of {sc['kv_host_gb']:,g} GB a replica over {sc['kv_host_link']}")
+        parts.append(f"a host tier of {sc['kv_host_gb']:,g} GB a replica ({sc['kv_host_link']})")
     if sc.get("kv_shared_gb"):
-        parts.append(f"a shared store of {sc['kv_shared_gb']:,g} GB over {sc['kv_shared_link']} a GPU")
-    return "KV tiers: " + " and ".join(parts) + "; every block cached on a GPU written through, LRU"
+        parts.append(f"a shared store of {sc['kv_shared_gb']:,g} GB ({sc['kv_shared_link']})")
+    return "KV tiers: " + " and ".join(parts) + "; every block a GPU caches written through, LRU"
 
 
 def describe_workload(workload: Workload) -> str:
