@@ -88,6 +88,10 @@ class Scheduler:
         self.state.add(request)
         return None
 
+    def rejection_reason(self, request: Request) -> str | None:
+        """Why :meth:`add_request` would refuse ``request`` (None: it would queue it)."""
+        return self._rejection_reason(request)
+
     def _rejection_reason(self, request: Request) -> str | None:
         total = request.num_prompt_tokens + request.max_tokens
         limit = self.config.max_model_len

@@ -34,7 +34,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -42,9 +42,7 @@ from stallfree.core import Request, Scheduler
 from stallfree.core.block_manager import BlockKeys, block_keys
 from stallfree.core.kv_tiers import KvTier, KvTiers
 from stallfree.costs.kv_transfer import KvLink, tier_link
-
-if TYPE_CHECKING:
-    from stallfree.sim.traffic import TrafficReplica
+from stallfree.sim.driver import Replica
 
 _GB = 1e9
 
@@ -121,11 +119,7 @@ class TierLoads:
         scheduler = self.scheduler
         bm = scheduler.state.block_manager
         content = request.prompt_blocks
-        if (
-            content is None
-            or not bm.enable_prefix_caching
-            or scheduler._rejection_reason(request) is not None
-        ):
+        if content is None or not bm.enable_prefix_caching or scheduler.rejection_reason(request) is not None:
             return None
         size = bm.block_size
         limit = (request.num_prompt_tokens - 1) // size  # the last token runs for its logits
@@ -149,11 +143,18 @@ class TierLoads:
         return ready_s, keys, (on_gpu, on_gpu + host, on_gpu + host + shared)
 
 
+class _Inner(Replica, Protocol):
+    """What a :class:`TieredReplica` wraps: a :class:`~stallfree.sim.traffic.TrafficReplica`."""
+
+    @property
+    def num_in_flight(self) -> int: ...
+
+
 class TieredReplica:
     """A :class:`~stallfree.sim.traffic.TrafficReplica` whose requests first load what the KV
     tiers hold of them (:class:`TierLoads`); a participant of :func:`~stallfree.sim.driver.drive`."""
 
-    def __init__(self, inner: TrafficReplica, loads: TierLoads) -> None:
+    def __init__(self, inner: _Inner, loads: TierLoads) -> None:
         self.inner = inner
         self.loads = loads
         # (loads in, order, the request, its keys, the blocks loaded), earliest first
