@@ -88,7 +88,7 @@ def test_cli_prints_a_row_per_class_and_json_has_them(capsys: pytest.CaptureFixt
     args = ["simulate", "--classes", CHAT, BATCH, "--num-requests", "200", "--scheduling-policy", "priority"]
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "queues by priority" in text
+    assert "prefix caching on, scheduling priority" in text
     rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["chat"], ["batch"])]
     assert [(r[0], r[1]) for r in rows] == [("chat", "0"), ("batch", "10")]
     assert main([*args, "--json"]) == 0

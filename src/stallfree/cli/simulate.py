@@ -673,7 +673,7 @@ def _scenario(
         "step_budget_ms": chunked.step_budget_ms,
         "max_num_seqs": chunked.num_seqs_limit,
         "enable_prefix_caching": chunked.enable_prefix_caching,
-        **({"scheduling_policy": "priority"} if chunked.scheduling_policy == "priority" else {}),
+        **({"scheduling_policy": chunked.scheduling_policy} if chunked.scheduling_policy != "fcfs" else {}),
         **_speculation(args, chunked, acceptance),
         "block_size": chunked.block_size,
         "num_blocks": chunked.num_blocks,

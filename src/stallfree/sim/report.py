@@ -173,7 +173,7 @@ def format_table(scenario: dict[str, Any], summaries: list[dict[str, Any]], outp
         + (", steps varied as the profiled machine's" if sc.get("step_noise") else "")
         + f"); chunked {budget}, "
         f"max {sc['max_num_seqs']} seqs, prefix caching {'on' if sc.get('enable_prefix_caching') else 'off'}"
-        + (", queues by priority" if sc.get("scheduling_policy") == "priority" else ""),
+        + (f", scheduling {sc['scheduling_policy']}" if sc.get("scheduling_policy") else ""),
         *([_speculative_line(sc)] if sc.get("num_speculative_tokens") else []),
         _kv_line(sc),
         *([_tiers_line(sc)] if sc.get("kv_host_gb") or sc.get("kv_shared_gb") else []),
