@@ -188,3 +188,43 @@ def test_tune_bad_class_options_exit_2(
 ) -> None:
     assert main(["tune", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_simulator_sheds_the_batch_class_first_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """--shed-priority 10: batch requests arriving while 2 or more wait for a first token are
+    refused (rejected, with the rule's reason); chats never are. Without the rule nothing is."""
+    from stallfree.core.config import ShedRule
+
+    classes = _classes(CHAT.replace("qps=4", "qps=12"), BATCH.replace("qps=0.5", "qps=3"))
+    plain = simulate(classes, Deployment(), num_requests=300, seed=4).summary
+    shed = simulate(classes, Deployment(shed=ShedRule(10, 2)), num_requests=300, seed=4).summary
+    assert plain["rejected"] == 0
+    per = shed["classes"]
+    assert per["chat"]["rejected"] == 0 and per["batch"]["rejected"] > 0
+    assert shed["rejected"] == per["batch"]["rejected"]
+    (reason,) = shed["rejected_reasons"]
+    assert reason.startswith("shed: priority >= 10 while ") and reason.endswith("wait for a first token")
+    assert per["chat"]["p99_ttft_ms"] < plain["classes"]["chat"]["p99_ttft_ms"]
+    args = [
+        "simulate",
+        "--classes",
+        CHAT,
+        BATCH,
+        "--num-requests",
+        "100",
+        "--shed-priority",
+        "10",
+        "--shed-waiting",
+        "0",
+    ]
+    assert main(args) == 0
+    assert "chunked: rejected " in capsys.readouterr().out
+
+
+def test_a_deployment_file_keeps_its_shedding_rule(tmp_path: Path) -> None:
+    from stallfree.core.config import ShedRule
+
+    deployment = Deployment(replicas=2, shed=ShedRule(5, 3))
+    assert Deployment.from_dict(deployment.to_dict()) == deployment
+    with pytest.raises(ValueError, match="shedding's min_priority must be an integer"):
+        Deployment.from_dict({"shed": {"min_priority": "high", "max_waiting": 3}})

@@ -11,9 +11,9 @@ import pytest
 
 from stallfree.cli import main
 from stallfree.core import SamplingParams
+from stallfree.core.config import ShedRule
 from stallfree.core.serving import ServingConfig
 from stallfree.costs import CostChoice
-from stallfree.server.engine_thread import ShedRule
 from stallfree.server.launch import ServerThread, build_virtual_server
 from stallfree.server.virtual import VirtualEngine
 from stallfree.sim import Deployment

@@ -1,14 +1,18 @@
-"""``--classes``: several traffic classes in one run (:mod:`stallfree.workload.classes`)."""
+"""``--classes``: several traffic classes in one run (:mod:`stallfree.workload.classes`); and
+``--shed-priority``: which of them a server refuses first when requests pile up."""
 
 from __future__ import annotations
 
 import argparse
 from typing import TYPE_CHECKING
 
-from stallfree.cli.common import UsageError
+from stallfree.cli.common import UsageError, non_negative_int
 
 if TYPE_CHECKING:
+    from stallfree.core.config import ShedRule
     from stallfree.workload.classes import TrafficClasses
+
+DEFAULT_SHED_WAITING = 8
 
 # Flags that describe one workload: --classes describes each class's instead.
 _ONE_WORKLOAD_FLAGS = ("workload", "qps", "burstiness", "lengths", "trace", "rate_profile", "replay", "turns")
@@ -56,3 +60,34 @@ def classes_text(classes: TrafficClasses) -> str:
     return "; ".join(
         f"{c.name} (priority {c.priority}): {describe_workload(c.workload)}" for c in classes.classes
     )
+
+
+def add_shed_args(parser: argparse._ActionsContainer) -> None:
+    """``--shed-priority P [--shed-waiting N]`` (:class:`~stallfree.core.config.ShedRule`)."""
+    parser.add_argument(
+        "--shed-priority",
+        type=int,
+        metavar="P",
+        help="requests of priority >= P (vLLM's request field; a batch job's, say) are sheddable: refused "
+        "(429 with Retry-After from a server) while --shed-waiting requests wait for a first token "
+        "(default: none)",
+    )
+    parser.add_argument(
+        "--shed-waiting",
+        type=non_negative_int,
+        default=DEFAULT_SHED_WAITING,
+        metavar="N",
+        help="with --shed-priority: the requests waiting for a first token at which sheddable ones are "
+        "refused (default %(default)s)",
+    )
+
+
+def shed_rule(args: argparse.Namespace) -> ShedRule | None:
+    """``--shed-priority`` / ``--shed-waiting`` as a rule (None: nothing is shed)."""
+    from stallfree.core.config import ShedRule
+
+    if args.shed_priority is None:
+        if args.shed_waiting != DEFAULT_SHED_WAITING:
+            raise UsageError("--shed-waiting applies with --shed-priority P")
+        return None
+    return ShedRule(args.shed_priority, args.shed_waiting)

@@ -128,6 +128,8 @@ def deployment_flags(d: Deployment) -> dict[str, Any]:
         )
         if a.scale_down_window_s != 300.0:  # only simulate has the flag; the default goes unsaid
             flags["scale_down_window_s"] = a.scale_down_window_s
+    if (r := d.shed) is not None:
+        flags.update(shed_priority=r.min_priority, shed_waiting=r.max_waiting)
     if (t := d.kv_tiers) is not None:
         flags.update(
             kv_host_gb=t.host_gb,

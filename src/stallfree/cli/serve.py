@@ -10,7 +10,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stallfree.cli.common import UsageError, check_writable, non_negative_int, positive_float, positive_int
+from stallfree.cli.classes_args import add_shed_args, shed_rule
+from stallfree.cli.common import UsageError, check_writable, positive_float, positive_int
 from stallfree.cli.cost_args import add_gpu_table_args, cost_model_arg
 from stallfree.cli.deployment_args import add_deployment_file_arg, read_deployment
 from stallfree.cli.device import check_device
@@ -26,7 +27,6 @@ from stallfree.costs.choice import DEFAULT_HARDWARE
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from stallfree.server.engine_thread import ShedRule
     from stallfree.server.launch import ServerThread
     from stallfree.server.virtual import ServedTokenizer
     from stallfree.sim.deployment import Deployment
@@ -67,20 +67,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=256,
         help="requests waiting for a first token before new ones get 429 (default %(default)s)",
     )
-    p.add_argument(
-        "--shed-priority",
-        type=int,
-        metavar="P",
-        help="requests of priority >= P (vLLM's request field; a batch job's, say) are sheddable: refused "
-        "with 429 and Retry-After while --shed-waiting requests wait for a first token (default: none)",
-    )
-    p.add_argument(
-        "--shed-waiting",
-        type=non_negative_int,
-        default=8,
-        metavar="N",
-        help="with --shed-priority: the waiting requests at which sheddable ones are refused (default %(default)s)",
-    )
+    add_shed_args(p)
     p.add_argument(
         "--threads",
         type=positive_int,
@@ -180,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name,
             api_key=args.api_key,
             max_waiting_requests=args.max_waiting_requests,
-            shed=_shed(args),
+            shed=shed_rule(args),
             num_threads=args.threads,
             step_log=args.step_log,
         )
@@ -252,7 +239,7 @@ def _run_virtual(args: argparse.Namespace) -> int:
                 served_model_name=args.served_model_name,
                 api_key=args.api_key,
                 max_waiting_requests=args.max_waiting_requests,
-                shed=_shed(args),
+                shed=shed_rule(args) or deployment.shed,
                 tokenizer=tokenizer,
                 time_scale=args.time_scale,
                 seed=args.seed + i,
@@ -308,14 +295,3 @@ def _tokenizer(folder: str) -> ServedTokenizer:
         return Tokenizer.from_folder(Path(folder))
     except (OSError, ValueError) as exc:
         raise UsageError(f"--tokenizer {folder}: {exc}") from None
-
-
-def _shed(args: argparse.Namespace) -> ShedRule | None:
-    """``--shed-priority`` / ``--shed-waiting`` as a rule (None: nothing is shed)."""
-    from stallfree.server.engine_thread import ShedRule
-
-    if args.shed_priority is None:
-        if args.shed_waiting != 8:
-            raise UsageError("--shed-waiting applies with --shed-priority P")
-        return None
-    return ShedRule(args.shed_priority, args.shed_waiting)

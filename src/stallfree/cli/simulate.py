@@ -14,7 +14,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from stallfree.cli.classes_args import add_classes_arg, classes_text, classes_workload
+from stallfree.cli.classes_args import (
+    add_classes_arg,
+    add_shed_args,
+    classes_text,
+    classes_workload,
+    shed_rule,
+)
 from stallfree.cli.common import UsageError, non_negative_float, positive_float, positive_int
 from stallfree.cli.cost_args import (
     add_kv_link_arg,
@@ -105,6 +111,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     workload = p.add_argument_group("workload")
     add_traffic_args(workload)
     add_classes_arg(workload)
+    add_shed_args(workload)
     _add_output_args(p)
     p.set_defaults(handler=run)
     p.set_defaults(flag_defaults=vars(p.parse_args([])))  # last: every flag's default
@@ -488,6 +495,7 @@ def _deployments(
     fleet = _fleet(args, costs) if args.fleet else ()
     autoscale = _autoscale(args)
     kv_tiers = _kv_tiers(args)
+    shed = shed_rule(args)
     speculation = None
     if acceptance is not None:
         try:
@@ -504,6 +512,8 @@ def _deployments(
             "speculation": speculation if serving.num_speculative_tokens else None,
         }
         if disagg is not None:
+            if shed is not None:
+                raise UsageError("--shed-priority runs on one replica or a fleet: not with disaggregation")
             deployments.append(Deployment(**common, disaggregate=disagg))
         else:
             if autoscale is not None and args.replicas == 1:
@@ -512,7 +522,9 @@ def _deployments(
             fields = {"replicas": replicas, "fleet": fleet, "route_delay_ms": args.route_delay_ms}
             if not fleet:
                 fields["costs"] = asked
-            deployments.append(Deployment(**{**common, **fields}, autoscale=autoscale, kv_tiers=kv_tiers))
+            deployments.append(
+                Deployment(**{**common, **fields}, autoscale=autoscale, kv_tiers=kv_tiers, shed=shed)
+            )
     return deployments, cost_model_note
 
 

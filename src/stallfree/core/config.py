@@ -35,6 +35,31 @@ SCHEDULING_POLICIES = {
 """Which request waits and which is preempted (vLLM's ``--scheduling-policy``; SGLang's rule beside)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ShedRule:
+    """Refuse sheddable requests (``priority >= min_priority``) while ``max_waiting`` or more wait
+    for a first token: a batch job's requests are turned away first, before an overload bound
+    refuses everyone (llm-d's flow control sheds its sheddable bands the same way). ``serve``
+    answers them 429 with Retry-After; the simulator records them rejected, saying why."""
+
+    min_priority: int
+    max_waiting: int
+
+    def __post_init__(self) -> None:
+        for name in ("min_priority", "max_waiting"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"shedding's {name} must be an integer, got {value!r}")
+        if self.max_waiting < 0:
+            raise ValueError(f"the shedding bound must be >= 0 waiting requests, got {self.max_waiting}")
+
+    def sheds(self, priority: int, num_waiting: int) -> bool:
+        return priority >= self.min_priority and num_waiting >= self.max_waiting
+
+    def reason(self, num_waiting: int) -> str:
+        return f"shed: priority >= {self.min_priority} while {num_waiting} requests wait for a first token"
+
+
 def ceil_div(a: int, b: int) -> int:
     """``ceil(a / b)`` for non-negative ``a`` and positive ``b``, in integers."""
     return -(-a // b)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stallfree.core import SamplingParams
+from stallfree.core.config import ShedRule
 from stallfree.server.step_log import write_step
 
 if TYPE_CHECKING:
@@ -79,20 +80,6 @@ class RequestRejected(ValueError):
 
 class OverloadedError(RuntimeError):
     """Too many requests are waiting for their first token (or a sheddable one came while many do)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ShedRule:
-    """Refuse sheddable requests (``priority >= min_priority``) while ``max_waiting`` or more wait
-    for a first token: a batch job's requests are turned away first, before the overload bound
-    refuses everyone (llm-d's flow control sheds sheddable bands the same way)."""
-
-    min_priority: int
-    max_waiting: int
-
-    def __post_init__(self) -> None:
-        if self.max_waiting < 0:
-            raise ValueError(f"the shedding bound must be >= 0 waiting requests, got {self.max_waiting}")
 
 
 class RequestStream:
@@ -239,12 +226,9 @@ class EngineThread:
         waiting = len(self._waiting)
         if waiting >= self.max_waiting_requests:
             raise OverloadedError(f"{waiting} requests are already waiting for a first token")
-        shed = self.shed
-        if shed is not None and priority >= shed.min_priority and waiting >= shed.max_waiting:
+        if self.shed is not None and self.shed.sheds(priority, waiting):
             self.metrics.request_shed()
-            raise OverloadedError(
-                f"shed: requests of priority >= {shed.min_priority} are refused while {waiting} wait for a first token"
-            )
+            raise OverloadedError(self.shed.reason(waiting))
         stream = RequestStream(f"cmpl-{next(self._ids)}-{time.monotonic_ns():x}")
         with self._lock:
             if not self.is_healthy:

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 from fastapi import FastAPI
 
+from stallfree.core.config import ShedRule
 from stallfree.server.app import ServerConfig, build_app
-from stallfree.server.engine_thread import EngineThread, ShedRule
+from stallfree.server.engine_thread import EngineThread
 from stallfree.server.prometheus import ServerMetrics
 from stallfree.specs.gguf import KNOWN_GGUF_MODELS, is_gguf_path, read_gguf
 
@@ -47,7 +48,7 @@ def build_server(
     every metric's label (default: :func:`default_served_model_name`);
     ``num_threads``: torch threads for the engine (default: every core up to 4, every core but one above; see EngineThread);
     ``step_log``: a file the engine thread appends a JSON line to per step (server/step_log.py);
-    ``shed``: sheddable requests refused early (:class:`~stallfree.server.engine_thread.ShedRule`)."""
+    ``shed``: sheddable requests refused early (:class:`~stallfree.core.config.ShedRule`)."""
     from stallfree.engine.config import EngineConfig
     from stallfree.engine.engine import LLMEngine
 

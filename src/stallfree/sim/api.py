@@ -20,6 +20,7 @@ from typing import Any, cast
 import numpy as np
 
 from stallfree.core import ChunkedPolicy, Request, Scheduler
+from stallfree.core.config import ShedRule
 from stallfree.core.kv_tiers import KvTiers
 from stallfree.core.router import Router, make_router
 from stallfree.core.serving import ServingConfig
@@ -158,6 +159,7 @@ def simulate(
             drafts,
             on_finished,
             deployment.kv_tiers,
+            deployment.shed,
         )
     pick = picks[0]
     kv = kvs[id(pick)]
@@ -177,6 +179,7 @@ def simulate(
         drafts=drafts[0] if drafts else None,
         on_finished=on_finished,
         tiers=tiers[0] if tiers else None,
+        shed=deployment.shed,
     )
     if not run.records and not run.stopped:
         raise ValueError("no request could run: the workload is empty")
@@ -248,9 +251,11 @@ def _simulate_fleet(
     drafts: list[DraftVerifier] | None,
     on_finished: Callable[[str, float], None] | None = None,
     kv_tiers: KvTierConfig | None = None,
+    shed: ShedRule | None = None,
 ) -> SimulationResult:
     """``replicas``: each one's pricing and KV cache; ``fleet`` = (router, routing delay s); ``how``
-    = (fast, step_noise, step_scales, seed); ``kv_tiers``: the tiers below each replica's GPU cache."""
+    = (fast, step_noise, step_scales, seed); ``kv_tiers``: the tiers below each replica's GPU cache;
+    ``shed``: the rule each replica refuses sheddable requests by."""
     (router, delay_s), (fast, step_noise, step_scales, seed) = fleet, how
     schedulers = [
         serving.make_scheduler(p.model.max_position_embeddings, kv.num_blocks, predictor=p.pricer.step_time_s)
@@ -270,6 +275,7 @@ def _simulate_fleet(
         drafts=drafts,
         on_finished=on_finished,
         tiers=tiers,
+        shed=shed,
     )
     if not run.records and not run.stopped:
         raise ValueError("no request could run: the workload is empty")

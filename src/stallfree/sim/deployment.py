@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stallfree.core.autoscale import Autoscaler, HpaAutoscaler, HpaRule, SlaAutoscaler, SlaRule
+from stallfree.core.config import ShedRule
 from stallfree.core.router import ROUTER_NAMES
 from stallfree.core.serving import ServingConfig
 from stallfree.costs.choice import CostChoice
@@ -139,7 +140,8 @@ class Deployment:
     pools (the pools' TPs are its shape's; ``router`` picks a replica in each pool).
     ``speculation`` goes with ``serving.num_speculative_tokens`` > 0 and only with it. ``kv_tiers``:
     a host tier per replica and a store the fleet shares, below each GPU's prefix cache
-    (:mod:`stallfree.sim.kv_tiers`; one replica or a fleet)."""
+    (:mod:`stallfree.sim.kv_tiers`; one replica or a fleet). ``shed``: each replica refuses
+    sheddable requests while enough wait there for a first token (one replica or a fleet)."""
 
     costs: CostChoice = ROOFLINE
     serving: ServingConfig = field(default_factory=ServingConfig)
@@ -152,6 +154,7 @@ class Deployment:
     speculation: Speculation | None = None
     autoscale: Autoscale | None = None
     kv_tiers: KvTierConfig | None = None
+    shed: ShedRule | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -181,6 +184,10 @@ class Deployment:
             if k or self.serving.policy != "chunked":
                 raise ValueError("a disaggregated run's pools schedule as the chunked policy, without drafts")
 
+        if self.shed is not None and (self.disaggregate is not None or self.autoscale is not None):
+            raise ValueError(
+                "shedding runs on one replica or a fleet: not with disaggregation or an autoscaler yet"
+            )
         if self.kv_tiers is not None and (self.disaggregate is not None or self.autoscale is not None):
             raise ValueError(
                 "KV tiers run on one replica or a fleet: not with disaggregation or an autoscaler yet"
@@ -246,6 +253,8 @@ class Deployment:
             out["autoscale"] = dataclasses.asdict(self.autoscale)
         if self.kv_tiers is not None:
             out["kv_tiers"] = dataclasses.asdict(self.kv_tiers)
+        if self.shed is not None:
+            out["shed"] = dataclasses.asdict(self.shed)
         if (s := self.speculation) is not None:
             out["speculation"] = {
                 "acceptance_rates": list(s.acceptance.rates),
@@ -276,6 +285,8 @@ class Deployment:
                 fields["autoscale"] = Autoscale(**_section(data, "autoscale", Autoscale))
             if data.get("kv_tiers") is not None:
                 fields["kv_tiers"] = KvTierConfig(**_section(data, "kv_tiers", KvTierConfig))
+            if data.get("shed") is not None:
+                fields["shed"] = ShedRule(**_section(data, "shed", ShedRule))
             if (d := data.get("disaggregate")) is not None:
                 fields["disaggregate"] = _disaggregation(d)
             if (s := data.get("speculation")) is not None:

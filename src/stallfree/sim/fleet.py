@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from stallfree.core import Request, Scheduler
+from stallfree.core.config import ShedRule
 from stallfree.core.router import Router
 from stallfree.costs.protocol import SteadyCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord
@@ -102,20 +103,29 @@ def run_fleet(
     drafts: Sequence[DraftVerifier] | None = None,
     on_finished: Callable[[str, float], None] | None = None,
     tiers: Sequence[TierLoads] | None = None,
+    shed: ShedRule | None = None,
 ) -> FleetRun:
     """Route ``requests`` (ordered by arrival, or an :class:`~stallfree.sim.driver.ArrivalQueue`)
     over one replica per scheduler, each priced by its cost model, until all are done (or
     ``stop``); each reaches its replica ``route_delay_s`` after it arrives. ``drafts``: one draft
     verifier per replica (speculative decoding). ``on_finished(request_id, end_s)``: called as
     each request finishes, whichever replica ran it. ``tiers``: each replica's KV tiers below its
-    GPU cache (:class:`~stallfree.sim.kv_tiers.TieredReplica`)."""
+    GPU cache (:class:`~stallfree.sim.kv_tiers.TieredReplica`). ``shed``: each replica refuses
+    sheddable requests while enough wait there for a first token."""
     if not (route_delay_s >= 0 and route_delay_s < float("inf")):
         raise ValueError(f"the routing delay must be a finite number >= 0, got {route_delay_s}")
     cuttable = len(schedulers) > 1  # one replica is told each arrival ahead (drive)
     verifiers: Sequence[DraftVerifier | None] = drafts or [None] * len(schedulers)
     traffic = [
         TrafficReplica(
-            s, c, fast=fast, step_budget_s=step_budget_s, cuttable=cuttable, drafts=d, on_finished=on_finished
+            s,
+            c,
+            fast=fast,
+            step_budget_s=step_budget_s,
+            cuttable=cuttable,
+            drafts=d,
+            on_finished=on_finished,
+            shed=shed,
         )
         for s, c, d in zip(schedulers, cost_models, verifiers, strict=True)
     ]

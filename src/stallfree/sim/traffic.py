@@ -33,6 +33,7 @@ from itertools import accumulate, pairwise
 import numpy as np
 
 from stallfree.core import Request, Scheduler, StepPlan, StepResult
+from stallfree.core.config import ShedRule
 from stallfree.core.scheduler import StepEvents
 from stallfree.core.steady import SINGLE_STEP
 from stallfree.costs.protocol import SteadyCostModel
@@ -145,8 +146,10 @@ class TrafficReplica:
         cuttable: bool = False,
         drafts: DraftVerifier | None = None,
         on_finished: Callable[[str, float], None] | None = None,
+        shed: ShedRule | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self._shed = shed
         self._on_finished = on_finished
         self._drafts = drafts
         self._cost_model = cost_model
@@ -197,7 +200,13 @@ class TrafficReplica:
         return len(self._live)
 
     def add_request(self, request: Request, now_s: float) -> None:
-        reason = self.scheduler.add_request(request)
+        shed, reason = self._shed, None
+        if shed is not None and request.priority >= shed.min_priority:
+            waiting = sum(1 for state in self._live.values() if state.first_token_s is None)
+            if shed.sheds(request.priority, waiting):
+                reason = shed.reason(waiting)
+        if reason is None:
+            reason = self.scheduler.add_request(request)
         if reason is None:
             name = request.traffic_class
             itl = None if name is None else self.class_itl.setdefault(name, ItlSamples())
@@ -341,6 +350,7 @@ def run_traffic(
     drafts: DraftVerifier | None = None,
     on_finished: Callable[[str, float], None] | None = None,
     tiers: TierLoads | None = None,
+    shed: ShedRule | None = None,
 ) -> TrafficRun:
     """Run ``requests`` (ordered by ``arrival_time_s``, or an
     :class:`~stallfree.sim.driver.ArrivalQueue`) through ``scheduler`` until all are done.
@@ -353,7 +363,8 @@ def run_traffic(
     ``drafts``: what verifies the drafts of a scheduler that plans them (speculative decoding).
     ``on_finished(request_id, end_s)``: called as each request finishes (a queue's dependents).
     ``tiers``: KV tiers below the GPU's cache, each request first loading what they hold of it
-    (:class:`~stallfree.sim.kv_tiers.TieredReplica`).
+    (:class:`~stallfree.sim.kv_tiers.TieredReplica`). ``shed``: sheddable requests refused while
+    enough wait for a first token (recorded rejected, the rule's reason counted).
     """
     replica = TrafficReplica(
         scheduler,
@@ -363,6 +374,7 @@ def run_traffic(
         step_budget_s=step_budget_s,
         drafts=drafts,
         on_finished=on_finished,
+        shed=shed,
     )
     clock = SimClock()
     if tiers is None:
