@@ -160,7 +160,7 @@ class TieredReplica:
         # (loads in, order, the request, its keys, the blocks loaded), earliest first
         self._loading: list[tuple[float, int, Request, BlockKeys, tuple[int, int, int]]] = []
         self._num_added = 0
-        self._lands_s = 0.0  # when the request added last reaches the scheduler
+        self._added_s = self._lands_s = -1.0  # when the request added last came, and reaches the scheduler
         self._stepping = False
         self._wake_s: float | None = None  # idle until a load lands (or the next arrival)
 
@@ -171,6 +171,7 @@ class TieredReplica:
     def add_request(self, request: Request, now_s: float) -> None:
         loaded = self.loads.load(request, now_s)
         self._num_added += 1
+        self._added_s = now_s
         if loaded is None:
             self._lands_s = now_s
             self.inner.add_request(request, now_s)
@@ -199,7 +200,9 @@ class TieredReplica:
         return end_s if self._stepping else self._wake_s
 
     def cut(self, at_s: float) -> float | None:
-        lands_s = max(at_s, self._lands_s)
+        # a request added now reaches the scheduler when its loads are in; one still on its way
+        # to this replica (a route delay) at ``at_s``, when its lookup will say
+        lands_s = self._lands_s if at_s == self._added_s else at_s
         if self._stepping:
             return self.inner.cut(lands_s)
         if self._wake_s is not None and lands_s < self._wake_s:
