@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from stallfree.core import Request, SchedulerConfig, StepPlan, run_step
+from stallfree.core import Request, SchedulerConfig, StepPlan, StepResult, run_step
 from stallfree.core.scheduler import Scheduler
 from tests.factories import make_scheduler, one_second
 
@@ -128,9 +128,9 @@ def test_a_victim_already_in_the_step_leaves_it_and_gives_back_its_tokens() -> N
     assert [(c.request_id, c.num_tokens) for c in plan.chunks] == [("batch", 1)]
 
 
-def test_a_waiting_urgent_request_does_not_preempt_running_ones() -> None:
-    """As in vLLM V1: priority orders the queue and picks victims for running requests that need
-    blocks; a waiting request that does not fit waits, whatever its priority."""
+def _urgent_after_batch(policy: str, batch_priority: int) -> tuple[Scheduler, StepPlan]:
+    """A batch request fills 3 of 4 blocks; an urgent one (priority 0) needing 2 arrives: the
+    scheduler and the plan of the step after it arrived."""
     sched = make_scheduler(
         "chunked",
         max_num_seqs=4,
@@ -138,17 +138,21 @@ def test_a_waiting_urgent_request_does_not_preempt_running_ones() -> None:
         num_blocks=4,
         watermark=0.0,
         token_budget=32,
-        scheduling_policy="priority",
+        scheduling_policy=policy,
     )
-    assert sched.add_request(Request("batch", 12, 2, priority=10)) is None
+    assert sched.add_request(Request("batch", 12, 2, priority=batch_priority)) is None
     assert run_step(sched, one_second) is not None  # batch: 3 blocks
-    assert sched.add_request(Request("urgent", 8, 2, arrival_time_s=1.0, priority=-5)) is None
-    out = run_step(sched, one_second)
-    assert out is not None
-    plan = out[0]
+    assert sched.add_request(Request("urgent", 8, 2, arrival_time_s=1.0, priority=0)) is None
+    return sched, sched.schedule()
+
+
+def test_a_waiting_urgent_request_does_not_preempt_running_ones() -> None:
+    """As in vLLM V1: priority orders the queue and picks victims for running requests that need
+    blocks; a waiting request that does not fit waits, whatever its priority."""
+    sched, plan = _urgent_after_batch("priority", 50)
     assert [c.request_id for c in plan.chunks] == ["batch"] and not plan.preempted_request_ids
-    later = _plans(sched)
-    assert _first_chunk_order(later) == ["urgent"]
+    sched.update_from_output(plan, StepResult(1.0))
+    assert _first_chunk_order(_plans(sched)) == ["urgent"]
 
 
 def test_unknown_policy_and_non_integer_priority_are_refused() -> None:
@@ -165,19 +169,7 @@ def test_sglangs_rule_lets_a_much_more_urgent_request_preempt_to_get_in(
     """``sglang-priority``: the urgent request finds no blocks; the batch request's priority is
     more than 10 below (11 vs 0): it is preempted and the urgent one admitted in the same step. At
     exactly 10 apart it waits, as under vLLM's rule."""
-    sched = make_scheduler(
-        "chunked",
-        max_num_seqs=4,
-        block_size=4,
-        num_blocks=4,
-        watermark=0.0,
-        token_budget=32,
-        scheduling_policy="sglang-priority",
-    )
-    assert sched.add_request(Request("batch", 12, 2, priority=batch_priority)) is None
-    assert run_step(sched, one_second) is not None  # batch: 3 blocks
-    assert sched.add_request(Request("urgent", 8, 2, arrival_time_s=1.0, priority=0)) is None
-    plan = sched.schedule()
+    _, plan = _urgent_after_batch("sglang-priority", batch_priority)
     if preempted:
         assert plan.preempted_request_ids == ("batch",)
         assert [(c.request_id, c.num_tokens) for c in plan.chunks] == [("urgent", 8)]
