@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -220,3 +221,26 @@ def test_live_dynosim_prices_a_prompt_as_the_pricer_does(tmp_path: Path) -> None
     ]
     assert report["mean_ttft_ms"] == pytest.approx(sum(pricer.step_time_s(s) for s in steps) * 1000, rel=1e-6)
     assert benchmark().dynosim_metrics(report)["completed"] == 1
+
+
+@pytest.mark.skipif(
+    not (DYNOSIM_VENV / "bin" / "python").exists(), reason="DynoSim's venv (the benchmark makes it)"
+)
+def test_live_printed_command_runs_on_dynosim(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The command the module prints runs in DynoSim's venv and replays every request it can."""
+    deployment = {
+        "costs": {"kind": "full", "model": "llama-3-8b", "hardware": "h100-sxm"},
+        "serving": {"max_num_batched_tokens": 2_048, "max_num_seqs": 64, "max_model_len": 200_000},
+        "replicas": 4,
+    }
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(deployment))
+    assert (
+        main([str(tmp_path / "d.yaml"), "--trace", "mooncake-synthetic", "--out", str(tmp_path / "out")]) == 0
+    )
+    argv = shlex.split(capsys.readouterr().out)
+    assert argv[:3] == ["python", "-m", "dynamo.replay"]
+    subprocess.run(
+        [str(DYNOSIM_VENV / "bin" / "python"), *argv[1:]], check=True, capture_output=True, cwd=tmp_path
+    )
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["completed_requests"] == 1000
