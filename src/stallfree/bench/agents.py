@@ -22,7 +22,7 @@ import httpx
 
 from stallfree.bench.client import Endpoint, StreamResult, stream_completion
 from stallfree.bench.prompts import PromptSizer
-from stallfree.bench.scenarios import BenchRun, build_run, wait_any
+from stallfree.bench.scenarios import BenchRun, build_run, run_until_stopped
 from stallfree.workload.agents import AgentTurn, AgentTurns
 
 
@@ -69,13 +69,7 @@ async def run_agents(
 
     start_s = time.perf_counter()
     tasks = [asyncio.ensure_future(turn(t)) for t in agents.turns]
-    if stop is None:
-        await asyncio.gather(*tasks)
-    else:
-        await wait_any(stop, tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    await run_until_stopped(tasks, stop)
     sent.sort(key=lambda row: row[0].sent_s)
     run = build_run([r for r, _, _ in sent], [n for _, n, _ in sent], start_s, time.perf_counter())
     run.extra["agents"] = {

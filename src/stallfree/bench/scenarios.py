@@ -89,6 +89,18 @@ def build_run(results: list[StreamResult], prompts: list[int], start_s: float, e
     return BenchRun(records, itl, max(end_s - start_s, 1e-9), results, prompts)
 
 
+async def run_until_stopped(tasks: Sequence[asyncio.Future[Any]], stop: asyncio.Event | None) -> None:
+    """Wait for every task, or until ``stop`` is set (Ctrl-C): then cancel the rest and wait for
+    them to wind up."""
+    if stop is None:
+        await asyncio.gather(*tasks)
+        return
+    await wait_any(stop, tasks)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def run_workload(
     http: httpx.AsyncClient,
     endpoint: Endpoint,
@@ -181,13 +193,7 @@ async def run_sessions(
 
     start_s = time.perf_counter()
     tasks = [asyncio.ensure_future(session(i)) for i in range(len(starts_s))]
-    if stop is None:
-        await asyncio.gather(*tasks)
-    else:
-        await wait_any(stop, tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    await run_until_stopped(tasks, stop)
     sent.sort(key=lambda row: row[2].sent_s)
     run = build_run([r for _, _, r, _ in sent], [n for _, _, _, n in sent], start_s, time.perf_counter())
     run.extra["sessions"] = {
