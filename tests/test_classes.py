@@ -228,3 +228,14 @@ def test_a_deployment_file_keeps_its_shedding_rule(tmp_path: Path) -> None:
     assert Deployment.from_dict(deployment.to_dict()) == deployment
     with pytest.raises(ValueError, match="shedding's min_priority must be an integer"):
         Deployment.from_dict({"shed": {"min_priority": "high", "max_waiting": 3}})
+
+
+def test_the_cdf_figures_draw_a_line_per_class() -> None:
+    from stallfree.plots.traffic import traffic_figures
+
+    result = simulate(_classes(CHAT, BATCH), Deployment(), num_requests=120, seed=1)
+    assert result.traffic_classes and set(result.traffic_classes.values()) == {"chat", "batch"}
+    figures = dict(traffic_figures([result]))
+    for name in ("ttft_cdf", "itl_cdf"):
+        labels = [line.get_label() for line in figures[name].axes[0].get_lines()]
+        assert [label.split(" (")[0] for label in labels] == ["chunked chat", "chunked batch"], name

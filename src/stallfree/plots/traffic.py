@@ -86,33 +86,36 @@ class _CdfFigure:
 def _itl_cdf(results: Sequence[SimulationResult]) -> Figure:
     fig = _CdfFigure(f"Inter-token latency — {_title(results)}", "gap between two tokens of a stream (ms)")
     for r in results:
-        values, counts = r.itl.values_s, r.itl.counts
-        keep = counts > 0
-        if not keep.any():
-            continue
-        order = np.argsort(values[keep], kind="stable")
-        x = values[keep][order] * 1e3
-        y = np.cumsum(counts[keep][order]) / counts[keep].sum()
-        fig.add(
-            x, y, f"{r.policy} (p99 {r.summary['p99_itl_ms']:.1f} ms, max {r.summary['max_itl_ms']:.0f} ms)"
-        )
+        # One line per traffic class where the run has them, else one for the run.
+        lines = [(f"{r.policy} {name}", acc, r.summary["classes"][name]) for name, acc in r.class_itl.items()]
+        for label, itl, summary in lines or [(r.policy, r.itl, r.summary)]:
+            values, counts = itl.values_s, itl.counts
+            keep = counts > 0
+            if not keep.any():
+                continue
+            order = np.argsort(values[keep], kind="stable")
+            x = values[keep][order] * 1e3
+            y = np.cumsum(counts[keep][order]) / counts[keep].sum()
+            fig.add(x, y, f"{label} (p99 {summary['p99_itl_ms']:.1f} ms, max {summary['max_itl_ms']:.0f} ms)")
     return fig.done()
 
 
 def _ttft_cdf(results: Sequence[SimulationResult]) -> Figure:
     fig = _CdfFigure(f"Time to first token — {_title(results)}", "TTFT (ms)")
     for r in results:
-        ttfts = np.sort(
-            [
-                (x.first_token_s - x.arrival_s) * 1e3
-                for x in r.records
-                if x.is_completed and x.first_token_s is not None
-            ]
-        )
-        if not ttfts.size:
-            continue
-        y = np.arange(1, ttfts.size + 1) / ttfts.size
-        fig.add(ttfts, y, f"{r.policy} (p99 {r.summary['p99_ttft_ms']:,.0f} ms)")
+        by_class: dict[str | None, list[float]] = {}
+        for x in r.records:
+            if x.is_completed and x.first_token_s is not None:
+                name = r.traffic_classes.get(x.request_id)
+                by_class.setdefault(name, []).append((x.first_token_s - x.arrival_s) * 1e3)
+        names = [n for n in (None, *r.summary.get("classes", {})) if n in by_class]  # classes in order
+        for name in names:
+            values = by_class[name]
+            summary = r.summary if name is None else r.summary["classes"][name]
+            ttfts = np.sort(values)
+            y = np.arange(1, ttfts.size + 1) / ttfts.size
+            label = r.policy if name is None else f"{r.policy} {name}"
+            fig.add(ttfts, y, f"{label} (p99 {summary['p99_ttft_ms']:,.0f} ms)")
     return fig.done()
 
 

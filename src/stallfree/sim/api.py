@@ -57,6 +57,7 @@ class SimulationResult:
     steps: StepTrace | None
     partial: bool = False
     class_itl: Mapping[str, ItlAccumulator] = dataclasses.field(default_factory=dict)  # by traffic class
+    traffic_classes: Mapping[str, str] = dataclasses.field(default_factory=dict)  # request id -> its class
 
 
 def simulate(
@@ -214,7 +215,9 @@ def _simulate_classes(
     result.summary["classes"] = class_summaries(
         classes, requests, result.records, result.class_itl, result.summary["duration"]
     )
-    return result
+    return replace(
+        result, traffic_classes={r.request_id: r.traffic_class for r in requests if r.traffic_class}
+    )
 
 
 def _verifier(deployment: Deployment, pick: CostPick, seed: int) -> DraftVerifier | None:
