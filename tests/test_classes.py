@@ -239,3 +239,18 @@ def test_the_cdf_figures_draw_a_line_per_class() -> None:
     for name in ("ttft_cdf", "itl_cdf"):
         labels = [line.get_label() for line in figures[name].axes[0].get_lines()]
         assert [label.split(" (")[0] for label in labels] == ["chunked chat", "chunked batch"], name
+
+
+@pytest.mark.parametrize("seed", [0, 7, 23])
+@pytest.mark.parametrize("lengths", ["sharegpt", "fixed:900,40"])
+def test_one_class_under_fcfs_is_todays_run(seed: int, lengths: str) -> None:
+    """A single class, fcfs: the same requests and the same summary as the plain workload (its
+    per-class scores aside, which equal the run's)."""
+    (only,) = _classes(f"chat:lengths={lengths},qps=6").classes
+    plain = simulate(only.workload, Deployment(), num_requests=150, seed=seed)
+    classed = simulate(TrafficClasses((only,)), Deployment(), num_requests=150, seed=seed)
+    per = classed.summary.pop("classes")["chat"]
+    assert classed.summary == plain.summary
+    assert classed.records == plain.records
+    for key in ("completed", "median_ttft_ms", "p99_itl_ms", "max_itl_ms", "median_tpot_ms"):
+        assert per[key] == plain.summary[key], key
