@@ -8,8 +8,11 @@ present, else the slices shipped with stallfree), 16 replicas of llama-3.1-8b on
 cache-aware router run the whole trace with no tier, a host tier a replica, a shared store, and
 both. For each: the share of prompt tokens found on the GPU and in each tier against the bound
 (the tokens whose block chain an earlier request of the trace already had: an infinite cache
-shared by all), TTFT, the loads' wait, and each simulation's wall and CPU time. Then the fewest
-replicas (bisection, 1..16) meeting P99 TTFT <= 10 s with P50 scheduling delay <= 2 s.
+shared by all), TTFT and the loads' wait. Then the fewest replicas (bisection, 1..16) meeting
+P99 TTFT <= 10 s with P50 scheduling delay <= 2 s. Last, what the tiers cost the simulator: the
+16-replica run without tiers and with both, one after the other ``--repeat`` times, the fastest of
+each (a shared 2-core machine's load moves single timings 2x), simulate's own wall time and the
+process's CPU time.
 
     python benchmarks/fleet/kv_tiers_fleet.py            # needs stallfree[gpu] (aiconfigurator-core)
 """
@@ -94,7 +97,7 @@ def bound(path: Path | None, limit: int | None) -> float | None:
 
 
 def meets_slos(summary: dict[str, Any]) -> bool:
-    return (
+    return bool(
         summary["completed"] > 0
         and summary["p99_ttft_ms"] <= SLO_TTFT_P99_MS
         and summary["median_scheduling_delay_ms"] <= SLO_DELAY_P50_MS
@@ -114,10 +117,36 @@ def fewest_replicas(trace: list[str], tiers: list[str], most: int) -> int | None
     return high
 
 
+def capacity(trace: list[str], most: int) -> None:
+    print(f"fewest replicas meeting P99 TTFT <= {SLO_TTFT_P99_MS / 1000:g} s, P50 scheduling delay "
+          f"<= {SLO_DELAY_P50_MS / 1000:g} s:")  # fmt: skip
+    for label, tiers in TIERS.items():
+        log(f"capacity, {label}")
+        found = fewest_replicas(trace, tiers, most)
+        print(f"  {label:<16}{found if found is not None else f'more than {most}'}")
+
+
+def speed(name: str, trace: list[str], replicas: int, repeat: int) -> None:
+    """The run without tiers and with both, alternately ``repeat`` times: the fastest of each."""
+    runs: dict[str, list[tuple[float, float]]] = {"GPU only": [], "+ host + shared": []}
+    for _ in range(repeat):
+        for label in runs:
+            log(f"{name}: speed, {label}")
+            s, _, cpu_s = simulate(*trace, "--replicas", str(replicas), *TIERS[label])
+            runs[label].append((s["sim_wall_s"], cpu_s))
+    off, on = runs.values()
+    off_wall, off_cpu = min(w for w, _ in off), min(c for _, c in off)
+    on_wall, on_cpu = min(w for w, _ in on), min(c for _, c in on)
+    print(f"simulation time, the fastest of {repeat}: GPU only {off_wall:.2f} s ({off_cpu:.2f} s CPU), "
+          f"+ host + shared {on_wall:.2f} s ({on_cpu:.2f} s CPU): {on_wall / off_wall:.2f}x "
+          f"({on_cpu / off_cpu:.2f}x CPU)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", type=int, default=16, help="the fleet every run serves the trace with")
     parser.add_argument("--no-capacity", action="store_true", help="skip the fewest-replicas search")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each for the speed (default 3)")
     args = parser.parse_args()
     print(f"# {machine()}; load {loadavg()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     for name, (full, shipped) in TRACES.items():
@@ -131,25 +160,20 @@ def main() -> None:
         print(f"\n## {name}: {trace[1]}; tokens an earlier request's blocks already held: {shown}")
         print(f"{args.replicas} replicas, cache-aware:")
         print(f"  {'tiers':<16}{'GPU':>7}{'host':>7}{'shared':>8}{'all':>7}{'TTFT p50':>10}{'TTFT p99':>10}"
-              f"{'load wait':>11}{'wall (s)':>10}{'CPU (s)':>9}")  # fmt: skip
+              f"{'load wait':>11}")  # fmt: skip
         for label, tiers in TIERS.items():
             log(f"{name}: {label}")
-            s, wall_s, cpu_s = simulate(*trace, "--replicas", str(args.replicas), *tiers)
+            s, _, _ = simulate(*trace, "--replicas", str(args.replicas), *tiers)
             every = s["prefix_cache_hit_rate"]  # with tiers: every source's
             gpu = s.get("kv_gpu_hit_rate", every)
             host, shared = s.get("kv_host_hit_rate") or 0.0, s.get("kv_shared_hit_rate") or 0.0
             wait = s.get("mean_kv_load_wait_ms")
             print(f"  {label:<16}{100 * gpu:>6.1f}%{100 * host:>6.1f}%{100 * shared:>7.1f}%"
                   f"{100 * every:>6.1f}%{s['median_ttft_ms']:>10,.0f}{s['p99_ttft_ms']:>10,.0f}"
-                  f"{'-' if wait is None else f'{wait:.1f} ms':>11}{wall_s:>10.1f}{cpu_s:>9.1f}")  # fmt: skip
-        if args.no_capacity:
-            continue
-        print(f"fewest replicas meeting P99 TTFT <= {SLO_TTFT_P99_MS / 1000:g} s, P50 scheduling delay "
-              f"<= {SLO_DELAY_P50_MS / 1000:g} s:")  # fmt: skip
-        for label, tiers in TIERS.items():
-            log(f"{name}: capacity, {label}")
-            found = fewest_replicas(trace, tiers, args.replicas)
-            print(f"  {label:<16}{found if found is not None else f'more than {args.replicas}'}")
+                  f"{'-' if wait is None else f'{wait:.1f} ms':>11}")  # fmt: skip
+        if not args.no_capacity:
+            capacity(trace, args.replicas)
+        speed(name, trace, args.replicas, args.repeat)
     print(f"\n(cores: {os.cpu_count()}; load at the end {loadavg()})")
 
 
