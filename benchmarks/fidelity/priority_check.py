@@ -1,7 +1,9 @@
 """Priority scheduling checked on real servers: chats at priority 0 beside batch prompts at
 priority 10, the server under ``--scheduling-policy fcfs`` and ``priority``, each class's medians
 measured and predicted on the same requests. ``--server vllm`` (vLLM's CPU build; ``make vllm``
-builds it in ``.venv-vllm``) or ``--server stallfree`` (``stallfree serve``, the engine).
+builds it in ``.venv-vllm``) or ``--server stallfree`` (``stallfree serve``, the engine, on one
+thread as vLLM's CPU worker binds one core: on both of 2 cores the client and the HTTP path slow
+its served steps well below the profile's).
 
 1. saves a random-weight model (``--model``, fp32) and starts the server on it at vLLM's CPU
    defaults (2,048 tokens a step, 128 sequences) with ``--scheduling-policy fcfs``;
@@ -62,7 +64,7 @@ def served(args: argparse.Namespace, model_dir: Path, policy: str) -> Iterator[t
     budget, seqs = VLLM_DEFAULT
     flags = ["--model", str(model_dir), "--dtype", "float32", "--scheduling-policy", policy,
              "--max-num-batched-tokens", str(budget), "--max-num-seqs", str(seqs),
-             "--num-blocks", str(STALLFREE_BLOCKS)]  # fmt: skip
+             "--num-blocks", str(STALLFREE_BLOCKS), "--threads", "1"]  # fmt: skip
     with stallfree_serve(flags, log=log) as server:
         yield server, STALLFREE_BLOCKS
 
@@ -132,8 +134,8 @@ def main() -> int:
     parser.add_argument("--batch-lengths", default="fixed:1536,8")
     parser.add_argument("--chat-qps", type=float, default=4.0, help="the chats' share of the mix")
     parser.add_argument("--batch-qps", type=float, default=1.0, help="the batch prompts' share")
-    parser.add_argument("--load", type=float, default=0.9, help="share of the rate the profile sustains")
-    parser.add_argument("--num-requests", type=int, default=100)
+    parser.add_argument("--load", type=float, default=1.25, help="share of the rate the profile sustains")
+    parser.add_argument("--num-requests", type=int, default=120)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-profile", action="store_true", help="reuse the profile under --out")
     args = parser.parse_args()
