@@ -3,7 +3,8 @@
 A context is made by :meth:`Scheduler.schedule` for one step, over the scheduler's
 :class:`~stallfree.core.state.SchedulerState`, and lives only while the policy fills it. Its two actions keep the scheduler's invariants whatever the policy asks: a chunk
 never runs past a request's known tokens, KV blocks are allocated for every scheduled token
-(preempting the newest running request, by recompute, when they run out), new requests are
+(preempting the newest running request, or under ``priority`` the lowest-priority one, by
+recompute, when they run out), new requests are
 admitted only within ``max_num_seqs`` and above the KV watermark, and no request is scheduled
 twice in one step.
 

@@ -5,11 +5,12 @@ plan to an executor, and give the executor's :class:`StepResult` back through
 :meth:`Scheduler.update_from_output`. The whole algorithm, in order:
 
 1. ``add_request`` rejects what can never run (longer than ``max_model_len``, more KV blocks
-   than the cache has, or what the policy refuses) and queues the rest, first come first served;
+   than the cache has, or what the policy refuses) and queues the rest, first come first served
+   (or by priority: ``SchedulerConfig.scheduling_policy``);
 2. ``schedule`` lets the :class:`~stallfree.core.policy.Policy` fill one step through a
    :class:`~stallfree.core.context.StepContext`, which allocates KV blocks for every scheduled
    token, admits within ``max_num_seqs`` and the watermark, and preempts the newest running
-   request when blocks run out;
+   request when blocks run out (the lowest-priority one under ``priority``);
 3. ``update_from_output`` advances every scheduled request and finishes those that stopped or
    reached ``max_tokens``; their blocks are freed and announced in the next plan (held instead,
    for a request whose KV goes to a decode server, until :meth:`Scheduler.release_kv`). A decode that
