@@ -3,6 +3,7 @@ requests waiting for them while others run; hits by tier in the summary; bad inp
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -199,3 +200,29 @@ def test_bad_tiers_are_one_line_and_exit_2(
         code = int(str(exit_info.code))
     err = capsys.readouterr().err.strip()
     assert code == 2 and expected in err and len(err.splitlines()) == 1
+
+
+def test_simulate_writes_its_tiers_to_a_deployment_file_and_runs_it_again(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "deployment.yaml"
+    argv = ["simulate", "--trace", TRACE, "--num-requests", "20", "--cost-model", "full", "--json"]
+    tiers = ["--kv-host-gb", "100", "--kv-shared-gb", "300", "--kv-shared-link", "roce-200"]
+    assert main([*argv, *tiers, "--deployment-out", str(path)]) == 0
+    first = capsys.readouterr().out
+    assert main([*argv, "--deployment", str(path)]) == 0
+    again = capsys.readouterr().out
+    scenario = json.loads(again)["scenario"]
+    assert (scenario["kv_host_gb"], scenario["kv_shared_gb"], scenario["kv_shared_link"]) == (
+        100,
+        300,
+        "roce-200",
+    )
+    assert _summary(first) == _summary(again)
+
+
+def _summary(text: str) -> dict[str, Any]:
+    """A simulate --json run's summary, but its wall time."""
+    summary: dict[str, Any] = json.loads(text)["policies"]["chunked"]
+    summary.pop("sim_wall_s")
+    return summary
