@@ -188,6 +188,7 @@ def test_the_table_shows_hits_by_tier(capsys: pytest.CaptureFixture[str]) -> Non
         (["--kv-host-link", "pcie4"], "--kv-host-link applies with --kv-host-gb"),
         (["--kv-host-gb", "0"], "argument --kv-host-gb"),
         (["--kv-host-gb", "10", "--no-enable-prefix-caching"], "KV tiers keep the prefix cache's blocks"),
+        (["--kv-shared-gb", "10", "--disaggregate", "1P1D"], "KV tiers run on one replica or a fleet"),
     ],
 )
 def test_bad_tiers_are_one_line_and_exit_2(
