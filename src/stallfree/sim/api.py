@@ -46,8 +46,41 @@ DEFAULT_DEPLOYMENT = Deployment()
 
 @dataclass(frozen=True, slots=True)
 class SimulationResult:
-    """One policy's run. ``summary`` has vLLM's benchmark keys plus ours (see :func:`simulate`).
-    ``partial``: stopped early (``simulate``'s ``stop``); then it covers what was done by then."""
+    """One policy's run (:func:`simulate`'s).
+
+    The summary holds :func:`stallfree.metrics.summarize`'s keys plus ``policy``, ``num_steps``,
+    ``max_step_ms``, ``num_kv_blocks``, ``kv_block_size``, ``rejected_reasons`` (reason -> count),
+    the prefix cache's ``enable_prefix_caching``, ``prefix_cache_queried_tokens``,
+    ``prefix_cache_hit_tokens`` and ``prefix_cache_hit_rate``, and, with
+    ``serving.step_budget_ms``, what missed the step-time target (``step_budget_ms``,
+    ``num_steps_over_budget``, ``num_guarded_steps``, ``num_decode_overruns``).
+
+    A run that ``stop`` ended (a Ctrl-C's flag, say, asked between steps) is ``partial``: the
+    records of the requests finished by then, the summary of those over the simulated time so far,
+    with ITL samples of every gap simulated so far (requests still in flight included) and the
+    steps run.
+
+    Several replicas (or a route delay): the summary is the fleet's, plus ``num_replicas``,
+    ``router``, ``route_delay_ms``, ``load_imbalance`` (the busiest replica's busy time over the
+    mean) and ``replicas`` (each one's summary); ``steps`` is None; ``num_kv_blocks`` is the
+    fleet's total. One replica is the run above, unchanged.
+
+    Drafts (speculative decoding): the summary adds vLLM's spec-decode counters and rates
+    (:meth:`~stallfree.sim.speculative.DraftStats.summary`).
+
+    Traffic classes (:class:`~stallfree.workload.classes.TrafficClasses`, one replica or a fleet):
+    ``summary["classes"]`` scores each class as the run is scored (its goodput by its own SLOs),
+    and ``class_itl`` holds each class's ITL samples.
+
+    KV tiers (``deployment.kv_tiers``, one replica or a fleet): the prefix cache's keys count the
+    blocks loaded from the tiers with the GPU's, and the summary adds ``kv_tiers`` (the hits by
+    source, each tier's capacity, link, tokens and bytes loaded, blocks written and evicted; the
+    loads' waits: :func:`~stallfree.sim.kv_tiers.tier_summary`), ``kv_gpu_hit_rate``,
+    ``kv_host_hit_rate``, ``kv_shared_hit_rate`` and ``mean_kv_load_wait_ms``.
+
+    Disaggregated: the summary is the client's, plus ``disaggregation`` (the pools and the KV's
+    trips: :func:`~stallfree.sim.disagg.disaggregated_summary`).
+    """
 
     policy: str
     summary: dict[str, Any]
@@ -88,38 +121,8 @@ def simulate(
     schedules every step (the reference the fast path equals). ``step_noise`` and ``step_scales``
     (a profile's model only) vary the steps' times: :class:`~stallfree.costs.measured.VariedSteps`.
 
-    The summary holds :func:`stallfree.metrics.summarize`'s keys plus ``policy``, ``num_steps``,
-    ``max_step_ms``, ``num_kv_blocks``, ``kv_block_size``, ``rejected_reasons`` (reason -> count),
-    the prefix cache's ``enable_prefix_caching``, ``prefix_cache_queried_tokens``,
-    ``prefix_cache_hit_tokens`` and ``prefix_cache_hit_rate``, and, with
-    ``serving.step_budget_ms``, what missed the step-time target (``step_budget_ms``,
-    ``num_steps_over_budget``, ``num_guarded_steps``, ``num_decode_overruns``).
-
-    ``stop`` (a Ctrl-C's flag, say) is asked between steps; once it returns True the run ends
-    there and the result is ``partial``: the records of the requests finished by then, the
-    summary of those over the simulated time so far, with ITL samples of every gap simulated so
-    far (requests still in flight included) and the steps run.
-
-    Several replicas (or a route delay): the summary is the fleet's, plus ``num_replicas``,
-    ``router``, ``route_delay_ms``, ``load_imbalance`` (the busiest replica's busy time over the
-    mean) and ``replicas`` (each one's summary); ``steps`` is None; ``num_kv_blocks`` is the
-    fleet's total. One replica is the run above, unchanged.
-
-    Drafts (speculative decoding): the summary adds vLLM's spec-decode counters and rates
-    (:meth:`~stallfree.sim.speculative.DraftStats.summary`).
-
-    Traffic classes (:class:`~stallfree.workload.classes.TrafficClasses`, one replica or a fleet):
-    ``summary["classes"]`` scores each class as the run is scored (its goodput by its own SLOs),
-    and ``class_itl`` holds each class's ITL samples.
-
-    KV tiers (``deployment.kv_tiers``, one replica or a fleet): the prefix cache's keys count the
-    blocks loaded from the tiers with the GPU's, and the summary adds ``kv_tiers`` (the hits by
-    source, each tier's capacity, link, tokens and bytes loaded, blocks written and evicted; the
-    loads' waits: :func:`~stallfree.sim.kv_tiers.tier_summary`), ``kv_gpu_hit_rate``,
-    ``kv_host_hit_rate``, ``kv_shared_hit_rate`` and ``mean_kv_load_wait_ms``.
-
-    Disaggregated: the summary is the client's, plus ``disaggregation`` (the pools and the KV's
-    trips: :func:`~stallfree.sim.disagg.disaggregated_summary`).
+    The summary's keys, and what a fleet, drafts, classes, KV tiers and pools add to them:
+    :class:`SimulationResult`.
     """
     if isinstance(workload, TrafficClasses):
         how = {"keep_steps": keep_steps, "fast": fast, "step_noise": step_noise, "step_scales": step_scales}
@@ -162,8 +165,24 @@ def simulate(
             deployment.kv_tiers,
             deployment.shed,
         )
-    pick = picks[0]
-    kv = kvs[id(pick)]
+    one = (fast, keep_steps, step_noise, step_scales, seed)
+    return _simulate_one(
+        deployment, picks[0], kvs[id(picks[0])], queue or requests, goodput, one, stop, drafts
+    )
+
+
+def _simulate_one(
+    deployment: Deployment,
+    pick: CostPick,
+    kv: KvMemory,
+    requests: Iterable[Request] | TurnQueue,
+    goodput: Mapping[str, float] | None,
+    how: tuple[bool, bool, bool, tuple[float, float] | None, int],
+    stop: Callable[[], bool] | None,
+    drafts: list[DraftVerifier] | None,
+) -> SimulationResult:
+    """One replica's run; ``how`` = (fast, keep_steps, step_noise, step_scales, seed)."""
+    (fast, keep_steps, step_noise, step_scales, seed), serving = how, deployment.serving
     # The cost model is the step-time predictor of a time-budgeted policy (unused otherwise).
     scheduler = serving.make_scheduler(
         pick.model.max_position_embeddings, kv.num_blocks, predictor=pick.pricer.step_time_s
@@ -172,13 +191,13 @@ def simulate(
     run = run_traffic(
         scheduler,
         _varied(pick, step_noise, step_scales, seed),
-        queue or requests,
+        requests,
         fast=fast,
         keep_steps=keep_steps,
         step_budget_s=serving.step_budget_s,
         stop=stop,
         drafts=drafts[0] if drafts else None,
-        on_finished=on_finished,
+        on_finished=requests.finished if isinstance(requests, TurnQueue) else None,
         tiers=tiers[0] if tiers else None,
         shed=deployment.shed,
     )
