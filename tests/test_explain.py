@@ -76,6 +76,31 @@ def test_a_cached_prefix_leaves_only_the_tail_to_compute(capsys: pytest.CaptureF
     assert "below the prompt" in capsys.readouterr().err
 
 
+def test_a_prefix_in_a_lower_tier_loads_first_while_the_streams_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The same cached prefix, now in host memory over PCIe 5 (64 GB/s a GPU): the prompt reaches
+    the scheduler once its KV has loaded, so its TTFT grows by the load (rounded up to a step
+    boundary); the streams never wait for it."""
+    args = ("--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--tp", "2", "--cost-model", "full")
+    args += ("--prompt-tokens", "60000", "--cached-prefix-tokens", "50000", "--sweep", "256")
+    in_gpu = explain_json(capsys, *args)
+    in_host = explain_json(capsys, *args, "--cached-prefix-link", "pcie5")
+    kv_per_gpu = 50000 * 2 * 32 * 8 * 128 * 2 / 2  # K and V, 32 layers, 8 KV heads of 128, bf16, TP 2
+    load_s = 10e-6 + kv_per_gpu / 64e9
+    assert in_host["scenario"]["cached_prefix_load_s"] == pytest.approx(load_s)
+    assert "cached_prefix_load_s" not in in_gpu["scenario"]
+    step_s = in_gpu["decode_step_s"] * 3  # the longest step a chunk rides in is a few decode steps
+    for name in ("prefill-first", "chunked"):
+        host, gpu = in_host["policies"][name], in_gpu["policies"][name]
+        assert load_s <= host["ttft_s"] - gpu["ttft_s"] <= load_s + max(step_s, gpu["max_gap_s"])
+        assert host["max_gap_s"] == pytest.approx(gpu["max_gap_s"], rel=1e-3)  # contexts a few tokens longer
+    assert main(["explain", "--cached-prefix-link", "pcie5"]) == 2
+    assert "give --cached-prefix-tokens" in capsys.readouterr().err
+    assert main(["explain", "--cached-prefix-tokens", "100", "--cached-prefix-link", "pcie9"]) == 2
+    assert "unknown shared store link 'pcie9'" in capsys.readouterr().err
+
+
 def test_table_and_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explain", "--plot", str(tmp_path), "--sweep", "64,256,1024"]) == 0
     text = capsys.readouterr().out

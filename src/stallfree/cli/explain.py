@@ -123,6 +123,13 @@ def _add_scenario_args(p: argparse.ArgumentParser) -> None:
         "only its tail is computed and chunked (default 0)",
     )
     add(
+        "--cached-prefix-link",
+        metavar="LINK",
+        help="with --cached-prefix-tokens: that prefix sits in a KV tier below the GPU's cache, loaded over "
+        "LINK first (host memory: pcie4, pcie5; a shared store: ib-200, ib-400, ...; or GB/s a GPU) while "
+        "the streams run; the prompt's TTFT counts the load (default: in the GPU's cache)",
+    )
+    add(
         "--chunk-tokens",
         type=positive_int,
         help="prompt tokens per chunked step (default 256; torch: the measured ridge)",

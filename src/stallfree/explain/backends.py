@@ -52,6 +52,8 @@ def run_explain(options: ExplainOptions) -> Explanation:
     if chunk is None:
         chunk = int(timer.ridge_tokens(options.streams, context))
     budget_ms = options.step_budget_ms
+    deployment = roofline.cost_model.config if roofline else None
+    load_s = _prefix_load_s(options, deployment, echo)
     scenario = Scenario(
         prompt_tokens=prompt,
         streams=options.streams,
@@ -59,9 +61,9 @@ def run_explain(options: ExplainOptions) -> Explanation:
         chunk_tokens=chunk,
         step_budget_s=budget_ms / 1000 if budget_ms else None,
         cached_prefix_tokens=options.cached_prefix_tokens,
+        cached_prefix_load_s=load_s,
     )
     warnings = _deployment_warnings(roofline.cost_model.config, scenario) if roofline else []
-    deployment = roofline.cost_model.config if roofline else None
     if options.is_priced_by_gpu_tables:  # the roofline said what the deployment holds, not how fast
         roofline = None
     if options.is_priced_by_profile:  # a PricedTimer over the profile's measured model
@@ -101,6 +103,28 @@ def run_explain(options: ExplainOptions) -> Explanation:
     run = explain(scenario, timer, sweep, echo, warnings=warnings, predictor=cost.step_time_s)
     priced = explain(scenario, PricedTimer(cost, cost.ridge_tokens), ())
     return replace(run, predicted=priced.runs)
+
+
+def _prefix_load_s(
+    options: ExplainOptions, deployment: CostModelConfig | None, echo: dict[str, Any]
+) -> float:
+    """How long the cached prefix takes to load from the tier ``--cached-prefix-link`` reaches (0:
+    it is in the GPU's cache): its KV a GPU's share, over that GPU's link (a host preset, else a
+    network one, or GB/s); said in ``echo``."""
+    name = options.cached_prefix_link
+    if name is None:
+        return 0.0
+    from stallfree.costs.kv_transfer import HOST_LINKS, kv_transfer_bytes, tier_link
+
+    assert deployment is not None  # a priced GPU deployment (checked by the options)
+    link = tier_link(name, host=name in HOST_LINKS)
+    per_gpu = (
+        kv_transfer_bytes(deployment.model, options.cached_prefix_tokens, deployment.dtype_bytes)
+        / deployment.tp
+    )
+    load_s = link.latency_s + per_gpu / link.bytes_per_s
+    echo.update(cached_prefix_link=link.name, cached_prefix_gb_per_gpu=per_gpu / 1e9)
+    return load_s
 
 
 def _roofline(options: ExplainOptions, model_name: str) -> tuple[RooflineTimer, dict[str, Any]]:

@@ -79,6 +79,7 @@ class ExplainOptions:
     step_budget_ms: float | None = None
     sweep: tuple[int, ...] | None = None
     cached_prefix_tokens: int = 0
+    cached_prefix_link: str | None = None
     speculative_tokens: int = 0
     acceptance_rate: str = "0.7"
     disaggregate: str | None = None
@@ -99,6 +100,13 @@ class ExplainOptions:
             _positive("cached_prefix_tokens", self.cached_prefix_tokens, whole=True)
             if self.engine == "torch":
                 raise ValueError("--cached-prefix-tokens runs on the roofline engine (or a --profile) only")
+        if self.cached_prefix_link is not None and (
+            not self.cached_prefix_tokens or self.is_priced_by_profile or self.engine == "torch"
+        ):
+            raise ValueError(
+                "--cached-prefix-link says where a cached prefix is loaded from: give --cached-prefix-tokens, "
+                "on a priced GPU deployment (not --profile or the torch engine)"
+            )
         if self.step_budget_ms and self.engine == "torch" and self.profile is None:
             # The engine's timer runs plans; a time budget needs a prediction before running one.
             raise ValueError(

@@ -71,7 +71,11 @@ def format_explain(out: dict[str, Any]) -> str:
         f"{sc['streams']} streams decoding at {sc['context_tokens']:,} tokens of context; a {sc['prompt_tokens']:,}-token prompt arrives"
         + (
             f", its first {sc['cached_prefix_tokens']:,} tokens in the prefix cache (only the rest is computed)."
-            if sc.get("cached_prefix_tokens")
+            if sc.get("cached_prefix_tokens") and not sc.get("cached_prefix_link")
+            else f", its first {sc.get('cached_prefix_tokens', 0):,} tokens loaded first from a lower KV tier over "
+            f"{sc.get('cached_prefix_link')} ({sc.get('cached_prefix_gb_per_gpu', 0):,.2f} GB a GPU, "
+            f"{_ms(sc.get('cached_prefix_load_s', 0.0))}, while the streams run); only the rest is computed."
+            if sc.get("cached_prefix_link")
             else "."
         ),
         *([f"chunk {sc['chunk_tokens']} tokens, {sc['chunk_reason']}"] if sc.get("chunk_reason") else []),

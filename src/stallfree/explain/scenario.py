@@ -92,6 +92,9 @@ class Scenario(LongPrompt):
     chunk_tokens: int = 256
     step_budget_s: float | None = None  # chunked sizes its chunks by this step-time target instead
     cached_prefix_tokens: int = 0  # the prompt's first tokens, already in the prefix cache
+    # ... or in a tier below it (host memory, a shared store): loaded this long (while the streams
+    # run) before the prompt reaches the scheduler; its TTFT counts the load
+    cached_prefix_load_s: float = 0.0
 
     def __post_init__(self) -> None:
         super(Scenario, self).__post_init__()
@@ -102,6 +105,10 @@ class Scenario(LongPrompt):
                 f"cached-prefix-tokens must be >= 0 and below the prompt's {self.prompt_tokens:,} tokens, "
                 f"got {self.cached_prefix_tokens}"
             )
+        if not 0 <= self.cached_prefix_load_s < float("inf") or (
+            self.cached_prefix_load_s and not self.cached_prefix_tokens
+        ):
+            raise ValueError("a cached prefix's load time must be >= 0 s, and comes with a cached prefix")
         if self.step_budget_s is not None and not self.step_budget_s > 0:
             raise ValueError(f"step-budget-ms must be positive, got {self.step_budget_s * 1000}")
 
@@ -202,7 +209,7 @@ def run_scenario(
         PROMPT_ID,
         scenario.prompt_tokens,
         1,
-        arrival_time_s=arrival_s,
+        arrival_time_s=arrival_s + scenario.cached_prefix_load_s,
         prompt_blocks=content if cached else None,
     )
 
@@ -401,7 +408,10 @@ def explain(
     spec = None
     if speculation is not None:
         spec = _speculate(scenario, timer, runs, *speculation)
-    echo = {**asdict(scenario), **(scenario_echo or {})}
+    fields = asdict(scenario)
+    if not scenario.cached_prefix_load_s:
+        del fields["cached_prefix_load_s"]  # a prefix in the GPU's cache: nothing to say
+    echo = {**fields, **(scenario_echo or {})}
     return Explanation(
         scenario=echo,
         ridge_tokens=timer.ridge_tokens(scenario.streams, scenario.context_tokens),
