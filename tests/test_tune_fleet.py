@@ -105,8 +105,42 @@ def test_trace_arrivals_replay_at_the_asked_rate() -> None:
         (["--router", "round-robin"], "give --qps"),
         (["--qps", "3"], "give --router too"),
         (["--router", "round-robin", "--qps", "3", "--plot", "x"], "--plot applies to a one-replica tune"),
+        (["--kv-host-gb", "0,256"], "--kv-host-gb sizes a fleet's host KV tier: give --router too"),
+        (["--router", "round-robin", "--qps", "3", "--kv-host-gb", "big"], "--kv-host-gb takes GB sizes"),
+        (
+            ["--router", "round-robin", "--qps", "3", "--kv-host-gb", "256", "--kv-host-link", "usb"],
+            "unknown host link",
+        ),
     ],
 )
 def test_fleet_tune_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tune", "--no-progress", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_host_kv_tier_is_a_dimension_of_the_fleet_search() -> None:
+    """Mooncake's conversations on a cache-aware fleet, without and with a host tier a replica: a
+    search for each; the host tier's trials run with it (its hits counted), its trial keys differ,
+    and a fleet that needs it launches with vLLM's --kv-offloading-size (GiB) and SGLang's HiCache."""
+    spec = TrialSpec.of(
+        CostChoice(kind="full", model="llama-3.1-8b", hardware="h100-sxm"),
+        lengths="mooncake-conversation",
+        arrival="trace",
+        num_requests=300,
+    )
+    slos = Slos.from_mapping({"ttft_p99_ms": 10000.0})
+    config = FleetTuneConfig(spec, ("cache-aware",), (2048,), slos, kv_host_gbs=(0.0, 512.0), max_replicas=16)
+    out, interrupted = tune_fleet(config, SerialPool(run_trial))
+    assert not interrupted
+    curve = out["routers"]["cache-aware"]["curve"]
+    assert [p["kv_host_gb"] for p in curve] == [0.0, 512.0]
+    tiered = [t for t in out["trials"] if t.get("kv_host_gb")]
+    assert tiered and all(t["metrics"]["kv_host_hit_rate"] > 0 for t in tiered)
+    one = spec.with_serving(256, policy="chunked", max_num_batched_tokens=2048).with_deployment(
+        router="cache-aware", replicas=2
+    )
+    with_host = one.with_deployment(kv_tiers=config.tiers(512.0))
+    assert with_host.key() != one.key()
+    commands = fleet_commands(with_host)
+    assert "--kv-offloading-size 476.8" in commands["vllm"]["replica"]
+    assert "--enable-hierarchical-cache --hicache-size 512" in commands["sglang"]["replica"]

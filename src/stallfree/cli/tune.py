@@ -168,6 +168,18 @@ def _add_fleet_args(p: argparse.ArgumentParser) -> None:
         "--max-replicas", type=positive_int, default=256, help="give up past this many (default %(default)s)"
     )
     f.add_argument(
+        "--kv-host-gb",
+        metavar="GB1,GB2,...",
+        help="also search a host KV tier of each size a replica (0: none), e.g. 0,256,1024: is host memory "
+        "worth it at this traffic? (vLLM's --kv-offloading-size, SGLang's HiCache in the launch lines)",
+    )
+    f.add_argument(
+        "--kv-host-link",
+        default="pcie5",
+        metavar="LINK",
+        help="with --kv-host-gb: the host tier's link, pcie4, pcie5 or GB/s a GPU (default %(default)s)",
+    )
+    f.add_argument(
         "--route-delay-ms",
         type=non_negative_float,
         default=0.0,
@@ -323,6 +335,12 @@ def run_tune(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} applies with --gpus N")
     if args.router is not None:
         return _run_fleet_tune(args, base, cost_model_note)
+    for flag, given in (
+        ("--kv-host-gb", args.kv_host_gb is not None),
+        ("--kv-host-link", args.kv_host_link != "pcie5"),
+    ):
+        if given:
+            raise UsageError(f"{flag} sizes a fleet's host KV tier: give --router too")
     if args.qps is not None or args.arrival == "trace":
         raise UsageError("--qps and --arrival trace size a fleet: give --router too")
     if args.precision >= 1:
@@ -432,6 +450,8 @@ def _run_fleet_tune(args: argparse.Namespace, base: TrialSpec, cost_model_note: 
         slos=plan.config.slos,
         max_num_seqs=args.max_num_seqs,
         max_replicas=args.max_replicas,
+        kv_host_gbs=_host_gbs(args.kv_host_gb),
+        kv_host_link=args.kv_host_link,
     )
     with trial_pool(args) as pool:
         out, interrupted = tune_fleet(config, pool, progress=show_progress(args))
@@ -622,6 +642,16 @@ def _write_best(args: argparse.Namespace, deployment: dict[str, Any] | None) -> 
     from stallfree.sim.deployment import Deployment
 
     write_deployment(Deployment.from_dict(deployment), args.deployment_out)
+
+
+def _host_gbs(text: str | None) -> tuple[float, ...]:
+    """``--kv-host-gb``'s sizes (none given: no host tier)."""
+    if text is None:
+        return (0.0,)
+    try:
+        return tuple(float(gb) for gb in text.split(",") if gb.strip())
+    except ValueError:
+        raise UsageError(f"--kv-host-gb takes GB sizes such as 0,256,1024, got {text!r}") from None
 
 
 def _int_list(text: str) -> list[int]:

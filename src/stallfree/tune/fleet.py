@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from stallfree.sim.kv_tiers import KvTierConfig
 from stallfree.tune.capacity import serve_commands
 from stallfree.tune.jobs import Job, TrialRecord, searched
 from stallfree.tune.pools import TrialPool
@@ -50,8 +51,14 @@ class FleetTuneConfig:
     slos: Slos
     max_num_seqs: int = 256
     max_replicas: int = 256
+    kv_host_gbs: tuple[float, ...] = (0.0,)  # a host KV tier of each size a replica (0: none)
+    kv_host_link: str = "pcie5"
 
     def __post_init__(self) -> None:
+        if not self.kv_host_gbs or len(set(self.kv_host_gbs)) != len(self.kv_host_gbs):
+            raise ValueError("give one or more distinct host tier sizes (0: none)")
+        for gb in self.kv_host_gbs:
+            self.tiers(gb)  # each size and the link parse
         if not self.routers or len(set(self.routers)) != len(self.routers):
             raise ValueError("give one or more distinct routers")
         if not self.budgets or len(set(self.budgets)) != len(self.budgets):
@@ -59,18 +66,27 @@ class FleetTuneConfig:
         if self.max_replicas < 1:
             raise ValueError(f"max_replicas must be positive, got {self.max_replicas}")
 
+    def tiers(self, host_gb: float) -> KvTierConfig | None:
+        """A replica's KV tiers with a host tier of ``host_gb`` GB (None for 0)."""
+        if not host_gb:
+            return None
+        if not self.base.serving.enable_prefix_caching:
+            raise ValueError("a host KV tier holds prefix-cached blocks: keep prefix caching on")
+        return KvTierConfig(host_gb=host_gb, host_link=self.kv_host_link)
+
 
 def fleet_searches(config: FleetTuneConfig) -> list[Job]:
-    """One replica search per (router, budget), checked before anything runs; each starts at the
-    replicas the roofline's rough capacity of one suggests."""
+    """One replica search per (router, budget, host tier size), checked before anything runs; each
+    starts at the replicas the roofline's rough capacity of one suggests."""
     jobs = []
     for budget in config.budgets:
         one = config.base.with_serving(config.max_num_seqs, policy="chunked", max_num_batched_tokens=budget)
         check_spec(one)
         start = min(config.max_replicas, max(1, math.ceil(config.base.qps / estimate_qps(one))))
         for router in config.routers:
-            spec = one.with_deployment(router=router, replicas=start)
-            jobs.append(Job(spec, ReplicaSearch(start, config.max_replicas), axis="replicas"))
+            for host_gb in config.kv_host_gbs:
+                spec = one.with_deployment(router=router, replicas=start, kv_tiers=config.tiers(host_gb))
+                jobs.append(Job(spec, ReplicaSearch(start, config.max_replicas), axis="replicas"))
     return jobs
 
 
@@ -100,6 +116,7 @@ def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]
         fewest = search.fewest if search.is_done else None
         entry = {
             "token_budget": job.base.token_budget,
+            "kv_host_gb": _host_gb(job.base),
             "max_num_seqs": job.base.serving.num_seqs_limit,
             "replicas": fewest,
             "finished": search.is_done,
@@ -108,14 +125,22 @@ def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]
         routers[job.base.deployment.router]["curve"].append(entry)
         if fewest is not None:
             trial = passing[(j, fewest)]
-            winners.append((fewest, slos.worst_ratio(trial.metrics), job.base.deployment.router, trial))
+            winners.append(
+                (
+                    fewest,
+                    _host_gb(job.base),
+                    slos.worst_ratio(trial.metrics),
+                    job.base.deployment.router,
+                    trial,
+                )
+            )
     for router, entry in routers.items():
-        own = [w for w in winners if w[2] == router]
-        entry["best"] = _best_json(min(own, key=lambda w: w[:2]), base.costs.tp) if own else None
+        own = [w for w in winners if w[3] == router]
+        entry["best"] = _best_json(min(own, key=lambda w: w[:3]), base.costs.tp) if own else None
         tried = [t for t in trials if t.spec.deployment.router == router]
         if not own and tried:  # what came nearest, and which SLO no fleet size met
             entry["closest"] = min(tried, key=lambda t: slos.worst_ratio(t.metrics)).to_json()
-    best = min(winners, key=lambda w: w[:2]) if winners else None
+    best = min(winners, key=lambda w: w[:3]) if winners else None
     out: dict[str, Any] = {
         "mode": "fleet",
         "model": str(base.costs.model),
@@ -142,17 +167,23 @@ def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]
     if best is not None:
         out["best"] = {
             **_best_json(best, base.costs.tp),
-            "commands": fleet_commands(best[3].spec),
+            "commands": fleet_commands(best[4].spec),
         }
     return out
 
 
-def _best_json(winner: tuple[int, float, str, TrialRecord], tp: int) -> dict[str, Any]:
-    replicas, ratio, router, trial = winner
+def _host_gb(spec: TrialSpec) -> float:
+    tiers = spec.deployment.kv_tiers
+    return 0.0 if tiers is None or tiers.host_gb is None else tiers.host_gb
+
+
+def _best_json(winner: tuple[int, float, float, str, TrialRecord], tp: int) -> dict[str, Any]:
+    replicas, host_gb, ratio, router, trial = winner
     m = trial.metrics
     return {
         "router": router,
         "token_budget": trial.spec.token_budget,
+        "kv_host_gb": host_gb,
         "max_num_seqs": trial.spec.serving.num_seqs_limit,
         "replicas": replicas,
         "gpus": replicas * tp,
@@ -164,6 +195,7 @@ def _best_json(winner: tuple[int, float, str, TrialRecord], tp: int) -> dict[str
                 "p99_tpot_ms",
                 "p99_itl_ms",
                 "prefix_cache_hit_rate",
+                "kv_host_hit_rate",
                 "load_imbalance",
                 "request_throughput",
             )
@@ -201,6 +233,9 @@ def fleet_commands(spec: TrialSpec) -> dict[str, Any]:
             "vllm": " --enable-scale-out" if policy == "cache_aware" else "",
             "sglang": " --host 0.0.0.0",
         }
+        if host_gb := _host_gb(spec):  # vLLM's native CPU offloading; SGLang's HiCache
+            extra["vllm"] += f" --kv-offloading-size {host_gb * 1e9 / 2**30:.4g}"  # GiB, all TP ranks
+            extra["sglang"] += f" --enable-hierarchical-cache --hicache-size {host_gb:g}"
         out[name] = {
             "replica": one[name] + extra[name] + " --port 8001",
             "router": f"{router} --port 8000 --worker-urls {urls} --policy {policy}"

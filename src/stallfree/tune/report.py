@@ -221,15 +221,22 @@ def format_fleet(out: dict[str, Any]) -> str:
         f"{out['backend']['name']} worker(s)",
         *(["INTERRUPTED: only the searches that finished are shown"] if out.get("partial") else []),
         "",
-        f"  {'router':<18}{'budget':>8}{'replicas':>10}{'GPUs':>7}{'trials':>8}",
     ]
+    tiers = any(p.get("kv_host_gb") for e in out["routers"].values() for p in e["curve"])  # a column if any
+    lines.append(
+        f"  {'router':<18}{'budget':>8}"
+        + (f"{'host KV GB':>11}" if tiers else "")
+        + f"{'replicas':>10}{'GPUs':>7}{'trials':>8}"
+    )
     for router, entry in out["routers"].items():
         best = entry["best"]
         for point in entry["curve"]:
             n = point["replicas"]
+            host = point.get("kv_host_gb", 0.0)
+            at = (point["token_budget"], host, n)
             mark = (
                 " *"
-                if best and (best["token_budget"], best["replicas"]) == (point["token_budget"], n)
+                if best and (best["token_budget"], best.get("kv_host_gb", 0.0), best["replicas"]) == at
                 else ""
             )
             shown = (
@@ -239,7 +246,9 @@ def format_fleet(out: dict[str, Any]) -> str:
             )
             gpus = f"{n * out['tp']}" if n is not None else "-"
             lines.append(
-                f"  {router:<18}{point['token_budget']:>8,}{shown:>10}{gpus:>7}{point['num_trials']:>8}{mark}"
+                f"  {router:<18}{point['token_budget']:>8,}"
+                + (f"{host:>11,g}" if tiers else "")
+                + f"{shown:>10}{gpus:>7}{point['num_trials']:>8}{mark}"
             )
     lines += ["", "best per router (* above):"]
     for router, entry in out["routers"].items():
@@ -261,6 +270,7 @@ def format_fleet(out: dict[str, Any]) -> str:
             f"  {router:<18}{best['replicas']} replicas ({best['gpus']} GPUs) at budget {best['token_budget']:,}: "
             f"P99 TTFT {m['p99_ttft_ms']:,.0f} ms, P99 TPOT {m['p99_tpot_ms']:.1f} ms"
             + (f", prefix-cache hits {100 * hits:.1f}%" if hits is not None else "")
+            + (f" with {best['kv_host_gb']:,g} GB of host KV a replica" if best.get("kv_host_gb") else "")
             + f", load max/mean {m.get('load_imbalance') or 1.0:.2f}"
         )
     best = out["best"]

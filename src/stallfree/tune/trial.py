@@ -140,6 +140,8 @@ class TrialSpec:
         }
         if d.replicas != 1 or d.router != "round-robin" or d.route_delay_ms:
             fields.update(replicas=d.replicas, router=d.router, route_delay_ms=d.route_delay_ms)
+        if d.kv_tiers is not None:
+            fields.update(kv_tiers=dataclasses.asdict(d.kv_tiers))
         if spec is not None:
             fields.update(acceptance_rates=list(spec.acceptance.rates), draft=spec.draft)
         else:
