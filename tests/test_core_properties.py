@@ -18,7 +18,9 @@ BLOCK = 4
 @st.composite
 def scenarios(draw: st.DrawFn) -> tuple[str, dict[str, int], SchedulerConfig, CacheConfig, list[Request]]:
     policy, kw, config = draw(policy_cases())
-    config = dataclasses.replace(config, scheduling_policy=draw(st.sampled_from(["fcfs", "priority", "sglang-priority"])))
+    config = dataclasses.replace(
+        config, scheduling_policy=draw(st.sampled_from(["fcfs", "priority", "sglang-priority"]))
+    )
     num_blocks = draw(st.integers(8, 64))
     reqs = [
         Request(
