@@ -11,8 +11,6 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from stallfree.cli.common import UsageError
 from stallfree.cli.cost_args import ROOFLINE_DTYPE_BYTES
 
@@ -44,6 +42,8 @@ def add_deployment_out_arg(parser: argparse._ActionsContainer, what: str) -> Non
 
 def read_deployment(path: str) -> Deployment:
     """The deployment in a YAML file; anything wrong with it is one line."""
+    import yaml  # only where a file is read: a plain run never loads it
+
     from stallfree.sim.deployment import Deployment
 
     try:
@@ -59,6 +59,8 @@ def read_deployment(path: str) -> Deployment:
 
 
 def write_deployment(deployment: Deployment, path: str) -> None:
+    import yaml
+
     try:
         text = yaml.safe_dump(deployment.to_dict(), sort_keys=False)
         out = Path(path)
