@@ -254,3 +254,19 @@ def test_one_class_under_fcfs_is_todays_run(seed: int, lengths: str) -> None:
     assert classed.records == plain.records
     for key in ("completed", "median_ttft_ms", "p99_itl_ms", "max_itl_ms", "median_tpot_ms"):
         assert per[key] == plain.summary[key], key
+
+
+def test_a_fleet_sheds_on_the_whole_fleets_queue() -> None:
+    """Round-robin over two replicas: a chat goes to replica 0, then a batch request (priority
+    10) to replica 1, whose own queue is empty; the fleet has one request waiting for a first
+    token, which is the bound: the gateway refuses the batch request."""
+    from stallfree.core import Request
+    from stallfree.core.config import ShedRule
+
+    requests = [Request("chat", 200, 8, 0.0), Request("batch", 200, 8, 0.0, priority=10)]
+    fleet = Deployment(replicas=2, router="round-robin", shed=ShedRule(10, 1))
+    records = {r.request_id: r for r in simulate(requests, fleet).records}
+    assert records["chat"].finish_reason == "length"
+    assert records["batch"].finish_reason == "rejected"
+    alone = Deployment(replicas=1, shed=ShedRule(10, 2))  # one replica: 1 waiting is under its bound
+    assert {r.finish_reason for r in simulate(requests, alone).records} == {"length"}

@@ -140,8 +140,9 @@ class Deployment:
     pools (the pools' TPs are its shape's; ``router`` picks a replica in each pool).
     ``speculation`` goes with ``serving.num_speculative_tokens`` > 0 and only with it. ``kv_tiers``:
     a host tier per replica and a store the fleet shares, below each GPU's prefix cache
-    (:mod:`stallfree.sim.kv_tiers`; one replica or a fleet). ``shed``: each replica refuses
-    sheddable requests while enough wait there for a first token (one replica or a fleet)."""
+    (:mod:`stallfree.sim.kv_tiers`; one replica or a fleet). ``shed``: sheddable requests are
+    refused while enough wait for a first token (at the replica; in a fleet, anywhere in it: the
+    gateway's view; one replica or a fleet)."""
 
     costs: CostChoice = ROOFLINE
     serving: ServingConfig = field(default_factory=ServingConfig)

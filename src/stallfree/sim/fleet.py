@@ -90,6 +90,16 @@ class DelayedReplica:
             self._stepping = False
 
 
+class _FleetWaiting:
+    """The requests without a first token in a whole fleet."""
+
+    def __init__(self, replicas: Sequence[TrafficReplica]) -> None:
+        self.replicas = replicas
+
+    def __call__(self) -> int:
+        return sum(r.num_without_first_token() for r in self.replicas)
+
+
 def run_fleet(
     schedulers: Sequence[Scheduler],
     cost_models: Sequence[SteadyCostModel],
@@ -110,8 +120,8 @@ def run_fleet(
     ``stop``); each reaches its replica ``route_delay_s`` after it arrives. ``drafts``: one draft
     verifier per replica (speculative decoding). ``on_finished(request_id, end_s)``: called as
     each request finishes, whichever replica ran it. ``tiers``: each replica's KV tiers below its
-    GPU cache (:class:`~stallfree.sim.kv_tiers.TieredReplica`). ``shed``: each replica refuses
-    sheddable requests while enough wait there for a first token."""
+    GPU cache (:class:`~stallfree.sim.kv_tiers.TieredReplica`). ``shed``: sheddable requests are
+    refused while enough wait for a first token in the whole fleet (the gateway's view)."""
     if not (route_delay_s >= 0 and route_delay_s < float("inf")):
         raise ValueError(f"the routing delay must be a finite number >= 0, got {route_delay_s}")
     cuttable = len(schedulers) > 1  # one replica is told each arrival ahead (drive)
@@ -129,6 +139,10 @@ def run_fleet(
         )
         for s, c, d in zip(schedulers, cost_models, verifiers, strict=True)
     ]
+    if shed is not None:  # the gateway sheds on the fleet's queue, not one replica's
+        waiting = _FleetWaiting(traffic)
+        for replica in traffic:
+            replica.waiting_for_first_token = waiting
     inner: Sequence[TrafficReplica | TieredReplica] = (
         traffic if tiers is None else [TieredReplica(r, t) for r, t in zip(traffic, tiers, strict=True)]
     )

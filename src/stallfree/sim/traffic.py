@@ -150,6 +150,9 @@ class TrafficReplica:
     ) -> None:
         self.scheduler = scheduler
         self._shed = shed
+        # what a sheddable arrival is judged by: this replica's requests without a first token (a
+        # fleet's gateway counts every replica's: run_fleet sets it)
+        self.waiting_for_first_token: Callable[[], int] = self.num_without_first_token
         self._on_finished = on_finished
         self._drafts = drafts
         self._cost_model = cost_model
@@ -199,10 +202,14 @@ class TrafficReplica:
         """Requests taken and not yet finished (what a router in front counts)."""
         return len(self._live)
 
+    def num_without_first_token(self) -> int:
+        """Requests taken that have no token yet (queued, or part-way through their prompt)."""
+        return sum(1 for state in self._live.values() if state.first_token_s is None)
+
     def add_request(self, request: Request, now_s: float) -> None:
         shed, reason = self._shed, None
         if shed is not None and request.priority >= shed.min_priority:
-            waiting = sum(1 for state in self._live.values() if state.first_token_s is None)
+            waiting = self.waiting_for_first_token()
             if shed.sheds(request.priority, waiting):
                 reason = shed.reason(waiting)
         if reason is None:
