@@ -142,7 +142,7 @@ def run_fleet(
     if shed is not None:  # the gateway sheds on the fleet's queue, not one replica's
         waiting = _FleetWaiting(traffic)
         for replica in traffic:
-            replica.waiting_for_first_token = waiting
+            replica.fleet_waiting = waiting
     inner: Sequence[TrafficReplica | TieredReplica] = (
         traffic if tiers is None else [TieredReplica(r, t) for r, t in zip(traffic, tiers, strict=True)]
     )
@@ -158,6 +158,8 @@ def run_fleet(
 
     clock = SimClock()
     stopped = drive(clock, requests, replicas, route=route, stop=stop)
+    for replica in traffic:
+        replica.fleet_waiting = None  # the count refers back to every replica: no cycle outlives the run
     runs = [r.result(clock.now(), stopped) for r in traffic]
     records = sorted((rec for run in runs for rec in run.records), key=lambda rec: order[rec.request_id])
     itl = ItlAccumulator()

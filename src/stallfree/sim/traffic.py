@@ -150,9 +150,9 @@ class TrafficReplica:
     ) -> None:
         self.scheduler = scheduler
         self._shed = shed
-        # what a sheddable arrival is judged by: this replica's requests without a first token (a
-        # fleet's gateway counts every replica's: run_fleet sets it)
-        self.waiting_for_first_token: Callable[[], int] = self.num_without_first_token
+        # what a sheddable arrival is judged by, where not this replica's requests without a first
+        # token: a fleet's gateway counts every replica's (run_fleet sets it for the run)
+        self.fleet_waiting: Callable[[], int] | None = None
         self._on_finished = on_finished
         self._drafts = drafts
         self._cost_model = cost_model
@@ -209,7 +209,7 @@ class TrafficReplica:
     def add_request(self, request: Request, now_s: float) -> None:
         shed, reason = self._shed, None
         if shed is not None and request.priority >= shed.min_priority:
-            waiting = self.waiting_for_first_token()
+            waiting = self.num_without_first_token() if self.fleet_waiting is None else self.fleet_waiting()
             if shed.sheds(request.priority, waiting):
                 reason = shed.reason(waiting)
         if reason is None:
