@@ -32,7 +32,7 @@ Each part starts the replicas with ``common/servers.py`` and drives them with ``
     every step (each token leaves at its step's end) ends within 5 ms of its price. A client
     spends about as much CPU a token as the server, so the client core is reported too: where it
     is saturated, the measured latencies include the client's own queueing.
-(d) optional, not in this script: the replicas behind the real vllm-router (benchmarks/README.md says why).
+(d) the replicas behind the real vllm-router on a Mooncake slice: ``fleet/virtual_router_check.py``.
 
     .venv/bin/python benchmarks/fidelity/virtual_replica.py                      # a, b, c: ~20 min on 2 cores
     .venv/bin/python benchmarks/fidelity/virtual_replica.py --part a --gpu-tables aiconfigurator
