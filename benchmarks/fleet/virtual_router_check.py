@@ -28,12 +28,14 @@ miss, load imbalance, missing tokens) and how its ``/tokenize`` calls to the wor
 the requests whose prompt matches more than 30% of an earlier one (the tree's hits, predicted).
 
     make router && .venv/bin/python benchmarks/fleet/virtual_router_check.py     # ~6 min on 2 cores
+    .venv/bin/python benchmarks/fleet/virtual_router_check.py --policies cache_aware --processes 8  # a process a replica
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -60,7 +62,7 @@ from stallfree.workload.traces import MOONCAKE_BLOCK_TOKENS, load_trace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common/
 from common.cli import stallfree
 from common.host import machine
-from common.servers import ROOT, free_port, stallfree_serve, vllm_router
+from common.servers import ROOT, Server, free_port, stallfree_serve, vllm_router
 
 POLICIES = {"cache_aware": "cache-aware", "round_robin": "round-robin"}
 VOCAB = ["".join(w) for w in itertools.product("abcdefghijklmnop", repeat=3)]  # " abc": one estimated token
@@ -133,9 +135,13 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_s(servers: list[Server]) -> float:
+    """CPU seconds the servers' processes have used."""
+    ticks = 0
+    for server in servers:
+        fields = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 async def send_all(
@@ -167,8 +173,16 @@ def measure(
     serve_args = ["--simulate", "--deployment", str(deployment), "--time-scale", f"{args.time_scale:g}"]
     cache: dict[int, str] = {}
     prompts = [prompt_text(r, cache) for r in rows]
-    with stallfree_serve(serve_args, replicas=args.replicas, log=out / f"serve-{policy}.log") as server:
-        urls = [f"http://127.0.0.1:{server.port + i}" for i in range(args.replicas)]
+    per = -(-args.replicas // args.processes)
+    sizes = [min(per, args.replicas - first) for first in range(0, args.replicas, per)]
+    with contextlib.ExitStack() as stack:
+        servers = [
+            stack.enter_context(stallfree_serve(serve_args, replicas=n, log=out / f"serve-{policy}-{k}.log"))
+            for k, n in enumerate(sizes)
+        ]
+        urls = [
+            f"http://127.0.0.1:{s.port + i}" for s, n in zip(servers, sizes, strict=True) for i in range(n)
+        ]
         model = httpx.get(f"{urls[0]}/v1/models").json()["data"][0]["id"]
         for url in urls:  # every replica's estimate tokenizer numbers the words alike, in this order
             httpx.post(f"{url}/tokenize", json={"prompt": "".join(" " + w for w in VOCAB)}, timeout=60)
@@ -177,10 +191,10 @@ def measure(
         metrics_port = free_port()
         router_args = ["--worker-urls", *urls, "--policy", policy, "--prometheus-port", str(metrics_port)]
         with vllm_router(router_args, log=log) as router:
-            load_before, cpu_before, wall_before = uptime(), cpu_s(server.pid), time.perf_counter()
+            load_before, cpu_before, wall_before = uptime(), cpu_s(servers), time.perf_counter()
             sent = asyncio.run(send_all(router.url, model, rows, prompts, args.time_scale))
             wall_s = time.perf_counter() - wall_before
-            cpu_used_s, load_after = cpu_s(server.pid) - cpu_before, uptime()
+            cpu_used_s, load_after = cpu_s(servers) - cpu_before, uptime()
             router_metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).text
             (out / f"router-{policy}.metrics").write_text(router_metrics)
         after = [scrape(u) for u in urls]
@@ -304,6 +318,9 @@ def main() -> int:
     parser.add_argument("--start", type=int, default=0, help="first row of the shipped 3,000-row slice")
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument(
+        "--processes", type=int, default=1, help="serve processes the replicas are split over (default 1)"
+    )
+    parser.add_argument(
         "--time-scale", type=float, default=1.0, help="the replicas' clock and the arrivals K x faster"
     )
     parser.add_argument("--policies", default="cache_aware,round_robin")
@@ -352,7 +369,7 @@ def main() -> int:
         print(f"\n{len(sent) - failed} of {len(sent)} answered ({failed} failed); prompt tokens counted "
               f"{counted:,} (trace {sum(r.prompt_tokens for r in rows):,}); sends late by at most "
               f"{1000 * max(s['lag_s'] for s in sent):.0f} ms; tracking error: "
-              f"{late_summary(measured['replicas'], measured['late_max_s'])}; replicas' process "
+              f"{late_summary(measured['replicas'], measured['late_max_s'])}; replicas' processes "
               f"{measured['cpu_s'] / measured['wall_s']:.0%} of a core over {measured['wall_s']:.0f} s; "
               f"load {measured['load'][0].split('load average: ')[-1]} -> "
               f"{measured['load'][1].split('load average: ')[-1]}")  # fmt: skip
