@@ -138,6 +138,12 @@ def main() -> int:
     parser.add_argument("--num-requests", type=int, default=120)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-profile", action="store_true", help="reuse the profile under --out")
+    parser.add_argument(
+        "--profile-seqs",
+        type=int,
+        default=32,
+        help="streams the profile's decode points go up to (default %(default)s)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir = args.out / f"{args.model.split(':')[-1]}-fp32"
@@ -151,7 +157,7 @@ def main() -> int:
     for policy in POLICIES:
         with served(args, model_dir, policy) as (server, num_blocks):
             if policy == "fcfs" and not (args.skip_profile and profile.exists()):
-                profile_server(server.url, profile, model_dir)
+                profile_server(server.url, profile, model_dir, args.profile_seqs)
             costs = CostChoice(kind="measured", profile=load_profile(profile))
             if policy == "fcfs":
                 scale = args.load * sustained_scale(args, costs, num_blocks)

@@ -357,10 +357,11 @@ def long_prompt_part(args: argparse.Namespace) -> list[str]:
     return rows
 
 
-def profile_server(url: str, profile: Path, model_dir: Path) -> None:
-    """``stallfree profile --base-url`` of vLLM as it starts without flags."""
+def profile_server(url: str, profile: Path, model_dir: Path, max_num_seqs: int = 32) -> None:
+    """``stallfree profile --base-url`` of vLLM as it starts without flags (decode points up to
+    ``max_num_seqs`` streams)."""
     stallfree("profile", "--base-url", url, "--max-num-batched-tokens", str(VLLM_DEFAULT[0]),
-              "--max-num-seqs", "32", "--server-setting", f"max_num_seqs={VLLM_DEFAULT[1]}",
+              "--max-num-seqs", str(max_num_seqs), "--server-setting", f"max_num_seqs={VLLM_DEFAULT[1]}",
               "--model-config", str(model_dir), "--out", str(profile), "--no-progress")  # fmt: skip
 
 
