@@ -29,15 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common/
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common/ and the groups
 from common.host import loadavg, log, machine
+from fleet.mooncake_fleet import ROOT, TRACES, rows_of
 
-ROOT = Path(__file__).resolve().parents[2]
-SHARED = ROOT.parent / "shared" / "traces" / "mooncake"
-TRACES = {
-    "conversation": (SHARED / "conversation_trace.jsonl", "mooncake-conversation"),
-    "synthetic": (SHARED / "synthetic_trace.jsonl", "mooncake-synthetic"),
-}
 DEPLOYMENT = [
     "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--cost-model", "measured", "--framework", "vllm",
     "--router", "cache-aware", "--max-num-batched-tokens", "2048",
@@ -153,8 +148,7 @@ def main() -> None:
         path = full if full.exists() else None
         trace = ["--trace", str(full) if path else shipped]
         if path is not None:
-            with path.open() as f:
-                trace += ["--num-requests", str(sum(1 for line in f if line.strip()))]
+            trace += ["--num-requests", str(rows_of(path))]
         share = bound(path, None)
         shown = f"{100 * share:.1f}%" if share is not None else "not computed (shipped slice)"
         print(f"\n## {name}: {trace[1]}; tokens an earlier request's blocks already held: {shown}")
