@@ -114,17 +114,21 @@ def _prefix_load_s(
     name = options.cached_prefix_link
     if name is None:
         return 0.0
-    from stallfree.costs.kv_transfer import HOST_LINKS, kv_transfer_bytes, tier_link
+    from stallfree.costs.kv_transfer import HOST_LINKS, kv_transfer, tier_link
 
     assert deployment is not None  # a priced GPU deployment (checked by the options)
     link = tier_link(name, host=name in HOST_LINKS)
-    per_gpu = (
-        kv_transfer_bytes(deployment.model, options.cached_prefix_tokens, deployment.dtype_bytes)
-        / deployment.tp
+    tp = deployment.tp  # each GPU loads its shard over its own link
+    load = kv_transfer(
+        deployment.model,
+        options.cached_prefix_tokens,
+        deployment.dtype_bytes,
+        link,
+        tp_prefill=tp,
+        tp_decode=tp,
     )
-    load_s = link.latency_s + per_gpu / link.bytes_per_s
-    echo.update(cached_prefix_link=link.name, cached_prefix_gb_per_gpu=per_gpu / 1e9)
-    return load_s
+    echo.update(cached_prefix_link=link.name, cached_prefix_gb_per_gpu=load.num_bytes / tp / 1e9)
+    return load.wire_s
 
 
 def _roofline(options: ExplainOptions, model_name: str) -> tuple[RooflineTimer, dict[str, Any]]:
