@@ -371,7 +371,7 @@ def run(args: argparse.Namespace) -> int:
     policies = [d.label for d in deployments]
     if args.deployment_out:
         write_deployment(deployments[0], args.deployment_out)
-    workload, requests, results = _simulate_all(args, deployments)
+    workload, num_requests, results = _simulate_all(args, deployments)
     days = _days(args, results)
     interrupted = len(results) < len(policies) or any(r.partial for r in results)
     outputs = write_outputs(results, len(policies), args.requests_out, args.trace_out)
@@ -380,8 +380,8 @@ def run(args: argparse.Namespace) -> int:
 
         outputs += [str(path) for path in plot_traffic(results, args.plot)]
     fingerprint = step_profile.fingerprint if step_profile is not None else None
-    scenario = _scenario(args, workload, len(requests), cost_model_note, fingerprint, acceptance)
-    stopped = summarize_interruption(results, policies, len(requests)) if interrupted else None
+    scenario = _scenario(args, workload, num_requests, cost_model_note, fingerprint, acceptance)
+    stopped = summarize_interruption(results, policies, num_requests) if interrupted else None
     if args.json:
         # One shape whether one policy ran or several.
         body: dict[str, Any] = {"scenario": scenario, "policies": {r.policy: r.summary for r in results}}
@@ -561,13 +561,12 @@ def _autoscale(args: argparse.Namespace) -> Autoscale | None:
 
 def _simulate_all(
     args: argparse.Namespace, deployments: list[Deployment]
-) -> tuple[Any, Any, list[SimulationResult]]:
-    """The workload, its sampled requests and one result per deployment (fewer after a Ctrl-C or
-    SIGTERM, which stops the simulation between steps)."""
+) -> tuple[Any, int, list[SimulationResult]]:
+    """The workload, how many requests it gave and one result per deployment (fewer after a Ctrl-C
+    or SIGTERM, which stops the simulation between steps)."""
     from stallfree.metrics.io import parse_goodput
     from stallfree.sim import simulate
     from stallfree.workload import sample
-    from stallfree.workload.classes import TrafficClasses
 
     goodput = parse_goodput(args.goodput) if args.goodput else None
     workload: Any
@@ -581,7 +580,7 @@ def _simulate_all(
                 "--classes runs on one replica or a fleet: not with --autoscale or --disaggregate"
             )
         drawn = DEFAULT_NUM_REQUESTS if args.num_requests is None else args.num_requests
-        workload, requests = classes, classes.sample(drawn, args.seed)
+        workload = requests = classes  # simulate draws them
     elif args.replay:
         from stallfree.workload.bench_result import load_bench_result
 
@@ -606,7 +605,7 @@ def _simulate_all(
                 break
             started = time.perf_counter()
             result = simulate(
-                workload if isinstance(workload, TrafficClasses) else requests,
+                requests,
                 deployment,
                 num_requests=drawn,
                 goodput=goodput,
@@ -618,7 +617,7 @@ def _simulate_all(
             )
             result.summary["sim_wall_s"] = time.perf_counter() - started
             results.append(result)
-    return workload, requests, results
+    return workload, len(requests) if drawn is None else sum(workload.counts(drawn)), results
 
 
 def _fleet(args: argparse.Namespace, costs: CostChoice) -> tuple[ReplicaGroup, ...]:

@@ -17,8 +17,7 @@ from stallfree.sim.api import simulate
 from stallfree.sim.deployment import Deployment
 from stallfree.tune.search import CapacitySearch, SearchConfig
 from stallfree.tune.slo import SLO_FLAGS, Slo, Slos
-from stallfree.workload.arrivals import GammaArrivals
-from stallfree.workload.classes import TrafficClass, TrafficClasses
+from stallfree.workload.classes import TrafficClasses
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,19 +58,6 @@ def parse_class_slo(text: str) -> tuple[str, Slo]:
     except ValueError:
         raise ValueError(f"SLO limit in {text!r} must be a number") from None
     return name, Slo(slo_name, limit)
-
-
-def scaled(classes: TrafficClasses, scale: float) -> TrafficClasses:
-    """Every class at ``scale`` times its rate (arrivals of the same shape)."""
-    out = []
-    for c in classes.classes:
-        shape = c.workload.arrivals
-        assert isinstance(shape, GammaArrivals)  # a class's arrivals are Poisson or gamma (parse_class)
-        arrivals = GammaArrivals(c.qps * scale, shape.burstiness)
-        out.append(
-            TrafficClass(c.name, replace(c.workload, arrivals=arrivals), c.qps * scale, c.priority, c.slos)
-        )
-    return TrafficClasses(tuple(out))
 
 
 def tune_classes(config: ClassesTuneConfig) -> dict[str, Any]:
@@ -121,7 +107,7 @@ def _launch(policy: str, budget: int) -> str:
 def _trial(config: ClassesTuneConfig, deployment: Deployment, scale: float) -> tuple[bool, str]:
     """Whether the mix at ``scale`` meets every class's SLOs, and the worst SLO's line."""
     result = simulate(
-        scaled(config.classes, scale), deployment, num_requests=config.num_requests, seed=config.seed
+        config.classes.scaled(scale), deployment, num_requests=config.num_requests, seed=config.seed
     )
     per_class = result.summary["classes"]
     worst_ratio, worst = 0.0, ""

@@ -18,13 +18,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stallfree.core.request import Request
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.metrics.summary import GOODPUT_METRICS
-from stallfree.workload.arrivals import gamma, poisson
+from stallfree.workload.arrivals import GammaArrivals, gamma, poisson
 from stallfree.workload.lengths import parse_lengths
 from stallfree.workload.requests import Workload, sample
 
@@ -34,25 +34,40 @@ _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 
 @dataclass(frozen=True, slots=True)
 class TrafficClass:
-    """One kind of traffic: its workload (arrivals at a known rate), priority and SLOs (metric ->
-    ms, as ``--goodput`` takes them)."""
+    """One kind of traffic: its workload (Poisson or gamma arrivals: a known rate), priority and SLOs
+    (metric -> ms, as ``--goodput`` takes them)."""
 
     name: str
     workload: Workload
-    qps: float
     priority: int = 0
     slos: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise ValueError(f"class name {self.name!r}: use letters, digits and _ (starting with a letter)")
-        if not (math.isfinite(self.qps) and self.qps > 0):
-            raise ValueError(f"class {self.name}: qps must be positive, got {self.qps}")
+        if not isinstance(self.workload.arrivals, GammaArrivals):
+            raise ValueError(
+                f"class {self.name}: arrivals at a rate (Poisson or gamma), not {self.workload.arrivals}"
+            )
         unknown = sorted(set(self.slos) - set(GOODPUT_METRICS))
         if unknown:
             raise ValueError(
                 f"class {self.name}: unknown SLO {', '.join(unknown)}; choose from {', '.join(GOODPUT_METRICS)}"
             )
+
+    @property
+    def qps(self) -> float:
+        """The class's mean arrival rate (requests a second)."""
+        arrivals = self.workload.arrivals
+        assert isinstance(arrivals, GammaArrivals)  # checked when made
+        return arrivals.qps
+
+    def scaled(self, factor: float) -> TrafficClass:
+        """This class at ``factor`` times its rate."""
+        arrivals = self.workload.arrivals
+        assert isinstance(arrivals, GammaArrivals)  # checked when made
+        faster = replace(self.workload, arrivals=GammaArrivals(arrivals.qps * factor, arrivals.burstiness))
+        return replace(self, workload=faster)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,20 +87,27 @@ class TrafficClasses:
     def qps(self) -> float:
         return sum(c.qps for c in self.classes)
 
+    def scaled(self, factor: float) -> TrafficClasses:
+        """Every class at ``factor`` times its rate (arrivals of the same shape)."""
+        return TrafficClasses(tuple(c.scaled(factor) for c in self.classes))
+
     def by_name(self, name: str) -> TrafficClass:
         for c in self.classes:
             if c.name == name:
                 return c
         raise ValueError(f"unknown class {name!r}; the classes are {', '.join(c.name for c in self.classes)}")
 
-    def sample(self, num_requests: int, seed: int = 0) -> list[Request]:
-        """About ``num_requests`` requests in all: each class its share by rate (at least one)
-        over the same time, merged by arrival (ties: the class given first)."""
+    def counts(self, num_requests: int) -> list[int]:
+        """How many of about ``num_requests`` requests each class gets: its share by rate, at least one."""
         if num_requests <= 0:
             raise ValueError(f"num_requests must be positive, got {num_requests}")
+        return [max(1, round(num_requests * c.qps / self.qps)) for c in self.classes]
+
+    def sample(self, num_requests: int, seed: int = 0) -> list[Request]:
+        """:meth:`counts` requests of each class over the same time, merged by arrival (ties: the
+        class given first)."""
         rows = []
-        for index, c in enumerate(self.classes):
-            count = max(1, round(num_requests * c.qps / self.qps))
+        for index, (c, count) in enumerate(zip(self.classes, self.counts(num_requests), strict=True)):
             arrays = sample(c.workload, count, seed + index)
             blocks = arrays.prompt_blocks or (None,) * len(arrays)
             rows += [
@@ -148,7 +170,7 @@ def parse_class(text: str) -> TrafficClass:
         raise ValueError(f"class {name}: priority must be an integer, got {values['priority']!r}") from None
     slos = {m: _number(name, m, values[m], allow_zero=True) for m in GOODPUT_METRICS if m in values}
     workload = Workload(arrivals, parse_lengths(values["lengths"], None))
-    return TrafficClass(name, workload, qps, priority, slos)
+    return TrafficClass(name, workload, priority, slos)
 
 
 def _number(name: str, key: str, text: str, *, allow_zero: bool = False) -> float:
