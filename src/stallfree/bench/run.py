@@ -41,6 +41,14 @@ from stallfree.workload.classes import TrafficClasses, class_summaries
 CONTEXT_MARGIN = 0.05  # of the server's context, left free when capping lengths to it
 
 
+def _check_fits(endpoint: bc.Endpoint, longest: int, what: str, fix: str) -> None:
+    """Refuse, before anything is sent, a request of ``longest`` tokens the server's context (less
+    :data:`CONTEXT_MARGIN`) cannot hold: ``{what} N tokens; the server's context is C: {fix}``."""
+    context = endpoint.max_model_len
+    if context is not None and longest > context * (1 - CONTEXT_MARGIN):
+        raise ValueError(f"{what} {longest:,} tokens; the server's context is {context:,}: {fix}")
+
+
 @dataclass(frozen=True, slots=True)
 class BenchSpec:
     """What to run. ``workload`` None: the long-prompt scenario (``long_prompt``). ``sampling``:
@@ -175,12 +183,7 @@ async def _sessions(
         answers[:] = spec.max_tokens
     grown = messages.reshape(-1, sessions.turns).sum(1) + answers.reshape(-1, sessions.turns).sum(1)
     longest = sessions.system_prompt_tokens + int(grown.max())
-    context = endpoint.max_model_len
-    if context is not None and longest > context * (1 - CONTEXT_MARGIN):
-        raise ValueError(
-            f"a session grows to {longest:,} tokens; the server's context is {context:,}: fewer --turns or "
-            "shorter messages and answers"
-        )
+    _check_fits(endpoint, longest, "a session grows to", "fewer --turns or shorter messages and answers")
     return await run_sessions(
         http, endpoint, sessions, starts_s.tolist(), messages.tolist(), answers.tolist(), sizer,
         seed=spec.seed, on_done=on_done, stop=stop,
@@ -198,13 +201,13 @@ async def _agents(
 ) -> BenchRun:
     """Agent sessions, closed loop (:func:`stallfree.bench.agents.run_agents`); refused before any
     is sent when a turn's prompt and answer would not fit the server's context."""
-    context = endpoint.max_model_len
     longest = max(t.request.num_prompt_tokens + t.request.max_tokens for t in agents.turns)
-    if context is not None and longest > context * (1 - CONTEXT_MARGIN):
-        raise ValueError(
-            f"an agent's turn grows to {longest:,} tokens; the server's context is {context:,}: fewer "
-            "--agent-turns, a shorter --agent-prefix-tokens or shorter --lengths"
-        )
+    _check_fits(
+        endpoint,
+        longest,
+        "an agent's turn grows to",
+        "fewer --agent-turns, a shorter --agent-prefix-tokens or shorter --lengths",
+    )
     return await run_agents(http, endpoint, agents, sizer, seed=spec.seed, on_done=on_done, stop=stop)
 
 
@@ -222,12 +225,8 @@ async def _classes(
     if spec.num_requests is None:
         raise ValueError("the classes scenario needs --num-requests")
     requests = classes.sample(spec.num_requests, spec.seed)
-    context = endpoint.max_model_len
     longest = max(r.num_prompt_tokens + r.max_tokens for r in requests)
-    if context is not None and longest > context * (1 - CONTEXT_MARGIN):
-        raise ValueError(
-            f"a class's request needs {longest:,} tokens; the server's context is {context:,}: shorter lengths"
-        )
+    _check_fits(endpoint, longest, "a class's request needs", "shorter lengths")
     arrays = WorkloadArrays(
         arrival_time_s=np.array([r.arrival_time_s for r in requests]),
         num_prompt_tokens=np.array([r.num_prompt_tokens for r in requests], dtype=np.int64),
