@@ -286,7 +286,13 @@ def engine_config(args: argparse.Namespace, **fields: Any) -> EngineConfig:
     :class:`~stallfree.engine.config.EngineConfig`; with ``--step-budget-ms`` the ``--profile``'s
     measured model is the step-time predictor; with no budget flag on the CPU the engine measures
     the budget this machine calls for (``auto_token_budget``)."""
-    from stallfree.engine.config import EngineConfig
+    from stallfree.tune.sigint import deferred
+
+    # Importing the engine imports torch, whose C++ init calls back into Python: a Ctrl-C (or a
+    # SIGTERM) raised inside such a callback aborts the process ("terminate called ..."), so the
+    # import holds the signal and it is raised once torch is in.
+    with deferred():
+        from stallfree.engine.config import EngineConfig
 
     serving = serving_config(args)
     profile = getattr(args, "profile", None)
