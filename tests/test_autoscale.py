@@ -261,8 +261,12 @@ def test_the_day_command_prints_windows_and_writes_them(
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "autoscaled by keda:waiting=4 between 1 and 6 replicas" in out and "GPU-hours ($" in out
-    assert main([*argv, "--json"]) == 0
-    scale = json.loads(capsys.readouterr().out)["policies"]["chunked"]["autoscale"]
+    assert main([*argv, "--json", "--plot", str(tmp_path)]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert str(tmp_path / "autoscale.png") in body["outputs"] and (tmp_path / "autoscale.png").stat().st_size
+    assert (tmp_path / "itl_cdf.png").exists()  # beside the figures every run draws
+    scale = body["policies"]["chunked"]["autoscale"]
+    assert scale["window_s"] == 600
     windows = scale["windows"]
     assert [w["start_s"] for w in windows] == [0, 600, 1200, 1800][: len(windows)]
     assert sum(w["arrivals"] for w in windows) == pytest.approx(17.5 * 1800, rel=0.05)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from typing import Any
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
@@ -19,7 +21,10 @@ from stallfree.explain.plots import timeline_figure
 from stallfree.plots.traffic import traffic_figures
 from stallfree.plots.tune import tune_figures
 from stallfree.sim import Deployment, SimulationResult, simulate
+from stallfree.sim.day_report import day_windows
+from stallfree.sim.deployment import Autoscale
 from stallfree.workload import TraceLengths, Workload, poisson
+from stallfree.workload.arrivals import RateProfile
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +83,47 @@ def test_kv_usage_labels_each_policy_with_its_own_block_count(runs: list[Simulat
     assert runs[0].kv.num_blocks != runs[1].kv.num_blocks  # different activations, different caches
     assert "blocks" not in ax.get_title().split("(")[0]  # no one count in the title
     _close(figures)
+
+
+def test_the_autoscale_figure_draws_the_runs_replicas_decisions_load_and_slo_misses(
+    runs: list[SimulationResult],
+) -> None:
+    scale = Autoscale("keda:waiting=4", 1, 4, startup_s=20, scale_down_window_s=30)
+    result = simulate(
+        Workload(RateProfile.parse("diurnal:24,3,0.05"), TraceLengths("arxiv")),
+        Deployment(costs=CostChoice(kind="full"), autoscale=scale),
+        num_requests=2500,
+    )
+    a = result.summary["autoscale"]
+    a["window_s"], a["windows"] = 20.0, day_windows(result.records, a, 20.0, {"ttft": 2000})  # as simulate's
+    figures = traffic_figures([result])
+    assert [name for name, _ in figures] == ["itl_cdf", "ttft_cdf", "autoscale"]
+    ax, rate = dict(figures)["autoscale"].axes
+    assert ax.get_xlabel() == "simulated time (min)"
+    lines = {line.get_gid(): line for line in ax.lines}
+    for gid, size in (("ready", lambda s, r, d: r), ("on-gpus", lambda s, r, d: s + r + d)):
+        x, y = lines[gid].get_xdata(), lines[gid].get_ydata()
+        assert (x[0], y[0]) == (0.0, 1)  # the day starts at the floor, ready
+        for time_s, *counts in a["sizes"]:  # after every scrape, the size recorded
+            assert y[bisect.bisect_right(list(x), time_s / 60) - 1] == size(*counts)
+    marks = {c.get_gid(): c.get_offsets().tolist() for c in ax.collections}
+    events = [(e["time_s"] / 60, e["desired"], e["desired"] > e["current"]) for e in a["events"]]
+    assert marks["scale-up"] == [[t, n] for t, n, up in events if up]
+    assert marks["scale-down"] == [[t, n] for t, n, up in events if not up] and marks["scale-down"]
+    shaded = [p for p in ax.patches if p.get_gid() == "slo-miss"]
+    missed = [w for w in a["windows"] if w["slo_attainment"] is not None and w["slo_attainment"] < 1]
+    assert len(shaded) == len(missed) > 0
+    for patch, window in zip(shaded, missed, strict=True):
+        xs = patch.get_patch_transform().transform(patch.get_path().vertices)[:, 0]
+        assert (xs.min(), xs.max()) == pytest.approx((window["start_s"] / 60, (window["start_s"] + 20) / 60))
+    (load,) = [p for p in rate.patches if p.get_gid() == "arrival-rate"]
+    assert list(load.get_data().values) == [w["arrivals"] / 20 for w in a["windows"]]
+    assert np.diff(load.get_data().edges) == pytest.approx(20 / 60)
+    assert f"missed the SLOs (share met above; {len(missed)} of {len(a['windows'])})" in ax.get_title()
+    _close(figures)
+    fixed = traffic_figures(runs)  # a fixed fleet has no day to draw
+    assert "autoscale" not in dict(fixed)
+    _close(fixed)
 
 
 def _tune_out() -> dict[str, Any]:

@@ -3,6 +3,7 @@ with an OpenAI-style body (and the server keeps serving), and the static export 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import io
 import itertools
@@ -144,6 +145,41 @@ def test_simulate_is_the_simulator() -> None:
     assert 0 < max(p[1] for p in view["kv"]["points"]) <= 100
 
 
+DAY = {
+    "rate_profile": "diurnal:24,3,0.05",
+    "autoscale": "keda:waiting=4",
+    "max_replicas": "4",
+    "startup_s": "20",
+    "window_s": "20",
+    "goodput": "ttft:2000",
+}
+DAY_FLAGS = [
+    "--rate-profile", DAY["rate_profile"], "--autoscale", DAY["autoscale"], "--max-replicas", "4",
+    "--startup-s", "20", "--window-s", "20", "--goodput", "ttft:2000",
+]  # fmt: skip
+
+
+def test_simulate_runs_an_autoscaled_day_as_the_cli_does() -> None:
+    status, view = api("/api/simulate", **DAY, num_requests="2500")
+    assert status == 200 and "batch" not in view and "kv" not in view  # no steps kept: the day instead
+    out = cli_json("simulate", "--num-requests", "2500", "--cost-model", "full", *DAY_FLAGS)["policies"][
+        "chunked"
+    ]
+    assert view["summary"] == {key: out[key] for key in view["summary"]}
+    a, day = out["autoscale"], view["day"]
+    assert (day["rule"], day["window_s"], day["gpu_hours"]) == ("keda:waiting=4", 20, a["gpu_hours"])
+    assert day["windows"] == [[w["start_s"], w["arrivals"], w["slo_attainment"]] for w in a["windows"]]
+    assert any(w[2] < 1 for w in day["windows"])  # the start-up's queue missed the TTFT SLO
+    assert day["events"] == [[e["time_s"], e["current"], e["desired"]] for e in a["events"]] != []
+    times = [p[0] for p in day["fleet"]]
+    assert day["fleet"][0] == [0, 1, 1] and times[-1] == view["end_s"] == out["duration"]
+    for time_s, starting, ready, draining in a["sizes"]:  # the steps hold the size after every scrape
+        assert day["fleet"][bisect.bisect_right(times, time_s) - 1][1:] == [
+            ready,
+            starting + ready + draining,
+        ]
+
+
 @pytest.mark.parametrize(
     ("query", "param"),
     [
@@ -152,11 +188,22 @@ def test_simulate_is_the_simulator() -> None:
         ({"qps": "-1"}, "qps"),
         ({"lengths": "/etc/passwd"}, "lengths"),
         ({"window_start_s": "1e8", "num_requests": "20"}, "window_start_s"),
+        ({"autoscale": "keda:bogus=4"}, "autoscale"),
+        ({"autoscale": "keda:waiting=4", "min_replicas": "5", "max_replicas": "2"}, "autoscale"),
+        ({"autoscale": "keda:waiting=4", "max_replicas": "0"}, "max_replicas"),
+        ({"autoscale": "keda:waiting=4", "startup_s": "1000"}, "startup_s"),  # past the last arrival
+        ({"autoscale": "keda:waiting=4", "goodput": "ttft"}, "goodput"),
+        ({"autoscale": "keda:waiting=4", "window_start_s": "3"}, "window_start_s"),
+        ({"min_replicas": "2"}, "min_replicas"),  # applies with autoscale
+        ({"rate_profile": "diurnal:1"}, "rate_profile"),
+        ({"rate_profile": "/etc/passwd"}, "rate_profile"),
+        ({"rate_profile": "diurnal:4,1", "qps": "2"}, "qps"),
     ],
 )
 def test_simulate_bad_input_is_a_400(query: dict[str, str], param: str) -> None:
     status, body = api("/api/simulate", **query)
     assert status == 400 and body["error"]["param"] == param
+    assert body["error"]["type"] == "invalid_request_error" and body["error"]["message"]
 
 
 def test_tune_view_is_the_file(tune_json: Path) -> None:

@@ -333,7 +333,10 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--trace-out", metavar="JSON", help="per-step Chrome trace, open in ui.perfetto.dev")
     g.add_argument(
-        "--plot", metavar="DIR", help="write ITL/TTFT CDFs, batch composition and KV usage figures"
+        "--plot",
+        metavar="DIR",
+        help="write ITL/TTFT CDFs, batch composition and KV usage figures (--autoscale: replicas, load "
+        "and SLO misses over the run, autoscale.png)",
     )
     add_deployment_out_arg(g, "the deployment run (the first policy's)")
     g.add_argument(
@@ -729,6 +732,7 @@ def _days(args: argparse.Namespace, results: list[SimulationResult]) -> str:
     text = []
     for result in results:
         scale = result.summary["autoscale"]
+        scale["window_s"] = args.window_s
         scale["windows"] = day_windows(result.records, scale, args.window_s, goodput)
         if args.gpu_hour_cost:
             scale["gpu_hour_cost"] = args.gpu_hour_cost

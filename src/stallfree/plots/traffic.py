@@ -9,6 +9,7 @@
   tokens), dark where the step also carried prompt tokens (decodes riding with a chunk).
 - ``kv_usage``: the fraction of KV blocks in use over time (the bin's peak), per policy, each
   labelled with its own block count.
+- ``autoscale``: an autoscaled run's replicas and load over the day (:mod:`stallfree.plots.day`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy.typing as npt
 from matplotlib.figure import Figure
 
 from stallfree.plots import DECODE_COLOR, PROMPT_COLOR, save_figures
+from stallfree.plots.day import day_figure
 
 if TYPE_CHECKING:
     from stallfree.sim import SimulationResult
@@ -34,16 +36,20 @@ FloatArray = npt.NDArray[np.float64]
 
 
 def plot_traffic(results: Sequence[SimulationResult], out_dir: str | Path) -> list[Path]:
-    """Write the four figures (PNG and SVG) for one or more policies' runs; return the paths."""
+    """Write the figures (PNG and SVG) for one or more policies' runs; return the paths."""
     return save_figures(traffic_figures(results), out_dir, dpi=130)
 
 
 def traffic_figures(results: Sequence[SimulationResult]) -> list[tuple[str, Figure]]:
-    """``(name, figure)`` of each figure; the step figures need runs with ``keep_steps``."""
+    """``(name, figure)`` of each figure; the step figures need runs with ``keep_steps``, the
+    autoscale figure autoscaled runs whose day's windows were added (``autoscale.windows``)."""
     figures = [("itl_cdf", _itl_cdf(results)), ("ttft_cdf", _ttft_cdf(results))]
     traced = [r for r in results if r.steps is not None and len(r.steps)]
     if traced:
         figures += [("batch_composition", _batch_composition(traced)), ("kv_usage", _kv_usage(traced))]
+    days = [r for r in results if "windows" in r.summary.get("autoscale", {})]
+    if days:
+        figures.append(("autoscale", day_figure(days)))
     return figures
 
 

@@ -56,6 +56,19 @@ def day_windows(
     return rows
 
 
+def fleet_steps(autoscale: Mapping[str, Any], end_s: float) -> list[tuple[float, int, int]]:
+    """The fleet's size as a step line from 0 s to ``end_s``: ``(time_s, ready, on_gpus)`` at each
+    change. It starts with the replicas on from 0 s (the first scrape is one interval in), then
+    follows the size after every scrape (on GPUs: starting, ready and draining); the last point
+    holds the last size to ``end_s``."""
+    initial = sum(1 for life in autoscale["lifetimes"] if life["on_s"] == 0)
+    points = [(0.0, initial, initial)]
+    for time_s, starting, ready, draining in autoscale["sizes"]:
+        if (ready, starting + ready + draining) != points[-1][1:]:
+            points.append((time_s, ready, starting + ready + draining))
+    return [*points, (max(end_s, points[-1][0]), points[-1][1], points[-1][2])]
+
+
 def _starting_at(starting: Sequence[tuple[float, int]], time_s: float) -> bool:
     """Whether a replica was starting at ``time_s`` (as of the last scrape before it)."""
     at = bisect.bisect_right(starting, (time_s, float("inf"))) - 1

@@ -35,7 +35,7 @@
       $(`tab-${v}`).tabIndex = v === view ? 0 : -1;
     }
     if (view === "explain") writeHash("explain", explainParams());
-    if (view === "traffic") writeHash("traffic", formParams($("traffic-form")));
+    if (view === "traffic") writeHash("traffic", trafficParams());
     if (view === "tune") writeHash("tune", {});
   }
   VIEWS.forEach((v, i) => {
@@ -208,22 +208,45 @@
       series: results.map((r) => ({ name: r.policy, color: color(r.policy), step: true, points: r[key].filter((p) => p[0] > 0) })) });
     cdf($("itl-cdf"), "itl_cdf_ms", "inter-token latency CDF");
     cdf($("ttft-cdf"), "ttft_cdf_ms", "time to first token CDF");
-    const batches = $("batch-charts");
-    batches.innerHTML = "";
-    for (const r of results) {
+    const traced = results.filter((r) => r.batch), batches = $("batch-charts"), days = $("day-charts");
+    batches.innerHTML = ""; days.innerHTML = "";
+    $("step-charts").hidden = !traced.length;  // an autoscaled fleet keeps no steps: its day instead
+    for (const r of traced) {
       const svg = Charts.el("svg", { role: "img", "aria-label": `batch composition, ${r.policy}` }, batches);
       Charts.bars(svg, { steps: r.batch.steps, window: [r.batch.start_s, r.batch.end_s],
         title: `${r.policy}: tokens per step, ${Fmt.fixed(r.batch.start_s, 1)}-${Fmt.fixed(r.batch.end_s, 1)} s` });
     }
-    Charts.lines($("kv-usage"), { height: 260, title: `KV blocks in use (peak per bin, of ${results[0].kv.num_blocks.toLocaleString("en-US")})`,
+    if (traced.length) Charts.lines($("kv-usage"), { height: 260, title: `KV blocks in use (peak per bin, of ${traced[0].kv.num_blocks.toLocaleString("en-US")})`,
       x: { label: "simulated time (s)" }, y: { domain: [0, 100], label: "%" },
-      series: results.map((r) => ({ name: r.policy, color: color(r.policy), points: r.kv.points })) });
+      series: traced.map((r) => ({ name: r.policy, color: color(r.policy), points: r.kv.points })) });
+    for (const r of results.filter((r) => r.day)) {
+      const svg = Charts.el("svg", { role: "img", "aria-label": `replicas and load over time, ${r.policy}` }, days);
+      const judged = r.day.windows.some((w) => w[2] !== null);
+      Charts.day(svg, r.day, `${r.policy}: ${r.day.rule}, ${Fmt.fixed(r.day.gpu_hours, 2)} GPU-hours; ` +
+        (judged ? "shaded: windows whose requests missed the SLOs" : "no SLOs given: misses not marked"));
+    }
   }
+
+  // A rate profile sets the rate (no QPS); an autoscaler's settings apply with it, and its fleet
+  // keeps no steps to window. Disabled fields are left out of the query.
+  const DAY_FIELDS = ["min_replicas", "max_replicas", "startup_s", "window_s", "goodput"];
+  function syncTrafficFields() {
+    const profile = tform.elements.rate_profile.value.trim() !== "", scaled = tform.elements.autoscale.value.trim() !== "";
+    for (const k of ["qps", "burstiness"]) tform.elements[k].disabled = profile;
+    for (const k of DAY_FIELDS) tform.elements[k].disabled = !scaled;
+    tform.elements.window_start_s.disabled = scaled;
+  }
+  function trafficParams() {
+    const p = formParams(tform);
+    for (const field of tform.elements) if (field.name && field.disabled) delete p[field.name];
+    return p;
+  }
+  tform.addEventListener("input", syncTrafficFields);
 
   async function runTraffic() {
     const policies = [...tform.querySelectorAll("input[type=checkbox]:checked")].map((b) => b.value);
     if (!policies.length) { showError("traffic-error", "choose at least one policy"); return; }
-    const params = formParams(tform);
+    const params = trafficParams();
     writeHash("traffic", params);
     const controller = (trafficRun = new AbortController());
     $("traffic-run").disabled = true; $("traffic-cancel").disabled = false;
@@ -234,7 +257,7 @@
       for (const policy of policies) {
         $("traffic-status").textContent = `simulating ${policy} (${results.length + 1} of ${policies.length})…`;
         const query = new URLSearchParams({ ...params, policy });
-        if (results.length) query.set("window_start_s", results[0].batch.start_s);
+        if (results.length && results[0].batch) query.set("window_start_s", results[0].batch.start_s);
         results.push(await getJson(`api/simulate?${query}`, { signal: controller.signal }));
         $("traffic-bar").value = results.length;
       }
@@ -336,6 +359,7 @@
       applyHash(form, hash);
       if (hash.get("token_budget")) sizeBy = "token_budget";
     }
+    syncTrafficFields();
     showView(VIEWS.includes(view) ? view : "explain");
     runExplain();
   }

@@ -60,11 +60,11 @@ const Charts = (() => {
     return log ? [lo / 1.25, hi * 1.25] : [Math.min(0, lo), hi + 0.06 * (hi - Math.min(0, lo) || 1)];
   }
 
-  // Axes, grid and labels. opts: {height, title, x: {domain, log, label, ticks}, y: {...}}.
+  // Axes, grid and labels. opts: {height, title, right (margin), x: {domain, log, label, ticks}, y: {...}}.
   function frame(svg, opts) {
     const height = opts.height || 260;
     const width = clear(svg, height);
-    const m = { left: 58, right: 14, top: opts.title ? 24 : 10, bottom: 38 };
+    const m = { left: 58, right: opts.right || 14, top: opts.title ? 24 : 10, bottom: 38 };
     const x = scale(...opts.x.domain, m.left, width - m.right, opts.x.log);
     const y = scale(...opts.y.domain, height - m.bottom, m.top, opts.y.log);
     const axis = el("g", { class: "axis" }, svg);
@@ -141,6 +141,46 @@ const Charts = (() => {
     return f;
   }
 
+  // An autoscaled day (the API's `day`): the replicas as steps (ready; on GPUs, starting and
+  // draining included), each scaling decision marked at the count it wanted, each window's
+  // arrivals per second on the right axis, windows whose requests missed the SLOs shaded (darker,
+  // more missed).
+  function day(svg, d, title) {
+    const end = d.fleet[d.fleet.length - 1][0];
+    const top = Math.max(1, ...d.fleet.map((p) => p[2]), ...d.events.map((e) => e[2])) + 1;
+    const f = frame(svg, { height: 280, title, right: 52, x: { domain: [0, end], label: "simulated time (s)" }, y: { domain: [0, top], label: "replicas" } });
+    const { x, y, g, m } = f, right = f.width - m.right, bottom = f.height - m.bottom;
+    for (const [start, , met] of d.windows) {
+      if (met === null || met >= 1) continue;
+      const x0 = x(start), x1 = x(Math.min(start + d.window_s, end));
+      const shade = el("rect", { class: "slo-miss", x: x0, y: m.top, width: Math.max(0, x1 - x0), height: bottom - m.top,
+        fill: COLORS.gap, "fill-opacity": 0.08 + 0.3 * (1 - met), "data-met": met }, g);
+      el("title", {}, shade, `from ${fmt(start)} s: ${Math.round(met * 100)}% of the requests met the SLOs`);
+    }
+    const rates = d.windows.map((w) => w[1] / d.window_s);
+    const r = scale(0, Math.max(...rates) * 1.1 || 1, bottom, m.top, false);
+    const axis = el("g", { class: "axis" }, svg);
+    for (const t of r.ticks()) el("text", { x: right + 5, y: r(t) + 4 }, axis, fmt(t));
+    el("path", { d: `M${right},${m.top}V${bottom}`, fill: "none" }, axis);
+    el("text", { transform: `translate(${f.width - 6},${(m.top + bottom) / 2}) rotate(90)`, "text-anchor": "middle" }, axis, "arrivals per second");
+    const load = d.windows.map(([start], i) => `${i ? "V" : `M${x(start).toFixed(1)},`}${r(rates[i]).toFixed(1)}H${x(Math.min(start + d.window_s, end)).toFixed(1)}`);
+    const steps = (k) => d.fleet.map((p, i) => (i ? `H${x(p[0]).toFixed(1)}V` : `M${x(p[0]).toFixed(1)},`) + y(p[k]).toFixed(1)).join("");
+    const series = [["arrival-rate", COLORS.prompt, load.join(""), 1.5, `arrivals/s (${fmt(d.window_s)}-s windows)`],
+      ["on-gpus", COLORS.ink, steps(2), 1.5, "on GPUs (starting, draining)"], ["ready", COLORS.decode, steps(1), 2.5, "ready (routable)"]];
+    series.forEach(([name, color, path, width, label], i) => {
+      el("path", { class: name, d: path, fill: "none", stroke: color, "stroke-width": width }, g);
+      el("rect", { x: m.left + 8, y: m.top + 6 + 15 * i, width: 10, height: 10, fill: color }, g);
+      el("text", { x: m.left + 22, y: m.top + 15 + 15 * i }, g, label);
+    });
+    for (const [at, current, desired] of d.events) {
+      const px = x(at), py = y(desired), up = desired > current;
+      const mark = el("path", { class: up ? "scale-up" : "scale-down", fill: COLORS.ink,
+        d: up ? `M${px},${py - 5}l4.5,8h-9z` : `M${px},${py + 5}l4.5,-8h-9z` }, g);
+      el("title", {}, mark, `${fmt(at)} s: ${current} -> ${desired} replicas wanted`);
+    }
+    return f;
+  }
+
   // The explain timeline: both runs on one clock. data: payload.timeline; rows: [[name, title]].
   function timeline(svg, data, rows, onStep) {
     const streamsShown = Math.max(...rows.map(([name]) => Object.keys(data.runs[name].streams).length));
@@ -213,7 +253,7 @@ const Charts = (() => {
     };
   }
 
-  return { COLORS, el, frame, lines, bars, timeline, fmt };
+  return { COLORS, el, frame, lines, bars, day, timeline, fmt };
 })();
 
 // Number formats shared by the page: the same rules as the CLI's tables.
