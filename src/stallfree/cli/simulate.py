@@ -153,10 +153,13 @@ def _add_fleet_args(p: argparse.ArgumentParser) -> None:
 def _add_autoscale_args(a: argparse._ArgumentGroup) -> None:
     a.add_argument(
         "--autoscale",
-        metavar="keda:METRIC=TARGET",
+        metavar="RULE",
         help="resize the fleet as the Kubernetes HPA (KEDA) does on a per-replica target of vLLM's "
         "num_requests_waiting (waiting), num_requests_running (running) or kv_cache_usage_perc (kv), "
-        "e.g. keda:waiting=8; --replicas is then the starting size (default --min-replicas)",
+        "e.g. keda:waiting=8; or as a forecast of the rate, sla:qps=CAPACITY[,interval=S][,window=N]; "
+        "or as NVIDIA Dynamo Planner 1.4.2's load-based rule on each replica's KV load, "
+        "dynamo-load:[throughput|latency][,interval=S] or dynamo-load:up=PCT,down=PCT[,interval=S] "
+        "(its tick is 5 s: give --scrape-s 5); --replicas is then the starting size (default --min-replicas)",
     )
     a.add_argument("--min-replicas", type=positive_int, default=1, help="the autoscaler's floor (default 1)")
     a.add_argument(

@@ -201,7 +201,8 @@ def _add_day_args(p: argparse.ArgumentParser) -> None:
     d.add_argument(
         "--autoscale",
         metavar="RULE,...",
-        help="KEDA rules to try, e.g. keda:waiting=4,keda:waiting=8,keda:kv=0.7",
+        help="rules to try, as simulate --autoscale's, e.g. keda:waiting=4,keda:kv=0.7,dynamo-load:latency,"
+        "dynamo-load:up=80,down=30 (a part that names no rule continues the one before)",
     )
     d.add_argument("--min-replicas", metavar="N,...", default="1", help="floors to try (default 1)")
     d.add_argument(
@@ -559,13 +560,14 @@ def _step_budgets(text: str | None) -> tuple[float, ...] | str:
 
 def _run_day_tune(args: argparse.Namespace, base: Deployment) -> int:
     """``tune --rate-profile P --autoscale R1,R2 --min-replicas A,B``: every rule and floor through
-    the day, the fixed fleet for the peak beside them, the best as KEDA's ScaledObject."""
+    the day, the fixed fleet for the peak beside them, the best as KEDA's ScaledObject (or Dynamo
+    Planner's config)."""
     from stallfree.core import DEFAULT_TOKEN_BUDGET
-    from stallfree.tune.day import DayTuneConfig, check_rules, format_day_tune, tune_day
+    from stallfree.tune.day import DayTuneConfig, check_rules, format_day_tune, split_rules, tune_day
     from stallfree.tune.slo import SLO_FLAGS, Slos
     from stallfree.workload import WorkloadOptions, workload_from_options
 
-    rules = tuple(r.strip() for r in (args.autoscale or "").split(",") if r.strip())
+    rules = split_rules(args.autoscale or "")
     routers = [r.strip() for r in (args.router or "least-requests").split(",") if r.strip()]
     if len(routers) != 1:
         raise UsageError("--rate-profile tunes one fleet: give one --router")

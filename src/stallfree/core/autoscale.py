@@ -18,6 +18,16 @@ no I/O. Joining, starting up and draining are the fleet's (:mod:`stallfree.sim.a
   router saw over the last ``window`` intervals (a moving average) is the next interval's, and the
   fleet is that rate over one replica's capacity at the SLOs (``stallfree tune`` finds it),
   rounded up, within [min, max]; between intervals it holds.
+- ``dynamo-load``: NVIDIA Dynamo Planner's load-based rule for an aggregated fleet, as ai-dynamo
+  1.4.2 runs it with a non-``sla`` ``optimization_target`` (``dynamo/planner/core/load_scaling.py``,
+  ``_agg_easy_decision``; its defaults from ``config/defaults.py`` and ``config/planner_config.py``):
+  every ``interval_s`` (``load_adjustment_interval_seconds``, 5 s) each ready replica's KV load is
+  its decoding requests' KV tokens plus its waiting requests' prompt tokens over its KV capacity in
+  tokens (the forward-pass metrics' ``sum_decode_kv_tokens`` and queued ``sum_prefill_tokens`` over
+  ``max_kv_tokens``). One replica above the up threshold adds one replica; every replica below the
+  down threshold removes one (never below one); else, or while a replica is still starting (the
+  planner's "scaling in progress"), it holds. Clamped to [min, max] (Dynamo's ``min_endpoint`` and
+  ``max_gpu_budget`` over the GPUs of a replica).
 """
 
 from __future__ import annotations
@@ -37,11 +47,17 @@ AUTOSCALE_METRICS = {
 
 @dataclass(frozen=True, slots=True)
 class ReplicaMetrics:
-    """One ready replica's gauges at a scrape (vLLM's: requests running and waiting, KV usage 0-1)."""
+    """One ready replica's gauges at a scrape (vLLM's: requests running and waiting, KV usage 0-1),
+    and what Dynamo's forward-pass metrics add: the KV tokens of its decoding requests, the prompt
+    tokens of its waiting ones (a preempted request counts none: vLLM V1 resets its computed tokens,
+    which is what the metrics count for it) and its KV capacity in tokens (0: not known)."""
 
     num_running: int
     num_waiting: int
     kv_usage: float
+    num_decode_kv_tokens: int = 0
+    num_queued_prompt_tokens: int = 0
+    max_kv_tokens: int = 0
 
     def value(self, metric: str) -> float:
         if metric == "waiting":
@@ -200,3 +216,108 @@ class SlaAutoscaler:
             self._wanted = math.ceil(forecast / self.rule.capacity_qps)
         wanted = current if self._wanted is None else self._wanted
         return max(self.min_replicas, min(self.max_replicas, wanted))
+
+
+# Dynamo Planner 1.4.2's static thresholds on the KV load for an aggregated fleet, by
+# optimization_target (load_scaling.py's _DECODE_*): (scale up above, scale down below).
+DYNAMO_TARGETS = {"throughput": (1.0, 0.6), "latency": (0.4, 0.1)}
+
+
+@dataclass(frozen=True, slots=True)
+class DynamoLoadRule:
+    """Dynamo Planner's ``optimization_target`` (``throughput``, ``latency`` or ``load``), the ``load``
+    target's thresholds in percent of the KV capacity (``decode_scale_up_kv_rate`` and
+    ``decode_scale_down_kv_rate``) and the planner's tick (``load_adjustment_interval_seconds``)."""
+
+    target: str = "throughput"
+    up_percent: float | None = None
+    down_percent: float | None = None
+    interval_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.target == "sla":
+            raise ValueError(
+                "Dynamo's sla target (its perf-model regressions) is not simulated: use throughput, latency or load"
+            )
+        if self.target not in (*DYNAMO_TARGETS, "load"):
+            raise ValueError(f"unknown Dynamo target {self.target!r}; choose from throughput, latency, load")
+        given = (self.up_percent, self.down_percent)
+        if self.target != "load" and given != (None, None):
+            raise ValueError(f"up= and down= are the load target's; {self.target} has fixed thresholds")
+        if self.target == "load":
+            if self.up_percent is None or self.down_percent is None:
+                raise ValueError("the load target needs up=PERCENT and down=PERCENT of the KV capacity")
+            if not 0 <= self.down_percent < self.up_percent <= 100:
+                raise ValueError(
+                    f"need 0 <= down < up <= 100 (percent), got up={self.up_percent:g} down={self.down_percent:g}"
+                )
+        if not (self.interval_s >= 1 and float(self.interval_s).is_integer()):
+            raise ValueError(f"the planner's interval is whole seconds >= 1, got {self.interval_s:g}")
+
+    @classmethod
+    def parse(cls, text: str) -> DynamoLoadRule:
+        """``""`` (throughput), ``latency``, ``up=80,down=30`` (load), each with ``[,interval=S]``."""
+        usage = (
+            "give the Dynamo rule as [throughput|latency][,interval=S] or up=PERCENT,down=PERCENT"
+            f"[,interval=S], got {text!r}"
+        )
+        words: list[str] = []
+        fields: dict[str, float] = {}
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            name, sep, value = part.partition("=")
+            if not sep:
+                words.append(part)
+                continue
+            if name.strip() not in ("up", "down", "interval"):
+                raise ValueError(usage)
+            try:
+                fields[name.strip()] = float(value)
+            except ValueError:
+                raise ValueError(usage) from None
+        if len(words) > 1:
+            raise ValueError(usage)
+        target = words[0] if words else ("load" if "up" in fields or "down" in fields else "throughput")
+        return cls(target, fields.get("up"), fields.get("down"), fields.get("interval", 5.0))
+
+    def thresholds(self) -> tuple[float, float]:
+        """(scale up, scale down) as shares of the KV capacity."""
+        if self.up_percent is not None and self.down_percent is not None:
+            return self.up_percent / 100, self.down_percent / 100
+        return DYNAMO_TARGETS[self.target]
+
+
+class DynamoLoadAutoscaler:
+    """Dynamo Planner's load-based rule (see the module's docstring); one per fleet."""
+
+    name = "dynamo-load"
+
+    def __init__(self, rule: DynamoLoadRule, min_replicas: int, max_replicas: int) -> None:
+        if not 1 <= min_replicas <= max_replicas:
+            raise ValueError(f"need 1 <= min replicas <= max replicas, got {min_replicas} and {max_replicas}")
+        self.rule = rule
+        self.min_replicas, self.max_replicas = min_replicas, max_replicas
+        self._tick_s: float | None = None  # the planner's last tick
+
+    def desired(
+        self, now_s: float, current: int, ready: Sequence[ReplicaMetrics], num_arrivals: int = 0
+    ) -> int:
+        wanted = current
+        # 1e-9: scrape times are sums of the period, a tick due at exactly the interval is due
+        if self._tick_s is None or now_s - self._tick_s >= self.rule.interval_s - 1e-9:
+            self._tick_s = now_s
+            wanted = self._decide(current, ready)
+        return max(self.min_replicas, min(self.max_replicas, wanted))
+
+    def _decide(self, current: int, ready: Sequence[ReplicaMetrics]) -> int:
+        """One tick: hold while a replica starts or a capacity is unknown; else one step."""
+        if not ready or len(ready) != current or any(m.max_kv_tokens <= 0 for m in ready):
+            return current
+        loads = [(m.num_decode_kv_tokens + m.num_queued_prompt_tokens) / m.max_kv_tokens for m in ready]
+        up, down = self.rule.thresholds()
+        if self.rule.target == "load":  # the user's thresholds are inclusive, the static ones strict
+            if any(load >= up for load in loads):
+                return current + 1
+            return current - 1 if current > 1 and all(load <= down for load in loads) else current
+        if any(load > up for load in loads):
+            return current + 1
+        return current - 1 if current > 1 and all(load < down for load in loads) else current

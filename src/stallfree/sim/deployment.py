@@ -21,7 +21,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stallfree.core.autoscale import Autoscaler, HpaAutoscaler, HpaRule, SlaAutoscaler, SlaRule
+from stallfree.core.autoscale import (
+    Autoscaler,
+    DynamoLoadAutoscaler,
+    DynamoLoadRule,
+    HpaAutoscaler,
+    HpaRule,
+    SlaAutoscaler,
+    SlaRule,
+)
 from stallfree.core.config import ShedRule
 from stallfree.core.router import ROUTER_NAMES
 from stallfree.core.serving import ServingConfig
@@ -88,7 +96,8 @@ class Speculation:
             raise ValueError(f"unknown draft method {self.draft!r}; choose from: {', '.join(DRAFT_METHODS)}")
 
 
-AUTOSCALERS = ("hpa", "keda", "sla")  # KEDA drives the HPA: one rule; sla forecasts the rate
+# KEDA drives the HPA: one rule; sla forecasts the rate; dynamo-load is Dynamo Planner 1.4.2's load rule
+AUTOSCALERS = ("hpa", "keda", "sla", "dynamo-load")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +105,9 @@ class Autoscale:
     """An autoscaler in front of the fleet: ``rule`` ``hpa:METRIC=TARGET`` (or ``keda:``, the same
     HPA rule as KEDA drives it: :class:`~stallfree.core.autoscale.HpaRule`), or
     ``sla:qps=CAPACITY[,interval=S][,window=N]`` (a forecast of the rate:
-    :class:`~stallfree.core.autoscale.SlaRule`), between
+    :class:`~stallfree.core.autoscale.SlaRule`), or ``dynamo-load:[throughput|latency]`` /
+    ``dynamo-load:up=PCT,down=PCT`` (Dynamo Planner's load-based rule:
+    :class:`~stallfree.core.autoscale.DynamoLoadRule`), between
     ``min_replicas`` and ``max_replicas``, deciding every ``scrape_s``; a replica it adds is
     routable ``startup_s`` later (its GPUs held from the decision on). ``scale_down_window_s`` is
     the HPA's scale-down stabilization window (KEDA's ``advanced.horizontalPodAutoscalerConfig.
@@ -127,6 +138,8 @@ class Autoscale:
             )
         if kind == "sla":
             return SlaAutoscaler(SlaRule.parse(rule), self.min_replicas, self.max_replicas)
+        if kind == "dynamo-load":
+            return DynamoLoadAutoscaler(DynamoLoadRule.parse(rule), self.min_replicas, self.max_replicas)
         parsed = dataclasses.replace(HpaRule.parse(rule), scale_down_window_s=self.scale_down_window_s)
         return HpaAutoscaler(parsed, self.min_replicas, self.max_replicas)
 

@@ -4,7 +4,8 @@ Every candidate (a KEDA rule's target, a floor) runs the whole day (:func:`~stal
 with the deployment's ``autoscale``); the SLOs are judged on the day's summary as a capacity
 search judges a trial's. Beside them, the fixed fleet sized for the peak: the fewest replicas that
 meet the same SLOs through the same day (a binary search up to the ceiling). The headline is the
-GPU-hours the best rule saves against it; the answer is printed as KEDA's ``ScaledObject``.
+GPU-hours the best rule saves against it; the answer is printed as the real configuration: KEDA's
+``ScaledObject`` for a KEDA rule, Dynamo Planner's config (ai-dynamo 1.4.2) for a ``dynamo-load`` one.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from stallfree.core.autoscale import AUTOSCALE_METRICS, HpaRule
+from stallfree.core.autoscale import AUTOSCALE_METRICS, DynamoLoadRule, HpaRule
 from stallfree.sim import Deployment, simulate
-from stallfree.sim.deployment import Autoscale
+from stallfree.sim.deployment import AUTOSCALERS, Autoscale
 from stallfree.tune.slo import Slos
 from stallfree.workload import Workload, WorkloadArrays, sample
 
@@ -102,7 +103,19 @@ def tune_day(
         "best": best,
         "fixed": None if fixed is None else {"replicas": fixed[0], "gpu_hours": fixed_hours},
         "saved": None if best is None or not fixed_hours else 1 - best["gpu_hours"] / fixed_hours,
-        "scaled_object": None if best is None else scaled_object(best, str(config.base.costs.model)),
+        **real_config(best, str(config.base.costs.model), config.base.costs.tp),
+    }
+
+
+def real_config(best: dict[str, Any] | None, model: str, tp: int) -> dict[str, str | None]:
+    """The best rule as what runs it: ``scaled_object`` (KEDA) or ``planner_config`` (Dynamo
+    Planner); None where it is not that kind (the ``sla`` rule has neither)."""
+    kind = None if best is None else str(best["rule"]).partition(":")[0]
+    return {
+        "scaled_object": scaled_object(best, model) if best is not None and kind in ("hpa", "keda") else None,
+        "planner_config": planner_config(best, model, tp)
+        if best is not None and kind == "dynamo-load"
+        else None,
     }
 
 
@@ -146,17 +159,39 @@ def scaled_object(row: dict[str, Any], model: str) -> str:
     )
 
 
+def planner_config(row: dict[str, Any], model: str, tp: int) -> str:
+    """Dynamo Planner's config (``python -m dynamo.planner --config FILE``, ai-dynamo 1.4.2) for a
+    ``dynamo-load`` candidate: an aggregated fleet, load-based scaling only, its floor as
+    ``min_endpoint`` and its ceiling as a GPU budget."""
+    rule = DynamoLoadRule.parse(str(row["rule"]).partition(":")[2])
+    scale = row["deployment"]["autoscale"]
+    gpus = f"{scale['max_replicas']} replicas of {tp} GPU" + ("s" if tp > 1 else "")
+    thresholds = (
+        f"decode_scale_up_kv_rate: {rule.up_percent:g}\ndecode_scale_down_kv_rate: {rule.down_percent:g}\n"
+        if rule.target == "load"
+        else ""
+    )
+    return (
+        f"mode: agg\nbackend: vllm\nmodel_name: {model}\noptimization_target: {rule.target}\n"
+        "enable_load_scaling: true\nenable_throughput_scaling: false\n"
+        f"load_adjustment_interval_seconds: {rule.interval_s:g}\n{thresholds}"
+        f"min_endpoint: {scale['min_replicas']}\ndecode_engine_num_gpu: {tp}\n"
+        f"max_gpu_budget: {scale['max_replicas'] * tp}   # {gpus}\n"
+    )
+
+
 def format_day_tune(out: dict[str, Any]) -> str:
+    width = max([22, *(len(r["rule"]) + 2 for r in out["candidates"])])
     lines = [
         f"a day of {out['num_requests']:,} requests over {out['hours']:,.2f} h; SLOs "
         + ", ".join(f"{k} <= {v:g}" for k, v in out["slos"].items()),
         "",
-        f"  {'rule':<22}{'replicas':>10}{'GPU-hours':>11}{'peak':>6}{'started':>9}  SLOs",
+        f"  {'rule':<{width}}{'replicas':>10}{'GPU-hours':>11}{'peak':>6}{'started':>9}  SLOs",
     ]
     for r in out["candidates"]:
         verdict = "met" if r["met"] else "missed: " + ", ".join(r["binds"])
         lines.append(
-            f"  {r['rule']:<22}{str(r['min_replicas']) + '-' + str(r['max_replicas']):>10}{r['gpu_hours']:>11,.2f}"
+            f"  {r['rule']:<{width}}{str(r['min_replicas']) + '-' + str(r['max_replicas']):>10}{r['gpu_hours']:>11,.2f}"
             f"{r['peak_replicas']:>6}{r['replicas_started']:>9}  {verdict}"
         )
     fixed = out["fixed"]
@@ -180,10 +215,30 @@ def format_day_tune(out: dict[str, Any]) -> str:
         f"  best: {best['rule']} between {best['min_replicas']} and {best['max_replicas']} replicas, "
         f"{best['gpu_hours']:,.2f} GPU-hours{versus}",
         "",
-        "KEDA (the HPA's default behaviour, as simulated):",
-        *("  " + line for line in out["scaled_object"].splitlines()),
     ]
+    if out["scaled_object"] is not None:
+        lines.append("KEDA (the HPA's default behaviour, as simulated):")
+        lines += ["  " + line for line in out["scaled_object"].splitlines()]
+    elif out["planner_config"] is not None:
+        lines.append("Dynamo Planner, ai-dynamo 1.4.2 (python -m dynamo.planner --config planner.yaml):")
+        lines += ["  " + line for line in out["planner_config"].splitlines()]
+    else:
+        lines.append(
+            "the sla rule is the idea of Dynamo's SLA planner, not its code: no configuration to print"
+        )
     return "\n".join(lines)
+
+
+def split_rules(text: str) -> tuple[str, ...]:
+    """``keda:waiting=4,dynamo-load:up=80,down=30``: a part that names no autoscaler continues the
+    rule before it."""
+    rules: list[str] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if ":" in part or part in AUTOSCALERS or not rules:
+            rules.append(part)
+        else:
+            rules[-1] += "," + part
+    return tuple(rules)
 
 
 def check_rules(rules: Sequence[str]) -> None:
@@ -191,4 +246,6 @@ def check_rules(rules: Sequence[str]) -> None:
     for rule in rules:
         Autoscale(rule)
     if not rules:
-        raise ValueError(f"give a rule, e.g. keda:waiting=8 (metrics: {', '.join(AUTOSCALE_METRICS)})")
+        raise ValueError(
+            f"give a rule, e.g. keda:waiting=8 (metrics: {', '.join(AUTOSCALE_METRICS)}) or dynamo-load:latency"
+        )
