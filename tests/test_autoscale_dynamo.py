@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from stallfree.tune.day import format_day_tune, real_config, split_rules
 from tests.factories import OneSecondCosts, make_scheduler
 
 KV = 10_000  # each replica's KV capacity in tokens
+DYNOSIM_VENV = Path("/tmp/dynosim-venv")  # ai-dynamo 1.4.2 (the DynoSim benchmark makes it)
 
 
 def loads(*shares: float) -> list[ReplicaMetrics]:
@@ -205,3 +207,21 @@ def test_tune_splits_rules_and_prints_the_planners_config() -> None:
     assert "Dynamo Planner, ai-dynamo 1.4.2" in format_day_tune(out)
     sla = real_config({**best, "rule": "sla:qps=2"}, "m", 1)
     assert sla == {"scaled_object": None, "planner_config": None}
+
+
+@pytest.mark.skipif(
+    not (DYNOSIM_VENV / "bin" / "python").exists(), reason="DynoSim's venv (the benchmark makes it)"
+)
+def test_live_the_rule_decides_as_dynamo_planner_does() -> None:
+    """Dynamo Planner 1.4.2's own PlannerScalingState and this rule, tick by tick (the planner's
+    code runs in its venv: tests/dynamo_planner_check.py)."""
+    script = Path(__file__).resolve().parent / "dynamo_planner_check.py"
+    done = subprocess.run(
+        [str(DYNOSIM_VENV / "bin" / "python"), str(script), "4000"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    out = json.loads(done.stdout)
+    assert out["num_differ"] == 0, out["differ"]
+    assert min(out["moves"].values()) > 0  # up, hold and down all exercised
