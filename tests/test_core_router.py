@@ -83,9 +83,21 @@ def test_cache_aware_balances_when_loads_are_imbalanced_past_both_thresholds() -
     router = CacheAware(2)
     router.route(req("a", (1, 2, 3, 4)), [0, 0])
     assert router.route(req("b", (1, 2, 3, 4)), [100, 10]) == 1  # 90 > 64 and 100 > 15
-    assert router.route(req("c", (1, 2, 3, 4)), [100, 70]) == 0  # 30 <= 64: the cache wins
-    assert router.route(req("d", (1, 2, 3, 4)), [100, 90]) == 0  # 100 <= 135: not imbalanced
-    assert router.route(req("e"), [3, 1]) == 1  # no blocks: nothing to match, least loaded
+    assert router.route(req("c", (1, 2, 3, 5)), [10, 100]) == 0  # 90 > 64 and 100 > 15
+    assert router.route(req("d", (1, 2, 3, 5)), [100, 70]) == 0  # 30 <= 64: the cache wins
+    assert router.route(req("e", (1, 2, 3, 5)), [100, 90]) == 0  # 100 <= 135: not imbalanced
+    assert router.route(req("f"), [3, 1]) == 1  # no blocks: nothing to match, least loaded
+
+
+def test_cache_aware_gives_a_tie_to_the_replica_a_prompt_last_went_through_it_to() -> None:
+    """Replicas that match as deep: vllm-router's tree answers the last tenant of the deepest
+    matched node, not the lowest index."""
+    router = CacheAware(3)
+    assert router.route(req("a", (7, 1)), [0, 0, 0]) == 0
+    assert router.route(req("b", (7, 2)), [100, 0, 0]) == 1  # imbalanced: the least loaded
+    assert router.route(req("c", (7, 3)), [0, 0, 0]) == 1  # 0 and 1 match 50%: (7,) went last to 1
+    assert router.route(req("d", (7, 1, 9)), [0, 0, 0]) == 0  # the deepest match wins over the last
+    assert router.route(req("e", (7, 4)), [0, 0, 0]) == 0  # and 0 took (7,) last
 
 
 def test_the_chosen_replicas_tree_takes_the_prompt() -> None:

@@ -57,9 +57,10 @@ def _same_but_tiers(with_tiers: dict[str, Any], without: dict[str, Any]) -> None
 
 @pytest.mark.parametrize("replicas", [1, 3])
 def test_tiers_that_hold_nothing_past_the_gpu_leave_the_run_as_it_was(replicas: int) -> None:
-    """A GPU cache that never evicts holds every block the tiers do: nothing loads, and the run
-    (through the tiers' replica wrapper) is the run without tiers, request by request."""
-    tiers = KvTierConfig(host_gb=64, shared_gb=256)
+    """A GPU cache that never evicts holds every block its tiers do: nothing loads, and the run
+    (through the tiers' replica wrapper) is the run without tiers, request by request. (In a fleet
+    the shared store also holds the other replicas' blocks: host tiers only there.)"""
+    tiers = KvTierConfig(host_gb=64, shared_gb=256 if replicas == 1 else None)
     on = _run(tiers, replicas=replicas, num_blocks=1 << 20)
     off = _run(None, replicas=replicas, num_blocks=1 << 20)
     assert on.summary["kv_tiers"]["num_loads"] == 0

@@ -16,7 +16,8 @@ in flight from its routing to its end (or its refusal), as a proxy sees a respon
   rate is its longest prefix in a replica's tree over its length. When the loads are imbalanced
   (max - min > ``balance_abs_threshold`` and max > min x ``balance_rel_threshold``) the least
   loaded replica takes it; else, with a best match rate above ``cache_threshold``, the replica
-  that matched most; else the least loaded. The chosen replica's tree takes the prompt; a tree
+  that matched most (between replicas that match as deep, the one a prompt last went through
+  that prefix to: the last tenant vllm-router's tree keeps at a node); else the least loaded. The chosen replica's tree takes the prompt; a tree
   past ``max_tree_size`` units forgets its least recently used branches.
 
 vllm-router 0.1.17 matches token ids, not text: for each request it asks the workers for the
@@ -140,16 +141,23 @@ class PrefixTree:
 
     def match(self, units: Sequence[int]) -> int:
         """How many leading ``units`` the tree holds."""
+        return self.match_last(units)[0]
+
+    def match_last(self, units: Sequence[int]) -> tuple[int, int]:
+        """How many leading ``units`` the tree holds, and when a prompt last went through the
+        deepest of them (the ``stamp`` of that insert; 0 for none)."""
         node, depth = self.root, 0
         for unit in units:
             child = node.children.get(unit)
             if child is None:
                 break
             node, depth = child, depth + 1
-        return depth
+        return depth, node.last_used
 
-    def insert(self, units: Sequence[int]) -> None:
-        self._clock += 1
+    def insert(self, units: Sequence[int], stamp: int | None = None) -> None:
+        """Add a prompt's ``units``, stamped ``stamp`` (increasing over the inserts; by default
+        the tree's own count)."""
+        self._clock = self._clock + 1 if stamp is None else stamp
         node = self.root
         for unit in units:
             child = node.children.get(unit)
@@ -198,6 +206,7 @@ class CacheAware:
     def __init__(self, num_replicas: int, config: CacheAwareConfig | None = None) -> None:
         self.config = config or CacheAwareConfig()
         self.trees = [PrefixTree(self.config.max_tree_size) for _ in range(num_replicas)]
+        self._routed = 0  # prompts routed: the trees' common clock
 
     def route(self, request: Request, in_flight: Sequence[int], routable: Sequence[int] | None = None) -> int:
         cfg = self.config
@@ -209,10 +218,13 @@ class CacheAware:
         if most - fewest > cfg.balance_abs_threshold and most > fewest * cfg.balance_rel_threshold:
             chosen = least
         else:
-            matched = {i: self.trees[i].match(units) for i in pool}
+            # The deepest match; between replicas that match as deep, the one a prompt last went
+            # through that prefix to (vllm-router's tree answers the node's last tenant).
+            matched = {i: self.trees[i].match_last(units) for i in pool}
             best = max(pool, key=matched.__getitem__)
-            chosen = best if units and matched[best] / len(units) > cfg.cache_threshold else least
-        self.trees[chosen].insert(units)
+            chosen = best if units and matched[best][0] / len(units) > cfg.cache_threshold else least
+        self._routed += 1
+        self.trees[chosen].insert(units, self._routed)
         return chosen
 
     def forget(self, replica: int) -> None:
