@@ -113,8 +113,10 @@ def bench(url: str, result: Path, *args: str) -> dict[str, Any]:
     return body
 
 
-def replay(result: Path, deployment: Path) -> dict[str, Any]:
-    summary: dict[str, Any] = json_of("simulate", "--replay", str(result), "--deployment", str(deployment))
+def replay(result: Path, deployment: Path, *flags: str) -> dict[str, Any]:
+    summary: dict[str, Any] = json_of(
+        "simulate", "--replay", str(result), "--deployment", str(deployment), *flags
+    )
     return next(iter(summary["policies"].values()))
 
 
@@ -200,22 +202,27 @@ def part_a(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                              "arxiv", "--num-requests", str(args.num_requests), "--seed", str(11 + i))  # fmt: skip
             wall_s, late = time.perf_counter() - started, late_delta(before, lateness(server.url))
             predicted = replay(result, deployment)
+            # The same with the idle HTTP path as a delay before the replica's queue (--route-delay-ms).
+            hop = replay(result, deployment, "--route-delay-ms", f"{idle_ms - priced_ms:.3f}")
             runs.append({"qps": qps, "wall_s": wall_s, "load": f"{load_before} -> {loadavg()}", "late": late,
                          "measured": {k: measured[k] for k in KEYS}, "predicted": {k: predicted[k] for k in KEYS},
+                         "predicted_with_http": {k: hop[k] for k in KEYS},
                          "failed": measured.get("failed", 0)})  # fmt: skip
     rows = [f"(a) llama-3.1-8b on h100-sxm, steps priced by {priced_by(log)}; Poisson, arXiv lengths, "
             f"{args.num_requests} requests a run; idle, a 2-token prompt's TTFT {idle_ms:.2f} ms "
             f"for a {priced_ms:.2f} ms step: the HTTP path adds {idle_ms - priced_ms:.2f} ms", "",
-            "| QPS | metric | measured ms | predicted ms | error | steps later than 1 / 5 ms, worst | wall s | load |",
-            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            "| QPS | metric | measured ms | predicted ms | error | predicted + HTTP path | error | "
+            "steps later than 1 / 5 ms, worst | wall s | load |",
+            "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for run in runs:
         late = run["late"]
         for j, key in enumerate(KEYS):
-            meas, pred = run["measured"][key], run["predicted"][key]
+            meas, pred, hop_ms = run["measured"][key], run["predicted"][key], run["predicted_with_http"][key]
             tail = (f"{100 * late['over_1ms']:.2f}% / {100 * late['over_5ms']:.2f}% of {late['steps']:.0f}, "
                     f"{late['max_ms']:.1f} ms | {run['wall_s']:.0f} | {run['load']}") if j == 0 else "| |"  # fmt: skip
             rows.append(
-                f"| {run['qps']:g} | {key[:-3]} | {meas:,.2f} | {pred:,.2f} | {error(meas, pred)} | {tail} |"
+                f"| {run['qps']:g} | {key[:-3]} | {meas:,.2f} | {pred:,.2f} | {error(meas, pred)} "
+                f"| {hop_ms:,.2f} | {error(meas, hop_ms)} | {tail} |"
             )
     print("\n".join(rows), flush=True)
     return {"runs": runs, "priced_by": priced_by(log), "idle_ttft_ms": idle_ms, "priced_ms": priced_ms}
