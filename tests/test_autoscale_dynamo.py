@@ -225,3 +225,39 @@ def test_live_the_rule_decides_as_dynamo_planner_does() -> None:
     out = json.loads(done.stdout)
     assert out["num_differ"] == 0, out["differ"]
     assert min(out["moves"].values()) > 0  # up, hold and down all exercised
+
+
+def test_a_replicas_figures_come_from_its_scheduler_as_dynamo_counts_them() -> None:
+    """Decoding requests' KV tokens, waiting prompts' tokens, the capacity: what the simulated
+    fleet hands the rule and what `serve`'s /metrics shows a live controller."""
+    from stallfree.core import Request
+    from stallfree.core.step import run_step
+    from tests.factories import make_scheduler, one_second
+
+    scheduler = make_scheduler("chunked", num_blocks=64, max_num_seqs=1, token_budget=64)
+    scheduler.add_request(Request("a", 40, 8))
+    scheduler.add_request(Request("b", 30, 8))
+    assert ReplicaMetrics.of(scheduler) == ReplicaMetrics(0, 2, 0.0, 0, 70, 64 * 16)
+    run_step(scheduler, one_second)  # a's prompt, its first token; b waits (one sequence at a time)
+    run_step(scheduler, one_second)  # a decodes
+    got = ReplicaMetrics.of(scheduler)
+    assert (got.num_running, got.num_waiting) == (1, 1)
+    assert (got.num_decode_kv_tokens, got.num_queued_prompt_tokens, got.max_kv_tokens) == (41, 30, 1024)
+
+
+def test_the_server_shows_the_figures_on_its_metrics() -> None:
+    from stallfree.server.prometheus import ServerMetrics
+
+    metrics = ServerMetrics("m")
+    metrics.update_engine(
+        num_running=1,
+        num_waiting=1,
+        num_used_blocks=3,
+        num_blocks=64,
+        new_preemptions=0,
+        load_tokens=(41, 30, 1024),
+    )
+    text = metrics.render().decode()
+    for line in ('stallfree:decode_kv_tokens{model_name="m"} 41.0', 'stallfree:queued_prompt_tokens{model_name="m"} 30.0',
+                 'stallfree:kv_capacity_tokens{model_name="m"} 1024.0'):  # fmt: skip
+        assert line in text

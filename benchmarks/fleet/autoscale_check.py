@@ -1,10 +1,13 @@
-"""The autoscaling simulator checked against a fleet that really scales: KEDA's rule, live.
+"""The autoscaling simulator checked against a fleet that really scales: KEDA's rule (or Dynamo
+Planner's load rule), live.
 
 A controller here does what KEDA (driving the Kubernetes HPA) does with the rule the simulator
-uses, :class:`stallfree.core.autoscale.HpaAutoscaler` itself: every scrape (15 s) it reads each
-ready replica's ``/metrics`` (``stallfree:`` or, on a virtual replica, ``vllm:``
-``num_requests_running`` / ``num_requests_waiting`` / ``kv_cache_usage_perc``) and asks the rule
-for a count. More: it starts ``stallfree serve`` processes, and one counts as ready (routable)
+uses, the same :mod:`stallfree.core.autoscale` policy (``--rule``, as ``simulate --autoscale``
+takes it; ``keda:running=1`` by default): every scrape (15 s) it reads each ready replica's
+``/metrics`` (``stallfree:`` or, on a virtual replica, ``vllm:`` ``num_requests_running`` /
+``num_requests_waiting`` / ``kv_cache_usage_perc``, and for ``dynamo-load`` the replica's
+``decode_kv_tokens`` / ``queued_prompt_tokens`` / ``kv_capacity_tokens``) and asks the rule for a
+count. More: it starts ``stallfree serve`` processes, and one counts as ready (routable)
 once its ``/health`` answers and ``POST /add_worker?url=`` has put it in a running vllm-router's
 worker list. Fewer: a starting one is killed (the newest first), else a ready one (the fewest
 requests in flight first) is taken out of the router (``POST /remove_worker?url=``) and stopped
@@ -22,7 +25,7 @@ median TTFT and TPOT (within 25%?) and lost requests.
   pinned with ``taskset`` to the core fewer live replicas use (2 cores: 1-2 replicas, a core
   each; a third shares a core, which the prediction does not know), predicted from ``stallfree
   profile`` of the same engine (``--profile``, made if missing). ``--max-replicas 3 --rule
-  running=2 --lengths 384,16 --phases 60:1,120:6,150:1`` is the first run README records.
+  keda:running=2 --lengths 384,16 --phases 60:1,120:6,150:1`` is the first run README records.
 - ``--part virtual``: ``stallfree serve --simulate`` replicas of Llama-3.1-70B on two H100s (the
   roofline ``full`` cost model), a process each, 2-16 of them (up to 32 GPUs); predicted with the
   same model. (70B's ~20 ms decode step keeps 16 replicas' streamed chunks within what this
@@ -54,8 +57,9 @@ from typing import Any
 
 import httpx
 
-from stallfree.core.autoscale import HpaAutoscaler, HpaRule, ReplicaMetrics
+from stallfree.core.autoscale import Autoscaler, ReplicaMetrics
 from stallfree.sim.day_report import day_windows
+from stallfree.sim.deployment import Autoscale
 from stallfree.workload.bench_result import load_bench_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common/ and the groups
@@ -65,7 +69,8 @@ from common.host import log, machine
 from common.servers import free_port, healthy, stop, vllm_router
 
 GAUGE = re.compile(
-    r"^(?:stallfree|vllm):(num_requests_running|num_requests_waiting|kv_cache_usage_perc)"
+    r"^(?:stallfree|vllm):(num_requests_running|num_requests_waiting|kv_cache_usage_perc"
+    r"|decode_kv_tokens|queued_prompt_tokens|kv_capacity_tokens)"
     r"(?:\{[^}]*\})? ([-+\d.eE]+)$",
     re.M,
 )
@@ -97,7 +102,7 @@ PARTS = {
         predict=(*REAL_SERVING, "--enable-prefix-caching"),  # --profile added
         phases=((67, 0.5), (120, 4.0), (143, 0.5)),  # steps off the 15 s scrape grid
         lengths=(256, 128),
-        rule="running=1",
+        rule="keda:running=1",
         min_replicas=1,
         max_replicas=2,
         scrape_s=15.0,
@@ -110,7 +115,7 @@ PARTS = {
         predict=(*VIRTUAL_MODEL, *VIRTUAL_SERVING, "--enable-prefix-caching"),
         phases=((60, 1.5), (120, 6.0), (150, 1.5)),
         lengths=(1024, 128),
-        rule="running=1",
+        rule="keda:running=1",
         min_replicas=2,
         max_replicas=16,
         scrape_s=15.0,
@@ -161,7 +166,7 @@ class Controller:
     part: Part
     router_url: str
     out: Path
-    hpa: HpaAutoscaler
+    autoscaler: Autoscaler
     http: httpx.Client
     t0: float = 0.0
     replicas: list[Replica] = field(default_factory=list)
@@ -230,6 +235,9 @@ class Controller:
             int(values.get("num_requests_running", 0)),
             int(values.get("num_requests_waiting", 0)),
             values.get("kv_cache_usage_perc", 0.0),
+            int(values.get("decode_kv_tokens", 0)),
+            int(values.get("queued_prompt_tokens", 0)),
+            int(values.get("kv_capacity_tokens", 0)),
         )
 
     def poll(self) -> None:
@@ -253,7 +261,7 @@ class Controller:
         ready = [r for r in self.replicas if r.state == "ready"]
         metrics = {r.index: self.gauges(r) for r in ready}
         live = self.live()
-        wanted = self.hpa.desired(at_s, len(live), list(metrics.values()))
+        wanted = self.autoscaler.desired(at_s, len(live), list(metrics.values()), 0)
         self.decisions.append(
             {"time_s": at_s, "current": len(live), "desired": wanted,
              "gauges": {i: [m.num_running, m.num_waiting] for i, m in metrics.items()}}
@@ -323,10 +331,10 @@ def bench_in_thread(
 
 
 @contextlib.contextmanager
-def fleet(part: Part, out: Path, hpa: HpaAutoscaler) -> Iterator[Controller]:
+def fleet(part: Part, out: Path, autoscaler: Autoscaler) -> Iterator[Controller]:
     """The floor's replicas ready behind vllm-router (round_robin); all stopped on the way out."""
     with httpx.Client() as http, contextlib.ExitStack() as stack:
-        first = Controller(part, "", out, hpa, http)
+        first = Controller(part, "", out, autoscaler, http)
         for _ in range(part.min_replicas):
             first.start()
         try:
@@ -361,12 +369,13 @@ def run_part(name: str, part: Part, out: Path, seed: int, profile: Path | None) 
     out.mkdir(parents=True, exist_ok=True)
     trace, result = out / "trace.csv", out / "bench.json"
     num = write_trace(trace, part, seed)
-    parsed = HpaRule.parse(part.rule)
-    rule = HpaRule(parsed.metric, parsed.target, scale_down_window_s=part.scale_down_window_s)
-    hpa = HpaAutoscaler(rule, part.min_replicas, part.max_replicas)
+    autoscaler = Autoscale(
+        part.rule, part.min_replicas, part.max_replicas, scrape_s=part.scrape_s,
+        scale_down_window_s=part.scale_down_window_s,
+    ).make()  # fmt: skip
     load_before = load()
     log(f"autoscale {name}: {num} requests over {sum(d for d, _ in part.phases):.0f} s, load {load_before}")
-    with fleet(part, out, hpa) as control:
+    with fleet(part, out, autoscaler) as control:
         thread, started, first = bench_in_thread(control.router_url, trace, result, seed)
         started.wait()
         if not first:
@@ -398,7 +407,7 @@ def run_part(name: str, part: Part, out: Path, seed: int, profile: Path | None) 
     measured_windows = day_windows(measured.records, scale, part.window_s)
     flags = [
         "--replay", str(result), *part.predict, *(["--profile", str(profile)] if profile else []),
-        "--router", "round-robin", "--autoscale", f"keda:{part.rule}",
+        "--router", "round-robin", "--autoscale", part.rule,
         "--min-replicas", str(part.min_replicas), "--max-replicas", str(part.max_replicas),
         "--startup-s", f"{startup_s:.1f}", "--scrape-s", f"{part.scrape_s:g}",
         "--scale-down-window-s", f"{part.scale_down_window_s:g}", "--window-s", f"{part.window_s:g}",
@@ -499,7 +508,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("out/autoscale"))
     parser.add_argument("--profile", type=Path, help="real: the engine's profile (default: made under --out)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rule", help="the part's rule instead: METRIC=TARGET (running=2)")
+    parser.add_argument(
+        "--rule",
+        help="the part's rule instead, as simulate --autoscale takes it (keda:running=2, dynamo-load)",
+    )
     parser.add_argument("--max-replicas", type=int, help="the part's ceiling instead")
     parser.add_argument("--lengths", help="the part's prompt and output tokens instead: P,O")
     parser.add_argument(

@@ -36,7 +36,10 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from stallfree.core.scheduler import Scheduler
 
 AUTOSCALE_METRICS = {
     "waiting": "vllm:num_requests_waiting",
@@ -58,6 +61,20 @@ class ReplicaMetrics:
     num_decode_kv_tokens: int = 0
     num_queued_prompt_tokens: int = 0
     max_kv_tokens: int = 0
+
+    @classmethod
+    def of(cls, scheduler: Scheduler) -> ReplicaMetrics:
+        """A replica's figures as its scheduler holds them after its last step."""
+        blocks = scheduler.block_manager
+        num_blocks = blocks.num_blocks or 0
+        return cls(
+            scheduler.num_running,
+            scheduler.num_waiting,
+            blocks.num_used_blocks / num_blocks if num_blocks else 0.0,
+            sum(seq.num_computed_tokens for seq in scheduler.running if seq.num_output_tokens > 0),
+            sum(seq.num_prompt_tokens for seq in scheduler.state.waiting if seq.num_output_tokens == 0),
+            num_blocks * blocks.block_size,
+        )
 
     def value(self, metric: str) -> float:
         if metric == "waiting":

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stallfree.core import SamplingParams
+from stallfree.core.autoscale import ReplicaMetrics
 from stallfree.core.config import ShedRule
 from stallfree.server.step_log import write_step
 
@@ -415,14 +416,16 @@ class EngineThread:
         queried, hits = state.num_prefix_queried_tokens, state.num_prefix_hit_tokens
         seen_queried, seen_hits = self._prefix_seen
         self._prefix_seen = (queried, hits)
+        load = ReplicaMetrics.of(scheduler)
         self.metrics.update_engine(
-            num_running=scheduler.num_running,
-            num_waiting=scheduler.num_waiting,
+            num_running=load.num_running,
+            num_waiting=load.num_waiting,
             num_used_blocks=scheduler.block_manager.num_used_blocks,
             num_blocks=scheduler.block_manager.num_blocks,
             new_preemptions=new_preemptions,
             new_prefix_queries=queried - seen_queried,
             new_prefix_hits=hits - seen_hits,
+            load_tokens=(load.num_decode_kv_tokens, load.num_queued_prompt_tokens, load.max_kv_tokens),
         )
 
     def _deliver(self, deliveries: list[Callable[[], None]]) -> None:

@@ -124,6 +124,17 @@ class ServerMetrics:
         self.kv_cache_used_blocks = gauge("kv_cache_used_blocks", "KV-cache blocks held by requests.").labels(
             model_name
         )
+        # What NVIDIA Dynamo's planner reads from its workers' forward-pass metrics (its load rule:
+        # core.autoscale.DynamoLoadAutoscaler), so a live autoscaler can run that rule on a scrape.
+        self.decode_kv_tokens = gauge(
+            "decode_kv_tokens", "KV tokens of the decoding requests (Dynamo's sum_decode_kv_tokens)."
+        ).labels(model_name)
+        self.queued_prompt_tokens = gauge(
+            "queued_prompt_tokens", "Prompt tokens of the requests waiting for their first chunk."
+        ).labels(model_name)
+        self.kv_capacity_tokens = gauge("kv_capacity_tokens", "KV-cache capacity in tokens.").labels(
+            model_name
+        )
         self.preemptions = counter("num_preemptions", "Requests preempted (recomputed later).").labels(
             model_name
         )
@@ -221,8 +232,15 @@ class ServerMetrics:
         new_preemptions: int,
         new_prefix_queries: int = 0,
         new_prefix_hits: int = 0,
+        load_tokens: tuple[int, int, int] = (0, 0, 0),
     ) -> None:
+        """``load_tokens``: the decoding requests' KV tokens, the waiting ones' prompt tokens and
+        the KV capacity in tokens."""
         self.num_requests_running.set(num_running)
+        decode_kv, queued, capacity = load_tokens
+        self.decode_kv_tokens.set(decode_kv)
+        self.queued_prompt_tokens.set(queued)
+        self.kv_capacity_tokens.set(capacity)
         self.num_requests_waiting.set(num_waiting)
         self.kv_cache_used_blocks.set(num_used_blocks)
         self.kv_cache_usage.set(num_used_blocks / num_blocks if num_blocks else 0.0)

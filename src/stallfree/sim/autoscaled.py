@@ -279,17 +279,6 @@ def _in_flight(slot: _Slot) -> int:
 
 
 def _gauges(replica: TrafficReplica | None) -> ReplicaMetrics:
-    """vLLM's gauges, and Dynamo's forward-pass metrics as of the last step: the decoding requests'
-    KV tokens, the waiting requests' prompt tokens (a preempted one, with tokens generated, counts
-    none: vLLM V1 resets its computed tokens) and the KV capacity in tokens."""
+    """vLLM's gauges, and Dynamo's forward-pass metrics as of the last step."""
     assert replica is not None
-    scheduler = replica.scheduler
-    blocks = scheduler.block_manager
-    return ReplicaMetrics(
-        scheduler.num_running,
-        scheduler.num_waiting,
-        blocks.num_used_blocks / blocks.num_blocks if blocks.num_blocks else 0.0,
-        sum(seq.num_computed_tokens for seq in scheduler.running if seq.num_output_tokens > 0),
-        sum(seq.num_prompt_tokens for seq in scheduler.state.waiting if seq.num_output_tokens == 0),
-        (blocks.num_blocks or 0) * blocks.block_size,
-    )
+    return ReplicaMetrics.of(replica.scheduler)
