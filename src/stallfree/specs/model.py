@@ -502,11 +502,12 @@ class ModelSpec:
 def load_model_spec(name_or_path: str) -> ModelSpec:
     """A preset name, a ``config.json`` path, a folder holding ``config.json``, or a GGUF file
     (a ``.gguf`` path or a short name such as ``smollm2``)."""
-    from stallfree.specs.gguf import hf_config_from_gguf, is_gguf_path, read_gguf, resolve_known_gguf
     from stallfree.specs.model_presets import MODEL_PRESETS
 
     if name_or_path in MODEL_PRESETS:
         return ModelSpec.from_hf_config(MODEL_PRESETS[name_or_path], name=name_or_path)
+    from stallfree.specs.gguf import hf_config_from_gguf, is_gguf_path, read_gguf, resolve_known_gguf
+
     known_gguf = resolve_known_gguf(name_or_path)
     if known_gguf is not None or is_gguf_path(name_or_path):
         gguf_path = known_gguf or Path(name_or_path).expanduser()

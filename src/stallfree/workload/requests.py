@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -104,7 +105,6 @@ def sample(workload: Workload, num_requests: int | None = None, seed: int = 0) -
         raise ValueError(f"num_requests must be positive, got {num_requests}")
     if limit is not None and num_requests > limit:
         raise ValueError(f"the workload's trace has {limit} rows; asked for {num_requests} requests")
-    arrival_seed, length_seed = np.random.SeedSequence(seed).spawn(2)
     if workload.sessions is not None:
         starts_s, messages, answers = sample_sessions(workload, num_requests, seed)
         turns = session_turns(workload.sessions, starts_s, messages, answers)
@@ -112,8 +112,8 @@ def sample(workload: Workload, num_requests: int | None = None, seed: int = 0) -
             turns.num_prompt_tokens, turns.max_tokens, workload.max_prompt_tokens, workload.max_total_tokens
         )
         return WorkloadArrays(turns.arrival_time_s, prompts, outputs, turns.prompt_blocks, turns.session)
-    times_s = workload.arrivals.times_s(num_requests, np.random.default_rng(arrival_seed))
-    length_rng = np.random.default_rng(length_seed)
+    times_s = workload.arrivals.times_s(num_requests, _LazyRng.stream(seed, 0))
+    length_rng = _LazyRng.stream(seed, 1)
     blocks = None
     if isinstance(workload.lengths, TraceLengths):
         trace = load_trace(workload.lengths.trace)
@@ -131,6 +131,24 @@ def sample(workload: Workload, num_requests: int | None = None, seed: int = 0) -
     return WorkloadArrays(
         arrival_time_s=times_s, num_prompt_tokens=prompts, max_tokens=outputs, prompt_blocks=blocks
     )
+
+
+class _LazyRng:
+    """Stream ``index`` of ``SeedSequence(seed).spawn(2)`` as a numpy Generator, made on first use:
+    a trace replayed in order draws nothing, and then numpy.random (~7 MB) is never imported."""
+
+    def __init__(self, seed: int, index: int) -> None:
+        self._seed, self._index = seed, index
+        self._rng: np.random.Generator | None = None
+
+    @classmethod
+    def stream(cls, seed: int, index: int) -> np.random.Generator:
+        return cast("np.random.Generator", cls(seed, index))
+
+    def __getattr__(self, name: str) -> Any:
+        if self._rng is None:
+            self._rng = np.random.default_rng(np.random.SeedSequence(self._seed).spawn(2)[self._index])
+        return getattr(self._rng, name)
 
 
 def sample_sessions(
