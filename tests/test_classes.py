@@ -46,11 +46,35 @@ def test_classes_share_requests_by_rate_and_merge_by_arrival() -> None:
         ("chat:lengths=sharegpt,qps=0", "qps must be a positive number"),
         ("chat:lengths=sharegpt,qps=2,colour=red", "unknown key 'colour'"),
         ("2chat:lengths=sharegpt,qps=2", "class name"),
+        ("agents:trace=mooncake-conversation,qps=2", "qps is the trace's own"),
     ],
 )
 def test_bad_class_specs_say_what_is_wrong(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_class(spec)
+
+
+def test_a_trace_class_replays_its_trace_beside_a_rated_one() -> None:
+    """``trace=``: the trace's arrivals, rows (lengths and prefix hashes) in order, its own rate;
+    scaled by replaying it faster."""
+    from stallfree.workload.traces import load_trace
+
+    classes = _classes(CHAT, "agents:trace=mooncake-conversation,priority=5")
+    agents = classes.classes[1]
+    trace = load_trace("mooncake-conversation")
+    assert trace.arrival_time_s is not None
+    span_s = float(trace.arrival_time_s[-1] - trace.arrival_time_s[0])
+    assert agents.qps == pytest.approx((len(trace.arrival_time_s) - 1) / span_s)
+    assert classes.scaled(2.0).classes[1].qps == pytest.approx(2 * agents.qps)
+    requests = classes.sample(200, seed=1)
+    mine = [r for r in requests if r.traffic_class == "agents"]
+    assert len(mine) == classes.counts(200)[1]
+    assert [r.num_prompt_tokens for r in mine] == trace.num_prompt_tokens[: len(mine)].tolist()
+    assert all(r.prompt_blocks is not None and r.priority == 5 for r in mine)
+    start = float(trace.arrival_time_s[0])
+    assert [r.arrival_time_s for r in mine] == pytest.approx(
+        (trace.arrival_time_s[: len(mine)] - start).tolist()
+    )
 
 
 def test_priority_serves_the_chats_first_and_the_classes_add_up() -> None:

@@ -26,7 +26,8 @@ def add_classes_arg(group: argparse._ActionsContainer) -> None:
         help="several kinds of traffic in one run, each NAME:lengths=L,qps=R[,burstiness=B][,priority=P]"
         "[,ttft=MS][,tpot=MS][,e2el=MS] (lengths as --lengths; priority an integer, lower first under "
         "--scheduling-policy priority; the SLOs judge the class's goodput), e.g. chat:lengths=sharegpt,qps=4 "
-        "batch:lengths=arxiv,qps=1,priority=10; --num-requests is shared by rate; per-class metrics follow",
+        "batch:lengths=arxiv,qps=1,priority=10; or NAME:trace=T[,lengths=L][,priority=P]...: a trace's own "
+        "arrivals and (unless lengths=) its rows; --num-requests is shared by rate; per-class metrics follow",
     )
 
 

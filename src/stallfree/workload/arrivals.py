@@ -81,6 +81,12 @@ class ReplayArrivals:
     def num_rows(self) -> int:
         return len(self._arrivals_s())
 
+    def mean_qps(self) -> float:
+        """The trace's mean arrival rate over all its rows, at this time scale."""
+        arrivals_s = self._arrivals_s()
+        span_s = float(arrivals_s[-1] - arrivals_s[0]) * self.time_scale
+        return (len(arrivals_s) - 1) / span_s if span_s > 0 else float("inf")
+
     def times_s(self, num_requests: int, rng: np.random.Generator) -> FloatArray:
         del rng  # replay is deterministic
         arrivals_s = self._arrivals_s()

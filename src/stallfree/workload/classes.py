@@ -8,9 +8,10 @@ order, each :class:`~stallfree.core.request.Request` carrying its class's ``prio
 Class ``i`` draws from seed ``seed + i``, so changing one class's rate keeps the others' requests.
 
 On the command line a class is ``NAME:key=value,...`` (:func:`parse_class`) with keys ``lengths``
-(as ``--lengths`` takes it), ``qps``, ``burstiness`` (gamma arrivals; default Poisson),
-``priority`` (an integer; lower runs first) and SLOs in ms for its goodput: ``ttft``, ``tpot``,
-``e2el``. :func:`class_summaries` scores a run per class (the simulator's and ``bench``'s).
+(as ``--lengths`` takes it), ``qps``, ``burstiness`` (gamma arrivals; default Poisson), or
+``trace`` (a trace's own arrivals, and its lengths and prefix hashes unless ``lengths`` is given:
+the class's rate is the trace's), ``priority`` (an integer; lower runs first) and SLOs in ms for
+its goodput: ``ttft``, ``tpot``, ``e2el``. :func:`class_summaries` scores a run per class (the simulator's and ``bench``'s).
 """
 
 from __future__ import annotations
@@ -24,18 +25,18 @@ from typing import Any
 from stallfree.core.request import Request
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.metrics.summary import GOODPUT_METRICS
-from stallfree.workload.arrivals import GammaArrivals, gamma, poisson
-from stallfree.workload.lengths import parse_lengths
+from stallfree.workload.arrivals import GammaArrivals, ReplayArrivals, gamma, poisson
+from stallfree.workload.lengths import TraceLengths, parse_lengths
 from stallfree.workload.requests import Workload, sample
 
-CLASS_KEYS = ("lengths", "qps", "burstiness", "priority", *GOODPUT_METRICS)
+CLASS_KEYS = ("lengths", "qps", "burstiness", "trace", "priority", *GOODPUT_METRICS)
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 
 
 @dataclass(frozen=True, slots=True)
 class TrafficClass:
-    """One kind of traffic: its workload (Poisson or gamma arrivals: a known rate), priority and SLOs
-    (metric -> ms, as ``--goodput`` takes them)."""
+    """One kind of traffic: its workload (Poisson or gamma arrivals, or a trace's: a known rate),
+    priority and SLOs (metric -> ms, as ``--goodput`` takes them)."""
 
     name: str
     workload: Workload
@@ -45,9 +46,9 @@ class TrafficClass:
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise ValueError(f"class name {self.name!r}: use letters, digits and _ (starting with a letter)")
-        if not isinstance(self.workload.arrivals, GammaArrivals):
+        if not isinstance(self.workload.arrivals, GammaArrivals | ReplayArrivals):
             raise ValueError(
-                f"class {self.name}: arrivals at a rate (Poisson or gamma), not {self.workload.arrivals}"
+                f"class {self.name}: arrivals at a rate (Poisson or gamma) or a trace's, not {self.workload.arrivals}"
             )
         unknown = sorted(set(self.slos) - set(GOODPUT_METRICS))
         if unknown:
@@ -57,16 +58,25 @@ class TrafficClass:
 
     @property
     def qps(self) -> float:
-        """The class's mean arrival rate (requests a second)."""
+        """The class's mean arrival rate (requests a second; a trace's over all its rows)."""
         arrivals = self.workload.arrivals
+        if isinstance(arrivals, ReplayArrivals):
+            return arrivals.mean_qps()
         assert isinstance(arrivals, GammaArrivals)  # checked when made
         return arrivals.qps
 
     def scaled(self, factor: float) -> TrafficClass:
-        """This class at ``factor`` times its rate."""
+        """This class at ``factor`` times its rate (a trace replayed ``factor`` times as fast)."""
         arrivals = self.workload.arrivals
-        assert isinstance(arrivals, GammaArrivals)  # checked when made
-        faster = replace(self.workload, arrivals=GammaArrivals(arrivals.qps * factor, arrivals.burstiness))
+        if isinstance(arrivals, ReplayArrivals):
+            faster = replace(
+                self.workload, arrivals=replace(arrivals, time_scale=arrivals.time_scale / factor)
+            )
+        else:
+            assert isinstance(arrivals, GammaArrivals)  # checked when made
+            faster = replace(
+                self.workload, arrivals=GammaArrivals(arrivals.qps * factor, arrivals.burstiness)
+            )
         return replace(self, workload=faster)
 
 
@@ -158,19 +168,38 @@ def parse_class(text: str) -> TrafficClass:
         if key in values:
             raise ValueError(f"class {name}: {key} given twice")
         values[key] = value
+    trace = values.get("trace")
+    if trace is not None:
+        for rated in ("qps", "burstiness"):
+            if rated in values:
+                raise ValueError(
+                    f"class {name}: {rated} is the trace's own with trace=; give one or the other"
+                )
+        return _trace_class(name, trace, values)
     for needed in ("lengths", "qps"):
         if needed not in values:
-            raise ValueError(f"class {name}: give {needed}=...")
+            raise ValueError(f"class {name}: give {needed}=... (or trace=...)")
     qps = _number(name, "qps", values["qps"])
     burstiness = values.get("burstiness")
     arrivals = poisson(qps) if burstiness is None else gamma(qps, _number(name, "burstiness", burstiness))
+    workload = Workload(arrivals, parse_lengths(values["lengths"], None))
+    return TrafficClass(name, workload, *_priority_and_slos(name, values))
+
+
+def _trace_class(name: str, trace: str, values: Mapping[str, str]) -> TrafficClass:
+    """A class replaying ``trace``'s arrivals (and its rows in order for lengths, unless given)."""
+    lengths = (
+        parse_lengths(values["lengths"], None) if "lengths" in values else TraceLengths(trace, "in-order")
+    )
+    return TrafficClass(name, Workload(ReplayArrivals(trace), lengths), *_priority_and_slos(name, values))
+
+
+def _priority_and_slos(name: str, values: Mapping[str, str]) -> tuple[int, dict[str, float]]:
     try:
         priority = int(values.get("priority", "0"))
     except ValueError:
         raise ValueError(f"class {name}: priority must be an integer, got {values['priority']!r}") from None
-    slos = {m: _number(name, m, values[m], allow_zero=True) for m in GOODPUT_METRICS if m in values}
-    workload = Workload(arrivals, parse_lengths(values["lengths"], None))
-    return TrafficClass(name, workload, priority, slos)
+    return priority, {m: _number(name, m, values[m], allow_zero=True) for m in GOODPUT_METRICS if m in values}
 
 
 def _number(name: str, key: str, text: str, *, allow_zero: bool = False) -> float:
