@@ -124,6 +124,12 @@ class HpaRule:
         return cls(metric.strip(), value)
 
 
+def _bounds(min_replicas: int, max_replicas: int) -> tuple[int, int]:
+    if not 1 <= min_replicas <= max_replicas:
+        raise ValueError(f"need 1 <= min replicas <= max replicas, got {min_replicas} and {max_replicas}")
+    return min_replicas, max_replicas
+
+
 class Autoscaler(Protocol):
     """Wants a replica count at each scrape, from the ready replicas' gauges and the number of
     requests the router has seen so far (``num_arrivals``)."""
@@ -142,10 +148,8 @@ class HpaAutoscaler:
     name = "hpa"
 
     def __init__(self, rule: HpaRule, min_replicas: int, max_replicas: int) -> None:
-        if not 1 <= min_replicas <= max_replicas:
-            raise ValueError(f"need 1 <= min replicas <= max replicas, got {min_replicas} and {max_replicas}")
         self.rule = rule
-        self.min_replicas, self.max_replicas = min_replicas, max_replicas
+        self.min_replicas, self.max_replicas = _bounds(min_replicas, max_replicas)
         self._history: deque[tuple[float, int]] = deque()  # (time, recommendation)
 
     def desired(
@@ -214,10 +218,8 @@ class SlaAutoscaler:
     name = "sla"
 
     def __init__(self, rule: SlaRule, min_replicas: int, max_replicas: int) -> None:
-        if not 1 <= min_replicas <= max_replicas:
-            raise ValueError(f"need 1 <= min replicas <= max replicas, got {min_replicas} and {max_replicas}")
         self.rule = rule
-        self.min_replicas, self.max_replicas = min_replicas, max_replicas
+        self.min_replicas, self.max_replicas = _bounds(min_replicas, max_replicas)
         self._rates: deque[float] = deque(maxlen=rule.window)
         self._last: tuple[float, int] | None = None  # (time, arrivals) at the last plan
         self._wanted: int | None = None
@@ -309,10 +311,8 @@ class DynamoLoadAutoscaler:
     name = "dynamo-load"
 
     def __init__(self, rule: DynamoLoadRule, min_replicas: int, max_replicas: int) -> None:
-        if not 1 <= min_replicas <= max_replicas:
-            raise ValueError(f"need 1 <= min replicas <= max replicas, got {min_replicas} and {max_replicas}")
         self.rule = rule
-        self.min_replicas, self.max_replicas = min_replicas, max_replicas
+        self.min_replicas, self.max_replicas = _bounds(min_replicas, max_replicas)
         self._tick_s: float | None = None  # the planner's last tick
 
     def desired(

@@ -101,54 +101,38 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         labels = ("model_name",)
 
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(f"{prefix}:{name}", doc, labels, registry=self.registry)
+        def gauge(name: str, doc: str) -> Gauge:  # this model's child
+            return Gauge(f"{prefix}:{name}", doc, labels, registry=self.registry).labels(model_name)
 
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(f"{prefix}:{name}", doc, labels, registry=self.registry)
+        def counter(name: str, doc: str) -> Counter:  # this model's child
+            return Counter(f"{prefix}:{name}", doc, labels, registry=self.registry).labels(model_name)
 
         def histogram(name: str, doc: str) -> _StepHistogram:
             collector = _StepHistogram(f"{prefix}:{name}", doc, model_name, _LATENCY_BUCKETS_S)
             self.registry.register(collector)
             return collector
 
-        self.num_requests_running = gauge("num_requests_running", "Requests in the running batch.").labels(
-            model_name
-        )
-        self.num_requests_waiting = gauge("num_requests_waiting", "Requests queued for admission.").labels(
-            model_name
-        )
-        self.kv_cache_usage = gauge(
-            "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1)."
-        ).labels(model_name)
-        self.kv_cache_used_blocks = gauge("kv_cache_used_blocks", "KV-cache blocks held by requests.").labels(
-            model_name
-        )
+        self.num_requests_running = gauge("num_requests_running", "Requests in the running batch.")
+        self.num_requests_waiting = gauge("num_requests_waiting", "Requests queued for admission.")
+        self.kv_cache_usage = gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).")
+        self.kv_cache_used_blocks = gauge("kv_cache_used_blocks", "KV-cache blocks held by requests.")
         # What NVIDIA Dynamo's planner reads from its workers' forward-pass metrics (its load rule:
         # core.autoscale.DynamoLoadAutoscaler), so a live autoscaler can run that rule on a scrape.
         self.decode_kv_tokens = gauge(
             "decode_kv_tokens", "KV tokens of the decoding requests (Dynamo's sum_decode_kv_tokens)."
-        ).labels(model_name)
+        )
         self.queued_prompt_tokens = gauge(
             "queued_prompt_tokens", "Prompt tokens of the requests waiting for their first chunk."
-        ).labels(model_name)
-        self.kv_capacity_tokens = gauge("kv_capacity_tokens", "KV-cache capacity in tokens.").labels(
-            model_name
         )
-        self.preemptions = counter("num_preemptions", "Requests preempted (recomputed later).").labels(
-            model_name
-        )
+        self.kv_capacity_tokens = gauge("kv_capacity_tokens", "KV-cache capacity in tokens.")
+        self.preemptions = counter("num_preemptions", "Requests preempted (recomputed later).")
         # vLLM's names: prompt tokens looked up in the prefix cache at admission, and found there.
         self.prefix_cache_queries = counter(
             "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
-        ).labels(model_name)
-        self.prefix_cache_hits = counter(
-            "prefix_cache_hits", "Prompt tokens found in the prefix cache."
-        ).labels(model_name)
-        self.prompt_tokens = counter(
-            "prompt_tokens", "Prompt tokens of requests that got a first token."
-        ).labels(model_name)
-        self.generation_tokens = counter("generation_tokens", "Tokens generated.").labels(model_name)
+        )
+        self.prefix_cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests that got a first token.")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
         self.time_to_first_token = histogram("time_to_first_token_seconds", "Arrival to first sampled token.")
         self.inter_token_latency = histogram(
             "inter_token_latency_seconds", "Gap between two sampled tokens of a request."
@@ -158,13 +142,11 @@ class ServerMetrics:
         )
         # vLLM's spec-decode counters: verify steps a request ran, draft tokens, accepted ones,
         # and accepted ones by draft position.
-        self.spec_decode_drafts = counter("spec_decode_num_drafts", "Draft runs verified.").labels(model_name)
-        self.spec_decode_draft_tokens = counter(
-            "spec_decode_num_draft_tokens", "Draft tokens verified."
-        ).labels(model_name)
+        self.spec_decode_drafts = counter("spec_decode_num_drafts", "Draft runs verified.")
+        self.spec_decode_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified.")
         self.spec_decode_accepted_tokens = counter(
             "spec_decode_num_accepted_tokens", "Draft tokens accepted."
-        ).labels(model_name)
+        )
         self._spec_decode_per_position = Counter(
             f"{prefix}:spec_decode_num_accepted_tokens_per_pos",
             "Draft tokens accepted, by position in the draft.",

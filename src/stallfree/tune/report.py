@@ -252,27 +252,7 @@ def format_fleet(out: dict[str, Any]) -> str:
             )
     lines += ["", "best per router (* above):"]
     for router, entry in out["routers"].items():
-        best = entry["best"]
-        if best is None:
-            lines.append(f"  {router:<18}no budget meets the SLOs with up to {out['max_replicas']} replicas")
-            closest = entry.get("closest")
-            if closest:
-                parts = "; ".join(
-                    Slo(n, limit).describe(closest["metrics"]) for n, limit in out["slos"].items()
-                )
-                lines.append(
-                    f"  {'':<18}closest: {closest.get('replicas', 1)} replicas at budget {closest['token_budget']:,}: {parts}"
-                )
-            continue
-        m = best["metrics"]
-        hits = m.get("prefix_cache_hit_rate")
-        lines.append(
-            f"  {router:<18}{best['replicas']} replicas ({best['gpus']} GPUs) at budget {best['token_budget']:,}: "
-            f"P99 TTFT {m['p99_ttft_ms']:,.0f} ms, P99 TPOT {m['p99_tpot_ms']:.1f} ms"
-            + (f", prefix-cache hits {100 * hits:.1f}%" if hits is not None else "")
-            + (f" with {best['kv_host_gb']:,g} GB of host KV a replica" if best.get("kv_host_gb") else "")
-            + f", load max/mean {m.get('load_imbalance') or 1.0:.2f}"
-        )
+        lines += _fleet_best(out, router, entry)
     best = out["best"]
     if best is not None:
         commands = best["commands"]
@@ -285,6 +265,29 @@ def format_fleet(out: dict[str, Any]) -> str:
             f"  in front:  {commands['sglang']['router']}",
         ]
     return "\n".join(lines)
+
+
+def _fleet_best(out: dict[str, Any], router: str, entry: dict[str, Any]) -> list[str]:
+    """A router's best fleet, or its closest miss."""
+    best = entry["best"]
+    if best is None:
+        lines = [f"  {router:<18}no budget meets the SLOs with up to {out['max_replicas']} replicas"]
+        closest = entry.get("closest")
+        if closest:
+            parts = "; ".join(Slo(n, limit).describe(closest["metrics"]) for n, limit in out["slos"].items())
+            lines.append(
+                f"  {'':<18}closest: {closest.get('replicas', 1)} replicas at budget {closest['token_budget']:,}: {parts}"
+            )
+        return lines
+    m = best["metrics"]
+    hits = m.get("prefix_cache_hit_rate")
+    return [
+        f"  {router:<18}{best['replicas']} replicas ({best['gpus']} GPUs) at budget {best['token_budget']:,}: "
+        f"P99 TTFT {m['p99_ttft_ms']:,.0f} ms, P99 TPOT {m['p99_tpot_ms']:.1f} ms"
+        + (f", prefix-cache hits {100 * hits:.1f}%" if hits is not None else "")
+        + (f" with {best['kv_host_gb']:,g} GB of host KV a replica" if best.get("kv_host_gb") else "")
+        + f", load max/mean {m.get('load_imbalance') or 1.0:.2f}"
+    ]
 
 
 def format_modes(out: dict[str, Any]) -> str:
