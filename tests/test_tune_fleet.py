@@ -105,7 +105,9 @@ def test_trace_arrivals_replay_at_the_asked_rate() -> None:
         (["--router", "round-robin"], "give --qps"),
         (["--qps", "3"], "give --router too"),
         (["--router", "round-robin", "--qps", "3", "--plot", "x"], "--plot applies to a one-replica tune"),
-        (["--kv-host-gb", "0,256"], "--kv-host-gb sizes a fleet's host KV tier: give --router too"),
+        (["--kv-host-gb", "0,256"], "--kv-host-gb sizes a fleet's KV tiers: give --router too"),
+        (["--kv-shared-gb", "0,8192"], "--kv-shared-gb sizes a fleet's KV tiers: give --router too"),
+        (["--router", "round-robin", "--qps", "3", "--kv-shared-gb", "0,x"], "--kv-shared-gb takes GB sizes"),
         (["--router", "round-robin", "--qps", "3", "--kv-host-gb", "big"], "--kv-host-gb takes GB sizes"),
         (
             ["--router", "round-robin", "--qps", "3", "--kv-host-gb", "256", "--kv-host-link", "usb"],
@@ -144,3 +146,34 @@ def test_a_host_kv_tier_is_a_dimension_of_the_fleet_search() -> None:
     commands = fleet_commands(with_host)
     assert "--kv-offloading-size 476.8" in commands["vllm"]["replica"]
     assert "--enable-hierarchical-cache --hicache-size 512" in commands["sglang"]["replica"]
+
+
+def test_a_shared_kv_store_is_a_dimension_of_the_fleet_search_too() -> None:
+    """Round-robin sends a conversation's turns to every replica: a store they share finds the
+    earlier turns another replica computed. A search per store size; the store's trials count its
+    hits; a fleet that needs it launches with LMCache's remote store (vLLM) or HiCache's Mooncake
+    store (SGLang)."""
+    spec = TrialSpec.of(
+        CostChoice(kind="full", model="llama-3.1-8b", hardware="h100-sxm"),
+        lengths="mooncake-conversation",
+        arrival="trace",
+        num_requests=300,
+    )
+    slos = Slos.from_mapping({"ttft_p99_ms": 10000.0})
+    config = FleetTuneConfig(
+        spec, ("round-robin",), (2048,), slos, kv_shared_gbs=(0.0, 4096.0), max_replicas=16
+    )
+    out, interrupted = tune_fleet(config, SerialPool(run_trial))
+    assert not interrupted
+    curve = out["routers"]["round-robin"]["curve"]
+    assert [(p["kv_host_gb"], p["kv_shared_gb"]) for p in curve] == [(0.0, 0.0), (0.0, 4096.0)]
+    shared = [t for t in out["trials"] if t.get("kv_shared_gb")]
+    assert shared and all(t["metrics"]["kv_shared_hit_rate"] > 0 for t in shared)
+    one = spec.with_serving(256, policy="chunked", max_num_batched_tokens=2048).with_deployment(
+        router="round-robin", replicas=2, kv_tiers=config.tiers(0.0, 4096.0)
+    )
+    commands = fleet_commands(one)
+    assert "LMCACHE_REMOTE_URL=" in commands["vllm"]["replica"]
+    assert '"kv_connector":"LMCacheConnectorV1"' in commands["vllm"]["replica"]
+    assert "--kv-offloading-size" not in commands["vllm"]["replica"]
+    assert "--enable-hierarchical-cache --hicache-storage-backend mooncake" in commands["sglang"]["replica"]

@@ -180,6 +180,18 @@ def _add_fleet_args(p: argparse.ArgumentParser) -> None:
         help="with --kv-host-gb: the host tier's link, pcie4, pcie5 or GB/s a GPU (default %(default)s)",
     )
     f.add_argument(
+        "--kv-shared-gb",
+        metavar="GB1,GB2,...",
+        help="also search a KV store the fleet shares, of each size (0: none), e.g. 0,8192 (LMCache's remote "
+        "store under vLLM, a Mooncake store under SGLang's HiCache in the launch lines)",
+    )
+    f.add_argument(
+        "--kv-shared-link",
+        default="ib-400",
+        metavar="LINK",
+        help="with --kv-shared-gb: each GPU's link to the store, ib-200, ib-400 or GB/s (default %(default)s)",
+    )
+    f.add_argument(
         "--route-delay-ms",
         type=non_negative_float,
         default=0.0,
@@ -339,9 +351,11 @@ def run_tune(args: argparse.Namespace) -> int:
     for flag, given in (
         ("--kv-host-gb", args.kv_host_gb is not None),
         ("--kv-host-link", args.kv_host_link != "pcie5"),
+        ("--kv-shared-gb", args.kv_shared_gb is not None),
+        ("--kv-shared-link", args.kv_shared_link != "ib-400"),
     ):
         if given:
-            raise UsageError(f"{flag} sizes a fleet's host KV tier: give --router too")
+            raise UsageError(f"{flag} sizes a fleet's KV tiers: give --router too")
     if args.qps is not None or args.arrival == "trace":
         raise UsageError("--qps and --arrival trace size a fleet: give --router too")
     if args.precision >= 1:
@@ -451,8 +465,10 @@ def _run_fleet_tune(args: argparse.Namespace, base: TrialSpec, cost_model_note: 
         slos=plan.config.slos,
         max_num_seqs=args.max_num_seqs,
         max_replicas=args.max_replicas,
-        kv_host_gbs=_host_gbs(args.kv_host_gb),
+        kv_host_gbs=_gb_sizes(args.kv_host_gb, "--kv-host-gb"),
         kv_host_link=args.kv_host_link,
+        kv_shared_gbs=_gb_sizes(args.kv_shared_gb, "--kv-shared-gb"),
+        kv_shared_link=args.kv_shared_link,
     )
     with trial_pool(args) as pool:
         out, interrupted = tune_fleet(config, pool, progress=show_progress(args))
@@ -646,14 +662,14 @@ def _write_best(args: argparse.Namespace, deployment: dict[str, Any] | None) -> 
     write_deployment(Deployment.from_dict(deployment), args.deployment_out)
 
 
-def _host_gbs(text: str | None) -> tuple[float, ...]:
-    """``--kv-host-gb``'s sizes (none given: no host tier)."""
+def _gb_sizes(text: str | None, flag: str) -> tuple[float, ...]:
+    """``--kv-host-gb``'s or ``--kv-shared-gb``'s sizes (none given: no such tier)."""
     if text is None:
         return (0.0,)
     try:
         return tuple(float(gb) for gb in text.split(",") if gb.strip())
     except ValueError:
-        raise UsageError(f"--kv-host-gb takes GB sizes such as 0,256,1024, got {text!r}") from None
+        raise UsageError(f"{flag} takes GB sizes such as 0,256,1024, got {text!r}") from None
 
 
 def _int_list(text: str) -> list[int]:

@@ -53,12 +53,16 @@ class FleetTuneConfig:
     max_replicas: int = 256
     kv_host_gbs: tuple[float, ...] = (0.0,)  # a host KV tier of each size a replica (0: none)
     kv_host_link: str = "pcie5"
+    kv_shared_gbs: tuple[float, ...] = (0.0,)  # a store of each size the fleet shares (0: none)
+    kv_shared_link: str = "ib-400"
 
     def __post_init__(self) -> None:
-        if not self.kv_host_gbs or len(set(self.kv_host_gbs)) != len(self.kv_host_gbs):
-            raise ValueError("give one or more distinct host tier sizes (0: none)")
-        for gb in self.kv_host_gbs:
-            self.tiers(gb)  # each size and the link parse
+        for sizes, what in ((self.kv_host_gbs, "host tier"), (self.kv_shared_gbs, "shared store")):
+            if not sizes or len(set(sizes)) != len(sizes):
+                raise ValueError(f"give one or more distinct {what} sizes (0: none)")
+        for host_gb in self.kv_host_gbs:
+            for shared_gb in self.kv_shared_gbs:
+                self.tiers(host_gb, shared_gb)  # each size and the links parse
         if not self.routers or len(set(self.routers)) != len(self.routers):
             raise ValueError("give one or more distinct routers")
         if not self.budgets or len(set(self.budgets)) != len(self.budgets):
@@ -66,18 +70,24 @@ class FleetTuneConfig:
         if self.max_replicas < 1:
             raise ValueError(f"max_replicas must be positive, got {self.max_replicas}")
 
-    def tiers(self, host_gb: float) -> KvTierConfig | None:
-        """A replica's KV tiers with a host tier of ``host_gb`` GB (None for 0)."""
-        if not host_gb:
+    def tiers(self, host_gb: float, shared_gb: float = 0.0) -> KvTierConfig | None:
+        """The KV tiers with a host tier of ``host_gb`` GB a replica and a shared store of
+        ``shared_gb`` GB (None for neither)."""
+        if not host_gb and not shared_gb:
             return None
         if not self.base.serving.enable_prefix_caching:
-            raise ValueError("a host KV tier holds prefix-cached blocks: keep prefix caching on")
-        return KvTierConfig(host_gb=host_gb, host_link=self.kv_host_link)
+            raise ValueError("a KV tier holds prefix-cached blocks: keep prefix caching on")
+        return KvTierConfig(
+            host_gb=host_gb or None,
+            host_link=self.kv_host_link,
+            shared_gb=shared_gb or None,
+            shared_link=self.kv_shared_link,
+        )
 
 
 def fleet_searches(config: FleetTuneConfig) -> list[Job]:
-    """One replica search per (router, budget, host tier size), checked before anything runs; each
-    starts at the replicas the roofline's rough capacity of one suggests."""
+    """One replica search per (router, budget, host tier size, shared store size), checked before
+    anything runs; each starts at the replicas the roofline's rough capacity of one suggests."""
     jobs = []
     for budget in config.budgets:
         one = config.base.with_serving(config.max_num_seqs, policy="chunked", max_num_batched_tokens=budget)
@@ -85,8 +95,10 @@ def fleet_searches(config: FleetTuneConfig) -> list[Job]:
         start = min(config.max_replicas, max(1, math.ceil(config.base.qps / estimate_qps(one))))
         for router in config.routers:
             for host_gb in config.kv_host_gbs:
-                spec = one.with_deployment(router=router, replicas=start, kv_tiers=config.tiers(host_gb))
-                jobs.append(Job(spec, ReplicaSearch(start, config.max_replicas), axis="replicas"))
+                for shared_gb in config.kv_shared_gbs:
+                    tiers = config.tiers(host_gb, shared_gb)
+                    spec = one.with_deployment(router=router, replicas=start, kv_tiers=tiers)
+                    jobs.append(Job(spec, ReplicaSearch(start, config.max_replicas), axis="replicas"))
     return jobs
 
 
@@ -116,7 +128,7 @@ def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]
         fewest = search.fewest if search.is_done else None
         entry = {
             "token_budget": job.base.token_budget,
-            "kv_host_gb": _host_gb(job.base),
+            **_tier_gbs(job.base),
             "max_num_seqs": job.base.serving.num_seqs_limit,
             "replicas": fewest,
             "finished": search.is_done,
@@ -125,22 +137,24 @@ def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]
         routers[job.base.deployment.router]["curve"].append(entry)
         if fewest is not None:
             trial = passing[(j, fewest)]
+            gbs = _tier_gbs(job.base)
             winners.append(
                 (
                     fewest,
-                    _host_gb(job.base),
+                    gbs["kv_host_gb"],
+                    gbs["kv_shared_gb"],
                     slos.worst_ratio(trial.metrics),
                     job.base.deployment.router,
                     trial,
                 )
             )
     for router, entry in routers.items():
-        own = [w for w in winners if w[3] == router]
-        entry["best"] = _best_json(min(own, key=lambda w: w[:3]), base.costs.tp) if own else None
+        own = [w for w in winners if w[4] == router]
+        entry["best"] = _best_json(min(own, key=lambda w: w[:4]), base.costs.tp) if own else None
         tried = [t for t in trials if t.spec.deployment.router == router]
         if not own and tried:  # what came nearest, and which SLO no fleet size met
             entry["closest"] = min(tried, key=lambda t: slos.worst_ratio(t.metrics)).to_json()
-    best = min(winners, key=lambda w: w[:3]) if winners else None
+    best = min(winners, key=lambda w: w[:4]) if winners else None
     out: dict[str, Any] = {
         "mode": "fleet",
         "model": str(base.costs.model),
@@ -167,23 +181,28 @@ def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]
     if best is not None:
         out["best"] = {
             **_best_json(best, base.costs.tp),
-            "commands": fleet_commands(best[4].spec),
+            "commands": fleet_commands(best[5].spec),
         }
     return out
 
 
-def _host_gb(spec: TrialSpec) -> float:
+def _tier_gbs(spec: TrialSpec) -> dict[str, float]:
+    """The host tier's GB a replica and the shared store's (0: none)."""
     tiers = spec.deployment.kv_tiers
-    return 0.0 if tiers is None or tiers.host_gb is None else tiers.host_gb
+    return {
+        "kv_host_gb": 0.0 if tiers is None or tiers.host_gb is None else tiers.host_gb,
+        "kv_shared_gb": 0.0 if tiers is None or tiers.shared_gb is None else tiers.shared_gb,
+    }
 
 
-def _best_json(winner: tuple[int, float, float, str, TrialRecord], tp: int) -> dict[str, Any]:
-    replicas, host_gb, ratio, router, trial = winner
+def _best_json(winner: tuple[int, float, float, float, str, TrialRecord], tp: int) -> dict[str, Any]:
+    replicas, host_gb, shared_gb, ratio, router, trial = winner
     m = trial.metrics
     return {
         "router": router,
         "token_budget": trial.spec.token_budget,
         "kv_host_gb": host_gb,
+        "kv_shared_gb": shared_gb,
         "max_num_seqs": trial.spec.serving.num_seqs_limit,
         "replicas": replicas,
         "gpus": replicas * tp,
@@ -210,7 +229,9 @@ def fleet_commands(spec: TrialSpec) -> dict[str, Any]:
     router in front of them (port 8000); a router without that policy says so instead. Behind
     vllm-router's cache_aware, vLLM gets ``--enable-scale-out``: the router matches prefixes on
     the token ids each worker renders for it (``/v1/completions/render``), a route vLLM serves only
-    with that flag; without it the router finds no tokens and routes on load alone."""
+    with that flag; without it the router finds no tokens and routes on load alone. A host tier is
+    vLLM's CPU offloading (SGLang's HiCache); a shared store LMCache's remote backend at STORE (a
+    Mooncake store behind SGLang's HiCache)."""
     costs, serving = spec.costs, spec.serving
     assert serving.max_num_batched_tokens is not None
     one = serve_commands(
@@ -233,11 +254,21 @@ def fleet_commands(spec: TrialSpec) -> dict[str, Any]:
             "vllm": " --enable-scale-out" if policy == "cache_aware" else "",
             "sglang": " --host 0.0.0.0",
         }
-        if host_gb := _host_gb(spec):  # vLLM's native CPU offloading; SGLang's HiCache
+        gbs = _tier_gbs(spec)
+        if host_gb := gbs["kv_host_gb"]:  # vLLM's native CPU offloading; SGLang's HiCache
             extra["vllm"] += f" --kv-offloading-size {host_gb * 1e9 / 2**30:.4g}"  # GiB, all TP ranks
             extra["sglang"] += f" --enable-hierarchical-cache --hicache-size {host_gb:g}"
+        env = ""
+        if gbs["kv_shared_gb"]:  # LMCache with a remote store under vLLM; HiCache's Mooncake store
+            env = "LMCACHE_REMOTE_URL=lm://STORE:65432 " if name == "vllm" else ""
+            extra["vllm"] += (
+                """ --kv-transfer-config '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'"""
+            )
+            extra["sglang"] += (" --enable-hierarchical-cache" if not host_gb else "") + (
+                " --hicache-storage-backend mooncake"
+            )
         out[name] = {
-            "replica": one[name] + extra[name] + " --port 8001",
+            "replica": env + one[name] + extra[name] + " --port 8001",
             "router": f"{router} --port 8000 --worker-urls {urls} --policy {policy}"
             if policy is not None
             else f"{router} has no {spec.deployment.router} policy: choose another router",

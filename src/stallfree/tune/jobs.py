@@ -86,7 +86,11 @@ class TrialRecord:
             "max_num_seqs": self.spec.serving.num_seqs_limit,
             "qps": self.spec.qps,
             **({"replicas": d.replicas, "router": d.router} if d.replicas > 1 else {}),
-            **({"kv_host_gb": d.kv_tiers.host_gb} if d.kv_tiers is not None else {}),
+            **(
+                {"kv_host_gb": d.kv_tiers.host_gb, "kv_shared_gb": d.kv_tiers.shared_gb}
+                if d.kv_tiers is not None
+                else {}
+            ),
             **(
                 {
                     "tp": self.spec.costs.tp,

@@ -222,23 +222,27 @@ def format_fleet(out: dict[str, Any]) -> str:
         *(["INTERRUPTED: only the searches that finished are shown"] if out.get("partial") else []),
         "",
     ]
-    tiers = any(p.get("kv_host_gb") for e in out["routers"].values() for p in e["curve"])  # a column if any
+    curves = [p for e in out["routers"].values() for p in e["curve"]]
+    host_col, shared_col = (any(p.get(k) for p in curves) for k in ("kv_host_gb", "kv_shared_gb"))  # if any
     lines.append(
         f"  {'router':<18}{'budget':>8}"
-        + (f"{'host KV GB':>11}" if tiers else "")
+        + (f"{'host KV GB':>11}" if host_col else "")
+        + (f"{'shared KV GB':>13}" if shared_col else "")
         + f"{'replicas':>10}{'GPUs':>7}{'trials':>8}"
     )
     for router, entry in out["routers"].items():
         best = entry["best"]
         for point in entry["curve"]:
             n = point["replicas"]
-            host = point.get("kv_host_gb", 0.0)
-            at = (point["token_budget"], host, n)
-            mark = (
-                " *"
-                if best and (best["token_budget"], best.get("kv_host_gb", 0.0), best["replicas"]) == at
-                else ""
+            host, shared = point.get("kv_host_gb", 0.0), point.get("kv_shared_gb", 0.0)
+            at = (point["token_budget"], host, shared, n)
+            picked = best and (
+                best["token_budget"],
+                best["kv_host_gb"],
+                best["kv_shared_gb"],
+                best["replicas"],
             )
+            mark = " *" if picked == at else ""
             shown = (
                 f"{n}"
                 if n is not None
@@ -247,7 +251,8 @@ def format_fleet(out: dict[str, Any]) -> str:
             gpus = f"{n * out['tp']}" if n is not None else "-"
             lines.append(
                 f"  {router:<18}{point['token_budget']:>8,}"
-                + (f"{host:>11,g}" if tiers else "")
+                + (f"{host:>11,g}" if host_col else "")
+                + (f"{shared:>13,g}" if shared_col else "")
                 + f"{shown:>10}{gpus:>7}{point['num_trials']:>8}{mark}"
             )
     lines += ["", "best per router (* above):"]
@@ -286,6 +291,7 @@ def _fleet_best(out: dict[str, Any], router: str, entry: dict[str, Any]) -> list
         f"P99 TTFT {m['p99_ttft_ms']:,.0f} ms, P99 TPOT {m['p99_tpot_ms']:.1f} ms"
         + (f", prefix-cache hits {100 * hits:.1f}%" if hits is not None else "")
         + (f" with {best['kv_host_gb']:,g} GB of host KV a replica" if best.get("kv_host_gb") else "")
+        + (f", a shared store of {best['kv_shared_gb']:,g} GB" if best.get("kv_shared_gb") else "")
         + f", load max/mean {m.get('load_imbalance') or 1.0:.2f}"
     ]
 
