@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -105,8 +107,8 @@ def test_trace_arrivals_replay_at_the_asked_rate() -> None:
         (["--router", "round-robin"], "give --qps"),
         (["--qps", "3"], "give --router too"),
         (["--router", "round-robin", "--qps", "3", "--plot", "x"], "--plot applies to a one-replica tune"),
-        (["--kv-host-gb", "0,256"], "--kv-host-gb sizes a fleet's KV tiers: give --router too"),
-        (["--kv-shared-gb", "0,8192"], "--kv-shared-gb sizes a fleet's KV tiers: give --router too"),
+        (["--kv-host-gb", "0,256"], "--kv-host-gb goes with a fleet tune: give --router too"),
+        (["--kv-shared-gb", "0,8192"], "--kv-shared-gb goes with a fleet tune: give --router too"),
         (["--router", "round-robin", "--qps", "3", "--kv-shared-gb", "0,x"], "--kv-shared-gb takes GB sizes"),
         (["--router", "round-robin", "--qps", "3", "--kv-host-gb", "big"], "--kv-host-gb takes GB sizes"),
         (
@@ -177,3 +179,30 @@ def test_a_shared_kv_store_is_a_dimension_of_the_fleet_search_too() -> None:
     assert '"kv_connector":"LMCacheConnectorV1"' in commands["vllm"]["replica"]
     assert "--kv-offloading-size" not in commands["vllm"]["replica"]
     assert "--enable-hierarchical-cache --hicache-storage-backend mooncake" in commands["sglang"]["replica"]
+
+
+def test_with_prices_the_cheapest_fleet_wins_not_the_fewest_replicas(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A store that saves a replica wins at a cheap store and loses at a dear one; the report
+    prints each fleet's dollars an hour."""
+    argv = ["tune", "--no-progress", "--model", "llama-3.1-8b", "--hardware", "h100-sxm",
+            "--lengths", "mooncake-conversation", "--arrival", "trace", "--num-requests", "800", "--router",
+            "round-robin", "--budgets", "2048", "--kv-shared-gb", "0,4096", "--slo-ttft-p99-ms", "10000",
+            "--slo-tbt-p99-ms", "200", "--max-replicas", "16", "--json", "--gpu-hour-cost", "2.5"]  # fmt: skip
+    picks = {}
+    for store_price in ("0.0001", "0.01"):
+        assert main([*argv, "--store-gb-hour-cost", store_price]) == 0
+        out = json.loads(capsys.readouterr().out)
+        curve = out["routers"]["round-robin"]["curve"]
+        without, with_store = (p["replicas"] for p in curve)
+        assert with_store < without  # the store saves a replica at this rate
+        for p in curve:
+            price = 2.5 * p["replicas"] + float(store_price) * p["kv_shared_gb"]
+            assert p["usd_per_hour"] == pytest.approx(price)
+        picks[store_price] = out["best"]["kv_shared_gb"]
+    assert picks == {"0.0001": 4096.0, "0.01": 0.0}
+    from stallfree.tune.report import format_fleet
+
+    text = format_fleet({**out, "backend": {"name": "local", "workers": 1}, "wall_s": 1.0})
+    assert "$/hour" in text and f"{out['best']['usd_per_hour']:,.2f}" in text

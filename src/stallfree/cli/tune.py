@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from stallfree.costs.choice import CostChoice
     from stallfree.sim.deployment import Deployment, Speculation
     from stallfree.tune.capacity import TuneInterrupted
+    from stallfree.tune.fleet import FleetPrices
     from stallfree.tune.trial import TrialSpec
 
 DEFAULT_MODEL = "mistral-7b"
@@ -185,6 +186,17 @@ def _add_fleet_args(p: argparse.ArgumentParser) -> None:
         help="also search a KV store the fleet shares, of each size (0: none), e.g. 0,8192 (LMCache's remote "
         "store under vLLM, a Mooncake store under SGLang's HiCache in the launch lines)",
     )
+    for name, what in (
+        ("gpu", "a GPU"),
+        ("host-gb", "a GB of host memory for --kv-host-gb's tier"),
+        ("store-gb", "a GB of --kv-shared-gb's store"),
+    ):
+        f.add_argument(
+            f"--{name}-hour-cost",
+            type=non_negative_float,
+            metavar="USD",
+            help=f"dollars an hour for {what}; with any of the three the cheapest fleet wins, not the fewest replicas",
+        )
     f.add_argument(
         "--kv-shared-link",
         default="ib-400",
@@ -353,9 +365,12 @@ def run_tune(args: argparse.Namespace) -> int:
         ("--kv-host-link", args.kv_host_link != "pcie5"),
         ("--kv-shared-gb", args.kv_shared_gb is not None),
         ("--kv-shared-link", args.kv_shared_link != "ib-400"),
+        ("--gpu-hour-cost", args.gpu_hour_cost is not None),
+        ("--host-gb-hour-cost", args.host_gb_hour_cost is not None),
+        ("--store-gb-hour-cost", args.store_gb_hour_cost is not None),
     ):
         if given:
-            raise UsageError(f"{flag} sizes a fleet's KV tiers: give --router too")
+            raise UsageError(f"{flag} goes with a fleet tune: give --router too")
     if args.qps is not None or args.arrival == "trace":
         raise UsageError("--qps and --arrival trace size a fleet: give --router too")
     if args.precision >= 1:
@@ -469,6 +484,7 @@ def _run_fleet_tune(args: argparse.Namespace, base: TrialSpec, cost_model_note: 
         kv_host_link=args.kv_host_link,
         kv_shared_gbs=_gb_sizes(args.kv_shared_gb, "--kv-shared-gb"),
         kv_shared_link=args.kv_shared_link,
+        prices=_prices(args),
     )
     with trial_pool(args) as pool:
         out, interrupted = tune_fleet(config, pool, progress=show_progress(args))
@@ -660,6 +676,16 @@ def _write_best(args: argparse.Namespace, deployment: dict[str, Any] | None) -> 
     from stallfree.sim.deployment import Deployment
 
     write_deployment(Deployment.from_dict(deployment), args.deployment_out)
+
+
+def _prices(args: argparse.Namespace) -> FleetPrices | None:
+    """The fleet's prices where any is given (the others 0)."""
+    from stallfree.tune.fleet import FleetPrices
+
+    given = (args.gpu_hour_cost, args.host_gb_hour_cost, args.store_gb_hour_cost)
+    if all(price is None for price in given):
+        return None
+    return FleetPrices(*(price or 0.0 for price in given))
 
 
 def _gb_sizes(text: str | None, flag: str) -> tuple[float, ...]:

@@ -12,6 +12,7 @@ every pool.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,23 @@ SGLANG_ROUTER_POLICY = {
 
 
 @dataclass(frozen=True, slots=True)
+class FleetPrices:
+    """Dollars an hour: a GPU, a GB of host memory for the host tier, a GB of the shared store."""
+
+    gpu_hour: float = 0.0
+    host_gb_hour: float = 0.0
+    store_gb_hour: float = 0.0
+
+    def __post_init__(self) -> None:
+        if min(self.gpu_hour, self.host_gb_hour, self.store_gb_hour) < 0:
+            raise ValueError("prices must be >= 0")
+
+    def per_hour(self, replicas: int, tp: int, host_gb: float, shared_gb: float) -> float:
+        """What a fleet of ``replicas`` costs an hour, its tiers included."""
+        return replicas * (tp * self.gpu_hour + host_gb * self.host_gb_hour) + shared_gb * self.store_gb_hour
+
+
+@dataclass(frozen=True, slots=True)
 class FleetTuneConfig:
     """``base``: one replica's deployment and the workload at the fleet's rate (``base.qps``)."""
 
@@ -55,6 +73,7 @@ class FleetTuneConfig:
     kv_host_link: str = "pcie5"
     kv_shared_gbs: tuple[float, ...] = (0.0,)  # a store of each size the fleet shares (0: none)
     kv_shared_link: str = "ib-400"
+    prices: FleetPrices | None = None  # given: the cheapest fleet wins, not the fewest replicas
 
     def __post_init__(self) -> None:
         for sizes, what in ((self.kv_host_gbs, "host tier"), (self.kv_shared_gbs, "shared store")):
@@ -138,8 +157,14 @@ def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]
         if fewest is not None:
             trial = passing[(j, fewest)]
             gbs = _tier_gbs(job.base)
+            usd_per_hour = 0.0
+            if config.prices is not None:
+                usd_per_hour = entry["usd_per_hour"] = config.prices.per_hour(
+                    fewest, base.costs.tp, *gbs.values()
+                )
             winners.append(
                 (
+                    usd_per_hour,
                     fewest,
                     gbs["kv_host_gb"],
                     gbs["kv_shared_gb"],
@@ -149,12 +174,12 @@ def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]
                 )
             )
     for router, entry in routers.items():
-        own = [w for w in winners if w[4] == router]
-        entry["best"] = _best_json(min(own, key=lambda w: w[:4]), base.costs.tp) if own else None
+        own = [w for w in winners if w[5] == router]
+        entry["best"] = _best_json(min(own, key=lambda w: w[:5]), base.costs.tp) if own else None
         tried = [t for t in trials if t.spec.deployment.router == router]
         if not own and tried:  # what came nearest, and which SLO no fleet size met
             entry["closest"] = min(tried, key=lambda t: slos.worst_ratio(t.metrics)).to_json()
-    best = min(winners, key=lambda w: w[:4]) if winners else None
+    best = min(winners, key=lambda w: w[:5]) if winners else None
     out: dict[str, Any] = {
         "mode": "fleet",
         "model": str(base.costs.model),
@@ -174,6 +199,7 @@ def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]
         },
         "prefix_caching": base.serving.enable_prefix_caching,
         "slos": slos.as_dict(),
+        "prices": None if config.prices is None else dataclasses.asdict(config.prices),
         "routers": routers,
         "best": None,
         "trials": [t.to_json() for t in trials],
@@ -181,7 +207,7 @@ def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]
     if best is not None:
         out["best"] = {
             **_best_json(best, base.costs.tp),
-            "commands": fleet_commands(best[5].spec),
+            "commands": fleet_commands(best[6].spec),
         }
     return out
 
@@ -195,10 +221,11 @@ def _tier_gbs(spec: TrialSpec) -> dict[str, float]:
     }
 
 
-def _best_json(winner: tuple[int, float, float, float, str, TrialRecord], tp: int) -> dict[str, Any]:
-    replicas, host_gb, shared_gb, ratio, router, trial = winner
+def _best_json(winner: tuple[float, int, float, float, float, str, TrialRecord], tp: int) -> dict[str, Any]:
+    usd_per_hour, replicas, host_gb, shared_gb, ratio, router, trial = winner
     m = trial.metrics
     return {
+        **({"usd_per_hour": usd_per_hour} if usd_per_hour else {}),
         "router": router,
         "token_budget": trial.spec.token_budget,
         "kv_host_gb": host_gb,

@@ -224,11 +224,14 @@ def format_fleet(out: dict[str, Any]) -> str:
     ]
     curves = [p for e in out["routers"].values() for p in e["curve"]]
     host_col, shared_col = (any(p.get(k) for p in curves) for k in ("kv_host_gb", "kv_shared_gb"))  # if any
+    usd_col = out.get("prices") is not None
     lines.append(
         f"  {'router':<18}{'budget':>8}"
         + (f"{'host KV GB':>11}" if host_col else "")
         + (f"{'shared KV GB':>13}" if shared_col else "")
-        + f"{'replicas':>10}{'GPUs':>7}{'trials':>8}"
+        + f"{'replicas':>10}{'GPUs':>7}"
+        + (f"{'$/hour':>9}" if usd_col else "")
+        + f"{'trials':>8}"
     )
     for router, entry in out["routers"].items():
         best = entry["best"]
@@ -253,7 +256,10 @@ def format_fleet(out: dict[str, Any]) -> str:
                 f"  {router:<18}{point['token_budget']:>8,}"
                 + (f"{host:>11,g}" if host_col else "")
                 + (f"{shared:>13,g}" if shared_col else "")
-                + f"{shown:>10}{gpus:>7}{point['num_trials']:>8}{mark}"
+                + f"{shown:>10}{gpus:>7}"
+                + (f"{point['usd_per_hour']:>9,.2f}" if usd_col and "usd_per_hour" in point else "")
+                + (f"{'-':>9}" if usd_col and "usd_per_hour" not in point else "")
+                + f"{point['num_trials']:>8}{mark}"
             )
     lines += ["", "best per router (* above):"]
     for router, entry in out["routers"].items():
@@ -292,6 +298,11 @@ def _fleet_best(out: dict[str, Any], router: str, entry: dict[str, Any]) -> list
         + (f", prefix-cache hits {100 * hits:.1f}%" if hits is not None else "")
         + (f" with {best['kv_host_gb']:,g} GB of host KV a replica" if best.get("kv_host_gb") else "")
         + (f", a shared store of {best['kv_shared_gb']:,g} GB" if best.get("kv_shared_gb") else "")
+        + (
+            f", ${best['usd_per_hour']:,.2f} an hour ({out['qps'] * 3600 / best['usd_per_hour']:,.0f} requests a dollar)"
+            if best.get("usd_per_hour")
+            else ""
+        )
         + f", load max/mean {m.get('load_imbalance') or 1.0:.2f}"
     ]
 
