@@ -312,6 +312,31 @@ def test_table_points_are_kept_per_machine_and_price_without_the_package(
     assert [AicCostModel(LLAMA_8B, "h100_sxm", "vllm").step_time_s(p) for p in plans] == priced
 
 
+@needs_aic
+def test_a_memo_past_its_cap_keeps_only_what_the_last_run_priced_or_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memo does not grow for ever: past ``memo_points`` a run keeps the points it priced or
+    looked up, and drops the ones it never touched."""
+    from stallfree.costs.aiconfigurator import AicCostModel
+
+    monkeypatch.setenv("STALLFREE_CACHE_DIR", str(tmp_path))
+    old, new = synthetic_plan(3, 4000), synthetic_plan(8, 900, 256, 128)
+    first = AicCostModel(LLAMA_8B, "h100_sxm", "vllm")
+    first.step_time_s(old)
+    first._write_memo()
+    (memo,) = (tmp_path / "aiconfigurator-points").iterdir()
+    kept_first = second_points(memo, "decode")
+    second = AicCostModel(LLAMA_8B, "h100_sxm", "vllm")
+    priced = second.step_time_s(new)  # new points; none of the first run's looked up
+    second.memo_points = len(kept_first)  # the union is past the cap
+    second._write_memo()
+    kept = second_points(memo, "decode")
+    assert kept and not set(kept) & set(kept_first)  # the untouched ones went
+    third = AicCostModel(LLAMA_8B, "h100_sxm", "vllm")
+    assert third.step_time_s(new) == priced and third._engine is None  # what the run needed stayed
+
+
 def second_points(memo: Path, name: str) -> dict[tuple[int, ...], float]:
     kept = json.loads(memo.read_text())[name]
     return _Kept.read(kept, 3 if name == "chunk" else 2).points()

@@ -90,6 +90,9 @@ AIC_SHORT_NAMES = {
     "kimi-k2": "moonshotai/Kimi-K2-Instruct",
 }
 GRID_POINTS_PER_OCTAVE = 16
+# The most table points a memo keeps (a fleet's day: ~200,000); past it a run keeps only the points
+# it priced or read, so the file follows what is run and does not grow for ever.
+MEMO_POINTS = 500_000
 CONTEXT_ATTENTION = ("context_attention", "context_mla_block")
 GENERATION_ATTENTION = ("generation_attention", "generation_mla_block")
 DESCRIBE_TOKENS = (1, 64, 256, 512, 2048, 8192)
@@ -266,6 +269,10 @@ class _Kept:
     def points(self) -> dict[tuple[int, ...], float]:
         return {_decoded(c, self.width): v for c, v in zip(self._codes, self._values, strict=True)}
 
+    def used(self) -> dict[tuple[int, ...], float]:
+        """The kept points this process looked up."""
+        return dict(self._found)
+
     @staticmethod
     def read(kept: dict[str, str], width: int) -> _Kept:
         return _Kept(
@@ -432,6 +439,7 @@ class AicCostModel:
         self._chunk: dict[tuple[int, int, int], float] = {}
         self._decode: dict[tuple[int, int], float] = {}
         self._kept_chunk, self._kept_decode = _Kept(3), _Kept(2)  # points kept on disk, looked up as needed
+        self.memo_points = MEMO_POINTS
         try:
             current = self._recall(memo)
         except (ValueError, TypeError, AttributeError, KeyError):  # a damaged file: read the tables again
@@ -498,14 +506,17 @@ class AicCostModel:
         prices them without the package."""
         if self._num_points() == self._num_memo_points:
             return
+        chunk, decode = self._kept_chunk.points() | self._chunk, self._kept_decode.points() | self._decode
+        if len(chunk) + len(decode) > self.memo_points:  # past the cap: only what this run priced or read
+            chunk, decode = self._kept_chunk.used() | self._chunk, self._kept_decode.used() | self._decode
         memo = {
             "context_ops": list(self.ops),
             "generation_ops": self._generation_ops,
             "body": self._body,
             "decode_body": self._decode_body,
             "logits": self._logits,
-            "chunk": _Kept.write(self._kept_chunk.points() | self._chunk),  # a fleet's: ~200,000
-            "decode": _Kept.write(self._kept_decode.points() | self._decode),
+            "chunk": _Kept.write(chunk),  # a fleet's: ~200,000
+            "decode": _Kept.write(decode),
         }
         _keep(self._memo_path, json.dumps(memo).encode())
 
