@@ -293,8 +293,8 @@ def _fleet_best(out: dict[str, Any], router: str, entry: dict[str, Any]) -> list
     m = best["metrics"]
     hits = m.get("prefix_cache_hit_rate")
     return [
-        f"  {router:<18}{best['replicas']} replicas ({best['gpus']} GPUs) at budget {best['token_budget']:,}: "
-        f"P99 TTFT {m['p99_ttft_ms']:,.0f} ms, P99 TPOT {m['p99_tpot_ms']:.1f} ms"
+        f"  {router:<18}{best['replicas']} replicas ({best['gpus']} GPUs, {out['qps'] / best['gpus']:,.3g} req/s a GPU) "
+        f"at budget {best['token_budget']:,}: P99 TTFT {m['p99_ttft_ms']:,.0f} ms, P99 TPOT {m['p99_tpot_ms']:.1f} ms"
         + (f", prefix-cache hits {100 * hits:.1f}%" if hits is not None else "")
         + (f" with {best['kv_host_gb']:,g} GB of host KV a replica" if best.get("kv_host_gb") else "")
         + (f", a shared store of {best['kv_shared_gb']:,g} GB" if best.get("kv_shared_gb") else "")
