@@ -51,7 +51,7 @@ from stallfree.cli.workload_args import (
     workload_text,
 )
 from stallfree.core.router import ROUTER_NAMES
-from stallfree.costs.kv_transfer import DEFAULT_KV_LINK, KV_CONNECTORS
+from stallfree.costs.kv_transfer import DEFAULT_HOST_LINK, DEFAULT_KV_LINK, DEFAULT_SHARED_LINK, KV_CONNECTORS
 from stallfree.tune.sigint import stop_on_signal  # light: stdlib only
 
 if TYPE_CHECKING:
@@ -245,7 +245,7 @@ def _add_kv_tier_args(p: argparse.ArgumentParser) -> None:
     )
     t.add_argument(
         "--kv-host-link",
-        default="pcie5",
+        default=DEFAULT_HOST_LINK,
         metavar="LINK",
         help=f"a GPU's link to host memory: {', '.join(HOST_LINKS)}, or GB/s a GPU (default %(default)s)",
     )
@@ -259,7 +259,7 @@ def _add_kv_tier_args(p: argparse.ArgumentParser) -> None:
     networks = ", ".join(name for name in LINKS if name != "nvlink")
     t.add_argument(
         "--kv-shared-link",
-        default="ib-400",
+        default=DEFAULT_SHARED_LINK,
         metavar="LINK",
         help=f"a GPU's network link to the shared store: {networks}, or GB/s a GPU (default %(default)s)",
     )
@@ -270,7 +270,7 @@ def _kv_tiers(args: argparse.Namespace) -> KvTierConfig | None:
     from stallfree.sim.kv_tiers import KvTierConfig
 
     if args.kv_host_gb is None and args.kv_shared_gb is None:
-        for flag, default in (("kv_host_link", "pcie5"), ("kv_shared_link", "ib-400")):
+        for flag, default in (("kv_host_link", DEFAULT_HOST_LINK), ("kv_shared_link", DEFAULT_SHARED_LINK)):
             if getattr(args, flag) != default:
                 tier = "--kv-host-gb" if flag == "kv_host_link" else "--kv-shared-gb"
                 raise UsageError(f"--{flag.replace('_', '-')} applies with {tier}")

@@ -32,7 +32,7 @@ from stallfree.cli.cost_args import (
 from stallfree.cli.deployment_args import add_deployment_out_arg, write_deployment
 from stallfree.cli.serving_args import add_acceptance_arg, add_prefix_caching_arg
 from stallfree.cli.sweep import add_run_args, make_dir, show_progress, trial_pool
-from stallfree.costs.kv_transfer import DEFAULT_KV_LINK
+from stallfree.costs.kv_transfer import DEFAULT_HOST_LINK, DEFAULT_KV_LINK, DEFAULT_SHARED_LINK
 
 if TYPE_CHECKING:
     from stallfree.costs.choice import CostChoice
@@ -176,7 +176,7 @@ def _add_fleet_args(p: argparse.ArgumentParser) -> None:
     )
     f.add_argument(
         "--kv-host-link",
-        default="pcie5",
+        default=DEFAULT_HOST_LINK,
         metavar="LINK",
         help="with --kv-host-gb: the host tier's link, pcie4, pcie5 or GB/s a GPU (default %(default)s)",
     )
@@ -185,6 +185,12 @@ def _add_fleet_args(p: argparse.ArgumentParser) -> None:
         metavar="GB1,GB2,...",
         help="also search a KV store the fleet shares, of each size (0: none), e.g. 0,8192 (LMCache's remote "
         "store under vLLM, a Mooncake store under SGLang's HiCache in the launch lines)",
+    )
+    f.add_argument(
+        "--kv-shared-link",
+        default=DEFAULT_SHARED_LINK,
+        metavar="LINK",
+        help="with --kv-shared-gb: each GPU's link to the store, ib-200, ib-400 or GB/s (default %(default)s)",
     )
     for name, what in (
         ("gpu", "a GPU"),
@@ -197,12 +203,6 @@ def _add_fleet_args(p: argparse.ArgumentParser) -> None:
             metavar="USD",
             help=f"dollars an hour for {what}; with any of the three the cheapest fleet wins, not the fewest replicas",
         )
-    f.add_argument(
-        "--kv-shared-link",
-        default="ib-400",
-        metavar="LINK",
-        help="with --kv-shared-gb: each GPU's link to the store, ib-200, ib-400 or GB/s (default %(default)s)",
-    )
     f.add_argument(
         "--route-delay-ms",
         type=non_negative_float,
@@ -362,9 +362,9 @@ def run_tune(args: argparse.Namespace) -> int:
         return _run_fleet_tune(args, base, cost_model_note)
     for flag, given in (
         ("--kv-host-gb", args.kv_host_gb is not None),
-        ("--kv-host-link", args.kv_host_link != "pcie5"),
+        ("--kv-host-link", args.kv_host_link != DEFAULT_HOST_LINK),
         ("--kv-shared-gb", args.kv_shared_gb is not None),
-        ("--kv-shared-link", args.kv_shared_link != "ib-400"),
+        ("--kv-shared-link", args.kv_shared_link != DEFAULT_SHARED_LINK),
         ("--gpu-hour-cost", args.gpu_hour_cost is not None),
         ("--host-gb-hour-cost", args.host_gb_hour_cost is not None),
         ("--store-gb-hour-cost", args.store_gb_hour_cost is not None),

@@ -26,6 +26,8 @@ LINKS: dict[str, tuple[float | None, float, str]] = {
 }
 """The ``--kv-link`` presets; a number instead names a link of that many GB/s a GPU."""
 DEFAULT_KV_LINK = "nvlink"
+DEFAULT_HOST_LINK = "pcie5"  # a host KV tier's, each GPU to its host's memory
+DEFAULT_SHARED_LINK = "ib-400"  # a shared KV store's, each GPU to the store
 
 HOST_LINKS: dict[str, tuple[float, float, str]] = {
     # name: (bytes/s per GPU, one direction; latency s; what it is)

@@ -41,7 +41,7 @@ import numpy as np
 from stallfree.core import Request, Scheduler
 from stallfree.core.block_manager import BlockKeys, block_keys
 from stallfree.core.kv_tiers import KvTier, KvTiers
-from stallfree.costs.kv_transfer import KvLink, tier_link
+from stallfree.costs.kv_transfer import DEFAULT_HOST_LINK, DEFAULT_SHARED_LINK, KvLink, tier_link
 from stallfree.sim.driver import Replica
 
 _GB = 1e9
@@ -53,9 +53,9 @@ class KvTierConfig:
     shared by the fleet over each replica's ``shared_link``; either may be absent (None)."""
 
     host_gb: float | None = None
-    host_link: str = "pcie5"
+    host_link: str = DEFAULT_HOST_LINK
     shared_gb: float | None = None
-    shared_link: str = "ib-400"
+    shared_link: str = DEFAULT_SHARED_LINK
 
     def __post_init__(self) -> None:
         if self.host_gb is None and self.shared_gb is None:

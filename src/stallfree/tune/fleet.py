@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from stallfree.costs.kv_transfer import DEFAULT_HOST_LINK, DEFAULT_SHARED_LINK
 from stallfree.sim.kv_tiers import KvTierConfig
 from stallfree.tune.capacity import serve_commands
 from stallfree.tune.jobs import Job, TrialRecord, searched
@@ -70,9 +71,9 @@ class FleetTuneConfig:
     max_num_seqs: int = 256
     max_replicas: int = 256
     kv_host_gbs: tuple[float, ...] = (0.0,)  # a host KV tier of each size a replica (0: none)
-    kv_host_link: str = "pcie5"
+    kv_host_link: str = DEFAULT_HOST_LINK
     kv_shared_gbs: tuple[float, ...] = (0.0,)  # a store of each size the fleet shares (0: none)
-    kv_shared_link: str = "ib-400"
+    kv_shared_link: str = DEFAULT_SHARED_LINK
     prices: FleetPrices | None = None  # given: the cheapest fleet wins, not the fewest replicas
 
     def __post_init__(self) -> None:
@@ -145,9 +146,10 @@ def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]
         search = job.probe
         assert isinstance(search, ReplicaSearch)
         fewest = search.fewest if search.is_done else None
+        gbs = _tier_gbs(job.base)
         entry = {
             "token_budget": job.base.token_budget,
-            **_tier_gbs(job.base),
+            **gbs,
             "max_num_seqs": job.base.serving.num_seqs_limit,
             "replicas": fewest,
             "finished": search.is_done,
@@ -156,7 +158,6 @@ def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]
         routers[job.base.deployment.router]["curve"].append(entry)
         if fewest is not None:
             trial = passing[(j, fewest)]
-            gbs = _tier_gbs(job.base)
             usd_per_hour = 0.0
             if config.prices is not None:
                 usd_per_hour = entry["usd_per_hour"] = config.prices.per_hour(
@@ -271,6 +272,7 @@ def fleet_commands(spec: TrialSpec) -> dict[str, Any]:
         expert_parallel=costs.expert_parallel,
     )
     urls = " ".join(f"http://HOST_{i}:8001" for i in range(spec.deployment.replicas))
+    gbs = _tier_gbs(spec)
     out: dict[str, Any] = {}
     for name, policies, router in (
         ("vllm", VLLM_ROUTER_POLICY, "vllm-router"),
@@ -281,7 +283,6 @@ def fleet_commands(spec: TrialSpec) -> dict[str, Any]:
             "vllm": " --enable-scale-out" if policy == "cache_aware" else "",
             "sglang": " --host 0.0.0.0",
         }
-        gbs = _tier_gbs(spec)
         if host_gb := gbs["kv_host_gb"]:  # vLLM's native CPU offloading; SGLang's HiCache
             extra["vllm"] += f" --kv-offloading-size {host_gb * 1e9 / 2**30:.4g}"  # GiB, all TP ranks
             extra["sglang"] += f" --enable-hierarchical-cache --hicache-size {host_gb:g}"

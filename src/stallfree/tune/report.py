@@ -252,13 +252,13 @@ def format_fleet(out: dict[str, Any]) -> str:
                 else ("unfinished" if not point["finished"] else f">{out['max_replicas']}")
             )
             gpus = f"{n * out['tp']}" if n is not None else "-"
+            usd = f"{point['usd_per_hour']:,.2f}" if "usd_per_hour" in point else "-"
             lines.append(
                 f"  {router:<18}{point['token_budget']:>8,}"
                 + (f"{host:>11,g}" if host_col else "")
                 + (f"{shared:>13,g}" if shared_col else "")
                 + f"{shown:>10}{gpus:>7}"
-                + (f"{point['usd_per_hour']:>9,.2f}" if usd_col and "usd_per_hour" in point else "")
-                + (f"{'-':>9}" if usd_col and "usd_per_hour" not in point else "")
+                + (f"{usd:>9}" if usd_col else "")
                 + f"{point['num_trials']:>8}{mark}"
             )
     lines += ["", "best per router (* above):"]
