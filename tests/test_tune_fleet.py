@@ -122,17 +122,22 @@ def test_fleet_tune_usage_errors(argv: list[str], message: str, capsys: pytest.C
     assert message in capsys.readouterr().err
 
 
-def test_a_host_kv_tier_is_a_dimension_of_the_fleet_search() -> None:
-    """Mooncake's conversations on a cache-aware fleet, without and with a host tier a replica: a
-    search for each; the host tier's trials run with it (its hits counted), its trial keys differ,
-    and a fleet that needs it launches with vLLM's --kv-offloading-size (GiB) and SGLang's HiCache."""
+def _mooncake_fleet() -> tuple[TrialSpec, Slos]:
+    """300 of Mooncake's conversation rows at their own rate on Llama-3.1-8B H100s, P99 TTFT 10 s."""
     spec = TrialSpec.of(
         CostChoice(kind="full", model="llama-3.1-8b", hardware="h100-sxm"),
         lengths="mooncake-conversation",
         arrival="trace",
         num_requests=300,
     )
-    slos = Slos.from_mapping({"ttft_p99_ms": 10000.0})
+    return spec, Slos.from_mapping({"ttft_p99_ms": 10000.0})
+
+
+def test_a_host_kv_tier_is_a_dimension_of_the_fleet_search() -> None:
+    """Mooncake's conversations on a cache-aware fleet, without and with a host tier a replica: a
+    search for each; the host tier's trials run with it (its hits counted), its trial keys differ,
+    and a fleet that needs it launches with vLLM's --kv-offloading-size (GiB) and SGLang's HiCache."""
+    spec, slos = _mooncake_fleet()
     config = FleetTuneConfig(spec, ("cache-aware",), (2048,), slos, kv_host_gbs=(0.0, 512.0), max_replicas=16)
     out, interrupted = tune_fleet(config, SerialPool(run_trial))
     assert not interrupted
@@ -155,13 +160,7 @@ def test_a_shared_kv_store_is_a_dimension_of_the_fleet_search_too() -> None:
     earlier turns another replica computed. A search per store size; the store's trials count its
     hits; a fleet that needs it launches with LMCache's remote store (vLLM) or HiCache's Mooncake
     store (SGLang)."""
-    spec = TrialSpec.of(
-        CostChoice(kind="full", model="llama-3.1-8b", hardware="h100-sxm"),
-        lengths="mooncake-conversation",
-        arrival="trace",
-        num_requests=300,
-    )
-    slos = Slos.from_mapping({"ttft_p99_ms": 10000.0})
+    spec, slos = _mooncake_fleet()
     config = FleetTuneConfig(
         spec, ("round-robin",), (2048,), slos, kv_shared_gbs=(0.0, 4096.0), max_replicas=16
     )
