@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -294,3 +296,98 @@ def test_a_fleet_sheds_on_the_whole_fleets_queue() -> None:
     assert records["batch"].finish_reason == "rejected"
     alone = Deployment(replicas=1, shed=ShedRule(10, 2))  # one replica: 1 waiting is under its bound
     assert {r.finish_reason for r in simulate(requests, alone).records} == {"length"}
+
+
+SESSIONS = "chat:lengths=fixed:200,50,qps=1,turns=4,system=300,think=2"
+
+
+def test_a_sessions_class_sends_whole_conversations_that_share_only_their_own_prefixes() -> None:
+    """``turns=``: the class's arrivals start sessions; every turn's prompt repeats the turn before
+    (prompt and answer) and the class's system prompt; a second sessions class shares no token
+    id with the first; the rate and the share count requests (sessions x turns)."""
+    classes = _classes(SESSIONS, "agents:lengths=fixed:500,20,qps=0.5,turns=2,system=300", BATCH)
+    assert classes.classes[0].qps == 4.0 and classes.qps == 4.0 + 1.0 + 0.5
+    requests = classes.sample(110, seed=5)
+    by_class = {
+        name: [r for r in requests if r.traffic_class == name] for name in ("chat", "agents", "batch")
+    }
+    assert [len(by_class[n]) for n in ("chat", "agents", "batch")] == [80, 20, 10]
+    chat = by_class["chat"]
+    sessions: dict[str | None, list[Any]] = {}
+    for r in chat:
+        sessions.setdefault(r.session_id, []).append(r)
+    assert len(sessions) == 20 and all(s is not None and s.startswith("chat-session-") for s in sessions)
+    for turns in sessions.values():
+        assert [r.arrival_time_s - turns[0].arrival_time_s for r in turns] == pytest.approx([0, 2, 4, 6])
+        for before, after in itertools.pairwise(turns):
+            assert before.prompt_blocks is not None and after.prompt_blocks is not None
+            history = before.prompt_blocks.ids[: before.num_prompt_tokens + before.max_tokens]
+            assert after.prompt_blocks.ids[: len(history)] == history
+    chat_ids = {i for r in chat if r.prompt_blocks for i in r.prompt_blocks.ids}
+    agent_ids = {i for r in by_class["agents"] if r.prompt_blocks for i in r.prompt_blocks.ids}
+    assert chat_ids and agent_ids and not chat_ids & agent_ids
+    assert all(r.prompt_blocks is None and r.session_id is None for r in by_class["batch"])
+
+
+def test_one_sessions_class_is_the_sessions_workload() -> None:
+    (only,) = _classes(SESSIONS).classes
+    plain = simulate(only.workload, Deployment(), num_requests=120, seed=4)
+    classed = simulate(TrafficClasses((only,)), Deployment(), num_requests=120, seed=4)
+    classed.summary.pop("classes")
+    assert classed.summary == plain.summary and classed.records == plain.records
+    assert plain.summary["prefix_cache_hit_tokens"] > 0
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("chat:lengths=sharegpt,qps=2,think=3", "think applies to sessions: give turns=N too"),
+        ("chat:lengths=sharegpt,qps=2,turns=2.5", "turns must be a whole number"),
+        ("chat:lengths=sharegpt,qps=2,turns=2,system=-4", "system must be a positive number"),
+    ],
+)
+def test_bad_session_keys_say_what_is_wrong(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_class(spec)
+
+
+def test_classes_run_on_an_autoscaled_fleet_and_on_pools() -> None:
+    """Each class scored, every request and every decode gap in exactly one class, on a fleet an
+    autoscaler resizes and on prefill/decode pools; priority still puts the chats first there."""
+    from stallfree.core.serving import ServingConfig
+    from stallfree.sim.deployment import Autoscale
+    from stallfree.sim.disagg import Disaggregation, PoolShape
+
+    classes = _classes(CHAT, BATCH).scaled(4)  # a queue that makes the autoscaler add replicas
+    priority = ServingConfig(scheduling_policy="priority")
+    deployments = {
+        "autoscaled": Deployment(
+            serving=priority, autoscale=Autoscale("keda:waiting=2", 1, 4, startup_s=5, scrape_s=5)
+        ),
+        "pools": Deployment(serving=priority, disaggregate=Disaggregation(PoolShape(1, 1))),
+    }
+    for name, deployment in deployments.items():
+        result = simulate(classes, deployment, num_requests=300, seed=1)
+        per = result.summary["classes"]
+        assert per["chat"]["completed"] + per["batch"]["completed"] == result.summary["completed"] == 300, (
+            name
+        )
+        assert sum(acc.num_samples for acc in result.class_itl.values()) == result.itl.num_samples, name
+        assert per["chat"]["median_ttft_ms"] < per["batch"]["median_ttft_ms"], name
+        if name == "autoscaled":
+            assert result.summary["autoscale"]["num_replicas_started"] > 1
+
+
+def test_cli_runs_classes_through_an_autoscaler_and_bench_refuses_a_sessions_class(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    chat, batch = CHAT.replace("qps=4", "qps=16"), BATCH.replace("qps=0.5", "qps=2")
+    args = ["simulate", "--classes", chat, batch, "--num-requests", "200", "--autoscale", "keda:waiting=2"]
+    assert main([*args, "--startup-s", "5", "--scrape-s", "5", "--max-replicas", "3", "--json"]) == 0
+    chunked = json.loads(capsys.readouterr().out)["policies"]["chunked"]
+    assert set(chunked["classes"]) == {"chat", "batch"} and chunked["autoscale"]["events"]
+    assert main([*args, "--startup-s", "4000"]) == 2
+    assert "longer than the run's" in capsys.readouterr().err
+    code = main(["bench", "--scenario", "classes", "--classes", SESSIONS, "--num-requests", "8"])
+    err = capsys.readouterr().err
+    assert code == 2 and "class chat has turns=" in err and "Traceback" not in err

@@ -266,7 +266,14 @@ def _classes(args: argparse.Namespace) -> Any:
         raise UsageError("the classes scenario needs --classes NAME:lengths=L,qps=R[,priority=P] ...")
     if args.num_requests is None:
         raise UsageError("the classes scenario needs --num-requests")
-    return classes_workload(args)
+    classes = classes_workload(args)
+    sessions = [c.name for c in classes.classes if c.workload.sessions is not None] if classes else []
+    if sessions:
+        raise UsageError(
+            f"--classes: class {sessions[0]} has turns=: bench sends each turn once the answer before it is "
+            "back (--scenario multi-turn); classes of sessions are simulate's and tune's"
+        )
+    return classes
 
 
 def _agents(args: argparse.Namespace, seed: int) -> Any:

@@ -27,7 +27,9 @@ def add_classes_arg(group: argparse._ActionsContainer) -> None:
         "[,ttft=MS][,tpot=MS][,e2el=MS] (lengths as --lengths; priority an integer, lower first under "
         "--scheduling-policy priority; the SLOs judge the class's goodput), e.g. chat:lengths=sharegpt,qps=4 "
         "batch:lengths=arxiv,qps=1,priority=10; or NAME:trace=T[,lengths=L][,priority=P]...: a trace's own "
-        "arrivals and (unless lengths=) its rows; --num-requests is shared by rate; per-class metrics follow",
+        "arrivals and (unless lengths=) its rows; a class of multi-turn sessions adds turns=N[,system=TOKENS]"
+        "[,think=S] (its arrivals start sessions; simulate and tune); --num-requests is shared by rate; "
+        "per-class metrics follow",
     )
 
 

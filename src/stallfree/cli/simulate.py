@@ -581,10 +581,6 @@ def _simulate_all(
     if (agents := agent_workload(args)) is not None:
         workload = requests = agents
     elif (classes := classes_workload(args)) is not None:
-        if args.autoscale is not None or args.disaggregate:
-            raise UsageError(
-                "--classes runs on one replica or a fleet: not with --autoscale or --disaggregate"
-            )
         drawn = DEFAULT_NUM_REQUESTS if args.num_requests is None else args.num_requests
         workload = requests = classes  # simulate draws them
     elif args.replay:
@@ -594,11 +590,7 @@ def _simulate_all(
     else:
         workload, num_requests = traffic_workload(args)
         requests = sample(workload, num_requests, args.seed)
-    span_s = (
-        float(requests.arrival_time_s[-1] - requests.arrival_time_s[0])
-        if args.autoscale and len(requests)
-        else 0.0
-    )
+    span_s = _arrival_span_s(requests, drawn, args.seed) if args.autoscale else 0.0
     if args.autoscale is not None and args.startup_s >= span_s:
         raise UsageError(
             f"--startup-s {args.startup_s:g} is longer than the run's {span_s:,.0f} s of arrivals: no replica "
@@ -624,6 +616,18 @@ def _simulate_all(
             result.summary["sim_wall_s"] = time.perf_counter() - started
             results.append(result)
     return workload, len(requests) if drawn is None else sum(workload.counts(drawn)), results
+
+
+def _arrival_span_s(requests: Any, drawn: int | None, seed: int) -> float:
+    """Seconds from the first arrival to the last (traffic classes: as simulate will draw them)."""
+    from stallfree.workload.classes import TrafficClasses
+
+    if isinstance(requests, TrafficClasses):
+        assert drawn is not None
+        times = [r.arrival_time_s for r in requests.sample(drawn, seed)]
+    else:
+        times = requests.arrival_time_s
+    return float(times[-1] - times[0]) if len(times) else 0.0
 
 
 def _fleet(args: argparse.Namespace, costs: CostChoice) -> tuple[ReplicaGroup, ...]:

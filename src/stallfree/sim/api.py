@@ -68,7 +68,7 @@ class SimulationResult:
     Drafts (speculative decoding): the summary adds vLLM's spec-decode counters and rates
     (:meth:`~stallfree.sim.speculative.DraftStats.summary`).
 
-    Traffic classes (:class:`~stallfree.workload.classes.TrafficClasses`, one replica or a fleet):
+    Traffic classes (:class:`~stallfree.workload.classes.TrafficClasses`, on any deployment):
     ``summary["classes"]`` scores each class as the run is scored (its goodput by its own SLOs),
     and ``class_itl`` holds each class's ITL samples.
 
@@ -223,10 +223,6 @@ def _simulate_classes(
 ) -> SimulationResult:
     """Traffic classes: their requests merged, run as any requests are, and scored per class too
     (``summary["classes"]``: :func:`~stallfree.workload.classes.class_summaries`)."""
-    if deployment.disaggregate is not None or deployment.autoscale is not None:
-        raise ValueError(
-            "traffic classes run on one replica or a fleet: not with disaggregation or an autoscaler"
-        )
     if num_requests is None:
         raise ValueError("traffic classes need a number of requests")
     requests = classes.sample(num_requests, seed)
@@ -434,7 +430,8 @@ def _simulate_autoscaled(
             "sizes": [list(size) for size in run.sizes],
         },
     )
-    return SimulationResult(serving.policy, summary, run.records, run.itl, kv, None, run.stopped)
+    class_itl = _merged_class_itl(run.runs)
+    return SimulationResult(serving.policy, summary, run.records, run.itl, kv, None, run.stopped, class_itl)
 
 
 def _simulate_disaggregated(
@@ -495,7 +492,10 @@ def _simulate_disaggregated(
         router=router,
         disaggregation=disaggregated_summary(run, plan, link, (prefill_serving, serving), (pkv, dkv)),
     )
-    return SimulationResult(f"disagg:{shape}", summary, run.records, run.itl, dkv, None, run.stopped)
+    class_itl = _merged_class_itl([*run.prefill, *run.decode])
+    return SimulationResult(
+        f"disagg:{shape}", summary, run.records, run.itl, dkv, None, run.stopped, class_itl
+    )
 
 
 def _combined(

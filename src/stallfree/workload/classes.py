@@ -10,8 +10,12 @@ Class ``i`` draws from seed ``seed + i``, so changing one class's rate keeps the
 On the command line a class is ``NAME:key=value,...`` (:func:`parse_class`) with keys ``lengths``
 (as ``--lengths`` takes it), ``qps``, ``burstiness`` (gamma arrivals; default Poisson), or
 ``trace`` (a trace's own arrivals, and its lengths and prefix hashes unless ``lengths`` is given:
-the class's rate is the trace's), ``priority`` (an integer; lower runs first) and SLOs in ms for
-its goodput: ``ttft``, ``tpot``, ``e2el``. :func:`class_summaries` scores a run per class (the simulator's and ``bench``'s).
+the class's rate is the trace's), ``priority`` (an integer; lower runs first), SLOs in ms for
+its goodput: ``ttft``, ``tpot``, ``e2el``, and multi-turn sessions (:mod:`stallfree.workload.sessions`):
+``turns`` (arrivals then start sessions of that many turns, lengths are each turn's new message
+and answer), ``system`` (a system prompt of that many tokens, the same in every session of the
+class and no other's) and ``think`` (seconds between a session's turns). :func:`class_summaries`
+scores a run per class (the simulator's and ``bench``'s).
 """
 
 from __future__ import annotations
@@ -22,14 +26,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from stallfree.core.request import Request
+from stallfree.core.request import PromptBlocks, Request
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.metrics.summary import GOODPUT_METRICS
 from stallfree.workload.arrivals import GammaArrivals, ReplayArrivals, gamma, poisson
 from stallfree.workload.lengths import TraceLengths, parse_lengths
 from stallfree.workload.requests import Workload, sample
+from stallfree.workload.sessions import Sessions
 
-CLASS_KEYS = ("lengths", "qps", "burstiness", "trace", "priority", *GOODPUT_METRICS)
+SESSION_KEYS = ("turns", "system", "think")
+CLASS_KEYS = ("lengths", "qps", "burstiness", "trace", "priority", *GOODPUT_METRICS, *SESSION_KEYS)
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 
 
@@ -57,13 +63,19 @@ class TrafficClass:
             )
 
     @property
+    def turns(self) -> int:
+        """Requests a session (1 without sessions)."""
+        return 1 if self.workload.sessions is None else self.workload.sessions.turns
+
+    @property
     def qps(self) -> float:
-        """The class's mean arrival rate (requests a second; a trace's over all its rows)."""
+        """The class's mean request rate (requests a second: its arrivals', a trace's over all its
+        rows, times its sessions' turns)."""
         arrivals = self.workload.arrivals
         if isinstance(arrivals, ReplayArrivals):
-            return arrivals.mean_qps()
+            return arrivals.mean_qps() * self.turns
         assert isinstance(arrivals, GammaArrivals)  # checked when made
-        return arrivals.qps
+        return arrivals.qps * self.turns
 
     def scaled(self, factor: float) -> TrafficClass:
         """This class at ``factor`` times its rate (a trace replayed ``factor`` times as fast)."""
@@ -108,28 +120,34 @@ class TrafficClasses:
         raise ValueError(f"unknown class {name!r}; the classes are {', '.join(c.name for c in self.classes)}")
 
     def counts(self, num_requests: int) -> list[int]:
-        """How many of about ``num_requests`` requests each class gets: its share by rate, at least one."""
+        """How many of about ``num_requests`` requests each class gets: its share by rate in whole
+        sessions, at least one."""
         if num_requests <= 0:
             raise ValueError(f"num_requests must be positive, got {num_requests}")
-        return [max(1, round(num_requests * c.qps / self.qps)) for c in self.classes]
+        return [max(1, round(num_requests * c.qps / self.qps / c.turns)) * c.turns for c in self.classes]
 
     def sample(self, num_requests: int, seed: int = 0) -> list[Request]:
         """:meth:`counts` requests of each class over the same time, merged by arrival (ties: the
-        class given first)."""
-        rows = []
+        class given first). A sessions class's token ids are its own (no other class's prompt
+        shares its system prompt or a turn) and its session ids carry its name."""
+        rows: list[tuple[float, int, int, int, TrafficClass, PromptBlocks | None, str | None]] = []
         for index, (c, count) in enumerate(zip(self.classes, self.counts(num_requests), strict=True)):
             arrays = sample(c.workload, count, seed + index)
-            blocks = arrays.prompt_blocks or (None,) * len(arrays)
-            rows += [
-                (t, index, p, o, c, b)
-                for t, p, o, b in zip(
-                    arrays.arrival_time_s.tolist(),
-                    arrays.num_prompt_tokens.tolist(),
-                    arrays.max_tokens.tolist(),
-                    blocks,
-                    strict=True,
-                )
-            ]
+            blocks: Sequence[PromptBlocks | None] = arrays.prompt_blocks or (None,) * len(arrays)
+            sessions: Sequence[str | None] = (None,) * len(arrays)
+            if arrays.session is not None:
+                blocks = [_own_ids(b, index) for b in blocks]
+                sessions = [f"{c.name}-session-{n}" for n in arrays.session.tolist()]
+            rows += zip(
+                arrays.arrival_time_s.tolist(),
+                [index] * len(arrays),
+                arrays.num_prompt_tokens.tolist(),
+                arrays.max_tokens.tolist(),
+                [c] * len(arrays),
+                blocks,
+                sessions,
+                strict=True,
+            )
         order = sorted(range(len(rows)), key=lambda k: (rows[k][0], rows[k][1]))  # stable: ties keep order
         return [
             Request(
@@ -138,11 +156,21 @@ class TrafficClasses:
                 max_tokens=rows[k][3],
                 arrival_time_s=rows[k][0],
                 prompt_blocks=rows[k][5],
+                session_id=rows[k][6],
                 priority=rows[k][4].priority,
                 traffic_class=rows[k][4].name,
             )
             for i, k in enumerate(order)
         ]
+
+
+def _own_ids(blocks: PromptBlocks | None, index: int) -> PromptBlocks | None:
+    """Class ``index``'s session token ids moved past every other class's (sessions number their
+    ids from 0 in each class)."""
+    if blocks is None or index == 0:
+        return blocks
+    offset = index << 64
+    return replace(blocks, ids=tuple(offset + i for i in blocks.ids))
 
 
 def parse_class(text: str) -> TrafficClass:
@@ -182,7 +210,7 @@ def parse_class(text: str) -> TrafficClass:
     qps = _number(name, "qps", values["qps"])
     burstiness = values.get("burstiness")
     arrivals = poisson(qps) if burstiness is None else gamma(qps, _number(name, "burstiness", burstiness))
-    workload = Workload(arrivals, parse_lengths(values["lengths"], None))
+    workload = Workload(arrivals, parse_lengths(values["lengths"], None), sessions=_sessions(name, values))
     return TrafficClass(name, workload, *_priority_and_slos(name, values))
 
 
@@ -191,7 +219,25 @@ def _trace_class(name: str, trace: str, values: Mapping[str, str]) -> TrafficCla
     lengths = (
         parse_lengths(values["lengths"], None) if "lengths" in values else TraceLengths(trace, "in-order")
     )
-    return TrafficClass(name, Workload(ReplayArrivals(trace), lengths), *_priority_and_slos(name, values))
+    workload = Workload(ReplayArrivals(trace), lengths, sessions=_sessions(name, values))
+    return TrafficClass(name, workload, *_priority_and_slos(name, values))
+
+
+def _sessions(name: str, values: Mapping[str, str]) -> Sessions | None:
+    """The class's multi-turn sessions (None without ``turns``)."""
+    if "turns" not in values:
+        extra = [key for key in SESSION_KEYS if key in values]
+        if extra:
+            raise ValueError(f"class {name}: {extra[0]} applies to sessions: give turns=N too")
+        return None
+    turns = _number(name, "turns", values["turns"])
+    if turns != int(turns):
+        raise ValueError(f"class {name}: turns must be a whole number, got {values['turns']!r}")
+    system = _number(name, "system", values.get("system", "0"), allow_zero=True)
+    if system != int(system):
+        raise ValueError(f"class {name}: system must be a whole number of tokens, got {values['system']!r}")
+    think_s = _number(name, "think", values.get("think", "0"), allow_zero=True)
+    return Sessions(int(turns), int(system), think_s)
 
 
 def _priority_and_slos(name: str, values: Mapping[str, str]) -> tuple[int, dict[str, float]]:
