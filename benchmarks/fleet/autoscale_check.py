@@ -21,17 +21,19 @@ policy and the start-up measured here (median, decision to routable), and the tw
 the scaling decisions (each predicted one within one scrape of the measured one?), per-window
 median TTFT and TPOT (within 25%?) and lost requests.
 
-- ``--part real``: ``stallfree serve --model random:small`` replicas, one engine thread each,
-  pinned with ``taskset`` to the core fewer live replicas use (2 cores: 1-2 replicas, a core
-  each; a third shares a core, which the prediction does not know), predicted from ``stallfree
-  profile`` of the same engine (``--profile``, made if missing). ``--max-replicas 3 --rule
-  keda:running=2 --lengths 384,16 --phases 60:1,120:6,150:1`` is the first run README records.
+- ``--part real``: ``stallfree serve`` replicas of a random-weight model (``--model``, default
+  ``random:medium``, ~128 M parameters in fp32: 25-45 ms decode steps on a core, as a GPU's are;
+  ``random:small``'s 3-4 ms steps leave the router's and client's work per streamed token, on the
+  same two cores, a large share the prediction does not know), one engine thread each, pinned with
+  ``taskset`` to the core fewer live replicas use (2 cores: 1-2 replicas, a core each; a third
+  shares a core), predicted from ``stallfree profile --base-url`` of one such replica as served
+  (pinned to core 1; ``--profile`` to reuse one, made if missing).
 - ``--part virtual``: ``stallfree serve --simulate`` replicas of Llama-3.1-70B on two H100s (the
   roofline ``full`` cost model), a process each, 2-16 of them (up to 32 GPUs); predicted with the
   same model. (70B's ~20 ms decode step keeps 16 replicas' streamed chunks within what this
   machine's client can take: 16 busy 8B replicas would stream ~3,000 chunks a second.)
 
-    make router && .venv/bin/python benchmarks/fleet/autoscale_check.py --part real      # ~7 min
+    make router && .venv/bin/python benchmarks/fleet/autoscale_check.py --part real      # ~12 min (profile ~6)
     .venv/bin/python benchmarks/fleet/autoscale_check.py --part virtual                  # ~6 min
 """
 
@@ -66,7 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 from common.cli import PYTHON_MAIN, stallfree
 from common.host import loadavg as load
 from common.host import log, machine
-from common.servers import free_port, healthy, stop, vllm_router
+from common.servers import free_port, healthy, stallfree_serve, stop, vllm_router
 
 GAUGE = re.compile(
     r"^(?:stallfree|vllm):(num_requests_running|num_requests_waiting|kv_cache_usage_perc"
@@ -93,16 +95,17 @@ class Part:
     pin: bool  # taskset each replica to a core of its own (real engines)
 
 
+REAL_MODEL = "random:medium"  # ~128 M parameters: 13-30 ms decode steps on a core, as a GPU's are
 REAL_SERVING = ("--token-budget", "256", "--max-num-seqs", "32", "--num-blocks", "4096")
 VIRTUAL_MODEL = ("--model", "llama-3.1-70b", "--hardware", "h100-sxm", "--tp", "2", "--cost-model", "full")
 VIRTUAL_SERVING = ("--token-budget", "2048", "--max-num-seqs", "256")
 PARTS = {
     "real": Part(
-        serve=("--model", "random:small", "--threads", "1", *REAL_SERVING),
+        serve=("--dtype", "float32", "--threads", "1", *REAL_SERVING),  # --model DIR added
         predict=(*REAL_SERVING, "--enable-prefix-caching"),  # --profile added
-        phases=((67, 0.5), (120, 4.0), (143, 0.5)),  # steps off the 15 s scrape grid
-        lengths=(256, 128),
-        rule="keda:running=1",
+        phases=((67, 0.5), (120, 3.0), (143, 0.5)),  # steps off the 15 s scrape grid
+        lengths=(64, 96),
+        rule="keda:running=4",
         min_replicas=1,
         max_replicas=2,
         scrape_s=15.0,
@@ -500,13 +503,29 @@ def table(report: dict[str, Any]) -> list[str]:
     return rows
 
 
+def profile_served(part: Part, model_dir: Path, profile: Path) -> None:
+    """``stallfree profile --base-url`` of one replica as the fleet serves it (``taskset -c 1``): the
+    server's work around each step (its scheduler loop, streaming every token) is in the prices."""
+    profile.parent.mkdir(parents=True, exist_ok=True)
+    with stallfree_serve(
+        part.serve, log=profile.with_suffix(".log"), prefix=("taskset", "-c", "1")
+    ) as server:
+        stallfree("profile", "--base-url", server.url, "--max-num-batched-tokens", "256", "--max-num-seqs", "32",
+                  "--model-config", str(model_dir), "--out", str(profile), "--no-progress")  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--part", choices=tuple(PARTS), default="real")
     parser.add_argument("--out", type=Path, default=Path("out/autoscale"))
-    parser.add_argument("--profile", type=Path, help="real: the engine's profile (default: made under --out)")
+    parser.add_argument(
+        "--model", default=REAL_MODEL, help=f"real: the random-weight preset served (default {REAL_MODEL})"
+    )
+    parser.add_argument(
+        "--profile", type=Path, help="real: the served replica's profile (default: made under --out)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--rule",
@@ -531,14 +550,13 @@ def main() -> int:
         part = dataclasses.replace(part, lengths=(prompt, output))
     profile = None
     if args.part == "real":
-        profile = args.profile or args.out / "small.profile.json"
+        model_dir = args.out / f"{args.model.replace(':', '-')}-fp32"
+        if not (model_dir / "config.json").exists():
+            stallfree("save-model", args.model, str(model_dir), "--dtype", "float32")
+        part = dataclasses.replace(part, serve=("--model", str(model_dir), *part.serve))
+        profile = args.profile or args.out / f"{model_dir.name}.server.json"
         if not profile.exists():
-            profile.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run(
-                ["taskset", "-c", "1", sys.executable, *PYTHON_MAIN, "profile", "--model", "random:small",
-                 "--threads", "1", "--max-num-batched-tokens", "256", "--max-num-seqs", "32",
-                 "--out", str(profile), "--no-progress"], check=True,
-            )  # fmt: skip
+            profile_served(part, model_dir, profile)
     report = run_part(args.part, part, args.out / args.part, args.seed, profile)
     print("\n".join(table(report)))
     return 0
