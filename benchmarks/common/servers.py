@@ -20,9 +20,11 @@ Pinning is the caller's: vLLM's CPU worker binds the cores in ``VLLM_CPU_OMP_THR
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -32,7 +34,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.cli import PYTHON_MAIN
+from common.cli import PYTHON_MAIN, stallfree
 from common.host import log as say
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -237,3 +239,36 @@ def llama_server(name: str, argv: Sequence[str], *, log: Path) -> Iterator[Serve
         poll_s=0.5,
     ) as server:
         yield server
+
+
+def http_path_ms(url: str, simulate_flags: Sequence[str], tries: int = 20) -> tuple[float, float]:
+    """An idle server's TTFT for a 2-token prompt (median of ``tries``, one at a time; a router's URL
+    times its hop too) and the simulator's price of that request on the replica ``simulate_flags``
+    describe: their difference is what the HTTP path (client, router, server, back) adds to a
+    request's TTFT, ``simulate --route-delay-ms``."""
+    import httpx
+
+    alone = json.loads(
+        stallfree(
+            "simulate",
+            *simulate_flags,
+            "--lengths",
+            "fixed:2,1",
+            "--num-requests",
+            "1",
+            "--json",
+            capture=True,
+        )
+    )
+    priced_ms = float(next(iter(alone["policies"].values()))["median_ttft_ms"])
+    ttfts_ms = []
+    with httpx.Client(timeout=30) as http:
+        model = http.get(f"{url}/v1/models").json()["data"][0]["id"]
+        body = {"model": model, "prompt": "hello", "max_tokens": 1, "stream": True}  # "hell" "o": 2 tokens
+        for _ in range(tries):
+            sent_s = time.perf_counter()
+            with http.stream("POST", f"{url}/v1/completions", json=body) as response:
+                if next(line for line in response.iter_lines() if line.startswith("data:")):
+                    ttfts_ms.append(1000 * (time.perf_counter() - sent_s))
+            time.sleep(0.05)
+    return statistics.median(ttfts_ms), priced_ms

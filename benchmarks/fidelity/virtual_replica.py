@@ -45,7 +45,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -59,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 from common.cli import stallfree, stallfree_argv
 from common.host import loadavg, machine, wait_for_quiet
 from common.host import log as say
-from common.servers import stallfree_serve
+from common.servers import http_path_ms, stallfree_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYMENT_A = [
@@ -156,26 +155,6 @@ def late_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, f
     }
 
 
-def http_path_ms(url: str, deployment: Path, tries: int = 20) -> tuple[float, float]:
-    """An idle replica's TTFT for a 2-token prompt (median of ``tries``, one at a time) and the price of
-    its one step: what the HTTP path (client, server, back) adds to a request's TTFT."""
-    alone = json_of(
-        "simulate", "--deployment", str(deployment), "--lengths", "fixed:2,1", "--num-requests", "1"
-    )
-    priced_ms = float(next(iter(alone["policies"].values()))["median_ttft_ms"])
-    ttfts_ms = []
-    with httpx.Client(timeout=30) as http:
-        model = http.get(f"{url}/v1/models").json()["data"][0]["id"]
-        body = {"model": model, "prompt": "hello", "max_tokens": 1, "stream": True}  # "hell" "o": 2 tokens
-        for _ in range(tries):
-            sent_s = time.perf_counter()
-            with http.stream("POST", f"{url}/v1/completions", json=body) as response:
-                if next(line for line in response.iter_lines() if line.startswith("data:")):
-                    ttfts_ms.append(1000 * (time.perf_counter() - sent_s))
-            time.sleep(0.05)
-    return statistics.median(ttfts_ms), priced_ms
-
-
 def error(measured: float | None, predicted: float | None) -> str:
     if not measured or predicted is None:
         return "-"
@@ -194,7 +173,7 @@ def part_a(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     log = out / "serve-a.log"
     runs = []
     with stallfree_serve(["--simulate", "--deployment", str(deployment)], log=log) as server:
-        idle_ms, priced_ms = http_path_ms(server.url, deployment)
+        idle_ms, priced_ms = http_path_ms(server.url, ["--deployment", str(deployment)])
         for i, qps in enumerate(args.qps):
             result = out / f"a-{qps:g}qps.json"
             before, load_before, started = lateness(server.url), loadavg(), time.perf_counter()

@@ -17,7 +17,9 @@ its time from the run's start.
 Meanwhile ``stallfree bench --scenario trace`` (in this process, so its clock is the
 controller's: time 0 is the first request's send) replays a trace whose Poisson rate steps up and
 down. Then ``stallfree simulate --replay`` runs the same requests through the same rule, router
-policy and the start-up measured here (median, decision to routable), and the two are compared:
+policy and the start-up measured here (median, decision to routable) (virtual replicas: and the
+idle HTTP path through the router, measured before the run, as ``--route-delay-ms``), and the two
+are compared:
 the scaling decisions (each predicted one within one scrape of the measured one?), per-window
 median TTFT and TPOT (within 25%?) and lost requests.
 
@@ -68,7 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 from common.cli import PYTHON_MAIN, stallfree
 from common.host import loadavg as load
 from common.host import log, machine
-from common.servers import free_port, healthy, stallfree_serve, stop, vllm_router
+from common.servers import free_port, healthy, http_path_ms, stallfree_serve, stop, vllm_router
 
 GAUGE = re.compile(
     r"^(?:stallfree|vllm):(num_requests_running|num_requests_waiting|kv_cache_usage_perc"
@@ -93,6 +95,7 @@ class Part:
     scale_down_window_s: float
     window_s: float
     pin: bool  # taskset each replica to a core of its own (real engines)
+    hop: bool  # the idle HTTP path through the router priced as --route-delay-ms (virtual replicas)
 
 
 REAL_MODEL = "random:medium"  # ~128 M parameters: 13-30 ms decode steps on a core, as a GPU's are
@@ -112,6 +115,7 @@ PARTS = {
         scale_down_window_s=60.0,
         window_s=30.0,
         pin=True,
+        hop=False,  # the served profile's prices hold the server's own path
     ),
     "virtual": Part(
         serve=("--simulate", *VIRTUAL_MODEL, *VIRTUAL_SERVING),
@@ -125,6 +129,7 @@ PARTS = {
         scale_down_window_s=60.0,
         window_s=30.0,
         pin=False,
+        hop=True,
     ),
 }
 
@@ -379,6 +384,13 @@ def run_part(name: str, part: Part, out: Path, seed: int, profile: Path | None) 
     load_before = load()
     log(f"autoscale {name}: {num} requests over {sum(d for d, _ in part.phases):.0f} s, load {load_before}")
     with fleet(part, out, autoscaler) as control:
+        hop_ms = 0.0
+        if part.hop:
+            idle_ms, priced_ms = http_path_ms(control.router_url, part.predict)
+            hop_ms = max(0.0, idle_ms - priced_ms)
+            log(
+                f"autoscale {name}: idle, a 2-token prompt's TTFT {idle_ms:.2f} ms for a {priced_ms:.2f} ms step"
+            )
         thread, started, first = bench_in_thread(control.router_url, trace, result, seed)
         started.wait()
         if not first:
@@ -414,6 +426,7 @@ def run_part(name: str, part: Part, out: Path, seed: int, profile: Path | None) 
         "--min-replicas", str(part.min_replicas), "--max-replicas", str(part.max_replicas),
         "--startup-s", f"{startup_s:.1f}", "--scrape-s", f"{part.scrape_s:g}",
         "--scale-down-window-s", f"{part.scale_down_window_s:g}", "--window-s", f"{part.window_s:g}",
+        *(["--route-delay-ms", f"{hop_ms:.3f}"] if part.hop else []),
     ]  # fmt: skip
     text = stallfree("simulate", *flags, "--json", capture=True)
     (out / "simulate.json").write_text(text)
@@ -434,6 +447,7 @@ def run_part(name: str, part: Part, out: Path, seed: int, profile: Path | None) 
         "lost_predicted": num - int(summary.get("completed") or 0),
         "startups_s": startups,
         "startup_s": startup_s,
+        "route_delay_ms": hop_ms,
         "simulate": "stallfree simulate " + " ".join(flags),
         "events_measured": control.events,
         "events_predicted": predicted["events"],
@@ -486,7 +500,8 @@ def table(report: dict[str, Any]) -> list[str]:
         f"{report['part']}: {report['machine']}; {report['date']}; load {report['load']}",
         f"{report['requests']} requests, {report['completed']} completed, {report['failed']} failed "
         f"(lost: measured {report['lost_measured']}, predicted {report['lost_predicted']}); start-ups measured "
-        f"{', '.join(f'{s:.1f}' for s in report['startups_s'])} s (median {report['startup_s']:.1f} s)",
+        f"{', '.join(f'{s:.1f}' for s in report['startups_s'])} s (median {report['startup_s']:.1f} s); "
+        f"the idle HTTP path through the router {report['route_delay_ms']:.2f} ms",
         f"scaling measured:  {events(report['events_measured'])}",
         f"scaling predicted: {events(report['events_predicted'])}",
         f"each within one scrape: {report['events_within_scrape']}",
