@@ -14,6 +14,8 @@ its served steps well below the profile's).
    --scenario classes`` (every request with its class's ``priority`` field, greedy, a fresh prompt
    text each run so vLLM's prefix cache holds none of it), then the same requests (arrivals and the
    lengths the server counted) simulated with the profile under the same policy;
+   ``stallfree serve`` keeps a step log of each run (``stallfree-POLICY.steps.jsonl``: ``stallfree
+   validate --profile P --measured bench-POLICY.json --step-log S`` gives the served steps' error);
 5. prints, per policy and class, measured / predicted (ratio) of median TTFT, TPOT and ITL, and
    whether the order is right: which class waits longer under each policy, and which policy
    serves the chats sooner.
@@ -64,7 +66,8 @@ def served(args: argparse.Namespace, model_dir: Path, policy: str) -> Iterator[t
     budget, seqs = VLLM_DEFAULT
     flags = ["--model", str(model_dir), "--dtype", "float32", "--scheduling-policy", policy,
              "--max-num-batched-tokens", str(budget), "--max-num-seqs", str(seqs),
-             "--num-blocks", str(STALLFREE_BLOCKS), "--threads", "1"]  # fmt: skip
+             "--num-blocks", str(STALLFREE_BLOCKS), "--threads", "1",
+             "--step-log", str(args.out / f"stallfree-{policy}.steps.jsonl")]  # fmt: skip
     with stallfree_serve(flags, log=log) as server:
         yield server, STALLFREE_BLOCKS
 
