@@ -64,10 +64,12 @@ def served(args: argparse.Namespace, model_dir: Path, policy: str) -> Iterator[t
             yield server, server.kv_cache_tokens // 16
         return
     budget, seqs = VLLM_DEFAULT
+    steps = args.out / f"stallfree-{policy}.steps.jsonl"
     flags = ["--model", str(model_dir), "--dtype", "float32", "--scheduling-policy", policy,
              "--max-num-batched-tokens", str(budget), "--max-num-seqs", str(seqs),
              "--num-blocks", str(STALLFREE_BLOCKS), "--threads", "1",
-             "--step-log", str(args.out / f"stallfree-{policy}.steps.jsonl")]  # fmt: skip
+             "--step-log", str(steps)]  # fmt: skip
+    steps.unlink(missing_ok=True)  # serve appends: this run's steps alone
     with stallfree_serve(flags, log=log) as server:
         yield server, STALLFREE_BLOCKS
 
