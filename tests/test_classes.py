@@ -255,7 +255,7 @@ def test_a_deployment_file_keeps_its_shedding_rule(tmp_path: Path) -> None:
 
     deployment = Deployment(replicas=2, shed=ShedRule(5, 3))
     assert Deployment.from_dict(deployment.to_dict()) == deployment
-    with pytest.raises(ValueError, match="shedding's min_priority must be an integer"):
+    with pytest.raises(ValueError, match="deployment shed: min_priority must be an integer, got 'high'"):
         Deployment.from_dict({"shed": {"min_priority": "high", "max_waiting": 3}})
 
 

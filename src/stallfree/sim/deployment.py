@@ -326,9 +326,19 @@ def _known(data: Any, where: str, names: tuple[str, ...]) -> None:
 
 
 def _section(data: Mapping[str, Any], name: str, kind: type) -> dict[str, Any]:
-    """``data[name]``, checked to hold only ``kind``'s field names."""
+    """``data[name]``, checked to hold only ``kind``'s field names, and whole numbers where a field
+    is an ``int`` (a compiled class refuses another type before its own checks could say which)."""
     section = data[name]
-    _known(section, f"deployment {name}", tuple(f.name for f in dataclasses.fields(kind)))
+    fields = dataclasses.fields(kind)
+    _known(section, f"deployment {name}", tuple(f.name for f in fields))
+    for f in fields:
+        value = section.get(f.name)
+        if (
+            f.type in ("int", int)
+            and f.name in section
+            and (isinstance(value, bool) or not isinstance(value, int))
+        ):
+            raise ValueError(f"deployment {name}: {f.name} must be an integer, got {value!r}")
     return dict(section)
 
 

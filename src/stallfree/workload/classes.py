@@ -32,7 +32,7 @@ from stallfree.metrics.summary import GOODPUT_METRICS
 from stallfree.workload.arrivals import GammaArrivals, ReplayArrivals, gamma, poisson
 from stallfree.workload.lengths import TraceLengths, parse_lengths
 from stallfree.workload.requests import Workload, sample
-from stallfree.workload.sessions import Sessions
+from stallfree.workload.sessions import Sessions, renumbered
 
 SESSION_KEYS = ("turns", "system", "think")
 CLASS_KEYS = ("lengths", "qps", "burstiness", "trace", "priority", *GOODPUT_METRICS, *SESSION_KEYS)
@@ -128,16 +128,18 @@ class TrafficClasses:
 
     def sample(self, num_requests: int, seed: int = 0) -> list[Request]:
         """:meth:`counts` requests of each class over the same time, merged by arrival (ties: the
-        class given first). A sessions class's token ids are its own (no other class's prompt
-        shares its system prompt or a turn) and its session ids carry its name."""
+        class given first). Sessions are numbered on from one sessions class to the next, so no
+        class's prompt shares another's system prompt or turns, and their ids carry the class's name."""
         rows: list[tuple[float, int, int, int, TrafficClass, PromptBlocks | None, str | None]] = []
+        first_session = 0  # sessions numbered on across classes: no two share a token id
         for index, (c, count) in enumerate(zip(self.classes, self.counts(num_requests), strict=True)):
             arrays = sample(c.workload, count, seed + index)
             blocks: Sequence[PromptBlocks | None] = arrays.prompt_blocks or (None,) * len(arrays)
             sessions: Sequence[str | None] = (None,) * len(arrays)
             if arrays.session is not None:
-                blocks = [_own_ids(b, index) for b in blocks]
+                blocks = [b and renumbered(b, first_session) for b in blocks]
                 sessions = [f"{c.name}-session-{n}" for n in arrays.session.tolist()]
+                first_session += count // c.turns
             rows += zip(
                 arrays.arrival_time_s.tolist(),
                 [index] * len(arrays),
@@ -162,15 +164,6 @@ class TrafficClasses:
             )
             for i, k in enumerate(order)
         ]
-
-
-def _own_ids(blocks: PromptBlocks | None, index: int) -> PromptBlocks | None:
-    """Class ``index``'s session token ids moved past every other class's (sessions number their
-    ids from 0 in each class)."""
-    if blocks is None or index == 0:
-        return blocks
-    offset = index << 64
-    return replace(blocks, ids=tuple(offset + i for i in blocks.ids))
 
 
 def parse_class(text: str) -> TrafficClass:

@@ -107,6 +107,17 @@ def conversation_blocks(
     return out
 
 
+def renumbered(blocks: PromptBlocks, first_session: int) -> PromptBlocks:
+    """A turn's token ids (:func:`conversation_blocks`) with the sessions numbered from
+    ``first_session``: session ``s`` becomes ``first_session + s`` and the system prompt moves into
+    session ``first_session``'s unused turn-0 slot, so conversations renumbered apart share no id
+    (traffic classes of sessions)."""
+    if first_session == 0:
+        return blocks
+    offset = first_session << (16 + _SEGMENT_BITS + 1)
+    return PromptBlocks(tuple(offset + i for i in blocks.ids), blocks.tokens_per_id, blocks.num_tokens)
+
+
 def measured_conversation(
     system_prompt_tokens: int, session: int, prompts: list[int], outputs: list[int]
 ) -> list[tuple[int, PromptBlocks]]:
