@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from stallfree.costs.kv_transfer import DEFAULT_HOST_LINK, DEFAULT_SHARED_LINK
 from stallfree.sim.kv_tiers import KvTierConfig
@@ -137,11 +137,27 @@ def tune_fleet(
     )
 
 
+class _Winner(NamedTuple):
+    """A search's fewest replicas that met the SLOs; the best ranks lowest (:meth:`rank`)."""
+
+    usd_per_hour: float  # 0 without prices
+    replicas: int
+    host_gb: float
+    shared_gb: float
+    worst_ratio: float
+    router: str
+    trial: TrialRecord
+
+    def rank(self) -> tuple[float, int, float, float, float]:
+        """Cheapest, then fewest replicas, the least host memory, the smallest store, the most room."""
+        return self.usd_per_hour, self.replicas, self.host_gb, self.shared_gb, self.worst_ratio
+
+
 def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]) -> dict[str, Any]:
     base, slos = config.base, config.slos
     passing = {(t.job, t.spec.deployment.replicas): t for t in trials if t.passed}
     routers: dict[str, Any] = {r: {"curve": []} for r in config.routers}
-    winners = []
+    winners: list[_Winner] = []
     for j, job in enumerate(jobs):
         search = job.probe
         assert isinstance(search, ReplicaSearch)
@@ -158,29 +174,30 @@ def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]
         routers[job.base.deployment.router]["curve"].append(entry)
         if fewest is not None:
             trial = passing[(j, fewest)]
+            host_gb, shared_gb = gbs["kv_host_gb"], gbs["kv_shared_gb"]
             usd_per_hour = 0.0
             if config.prices is not None:
                 usd_per_hour = entry["usd_per_hour"] = config.prices.per_hour(
-                    fewest, base.costs.tp, *gbs.values()
+                    fewest, base.costs.tp, host_gb, shared_gb
                 )
             winners.append(
-                (
+                _Winner(
                     usd_per_hour,
                     fewest,
-                    gbs["kv_host_gb"],
-                    gbs["kv_shared_gb"],
+                    host_gb,
+                    shared_gb,
                     slos.worst_ratio(trial.metrics),
                     job.base.deployment.router,
                     trial,
                 )
             )
     for router, entry in routers.items():
-        own = [w for w in winners if w[5] == router]
-        entry["best"] = _best_json(min(own, key=lambda w: w[:5]), base.costs.tp) if own else None
+        own = [w for w in winners if w.router == router]
+        entry["best"] = _best_json(min(own, key=_Winner.rank), base.costs.tp) if own else None
         tried = [t for t in trials if t.spec.deployment.router == router]
         if not own and tried:  # what came nearest, and which SLO no fleet size met
             entry["closest"] = min(tried, key=lambda t: slos.worst_ratio(t.metrics)).to_json()
-    best = min(winners, key=lambda w: w[:5]) if winners else None
+    best = min(winners, key=_Winner.rank) if winners else None
     out: dict[str, Any] = {
         "mode": "fleet",
         "model": str(base.costs.model),
@@ -208,7 +225,7 @@ def _to_json(config: FleetTuneConfig, jobs: list[Job], trials: list[TrialRecord]
     if best is not None:
         out["best"] = {
             **_best_json(best, base.costs.tp),
-            "commands": fleet_commands(best[6].spec),
+            "commands": fleet_commands(best.trial.spec),
         }
     return out
 
@@ -222,19 +239,19 @@ def _tier_gbs(spec: TrialSpec) -> dict[str, float]:
     }
 
 
-def _best_json(winner: tuple[float, int, float, float, float, str, TrialRecord], tp: int) -> dict[str, Any]:
-    usd_per_hour, replicas, host_gb, shared_gb, ratio, router, trial = winner
+def _best_json(winner: _Winner, tp: int) -> dict[str, Any]:
+    trial = winner.trial
     m = trial.metrics
     return {
-        **({"usd_per_hour": usd_per_hour} if usd_per_hour else {}),
-        "router": router,
+        **({"usd_per_hour": winner.usd_per_hour} if winner.usd_per_hour else {}),
+        "router": winner.router,
         "token_budget": trial.spec.token_budget,
-        "kv_host_gb": host_gb,
-        "kv_shared_gb": shared_gb,
+        "kv_host_gb": winner.host_gb,
+        "kv_shared_gb": winner.shared_gb,
         "max_num_seqs": trial.spec.serving.num_seqs_limit,
-        "replicas": replicas,
-        "gpus": replicas * tp,
-        "worst_slo_ratio": ratio,
+        "replicas": winner.replicas,
+        "gpus": winner.replicas * tp,
+        "worst_slo_ratio": winner.worst_ratio,
         "metrics": {
             key: m.get(key)
             for key in (
