@@ -235,17 +235,11 @@ def format_fleet(out: dict[str, Any]) -> str:
     )
     for router, entry in out["routers"].items():
         best = entry["best"]
+        picked = best and (best["token_budget"], best["kv_host_gb"], best["kv_shared_gb"], best["replicas"])
         for point in entry["curve"]:
             n = point["replicas"]
             host, shared = point.get("kv_host_gb", 0.0), point.get("kv_shared_gb", 0.0)
-            at = (point["token_budget"], host, shared, n)
-            picked = best and (
-                best["token_budget"],
-                best["kv_host_gb"],
-                best["kv_shared_gb"],
-                best["replicas"],
-            )
-            mark = " *" if picked == at else ""
+            mark = " *" if picked == (point["token_budget"], host, shared, n) else ""
             shown = (
                 f"{n}"
                 if n is not None
