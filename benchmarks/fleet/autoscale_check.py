@@ -35,7 +35,7 @@ median TTFT and TPOT (within 25%?) and lost requests.
   same model. (70B's ~20 ms decode step keeps 16 replicas' streamed chunks within what this
   machine's client can take: 16 busy 8B replicas would stream ~3,000 chunks a second.)
 
-    make router && .venv/bin/python benchmarks/fleet/autoscale_check.py --part real      # ~12 min (profile ~6)
+    make router && .venv/bin/python benchmarks/fleet/autoscale_check.py --part real      # ~12 min (the profile ~5)
     .venv/bin/python benchmarks/fleet/autoscale_check.py --part virtual                  # ~6 min
 """
 
@@ -98,7 +98,7 @@ class Part:
     hop: bool  # the idle HTTP path through the router priced as --route-delay-ms (virtual replicas)
 
 
-REAL_MODEL = "random:medium"  # ~128 M parameters: 13-30 ms decode steps on a core, as a GPU's are
+REAL_MODEL = "random:medium"  # ~128 M parameters in fp32: 25-45 ms decode steps on a core, as a GPU's are
 REAL_SERVING = ("--token-budget", "256", "--max-num-seqs", "32", "--num-blocks", "4096")
 VIRTUAL_MODEL = ("--model", "llama-3.1-70b", "--hardware", "h100-sxm", "--tp", "2", "--cost-model", "full")
 VIRTUAL_SERVING = ("--token-budget", "2048", "--max-num-seqs", "256")
