@@ -12,7 +12,15 @@ import pytest
 
 from stallfree.core import ScheduledChunk, StepPlan
 from stallfree.costs.choice import CostChoice
-from stallfree.costs.measured import Curve, MeasuredCostModel, StepFeatures, fit_forward, nnls, plan_features
+from stallfree.costs.measured import (
+    Curve,
+    MeasuredCostModel,
+    StepFeatures,
+    _knots,
+    fit_forward,
+    nnls,
+    plan_features,
+)
 from stallfree.specs.step_profile import (
     SamplingPoint,
     Stats,
@@ -187,6 +195,16 @@ def test_curve_is_zero_at_its_first_knot_and_extrapolates_its_last_slope() -> No
     curve = Curve((1, 2, 4), (1.0, 0.5))
     assert [curve(x) for x in (1, 2, 3, 4, 8)] == [0.0, 1.0, 1.5, 2.0, 4.0]
     assert sum(s * b for s, b in zip(curve.slopes, curve.basis(8), strict=True)) == curve(8)
+
+
+def test_knots_sit_at_measured_values_apart_and_the_largest_ends_the_last_segment() -> None:
+    assert _knots(1, [16, 64, 256, 1024]) == (1, 16, 64, 256, 1024)
+    assert _knots(1, [16, 20, 64]) == (1, 16, 64)  # 20 is within 1.5 x of 16
+    # a server profiled at a 512-token budget: 463 and 496 tokens make one segment, not a sliver
+    # whose slope would come from two points' noise and price every step past them
+    assert _knots(1, [15, 59, 102, 229, 463, 496]) == (1, 15, 59, 102, 229, 496)
+    assert _knots(1, [15, 700]) == (1, 15, 700)
+    assert _knots(1, [1, 1]) == (1, 2) and _knots(0, [0, 1, 2]) == (0, 1, 2)
 
 
 def test_a_fit_needs_points() -> None:

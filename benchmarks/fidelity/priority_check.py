@@ -5,11 +5,16 @@ builds it in ``.venv-vllm``) or ``--server stallfree`` (``stallfree serve``, the
 thread as vLLM's CPU worker binds one core: on both of 2 cores the client and the HTTP path slow
 its served steps well below the profile's).
 
-1. saves a random-weight model (``--model``, fp32) and starts the server on it at vLLM's CPU
-   defaults (2,048 tokens a step, 128 sequences) with ``--scheduling-policy fcfs``;
-2. profiles it as a black box (``stallfree profile --base-url``; reused with ``--skip-profile``);
+1. saves a random-weight model (``--model``, fp32) and starts the server on it at ``--budget``
+   tokens a step (512: a batch prompt's 1,536 tokens in three chunks) and vLLM's 128 sequences,
+   with ``--scheduling-policy fcfs``;
+2. profiles it as a black box (``stallfree profile --base-url``, decode points up to
+   ``--profile-seqs`` streams; reused with ``--skip-profile``);
 3. sizes the mix to ``--load`` x the highest rate the profile says it serves without a queue
-   building up (the classes' rates scaled together);
+   building up (the classes' rates scaled together). The default, 2, is a queue that grows all
+   run, which is when the policy decides who waits; it is also where a price error moves the
+   queue least: at load L a step priced e% off moves the time spent queued by about
+   L / (L - 1) x e%, 5x at 1.25 and 2x at 2;
 4. for fcfs, then priority (vLLM restarted with ``--scheduling-policy priority``): ``stallfree bench
    --scenario classes`` (every request with its class's ``priority`` field, greedy, a fresh prompt
    text each run so vLLM's prefix cache holds none of it), then the same requests (arrivals and the
@@ -20,7 +25,7 @@ its served steps well below the profile's).
    whether the order is right: which class waits longer under each policy, and which policy
    serves the chats sooner.
 
-    make vllm && .venv/bin/python benchmarks/fidelity/priority_check.py     # ~6 min on 2 cores
+    make vllm && .venv/bin/python benchmarks/fidelity/priority_check.py     # ~10 min on 2 cores
     .venv/bin/python benchmarks/fidelity/priority_check.py --server stallfree --out out/priority-check-sf
 """
 
@@ -58,12 +63,13 @@ STALLFREE_BLOCKS = 6000  # stallfree serve's KV cache, fixed (vLLM's is what its
 def served(args: argparse.Namespace, model_dir: Path, policy: str) -> Iterator[tuple[Server, int]]:
     """The server under ``policy``, and its KV cache's blocks of 16 tokens."""
     log = args.out / f"{args.server}-{policy}.log"
+    budget, seqs = args.budget, VLLM_DEFAULT[1]
     if args.server == "vllm":
-        with vllm_serve(model_dir, ["--scheduling-policy", policy], log=log) as server:
+        flags = ["--scheduling-policy", policy, "--max-num-batched-tokens", str(budget)]
+        with vllm_serve(model_dir, flags, log=log) as server:
             assert server.kv_cache_tokens is not None
             yield server, server.kv_cache_tokens // 16
         return
-    budget, seqs = VLLM_DEFAULT
     steps = args.out / f"stallfree-{policy}.steps.jsonl"
     flags = ["--model", str(model_dir), "--dtype", "float32", "--scheduling-policy", policy,
              "--max-num-batched-tokens", str(budget), "--max-num-seqs", str(seqs),
@@ -81,10 +87,12 @@ def classes_at(args: argparse.Namespace, scale: float) -> TrafficClasses:
     return TrafficClasses((parse_class(chat), parse_class(batch)))
 
 
-def serving(policy: str, num_blocks: int) -> ServingConfig:
-    budget, seqs = VLLM_DEFAULT
+def serving(args: argparse.Namespace, policy: str, num_blocks: int) -> ServingConfig:
     return ServingConfig(
-        max_num_batched_tokens=budget, max_num_seqs=seqs, num_blocks=num_blocks, scheduling_policy=policy
+        max_num_batched_tokens=args.budget,
+        max_num_seqs=VLLM_DEFAULT[1],
+        num_blocks=num_blocks,
+        scheduling_policy=policy,
     )
 
 
@@ -93,7 +101,7 @@ def sustained_scale(args: argparse.Namespace, costs: CostChoice, num_blocks: int
     build up: the median scheduling delay stays under a second."""
     scale, best = 0.05, 0.05
     while scale < 50:
-        deployment = Deployment(costs=costs, serving=serving("fcfs", num_blocks))
+        deployment = Deployment(costs=costs, serving=serving(args, "fcfs", num_blocks))
         summary = simulate(classes_at(args, scale), deployment, num_requests=200, seed=args.seed).summary
         if (summary["median_scheduling_delay_ms"] or 0.0) > 1000:
             return best
@@ -139,14 +147,17 @@ def main() -> int:
     parser.add_argument("--batch-lengths", default="fixed:1536,8")
     parser.add_argument("--chat-qps", type=float, default=4.0, help="the chats' share of the mix")
     parser.add_argument("--batch-qps", type=float, default=1.0, help="the batch prompts' share")
-    parser.add_argument("--load", type=float, default=1.25, help="share of the rate the profile sustains")
+    parser.add_argument(
+        "--budget", type=int, default=512, help="the servers' tokens a step (default %(default)s)"
+    )
+    parser.add_argument("--load", type=float, default=2.0, help="share of the rate the profile sustains")
     parser.add_argument("--num-requests", type=int, default=120)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-profile", action="store_true", help="reuse the profile under --out")
     parser.add_argument(
         "--profile-seqs",
         type=int,
-        default=32,
+        default=64,
         help="streams the profile's decode points go up to (default %(default)s)",
     )
     args = parser.parse_args()
@@ -156,13 +167,14 @@ def main() -> int:
         stallfree("save-model", args.model, str(model_dir), "--dtype", "float32")
     profile = args.out / f"{args.server}.profile.json"
     rows = [
-        f"{args.server}; machine: {machine()}, load {load()}; {args.num_requests} requests a run, seed {args.seed}"
+        f"{args.server}; machine: {machine()}, load {load()}; {args.budget} tokens a step; "
+        f"{args.num_requests} requests a run, seed {args.seed}"
     ]
     body: dict[str, Any] = {"runs": {}}
     for policy in POLICIES:
         with served(args, model_dir, policy) as (server, num_blocks):
             if policy == "fcfs" and not (args.skip_profile and profile.exists()):
-                profile_server(server.url, profile, model_dir, args.profile_seqs)
+                profile_server(server.url, profile, model_dir, args.profile_seqs, args.budget)
             costs = CostChoice(kind="measured", profile=load_profile(profile))
             if policy == "fcfs":
                 scale = args.load * sustained_scale(args, costs, num_blocks)
@@ -184,7 +196,7 @@ def main() -> int:
                       "--save-result", str(result_path), "--no-progress")  # fmt: skip
             wall_s = time.perf_counter() - started
             result = json.loads(result_path.read_text())
-            deployment = Deployment(costs=costs, serving=serving(policy, num_blocks))
+            deployment = Deployment(costs=costs, serving=serving(args, policy, num_blocks))
             guess = predicted(result, classes, deployment)
             body["runs"][policy] = {"measured": result["classes"], "predicted": guess, "wall_s": wall_s}
             rows.append(f"{policy}: {wall_s:.0f} s, load {before} -> {load()}")

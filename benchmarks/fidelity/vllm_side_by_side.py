@@ -357,10 +357,12 @@ def long_prompt_part(args: argparse.Namespace) -> list[str]:
     return rows
 
 
-def profile_server(url: str, profile: Path, model_dir: Path, max_num_seqs: int = 32) -> None:
-    """``stallfree profile --base-url`` of vLLM as it starts without flags (decode points up to
-    ``max_num_seqs`` streams)."""
-    stallfree("profile", "--base-url", url, "--max-num-batched-tokens", str(VLLM_DEFAULT[0]),
+def profile_server(
+    url: str, profile: Path, model_dir: Path, max_num_seqs: int = 32, budget: int = VLLM_DEFAULT[0]
+) -> None:
+    """``stallfree profile --base-url`` of a server at ``budget`` tokens a step and vLLM's default
+    128 sequences (decode points up to ``max_num_seqs`` streams)."""
+    stallfree("profile", "--base-url", url, "--max-num-batched-tokens", str(budget),
               "--max-num-seqs", str(max_num_seqs), "--server-setting", f"max_num_seqs={VLLM_DEFAULT[1]}",
               "--model-config", str(model_dir), "--out", str(profile), "--no-progress")  # fmt: skip
 
