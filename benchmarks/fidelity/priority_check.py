@@ -12,8 +12,8 @@ its served steps well below the profile's).
    ``--profile-seqs`` streams; reused with ``--skip-profile``);
 3. sizes the mix to ``--load`` x the highest rate the profile says it serves without a queue
    building up (the classes' rates scaled together). The default, 2, is a queue that grows all
-   run, which is when the policy decides who waits; it is also where a price error moves the
-   queue least: at load L a step priced e% off moves the time spent queued by about
+   run, which is when the policy decides who waits, and where a price error moves the queue
+   less than near capacity: at load L a step priced e% off moves the time spent queued by about
    L / (L - 1) x e%, 5x at 1.25 and 2x at 2;
 4. for fcfs, then priority (vLLM restarted with ``--scheduling-policy priority``): ``stallfree bench
    --scenario classes`` (every request with its class's ``priority`` field, greedy, a fresh prompt
@@ -25,8 +25,9 @@ its served steps well below the profile's).
    whether the order is right: which class waits longer under each policy, and which policy
    serves the chats sooner.
 
-    make vllm && .venv/bin/python benchmarks/fidelity/priority_check.py     # ~10 min on 2 cores
-    .venv/bin/python benchmarks/fidelity/priority_check.py --server stallfree --out out/priority-check-sf
+    make vllm && .venv/bin/python benchmarks/fidelity/priority_check.py     # ~5 min on 2 cores
+    .venv/bin/python benchmarks/fidelity/priority_check.py --server stallfree --model random:medium \
+        --num-requests 80 --out out/priority-check-sf                       # ~11 min
 """
 
 from __future__ import annotations
