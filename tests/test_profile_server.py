@@ -125,6 +125,8 @@ def test_grid_prompts_stay_single_steps() -> None:
     assert all(n + max(grid.mixed_num_seqs) <= 512 for n in grid.mixed_tokens)
     wide = default_server_grid(128, 512, 4096)  # vLLM's 128 sequences: full steps beside 64 streams
     assert wide.mixed_num_seqs == (1, 16, 64) and max(wide.mixed_tokens) + 64 == 512
+    small = default_server_grid(128, 64, 4096)  # a 64-token budget: 32 streams beside a 32-token prompt
+    assert small.mixed_num_seqs == (1, 16, 32) and all(n + 32 <= 64 for n in small.mixed_tokens)
     assert grid.context_chunks == (128, 256, 512)  # after 512 tokens of context: two steps
     assert default_server_grid(16, 2048, 4096).context_chunks == (512, 1024)  # 2 x 2048 + 8 is past 4096
     short = default_server_grid(4, 2048, 300, quick=True)

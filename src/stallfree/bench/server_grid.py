@@ -51,7 +51,8 @@ def default_server_grid(
     prefill = tuple(sorted({s for s in sizes if s < token_budget} | {token_budget}))
     prefill = tuple(s for s in prefill if s + 8 <= max_model_len)
     # The prompt is one more sequence: beside max_num_seqs streams it would wait for one to end.
-    room = max(0, max_num_seqs - 1)
+    # ... and at most half the budget: the prompt keeps a chunk worth timing beside them.
+    room = min(max(0, max_num_seqs - 1), token_budget // 2)
     mixed_seqs = tuple(
         n for n in ((min(4, room),) if quick else sorted({1, min(16, room), min(64, room)})) if n >= 1
     )
