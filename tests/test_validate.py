@@ -138,6 +138,11 @@ def test_a_bench_result_gives_back_its_requests_and_measurements(tmp_path: Path)
     first = result.records[1]
     assert first.first_token_s == pytest.approx(0.6) and first.finish_s == pytest.approx(0.65)
     assert result.itl.num_samples == 6
+    assert {r.priority for r in result.arrays.iter_requests()} == {0}
+    # a classes run's priorities come back with their requests, for --scheduling-policy priority
+    path = write_bench_result(tmp_path / "p.json")
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"priorities": [10, 0, 5]}))
+    assert [r.priority for r in load_bench_result(path).arrays.iter_requests()] == [0, 10, 5]
     (tmp_path / "old.json").write_text(json.dumps({"input_lens": [1], "output_lens": [1]}))
     with pytest.raises(ValueError, match="arrival_times"):
         load_bench_result(tmp_path / "old.json")

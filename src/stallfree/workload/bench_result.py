@@ -92,6 +92,9 @@ def load_bench_result(path: str | Path) -> BenchResult:
         session=np.array([int(data["session_ids"][i]) for i in order], dtype=np.int64)
         if "session_ids" in data
         else None,
+        priority=np.array([int(data["priorities"][i]) for i in order], dtype=np.int64)
+        if "priorities" in data
+        else None,
     )
     duration = float(data.get("duration", max((r.finish_s for r in records), default=0.0)))
     return BenchResult(arrays, records, itl, duration, data)
