@@ -174,6 +174,64 @@ def test_validate_takes_a_bench_result_as_the_measured_side(
     assert delay["measured"] is None and delay["predicted"] >= 0
 
 
+def write_classes_result(path: Path) -> Path:
+    """A classes run's result: three batch prompts at priority 10, then a chat at 0."""
+    saved = {"priority": 0, "qps": 1.0, "slos_ms": {"ttft": 150.0}}
+    data = {
+        "duration": 2.0,
+        "arrival_times": [0.0, 0.0, 0.0, 0.001],
+        "input_lens": [40, 40, 40, 10],
+        "output_lens": [4, 4, 4, 4],
+        "ttfts": [0.1, 0.2, 0.3, 0.05],
+        "itls": [[0.01, 0.01, 0.01], [0.02, 0.02, 0.02], [0.03, 0.03, 0.03], [0.04, 0.04, 0.04]],
+        "priorities": [10, 10, 10, 0],
+        "traffic_classes": ["batch", "batch", "batch", "chat"],
+        "classes": {"chat": saved, "batch": saved | {"priority": 10, "slos_ms": {}}},
+    }
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_validate_scores_a_classes_run_per_class_on_both_sides(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A classes run (bench --scenario classes): three batch prompts at priority 10 and a chat at 0
+    just after them, one sequence at a time. Each class is scored measured and predicted; the
+    priorities ride with the requests, so under --scheduling-policy priority the chat is predicted
+    to jump the two waiting batch prompts, and under fcfs to wait behind them."""
+    profile = tiny_profile(tmp_path / "tiny.json")
+    bench = write_classes_result(tmp_path / "classes.json")
+    args = ["validate", "--profile", str(profile), "--measured", str(bench), "--num-blocks", "64"]
+    args += ["--token-budget", "16", "--max-num-seqs", "1", "--json"]
+    chat_ttft = {}
+    for policy in ("fcfs", "priority"):
+        assert main([*args, "--scheduling-policy", policy]) == 0
+        classes = json.loads(capsys.readouterr().out)["policies"]["chunked"]["classes"]
+        chat, batch = classes["by_class"]["chat"], classes["by_class"]["batch"]
+        assert (chat["priority"], batch["priority"]) == (0, 10)
+        assert chat["completed"] == {"measured": 1, "predicted": 1}
+        assert batch["completed"] == {"measured": 3, "predicted": 3}
+        ttft = batch["metrics"]["median_ttft_ms"]
+        assert ttft["measured"] == pytest.approx(200.0)
+        assert ttft["ratio"] == pytest.approx(ttft["predicted"] / ttft["measured"])
+        assert chat["metrics"]["median_itl_ms"]["measured"] == pytest.approx(40.0)
+        # goodput by each class's own SLOs: the chat's first token in 50 ms, within its 150
+        assert chat["metrics"]["request_goodput"]["measured"] == pytest.approx(0.5)
+        assert batch["metrics"]["request_goodput"]["measured"] is None  # no SLOs: no goodput
+        assert classes["order_by_median_ttft"]["measured"] == ["chat", "batch"]
+        chat_ttft[policy] = chat["metrics"]["median_ttft_ms"]["predicted"]
+        order = classes["order_by_median_ttft"]["predicted"]
+        assert order == (["chat", "batch"] if policy == "priority" else ["batch", "chat"])
+    assert chat_ttft["priority"] < chat_ttft["fcfs"] / 2
+    assert main([*args[:-1], "--scheduling-policy", "priority"]) == 0
+    out = capsys.readouterr().out
+    assert "classes by median TTFT: measured chat < batch, predicted chat < batch (same)" in out
+    assert "priority scheduling" in out
+    bench.write_text(json.dumps(json.loads(bench.read_text()) | {"traffic_classes": ["batch", "chat"]}))
+    assert main(args) == 2
+    assert "per-request arrays of different lengths" in capsys.readouterr().err
+
+
 def test_simulate_replays_a_bench_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bench = write_bench_result(tmp_path / "r.json")
     assert main(["simulate", "--replay", str(bench), "--model", "llama-3-8b", "--json"]) == 0
@@ -182,6 +240,13 @@ def test_simulate_replays_a_bench_result(tmp_path: Path, capsys: pytest.CaptureF
     assert summary["completed"] == 3
     assert summary["total_input_tokens"] == 60 and summary["total_output_tokens"] == 9
     assert body["scenario"]["workload"] == f"replayed from {bench}"
+    # a classes run's: scored per class too (and plotted per class)
+    bench = write_classes_result(tmp_path / "classes.json")
+    args = ["simulate", "--replay", str(bench), "--model", "llama-3-8b", "--scheduling-policy", "priority"]
+    assert main([*args, "--json", "--plot", str(tmp_path / "plots")]) == 0
+    classes = json.loads(capsys.readouterr().out)["policies"]["chunked"]["classes"]
+    assert {name: c["completed"] for name, c in classes.items()} == {"chat": 1, "batch": 3}
+    assert classes["chat"]["slos_ms"] == {"ttft": 150.0}
 
 
 def test_validate_sizes_chunks_by_time_on_both_sides(

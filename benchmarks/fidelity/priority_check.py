@@ -17,10 +17,11 @@ its served steps well below the profile's).
    L / (L - 1) x e%, 5x at 1.25 and 2x at 2;
 4. for fcfs, then priority (vLLM restarted with ``--scheduling-policy priority``): ``stallfree bench
    --scenario classes`` (every request with its class's ``priority`` field, greedy, a fresh prompt
-   text each run so vLLM's prefix cache holds none of it), then the same requests (arrivals and the
-   lengths the server counted) simulated with the profile under the same policy;
-   ``stallfree serve`` keeps a step log of each run (``stallfree-POLICY.steps.jsonl``: ``stallfree
-   validate --profile P --measured bench-POLICY.json --step-log S`` gives the served steps' error);
+   text each run so vLLM's prefix cache holds none of it), then ``stallfree validate --measured``
+   predicts the run per class: the same requests (arrivals, the lengths the server counted,
+   priorities) simulated with the profile under the same policy (its report:
+   ``validate-POLICY.txt``); ``stallfree serve`` keeps a step log of each run
+   (``stallfree-POLICY.steps.jsonl``: ``validate --step-log`` gives the served steps' error);
 5. prints, per policy and class, measured / predicted (ratio) of median TTFT, TPOT and ITL, and
    whether the order is right: which class waits longer under each policy, and which policy
    serves the chats sooner.
@@ -39,14 +40,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from stallfree.core import Request
 from stallfree.core.serving import ServingConfig
 from stallfree.costs import CostChoice
 from stallfree.sim import Deployment, simulate
 from stallfree.specs.step_profile import load_profile
-from stallfree.workload.classes import TrafficClasses, class_summaries, parse_class
+from stallfree.workload.classes import TrafficClasses, parse_class
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common/ and the groups
 from common.cli import stallfree
@@ -110,25 +110,19 @@ def sustained_scale(args: argparse.Namespace, costs: CostChoice, num_blocks: int
     return best
 
 
-def predicted(result: dict[str, Any], classes: TrafficClasses, deployment: Deployment) -> dict[str, Any]:
-    """The bench run's requests (arrival times, the lengths the server counted, priorities and
-    classes) through the simulator."""
-    requests = [
-        Request(str(i), max(1, int(p)), max(1, int(o)), float(t), priority=int(q), traffic_class=c)
-        for i, (t, p, o, q, c) in enumerate(
-            zip(
-                result["arrival_times"],
-                result["input_lens"],
-                result["output_lens"],
-                result["priorities"],
-                result["traffic_classes"],
-                strict=True,
-            )
-        )
-    ]
-    requests.sort(key=lambda r: r.arrival_time_s)
-    sim = simulate(requests, deployment)
-    return class_summaries(classes, requests, sim.records, sim.class_itl, sim.summary["duration"])
+def validated(
+    args: argparse.Namespace, profile: Path, result_path: Path, policy: str, num_blocks: int
+) -> dict[str, Any]:
+    """``stallfree validate --measured``'s per-class comparison of the run (its requests: arrival
+    times, the lengths the server counted, priorities and classes, through the simulator under
+    the same policy), as ``--json`` gives it; its report is saved beside the result."""
+    flags = ["--profile", str(profile), "--measured", str(result_path), "--token-budget", str(args.budget),
+             "--max-num-seqs", str(VLLM_DEFAULT[1]), "--num-blocks", str(num_blocks),
+             "--scheduling-policy", policy]  # fmt: skip
+    report = stallfree("validate", *flags, capture=True)
+    (args.out / f"validate-{policy}.txt").write_text(report)
+    body = json.loads(stallfree("validate", *flags, "--json", capture=True))
+    return cast("dict[str, Any]", body["policies"]["chunked"]["classes"])
 
 
 def cell(measured: float | None, predicted: float | None) -> str:
@@ -196,10 +190,9 @@ def main() -> int:
                       "--text-seed", str(args.seed + POLICIES.index(policy) + 1), "--temperature", "0",
                       "--save-result", str(result_path), "--no-progress")  # fmt: skip
             wall_s = time.perf_counter() - started
-            result = json.loads(result_path.read_text())
-            deployment = Deployment(costs=costs, serving=serving(args, policy, num_blocks))
-            guess = predicted(result, classes, deployment)
-            body["runs"][policy] = {"measured": result["classes"], "predicted": guess, "wall_s": wall_s}
+            body["runs"][policy] = validated(args, profile, result_path, policy, num_blocks) | {
+                "wall_s": wall_s
+            }
             rows.append(f"{policy}: {wall_s:.0f} s, load {before} -> {load()}")
     rows += [
         "",
@@ -209,11 +202,15 @@ def main() -> int:
     runs = body["runs"]
     for policy in POLICIES:
         for name in ("chat", "batch"):
-            m, p = runs[policy]["measured"][name], runs[policy]["predicted"][name]
-            rows.append(f"| {policy} | {name} | " + " | ".join(cell(m[k], p[k]) for k in KEYS) + " |")
+            metrics = runs[policy]["by_class"][name]["metrics"]
+            cells = [cell(metrics[k]["measured"], metrics[k]["predicted"]) for k in KEYS]
+            rows.append(f"| {policy} | {name} | " + " | ".join(cells) + " |")
     rows.append("")
     for side in ("measured", "predicted"):
-        ttft = {pol: {n: runs[pol][side][n]["median_ttft_ms"] for n in ("chat", "batch")} for pol in POLICIES}
+        ttft = {
+            pol: {n: runs[pol]["by_class"][n]["metrics"]["median_ttft_ms"][side] for n in ("chat", "batch")}
+            for pol in POLICIES
+        }
         rows.append(
             f"{side}: chats' median TTFT fcfs {ttft['fcfs']['chat']:,.0f} ms -> priority "
             f"{ttft['priority']['chat']:,.0f} ms; batch {ttft['fcfs']['batch']:,.0f} -> "

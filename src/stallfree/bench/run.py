@@ -36,7 +36,7 @@ from stallfree.bench.scenarios import (
 from stallfree.metrics import ItlAccumulator, summarize
 from stallfree.workload import Workload, WorkloadArrays, sample, sample_sessions
 from stallfree.workload.agents import AgentTurns
-from stallfree.workload.classes import TrafficClasses, class_summaries
+from stallfree.workload.classes import TrafficClasses, class_summaries, classes_of
 
 CONTEXT_MARGIN = 0.05  # of the server's context, left free when capping lengths to it
 
@@ -244,7 +244,9 @@ async def _classes(
         assert request.traffic_class is not None  # every sampled request has its class
         gaps = np.diff(result.chunk_times_s)
         class_itl.setdefault(request.traffic_class, ItlAccumulator()).add_many(gaps, 1)
-    run.extra["classes"] = class_summaries(classes, requests, run.records, class_itl, run.duration_s)
+    run.extra["classes"] = class_summaries(
+        classes.classes, classes_of(requests), run.records, class_itl, run.duration_s
+    )
     run.extra["priorities"] = priorities
     run.extra["traffic_classes"] = [r.traffic_class for r in requests]
     return run

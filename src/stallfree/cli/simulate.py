@@ -573,11 +573,13 @@ def _simulate_all(
     from stallfree.metrics.io import parse_goodput
     from stallfree.sim import simulate
     from stallfree.workload import sample
+    from stallfree.workload.classes import class_summaries, classes_of
 
     goodput = parse_goodput(args.goodput) if args.goodput else None
     workload: Any
     requests: Any
     drawn = None  # how many requests simulate draws (traffic classes)
+    replayed = None
     if (agents := agent_workload(args)) is not None:
         workload = requests = agents
     elif (classes := classes_workload(args)) is not None:
@@ -586,7 +588,8 @@ def _simulate_all(
     elif args.replay:
         from stallfree.workload.bench_result import load_bench_result
 
-        workload, requests = None, load_bench_result(args.replay).arrays
+        replayed = load_bench_result(args.replay)
+        workload, requests = None, replayed.arrays
     else:
         workload, num_requests = traffic_workload(args)
         requests = sample(workload, num_requests, args.seed)
@@ -614,6 +617,14 @@ def _simulate_all(
                 stop=stop.is_set,
             )
             result.summary["sim_wall_s"] = time.perf_counter() - started
+            if replayed is not None and replayed.classes:  # a classes run's: scored per class too
+                result.summary["classes"] = class_summaries(
+                    replayed.classes,
+                    classes_of(requests.iter_requests()),
+                    result.records,
+                    result.class_itl,
+                    result.summary["duration"],
+                )
             results.append(result)
     return workload, len(requests) if drawn is None else sum(workload.counts(drawn)), results
 

@@ -39,7 +39,7 @@ from stallfree.sim.speculative import DraftStats, DraftVerifier, draft_pricer
 from stallfree.sim.traffic import StepTrace, TrafficReplica, TrafficRun, run_traffic
 from stallfree.workload import Workload, WorkloadArrays, sample
 from stallfree.workload.agents import AgentTurns, TurnQueue
-from stallfree.workload.classes import TrafficClasses, class_summaries
+from stallfree.workload.classes import TrafficClasses, class_summaries, classes_of
 
 DEFAULT_DEPLOYMENT = Deployment()
 
@@ -227,12 +227,11 @@ def _simulate_classes(
         raise ValueError("traffic classes need a number of requests")
     requests = classes.sample(num_requests, seed)
     result = simulate(requests, deployment, seed=seed, goodput=goodput, **how)
+    class_of = classes_of(requests)
     result.summary["classes"] = class_summaries(
-        classes, requests, result.records, result.class_itl, result.summary["duration"]
+        classes.classes, class_of, result.records, result.class_itl, result.summary["duration"]
     )
-    return replace(
-        result, traffic_classes={r.request_id: r.traffic_class for r in requests if r.traffic_class}
-    )
+    return replace(result, traffic_classes=class_of)
 
 
 def _verifier(deployment: Deployment, pick: CostPick, seed: int) -> DraftVerifier | None:

@@ -26,6 +26,7 @@ from stallfree.costs.measured import MeasuredCostModel
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
 from stallfree.validate.options import Sampling, ValidationOptions
 from stallfree.validate.result import EnginePredictor, ReferenceStep, RunScores
+from stallfree.workload.classes import RecordedClass, class_summaries
 
 if TYPE_CHECKING:
     from stallfree.engine.engine import LLMEngine
@@ -42,7 +43,7 @@ class MeasuredRun:
     """The requests (ordered by arrival), their measured scores, the configuration they ran with
     (in process: the engine's KV blocks and context length filled in), every step timed (None: a
     bench result without a step log), and, in process, the machine check and a time budget's
-    engine predictor."""
+    engine predictor; ``classes``: a classes run's traffic classes, scored on each side."""
 
     requests: tuple[Request, ...]
     scores: RunScores
@@ -50,6 +51,7 @@ class MeasuredRun:
     steps: tuple[TimedStep, ...] | None
     machine: tuple[ReferenceStep, ...] | None = None
     engine_predictor: EnginePredictor | None = None
+    classes: tuple[RecordedClass, ...] = ()
 
 
 def measure(options: ValidationOptions, serving: ServingConfig, model: MeasuredCostModel) -> MeasuredRun:
@@ -71,7 +73,12 @@ def read_bench(path: str, step_log: str | None, serving: ServingConfig) -> Measu
         steps = tuple(load_step_log(step_log))
     requests = tuple(bench.arrays.iter_requests())
     scores = _scores(bench.records, bench.itl, bench.duration_s, _fleet_hit_rate(bench.data))
-    return MeasuredRun(requests, scores, serving, steps)
+    if bench.classes:
+        per_class = class_summaries(
+            bench.classes, bench.class_of, bench.records, bench.class_itl, bench.duration_s
+        )
+        scores = replace(scores, classes=per_class)
+    return MeasuredRun(requests, scores, serving, steps, classes=bench.classes)
 
 
 def _fleet_hit_rate(data: Mapping[str, Any]) -> float | None:

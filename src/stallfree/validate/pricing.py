@@ -8,7 +8,7 @@ This is the only module of :mod:`stallfree.validate` that builds a cost model or
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stallfree.core import Request
 from stallfree.core.serving import ServingConfig
@@ -18,6 +18,7 @@ from stallfree.sim import Deployment, Speculation, simulate
 from stallfree.sim.speculative import Acceptance
 from stallfree.specs.step_profile import StepProfile
 from stallfree.validate.result import RunScores
+from stallfree.workload.classes import ScoredClass, class_summaries, classes_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +59,17 @@ class ProfileCosts:
         step_noise: bool = False,
         step_scales: tuple[float, float] | None = None,
         seed: int = 0,
+        classes: Sequence[ScoredClass] = (),
     ) -> RunScores:
         """``requests`` simulated as served by ``deployment`` (:meth:`deployment`); ``step_noise``
         varies each step as the profiled machine's steps varied (drawn from ``seed``),
-        ``step_scales`` prices the decode-only steps and those with prompt tokens at those multiples."""
+        ``step_scales`` prices the decode-only steps and those with prompt tokens at those multiples;
+        ``classes``: the requests' traffic classes, each scored too."""
         sim = simulate(requests, deployment, step_noise=step_noise, step_scales=step_scales, seed=seed)
-        return RunScores.of(sim.summary, sim.records, sim.itl)
+        scores = RunScores.of(sim.summary, sim.records, sim.itl)
+        if not classes:
+            return scores
+        per_class = class_summaries(
+            classes, classes_of(requests), sim.records, sim.class_itl, sim.summary["duration"]
+        )
+        return replace(scores, classes=per_class)

@@ -8,7 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from stallfree.validate.result import METRICS, PolicyValidation, ReferenceStep, ValidationResult, ratio
+from stallfree.validate.result import (
+    CLASS_METRICS,
+    METRICS,
+    PolicyValidation,
+    ReferenceStep,
+    ValidationResult,
+    ratio,
+)
 from stallfree.validate.steps import ErrorSpread, StepErrors
 
 EXTRA_LABELS = {"with_noise": "with noise", "at_run_speed": "at run speed"}
@@ -65,6 +72,8 @@ def _policy_lines(r: PolicyValidation) -> list[str]:
         budget = f"{serving.chunk_tokens}-token chunks"
     else:
         budget = f"token budget {r.token_budget}" if r.policy == "chunked" else f"batch cap {r.token_budget}"
+    if serving.scheduling_policy != "fcfs":
+        budget += f", {serving.scheduling_policy} scheduling"
     extra = r.extra_predictions()
     lines = [
         f"{r.policy} ({budget}, max {serving.num_seqs_limit} seqs, {serving.num_blocks} KV blocks); "
@@ -80,6 +89,7 @@ def _policy_lines(r: PolicyValidation) -> list[str]:
         for _, scores in extra:
             line += f"{_num(scores.get(key)):>14}{_ratio(scores.get(key), measured):>8}"
         lines.append(line)
+    lines += _class_lines(r)
     if r.per_step is not None:
         lines += _step_lines(r.per_step)
     if r.run_step_scales is not None:
@@ -92,6 +102,36 @@ def _policy_lines(r: PolicyValidation) -> list[str]:
     lines += _target_lines(r)
     if r.machine:
         lines.append(f"  machine: the profile's reference steps took {machine_summary(r.machine)}")
+    return lines
+
+
+_CLASS_MEDIANS = CLASS_METRICS[:3]
+"""The per-class table's columns: the medians of TTFT, TPOT and ITL."""
+
+
+def _class_lines(r: PolicyValidation) -> list[str]:
+    """A classes run: each class's medians measured vs predicted, and the classes' order."""
+    classes = r.measured.classes
+    if not classes:
+        return []
+    lines = [
+        "  per class, medians (ms): measured, predicted, ratio",
+        f"  {'':<12}{'priority':>9}{'completed':>11}"
+        + "".join(f"{label:>29}" for label, _ in _CLASS_MEDIANS),
+    ]
+    for name, c in classes.items():
+        done = f"{c.get('completed')}/{r.predicted.class_get(name, 'completed')}"
+        line = f"  {name:<12}{c['priority']:>9}{done:>11}"
+        for _, key in _CLASS_MEDIANS:
+            measured, predicted = c.get(key), r.predicted.class_get(name, key)
+            line += f"{_num(measured):>11}{_num(predicted):>11}{_ratio(predicted, measured):>7}"
+        lines.append(line)
+    measured_order, predicted_order = r.measured.class_order(), r.predicted.class_order()
+    verdict = "same" if measured_order == predicted_order else "DIFFERENT"
+    lines.append(
+        f"  classes by median TTFT: measured {' < '.join(measured_order)}, predicted "
+        f"{' < '.join(predicted_order)} ({verdict})"
+    )
     return lines
 
 

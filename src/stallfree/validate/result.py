@@ -40,15 +40,29 @@ METRICS: tuple[tuple[str, str], ...] = (
 ORDERED_METRICS = ("median_ttft_ms", "p99_ttft_ms", "p99_itl_ms", "max_itl_ms")
 """The metrics on which policies must rank the same, measured and predicted."""
 
+CLASS_METRICS: tuple[tuple[str, str], ...] = (
+    ("TTFT median", "median_ttft_ms"),
+    ("TPOT median", "median_tpot_ms"),
+    ("ITL median", "median_itl_ms"),
+    ("TTFT p99", "p99_ttft_ms"),
+    ("TPOT p99", "p99_tpot_ms"),
+    ("ITL p99", "p99_itl_ms"),
+    ("goodput/s", "request_goodput"),  # with the class's SLOs only
+)
+"""The metrics compared per traffic class: (label, the class summary's key)."""
+
 
 @dataclass(frozen=True, slots=True)
 class RunScores:
     """One side of a run, scored by :mod:`stallfree.metrics`: its summary (vLLM's benchmark keys,
-    and the simulator's own for a prediction), every completed request's TTFT, and every ITL."""
+    and the simulator's own for a prediction), every completed request's TTFT, and every ITL;
+    ``classes``: a classes run's scores per traffic class
+    (:func:`~stallfree.workload.classes.class_summaries`), else None."""
 
     summary: Mapping[str, Any]
     ttft_s: tuple[float, ...]
     itl: ItlAccumulator
+    classes: Mapping[str, Mapping[str, Any]] | None = None
 
     @classmethod
     def of(
@@ -62,6 +76,16 @@ class RunScores:
     def get(self, key: str) -> Any:
         """The summary's ``key`` (None where it has none)."""
         return self.summary.get(key)
+
+    def class_get(self, name: str, key: str) -> Any:
+        """Traffic class ``name``'s ``key`` (None where it has none)."""
+        return (self.classes or {}).get(name, {}).get(key)
+
+    def class_order(self) -> tuple[str, ...]:
+        """The traffic classes from the shortest median TTFT to the longest (a class with no
+        completed request last)."""
+        classes = self.classes or {}
+        return tuple(sorted(classes, key=lambda c: _or_inf(classes[c].get("median_ttft_ms"))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,19 +156,43 @@ class PolicyValidation:
             "metrics": {key: self._metric_json(key) for _, key in METRICS},
             "per_step": None if self.per_step is None else self.per_step.to_json(),
             "run_step_scales": None if self.run_step_scales is None else list(self.run_step_scales),
+            "classes": self._classes_json(),
             "machine": None
             if self.machine is None
             else {s.kind: {"profiled_s": s.profiled_s, "after_run_s": s.after_run_s} for s in self.machine},
         }
 
     def _metric_json(self, key: str) -> dict[str, float | None]:
-        measured = self.measured.get(key)
-        row = {"measured": measured, "predicted": self.predicted.get(key)}
-        row["ratio"] = ratio(row["predicted"], measured)
-        for name, scores in self.extra_predictions():
-            row[name] = scores.get(key)
-            row[f"{name}_ratio"] = ratio(row[name], measured)
-        return row
+        extra = [(name, scores.get(key)) for name, scores in self.extra_predictions()]
+        return _compared(self.measured.get(key), self.predicted.get(key), extra)
+
+    def _classes_json(self) -> dict[str, Any] | None:
+        """Per traffic class: its priority and each of :data:`CLASS_METRICS` measured, predicted
+        (and by each further prediction), with ratios; and the classes' order by median TTFT."""
+        measured = self.measured.classes
+        if not measured:
+            return None
+        out: dict[str, Any] = {}
+        for name, scores in measured.items():
+            metrics = {}
+            for _, key in CLASS_METRICS:
+                extra = [(side, other.class_get(name, key)) for side, other in self.extra_predictions()]
+                metrics[key] = _compared(scores.get(key), self.predicted.class_get(name, key), extra)
+            out[name] = {
+                "priority": scores["priority"],
+                "completed": {
+                    "measured": scores.get("completed"),
+                    "predicted": self.predicted.class_get(name, "completed"),
+                },
+                "metrics": metrics,
+            }
+        return {
+            "by_class": out,
+            "order_by_median_ttft": {
+                "measured": list(self.measured.class_order()),
+                "predicted": list(self.predicted.class_order()),
+            },
+        }
 
     def _time_budget_json(self) -> dict[str, Any] | None:
         if self.serving.step_budget_ms is None:
@@ -224,6 +272,21 @@ class ValidationResult:
         if outputs is not None:
             body["outputs"] = list(outputs)
         return body
+
+
+def _compared(
+    measured: float | None, predicted: float | None, extra: Iterable[tuple[str, float | None]]
+) -> dict[str, float | None]:
+    """One metric's JSON row: measured, predicted, their ratio, and each further prediction's."""
+    row = {"measured": measured, "predicted": predicted, "ratio": ratio(predicted, measured)}
+    for name, value in extra:
+        row[name] = value
+        row[f"{name}_ratio"] = ratio(value, measured)
+    return row
+
+
+def _or_inf(value: float | None) -> float:
+    return float("inf") if value is None else float(value)
 
 
 def ratio(predicted: float | None, measured: float | None) -> float | None:

@@ -64,14 +64,19 @@ def _policy(options: ValidationOptions, serving: ServingConfig, costs: ProfileCo
     if run.steps is not None:
         per_step = step_errors(costs.model, run.steps, run.serving.step_budget_s)
     deployment = costs.deployment(run.serving, (options.replicas, options.router), options.acceptance)
-    predicted = costs.predict(run.requests, deployment)
+    classes = run.classes
+    predicted = costs.predict(run.requests, deployment, classes=classes)
     with_noise = None
     if options.step_noise:
-        with_noise = costs.predict(run.requests, deployment, step_noise=True, seed=options.seed)
+        with_noise = costs.predict(
+            run.requests, deployment, step_noise=True, seed=options.seed, classes=classes
+        )
     # Each kind of step priced at the speed this run's steps ran (1 / (1 + median error)): what
     # the simulator gives when the step prices are right, the machine's drift taken out.
     scales = None if per_step is None else per_step.run_step_scales
-    at_run_speed = None if scales is None else costs.predict(run.requests, deployment, step_scales=scales)
+    at_run_speed = None
+    if scales is not None:
+        at_run_speed = costs.predict(run.requests, deployment, step_scales=scales, classes=classes)
     return PolicyValidation(
         serving=run.serving,
         num_requests=len(run.requests),

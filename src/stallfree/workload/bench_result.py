@@ -6,14 +6,16 @@ run's start; ours), ``input_lens``, ``output_lens``, ``ttfts`` (null for a faile
 :class:`~stallfree.workload.WorkloadArrays` (so ``stallfree simulate --replay`` runs the very
 same arrivals and lengths) and the measured records and ITLs (so ``stallfree validate`` scores
 the served run with the same metrics code as a simulated one). A multi-turn run's
-``session_ids`` / ``turn_ids`` rebuild what each prompt repeats, for the prefix cache. Files without
+``session_ids`` / ``turn_ids`` rebuild what each prompt repeats, for the prefix cache; a classes run's
+``priorities`` and ``traffic_classes`` ride in the rows, and its ``classes`` are scored again from
+the records (:attr:`BenchResult.classes`, :attr:`BenchResult.class_of`). Files without
 ``arrival_times`` (other tools, older stallfree) are refused with a clear error.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import numpy as np
 
 from stallfree.core.request import PromptBlocks
 from stallfree.metrics import ItlAccumulator, RequestRecord, record_from_token_times
+from stallfree.workload.classes import RecordedClass
 from stallfree.workload.requests import WorkloadArrays
 from stallfree.workload.sessions import measured_conversation
 
@@ -32,6 +35,9 @@ class BenchResult:
     itl: ItlAccumulator
     duration_s: float
     data: dict[str, Any]
+    classes: tuple[RecordedClass, ...] = ()
+    class_of: dict[str, str] = field(default_factory=dict)  # a record's request id -> its class
+    class_itl: dict[str, ItlAccumulator] = field(default_factory=dict)
 
     @property
     def sampling_mode(self) -> str:
@@ -65,7 +71,11 @@ def load_bench_result(path: str | Path) -> BenchResult:
     if not len(arrivals) == len(inputs) == len(outputs) == len(ttfts) == len(itls):
         raise ValueError(f"{source}: per-request arrays of different lengths")
     order = np.argsort(np.array(arrivals), kind="stable")
+    named = data.get("traffic_classes")
+    if named is not None and len(named) != len(inputs):
+        raise ValueError(f"{source}: per-request arrays of different lengths")
     itl = ItlAccumulator()
+    class_itl: dict[str, ItlAccumulator] = {}
     records = []
     for i in order.tolist():
         times: list[float] = []
@@ -84,6 +94,8 @@ def load_bench_result(path: str | Path) -> BenchResult:
                 finish_reason="length" if times else "failed",
             )
         )
+        if named is not None and records[-1].is_completed:
+            class_itl.setdefault(str(named[i]), ItlAccumulator()).add_many(np.diff(times))
     arrays = WorkloadArrays(
         arrival_time_s=np.array([arrivals[i] for i in order], dtype=np.float64),
         num_prompt_tokens=np.array([max(1, inputs[i]) for i in order], dtype=np.int64),
@@ -95,9 +107,14 @@ def load_bench_result(path: str | Path) -> BenchResult:
         priority=np.array([int(data["priorities"][i]) for i in order], dtype=np.int64)
         if "priorities" in data
         else None,
+        traffic_class=None if named is None else tuple(str(named[i]) for i in order),
     )
     duration = float(data.get("duration", max((r.finish_s for r in records), default=0.0)))
-    return BenchResult(arrays, records, itl, duration, data)
+    if named is None:
+        return BenchResult(arrays, records, itl, duration, data)
+    classes = tuple(RecordedClass.read(name, saved) for name, saved in (data.get("classes") or {}).items())
+    class_of = {str(i): str(name) for i, name in enumerate(named)}
+    return BenchResult(arrays, records, itl, duration, data, classes, class_of, class_itl)
 
 
 def _session_blocks(

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from stallfree.core.request import PromptBlocks, Request
 from stallfree.metrics import ItlAccumulator, RequestRecord, summarize
@@ -251,19 +251,47 @@ def _number(name: str, key: str, text: str, *, allow_zero: bool = False) -> floa
     return value
 
 
+class ScoredClass(Protocol):
+    """What scoring a class needs of it: a :class:`TrafficClass`, or a :class:`RecordedClass`."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def qps(self) -> float: ...
+    @property
+    def slos(self) -> Mapping[str, float]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedClass:
+    """A class as a run's result recorded it (``bench --save-result``'s ``classes``): enough to
+    score it again, not to draw its requests."""
+
+    name: str
+    priority: int
+    qps: float
+    slos: Mapping[str, float]
+
+    @classmethod
+    def read(cls, name: str, saved: Mapping[str, Any]) -> RecordedClass:
+        """One entry of :func:`class_summaries`' output."""
+        return cls(name, int(saved["priority"]), float(saved["qps"]), dict(saved.get("slos_ms") or {}))
+
+
 def class_summaries(
-    classes: TrafficClasses,
-    requests: Sequence[Request],
+    classes: Iterable[ScoredClass],
+    class_of: Mapping[str, str | None],
     records: Sequence[RequestRecord],
     class_itl: Mapping[str, ItlAccumulator],
     duration_s: float,
 ) -> dict[str, dict[str, Any]]:
     """Each class's :func:`~stallfree.metrics.summarize` over the whole run's ``duration_s`` (its
     goodput against its own SLOs), with its ``priority`` and offered ``qps``; classes in the order
-    given."""
-    class_of = {r.request_id: r.traffic_class for r in requests}
+    given. ``class_of``: each record's request id -> its class (:func:`classes_of`)."""
     out: dict[str, dict[str, Any]] = {}
-    for c in classes.classes:
+    for c in classes:
         mine = [r for r in records if class_of.get(r.request_id) == c.name]
         scores = summarize(mine, class_itl.get(c.name, ItlAccumulator()), duration_s, c.slos or None)
         exact_max = max((r.max_itl_s for r in mine), default=0.0) * 1000
@@ -275,3 +303,8 @@ def class_summaries(
             "max_itl_ms": exact_max if scores["max_itl_ms"] is not None else None,
         }
     return out
+
+
+def classes_of(requests: Iterable[Request]) -> dict[str, str]:
+    """Each request's id -> its traffic class (requests without one left out)."""
+    return {r.request_id: r.traffic_class for r in requests if r.traffic_class is not None}

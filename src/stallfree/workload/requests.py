@@ -56,7 +56,8 @@ class WorkloadArrays:
     """A sampled workload as columns; row ``i`` is request ``str(i)``. ``prompt_blocks`` (one per
     row, or None): what each prompt is, for the prefix cache (a trace's block hashes).
     ``session`` (or None): the conversation each row belongs to (multi-turn sessions).
-    ``priority`` (or None: all 0): each row's scheduling priority (a replayed bench result's)."""
+    ``priority`` (or None: all 0): each row's scheduling priority, and ``traffic_class`` (or
+    None): each row's class (a replayed bench result's)."""
 
     arrival_time_s: FloatArray
     num_prompt_tokens: IntArray
@@ -64,6 +65,7 @@ class WorkloadArrays:
     prompt_blocks: tuple[PromptBlocks, ...] | None = None
     session: IntArray | None = None
     priority: IntArray | None = None
+    traffic_class: tuple[str, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_time_s)
@@ -81,6 +83,7 @@ class WorkloadArrays:
             blocks = self.prompt_blocks
             sessions = None if self.session is None else self.session[start:stop].tolist()
             priorities = None if self.priority is None else self.priority[start:stop].tolist()
+            classes = self.traffic_class
             for offset, (arrival_s, num_prompt_tokens, max_tokens) in enumerate(rows):
                 yield Request(
                     request_id=str(start + offset),
@@ -90,6 +93,7 @@ class WorkloadArrays:
                     prompt_blocks=None if blocks is None else blocks[start + offset],
                     session_id=None if sessions is None else f"session-{sessions[offset]}",
                     priority=0 if priorities is None else priorities[offset],
+                    traffic_class=None if classes is None else classes[start + offset],
                 )
 
 
