@@ -192,3 +192,36 @@ def test_an_unsteady_decode_point_is_measured_again_and_the_steadiest_attempt_ke
     assert (times, attempts) == (calmer, 3)  # never steady: the steadiest of the three
     session = Session(disturbed)
     assert asyncio.run(_steady_decode(session, 4, 16, 8, 1))[2] == 1  # type: ignore[arg-type]
+
+
+def test_a_chunk_after_context_is_timed_against_a_prompt_timed_just_before_it() -> None:
+    """A fake server: a B-token prompt takes 1 ms + 2 ms a token, each token after B 3 ms, and a
+    slow spell from the third request on adds 0.5 s to every TTFT. Each chunk after context is
+    still its exact step: the budget-sized prompt timed before it carries the spell too, and the
+    one that came back short (B - 12 tokens) is moved along the lone prompts' line."""
+    import asyncio
+    from typing import cast
+
+    from stallfree.bench.profile import _Measuring
+    from stallfree.bench.server_session import ServerSession
+
+    budget = 64
+
+    class Spell:
+        calls = 0
+
+        async def ttft(self, num_tokens: int, repeats: int) -> tuple[list[float], int]:
+            assert repeats == 1
+            self.calls += 1
+            length = budget - 12 if num_tokens == budget else num_tokens
+            seconds = 1e-3 + 2e-3 * min(length, budget) + 3e-3 * max(0, length - budget)
+            return [seconds + (0.5 if self.calls > 2 else 0.0)], length
+
+    grid = default_server_grid(4, budget, 4096)
+    m = _Measuring(cast(ServerSession, Spell()), grid, lambda _: None, 0.0)
+    alone = [(n, 1e-3 + 2e-3 * n) for n in (16, 32, budget)]  # timed before the spell
+    asyncio.run(m.context_chunk_points(budget, alone))
+    assert [p.chunks for p in m.points] == [((n, budget, True),) for n in grid.context_chunks]
+    for point, n in zip(m.points, grid.context_chunks, strict=True):
+        assert len(point.stats.times_s) == 5  # CONTEXT_REPEATS pairs
+        assert point.stats.median_s == pytest.approx(3e-3 * n)

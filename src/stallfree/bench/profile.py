@@ -22,8 +22,9 @@ What a point is, measured from outside:
   round trip, tokenising and queueing: nothing is subtracted; the round trip (a one-word
   prompt's TTFT) is in ``settings["http_round_trip_s"]``.
 - **prefill after context** ``((n, B, True),)``: a lone prompt of ``B + n`` tokens, which a server
-  chunking at its budget ``B`` runs as two steps: its TTFT less the ``B``-token prompt's (where
-  ``B + n`` fits the context; ``n`` a quarter, half and all of ``B``). Without these, chunks after
+  chunking at its budget ``B`` runs as two steps: its TTFT less that of a ``B``-token prompt timed
+  just before it (where ``B + n`` fits the context; ``n`` a quarter, half and all of ``B``;
+  :data:`CONTEXT_REPEATS` pairs). Without these, chunks after
   earlier context would be priced from whole prompts only (on vLLM 1.4-1.9x too high).
 - **prefill after cached context** ``((n, c, True),)``: a fresh ``c``-token prompt, then the same
   text and ``n`` new tokens; a server with a prefix cache (vLLM's and SGLang's default) computes
@@ -87,6 +88,7 @@ from stallfree.specs.step_profile import (
 
 PROBE_EVERY = 4  # points between two timings of the reference decode point
 UNSTEADY_SPREAD = 0.2  # a decode point's IQR / median past which it is measured again
+CONTEXT_REPEATS = 5  # at least, of each chunk after context (a difference of two TTFTs)
 LOG_EVERY = 3  # points between two progress lines
 CACHE_HIT_SHARE = 0.75  # a repeated prompt with new tokens faster than this x the prompt alone: cached
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1}
@@ -285,15 +287,25 @@ class _Measuring:
             alone.append((length, statistics.median(times)))
         return alone
 
-    async def context_chunk_points(self, budget: int, one_step_s: float) -> None:
+    async def context_chunk_points(self, budget: int, alone: Sequence[tuple[int, float]]) -> None:
         """budget + n tokens run as a budget-sized step, then n tokens after that context: the
-        second step is the TTFT less a budget-sized prompt's (``one_step_s``; whose step samples
-        a row the first step here does not: a row's LM head, left in)."""
+        second step is the TTFT less a budget-sized prompt's, each timed just before it (a slow
+        spell of the host then slows both, and mostly cancels), :data:`CONTEXT_REPEATS` times: a
+        difference of two TTFTs is noisier than either. The budget-sized prompt's time is moved
+        along the line through the lone prompts (``alone``) by the tokens it came back short; its
+        step samples a row the first step here does not (a row's LM head, left in)."""
+        repeats = max(self.grid.repeats, CONTEXT_REPEATS)
         for num_tokens in self.grid.context_chunks:
             t0 = time.perf_counter()
-            times, length = await self.session.ttft(budget + num_tokens, self.grid.repeats)
+            step_s, lengths = [], []
+            for _ in range(repeats):
+                (first_s,), first = await self.session.ttft(budget, 1)
+                (both_s,), length = await self.session.ttft(budget + num_tokens, 1)
+                one_step_s = first_s + _ttft_at(alone, budget) - _ttft_at(alone, first)
+                step_s.append(max(1e-6, both_s - one_step_s))
+                lengths.append(length)
+            length = int(statistics.median(lengths))
             if length - budget >= 2:  # the first step is the budget's tokens, the second the rest
-                step_s = [max(1e-6, t - one_step_s) for t in times]
                 await self.keep(
                     StepPoint("prefill", (), ((length - budget, budget, True),), _stats(step_s, t0))
                 )
@@ -357,7 +369,7 @@ async def _measure(
     num_unsteady = await m.decode_points(max_attempts)
     sampling = await _sampling_points(session, grid, m.points)
     alone = await m.prefill_points()
-    await m.context_chunk_points(budget, _ttft_at(alone, budget))
+    await m.context_chunk_points(budget, alone)
     cached_context = await m.cached_points()
     await m.mixed_points()
     await m.probe()
@@ -379,7 +391,9 @@ async def _measure(
         },
         "cached_context": cached_context,
         "prefill_times": "time to first token of a lone request: includes the HTTP round trip (nothing subtracted); "
-        "a chunk after context: the TTFT of budget + n tokens less the budget-sized prompt's",
+        "a chunk after context: the TTFT of budget + n tokens less that of a budget-sized prompt timed "
+        "just before it",
+        "context_repeats": max(grid.repeats, CONTEXT_REPEATS),
         "http_round_trip_s": round_trip,
         "http_round_trip_prompt_tokens": round_trip_tokens,
         "decode_times": "the streams' median inter-token gap, once every stream decodes",
