@@ -75,6 +75,10 @@ def test_the_profile_has_every_kind_of_point_within_the_budget(profiled: Path) -
     assert cached.chunks[0][1] == 496 and abs(cached.chunks[0][0] - 16 - 32) <= 8
     assert profile.settings["cached_context"].startswith("a prompt again with n more tokens")
     assert "budget + n tokens" in profile.settings["prefill_times"]
+    # --quick: two prompts of a quarter budget in one step, after a budget-sized prompt's (2 repeats)
+    (together,) = [p for p in profile.steps if len(p.chunks) > 1]
+    assert len(together.chunks) == 2 and all(abs(n - BUDGET // 4) <= 8 for n, _, _ in together.chunks)
+    assert len(together.stats.times_s) == 2 and "prompts together" in profile.settings["prefill_times"]
     decodes = [p for p in profile.steps if p.kind == "decode"]
     assert {len(p.decode_contexts) for p in decodes} == {1, 4}
     assert all(len(p.stats.times_s) == 10 for p in decodes)  # --quick: 10 steps each

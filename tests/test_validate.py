@@ -230,6 +230,10 @@ def test_validate_scores_a_classes_run_per_class_on_both_sides(
     bench.write_text(json.dumps(json.loads(bench.read_text()) | {"traffic_classes": ["batch", "chat"]}))
     assert main(args) == 2
     assert "per-request arrays of different lengths" in capsys.readouterr().err
+    bench = write_classes_result(tmp_path / "classes.json")
+    bench.write_text(json.dumps(json.loads(bench.read_text()) | {"classes": {"chat": {"qps": 1.0}}}))
+    assert main(args) == 2
+    assert "a class without its priority, rate or SLOs" in capsys.readouterr().err
 
 
 def test_simulate_replays_a_bench_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,6 +34,11 @@ What a point is, measured from outside:
   hit cost ~0.5 s more than a later chunk after the same context).
   Where the second prompt is not clearly faster than the first, the server does not cache and
   the points are left out (``settings["cached_context"]`` says which).
+- **prompts together** ``((n, 0, True),) x k``: a budget-sized prompt (a step of its own), and
+  ``k`` prompts of ``n`` tokens sent halfway into its step, so that the next step prefills them
+  all: their median first token less its first token. Without them, what a step's second prompt
+  costs is a guess (every other point has one prompt at most): one profile of ``stallfree serve``
+  priced four chat prompts in one step ~25% over the time they took.
 - **mixed** ``(ctx,) x N`` + ``((n, 0, True),)``: N streams decode, one ``n``-token prompt
   arrives (``n + N`` within the budget: one step); per stream the longest gap between the
   prompt's send and its first token (and the gap after it), the median over the streams.
@@ -310,6 +315,15 @@ class _Measuring:
                     StepPoint("prefill", (), ((length - budget, budget, True),), _stats(step_s, t0))
                 )
 
+    async def together_points(self, lead_s: float) -> None:
+        """Several prompts prefilled in one step (:meth:`ServerSession.together`), sent ``lead_s``
+        into a budget-sized prompt's step."""
+        for count, num_tokens in self.grid.together:
+            t0 = time.perf_counter()
+            times, length = await self.session.together(count, num_tokens, self.grid.repeats, lead_s)
+            chunks = ((max(2, length), 0, True),) * count
+            await self.keep(StepPoint("prefill", (), chunks, _stats(times, t0)))
+
     async def cached_points(self) -> str:
         """Prompts again with new tokens after their cached blocks, unless the server does not
         cache; what ``settings["cached_context"]`` says of them."""
@@ -370,6 +384,8 @@ async def _measure(
     sampling = await _sampling_points(session, grid, m.points)
     alone = await m.prefill_points()
     await m.context_chunk_points(budget, alone)
+    if grid.together:
+        await m.together_points(_ttft_at(alone, budget) / 2)
     cached_context = await m.cached_points()
     await m.mixed_points()
     await m.probe()
@@ -388,11 +404,13 @@ async def _measure(
             "mixed_tokens": list(grid.mixed_tokens),
             "context_chunks": list(grid.context_chunks),
             "cached_chunks": [list(pair) for pair in grid.cached_chunks],
+            "together": [list(pair) for pair in grid.together],
         },
         "cached_context": cached_context,
         "prefill_times": "time to first token of a lone request: includes the HTTP round trip (nothing subtracted); "
         "a chunk after context: the TTFT of budget + n tokens less that of a budget-sized prompt timed "
-        "just before it",
+        "just before it; prompts together: their median first token less a budget-sized prompt's, "
+        "whose step they waited for",
         "context_repeats": max(grid.repeats, CONTEXT_REPEATS),
         "http_round_trip_s": round_trip,
         "http_round_trip_prompt_tokens": round_trip_tokens,

@@ -1,5 +1,6 @@
 """What ``stallfree profile --base-url`` measures on a server: the grid of points (decode batches x
-contexts, prompts alone, chunks after context, cached prefixes, prompts beside streams)."""
+contexts, prompts alone, chunks after context, cached prefixes, prompts beside streams, prompts
+together)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ class ServerGrid:
     context_chunks: tuple[int, ...] = ()
     # (cached context, new tokens): a prompt, then it again with new tokens after it.
     cached_chunks: tuple[tuple[int, int], ...] = ()
+    # (prompts, tokens each): that many prompts prefilled in one step (chats arriving together).
+    together: tuple[tuple[int, int], ...] = ()
 
     def num_points(self) -> int:
         mixed = sum(1 for n in self.mixed_num_seqs for t in self.mixed_tokens if t + n >= 2)
         fixed = len(self.num_seqs) * len(self.contexts) + len(self.prefill_tokens) + len(self.context_chunks)
-        fixed += len(self.cached_chunks)
+        fixed += len(self.cached_chunks) + len(self.together)
         return fixed + mixed
 
 
@@ -35,7 +38,8 @@ def default_server_grid(
     max_num_seqs: int, token_budget: int, max_model_len: int, *, quick: bool = False
 ) -> ServerGrid:
     """Batches 1, 4, 16, 64 (and ``max_num_seqs``) at contexts 16, 256, 1024 that fit the
-    context; prompts 16 .. the budget; mixed steps of 1, 16 and 64 streams (``quick``: fewer).
+    context; prompts 16 .. the budget; mixed steps of 1, 16 and 64 streams; 2 and 4 prompts in one
+    step (``quick``: fewer).
     A step with many streams beside a prompt is measured, not extrapolated: what a stream adds
     there changes with their number (vLLM-CPU beside a ~450-token chunk: 1 -> 16 streams +19 ms,
     16 -> 63 streams +58 ms)."""
@@ -63,6 +67,14 @@ def default_server_grid(
         for n in sorted({token_budget // k for k in shares})
         if n >= 2 and token_budget + n + 8 <= max_model_len
     )
+    # Prompts together, each after a budget-sized prompt's step: a quarter of the budget twice and
+    # four times, and four short ones.
+    shapes = (
+        ((2, token_budget // 4),)
+        if quick
+        else ((2, token_budget // 4), (4, token_budget // 4), (4, token_budget // 16))
+    )
+    together = tuple((k, n) for k, n in shapes if n >= 8)
     cached = tuple(
         (c, n)
         for c in ((512,) if quick else (512, 1024))  # shorter, the saving can hide in a step's fixed cost
@@ -80,4 +92,5 @@ def default_server_grid(
         decode_steps=steps,
         context_chunks=after if token_budget in prefill else (),
         cached_chunks=cached,
+        together=together if token_budget in prefill else (),
     )

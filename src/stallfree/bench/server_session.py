@@ -189,6 +189,32 @@ class ServerSession:
             )
         return steps, tokens + int(statistics.median(generated)), length
 
+    async def together(
+        self, count: int, num_tokens: int, repeats: int, lead_s: float
+    ) -> tuple[list[float], int]:
+        """The step that prefills ``count`` prompts of ``num_tokens`` tokens together, ``repeats``
+        times: a budget-sized prompt first, a step of its own (it fills the budget), and the
+        ``count`` prompts sent ``lead_s`` after it, while that step runs, so that they all wait for
+        the next one; each time, their median first token less the first prompt's. Their median
+        length."""
+        times, lengths = [], []
+        for _ in range(repeats):
+            (blocker,), _ = await self.prompts(self.budget, 1)
+            prompts, length = await self.prompts(num_tokens, count)
+            first = asyncio.ensure_future(stream_completion(self.http, self.pinned(1), blocker, 1))
+            await asyncio.sleep(lead_s)
+            results = await asyncio.gather(
+                *(stream_completion(self.http, self.pinned(1), prompt, 1) for prompt in prompts)
+            )
+            front = await first
+            _check([front, *results])
+            if not front.chunk_times_s or not all(r.chunk_times_s for r in results):
+                raise ValueError(f"{count} prompts of {length} tokens sent together: one had no token")
+            after = statistics.median(r.chunk_times_s[0] for r in results) - front.chunk_times_s[0]
+            times.append(max(1e-6, after))
+            lengths.append(int(statistics.median(r.num_prompt_tokens or length for r in results)))
+        return times, int(statistics.median(lengths))
+
     async def ttft(self, num_tokens: int, repeats: int, text: str | None = None) -> tuple[list[float], int]:
         """A lone request's time to first token, ``repeats`` times (``text``: that prompt each time)."""
         times, lengths = [], []

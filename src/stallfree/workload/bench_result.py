@@ -112,7 +112,12 @@ def load_bench_result(path: str | Path) -> BenchResult:
     duration = float(data.get("duration", max((r.finish_s for r in records), default=0.0)))
     if named is None:
         return BenchResult(arrays, records, itl, duration, data)
-    classes = tuple(RecordedClass.read(name, saved) for name, saved in (data.get("classes") or {}).items())
+    try:
+        classes = tuple(
+            RecordedClass.read(name, saved) for name, saved in (data.get("classes") or {}).items()
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{source}: a class without its priority, rate or SLOs ({exc!r})") from None
     class_of = {str(i): str(name) for i, name in enumerate(named)}
     return BenchResult(arrays, records, itl, duration, data, classes, class_of, class_itl)
 
