@@ -26,9 +26,9 @@ its served steps well below the profile's).
    whether the order is right: which class waits longer under each policy, and which policy
    serves the chats sooner.
 
-    make vllm && .venv/bin/python benchmarks/fidelity/priority_check.py     # ~5 min on 2 cores
+    make vllm && .venv/bin/python benchmarks/fidelity/priority_check.py     # ~7 min on 2 cores
     .venv/bin/python benchmarks/fidelity/priority_check.py --server stallfree --model random:medium \
-        --num-requests 80 --out out/priority-check-sf                       # ~11 min
+        --num-requests 80 --out out/priority-check-sf                       # ~16 min
 """
 
 from __future__ import annotations

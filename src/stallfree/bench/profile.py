@@ -37,8 +37,8 @@ What a point is, measured from outside:
 - **prompts together** ``((n, 0, True),) x k``: a budget-sized prompt (a step of its own), and
   ``k`` prompts of ``n`` tokens sent halfway into its step, so that the next step prefills them
   all: their median first token less its first token. Without them, what a step's second prompt
-  costs is a guess (every other point has one prompt at most): one profile of ``stallfree serve``
-  priced four chat prompts in one step ~25% over the time they took.
+  costs is a guess (every other point has one prompt at most: a fit can put part of a prompt's
+  token cost into the per-prompt term, which a step with four new chats then pays four times).
 - **mixed** ``(ctx,) x N`` + ``((n, 0, True),)``: N streams decode, one ``n``-token prompt
   arrives (``n + N`` within the budget: one step); per stream the longest gap between the
   prompt's send and its first token (and the gap after it), the median over the streams.

@@ -41,8 +41,8 @@ def default_server_grid(
     context; prompts 16 .. the budget; mixed steps of 1, 16 and 64 streams; 2 and 4 prompts in one
     step (``quick``: fewer).
     A step with many streams beside a prompt is measured, not extrapolated: what a stream adds
-    there changes with their number (vLLM-CPU beside a ~450-token chunk: 1 -> 16 streams +19 ms,
-    16 -> 63 streams +58 ms)."""
+    there changes with their number (vLLM-CPU beside a ~445-token chunk: 1 -> 16 streams +13 ms,
+    16 -> 63 streams +65 ms)."""
     steps = 10 if quick else 20
 
     def fits(ctx: int) -> bool:
