@@ -42,10 +42,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
+from stallfree.cli import build_parser
+from stallfree.cli.validate import validation_options
 from stallfree.core.serving import ServingConfig
 from stallfree.costs import CostChoice
 from stallfree.sim import Deployment, simulate
 from stallfree.specs.step_profile import load_profile
+from stallfree.validate import format_report, validate
 from stallfree.workload.classes import TrafficClasses, parse_class
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common/ and the groups
@@ -115,14 +118,15 @@ def validated(
 ) -> dict[str, Any]:
     """``stallfree validate --measured``'s per-class comparison of the run (its requests: arrival
     times, the lengths the server counted, priorities and classes, through the simulator under
-    the same policy), as ``--json`` gives it; its report is saved beside the result."""
-    flags = ["--profile", str(profile), "--measured", str(result_path), "--token-budget", str(args.budget),
-             "--max-num-seqs", str(VLLM_DEFAULT[1]), "--num-blocks", str(num_blocks),
-             "--scheduling-policy", policy]  # fmt: skip
-    report = stallfree("validate", *flags, capture=True)
-    (args.out / f"validate-{policy}.txt").write_text(report)
-    body = json.loads(stallfree("validate", *flags, "--json", capture=True))
-    return cast("dict[str, Any]", body["policies"]["chunked"]["classes"])
+    the same policy), as ``--json`` gives it; its report is saved beside the result. Run in
+    process: one validation gives both."""
+    argv = ["validate", "--profile", str(profile), "--measured", str(result_path),
+            "--token-budget", str(args.budget), "--max-num-seqs", str(VLLM_DEFAULT[1]),
+            "--num-blocks", str(num_blocks), "--scheduling-policy", policy]  # fmt: skip
+    print("$ stallfree " + " ".join(argv), file=sys.stderr, flush=True)
+    result = validate(validation_options(build_parser().parse_args(argv)))
+    (args.out / f"validate-{policy}.txt").write_text(format_report(result) + "\n")
+    return cast("dict[str, Any]", result.to_json()["policies"]["chunked"]["classes"])
 
 
 def cell(measured: float | None, predicted: float | None) -> str:

@@ -300,13 +300,14 @@ class _Measuring:
         along the line through the lone prompts (``alone``) by the tokens it came back short; its
         step samples a row the first step here does not (a row's LM head, left in)."""
         repeats = max(self.grid.repeats, CONTEXT_REPEATS)
+        at_budget_s = _ttft_at(alone, budget)
         for num_tokens in self.grid.context_chunks:
             t0 = time.perf_counter()
             step_s, lengths = [], []
             for _ in range(repeats):
                 (first_s,), first = await self.session.ttft(budget, 1)
                 (both_s,), length = await self.session.ttft(budget + num_tokens, 1)
-                one_step_s = first_s + _ttft_at(alone, budget) - _ttft_at(alone, first)
+                one_step_s = first_s + at_budget_s - _ttft_at(alone, first)
                 step_s.append(max(1e-6, both_s - one_step_s))
                 lengths.append(length)
             length = int(statistics.median(lengths))

@@ -573,13 +573,13 @@ def _simulate_all(
     from stallfree.metrics.io import parse_goodput
     from stallfree.sim import simulate
     from stallfree.workload import sample
-    from stallfree.workload.classes import class_summaries, classes_of
+    from stallfree.workload.classes import class_summaries
 
     goodput = parse_goodput(args.goodput) if args.goodput else None
     workload: Any
     requests: Any
     drawn = None  # how many requests simulate draws (traffic classes)
-    replayed = None
+    replayed, row_class = None, {}  # a replayed bench result, and each of its rows' class
     if (agents := agent_workload(args)) is not None:
         workload = requests = agents
     elif (classes := classes_workload(args)) is not None:
@@ -590,6 +590,7 @@ def _simulate_all(
 
         replayed = load_bench_result(args.replay)
         workload, requests = None, replayed.arrays
+        row_class = {str(i): name for i, name in enumerate(replayed.arrays.traffic_class or ())}
     else:
         workload, num_requests = traffic_workload(args)
         requests = sample(workload, num_requests, args.seed)
@@ -620,7 +621,7 @@ def _simulate_all(
             if replayed is not None and replayed.classes:  # a classes run's: scored per class too
                 result.summary["classes"] = class_summaries(
                     replayed.classes,
-                    classes_of(requests.iter_requests()),
+                    row_class,
                     result.records,
                     result.class_itl,
                     result.summary["duration"],
